@@ -1,0 +1,47 @@
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from modules.util.config.BaseConfig import BaseConfig
+
+
+class ConceptConfig(BaseConfig):
+    """One input: a folder of videos and images, or a jsonl manifest."""
+
+    name: str = ""
+    path: str = Field(..., description="a folder, or a .jsonl manifest")
+    enabled: bool = True
+    include_subdirectories: bool = False
+    repeats: float = Field(1.0, gt=0)
+    balancing: int | None = Field(None, ge=1, description="items per epoch, overrides repeats")
+    loss_weight: float = Field(1.0, ge=0)
+    seed: int = 0
+    caption_source: Literal["sidecar", "filename", "prompt_file"] = "sidecar"
+    prompt_path: str = ""
+    caption_required: bool = True
+    caption_dropout: float = Field(0.0, ge=0, le=1)
+    fps: int | Literal["model", "source"] = "model"
+    extraction: Literal["head", "uniform", "random", "slide", "full"] = "head"
+    slide_stride: int = Field(16, ge=1, description="pixel frames between windows in slide mode")
+    max_frames: int = Field(81, ge=1)
+
+
+class DataConfig(BaseConfig):
+    concepts: list[ConceptConfig] = []
+    frame_buckets: list[int] = [1, 17, 33, 49, 81]
+    resolution: int = Field(480, ge=16, description="the side of the square whose area the buckets target")
+    aspect_ratios: list[float] = [16 / 9, 4 / 3, 1.0, 3 / 4, 9 / 16]
+    no_upscale: bool = False
+    crop_jitter: bool = False
+    flip: bool = False
+    dataloader_threads: int = Field(2, ge=0)
+    cache_latents: bool = True
+    cache_text: bool = True
+
+    @field_validator("frame_buckets")
+    @classmethod
+    def _frames_are_4k_plus_1(cls, value: list[int]) -> list[int]:
+        bad = [f for f in value if f < 1 or (f - 1) % 4 != 0]
+        if bad or not value:
+            raise ValueError(f"every frame bucket must be 4k+1 (1, 5, 9, ... 81); got {bad or 'an empty list'}")
+        return sorted(set(value))
