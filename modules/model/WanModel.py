@@ -1,0 +1,184 @@
+"""WanModel: a plain container of the parts of a Wan model, plus the encode/normalise/condition functions that the
+data loader, the training setups and the sampler all share (a mismatch between training and inference is the most
+common bug in this field, so there is exactly one implementation of each)."""
+from dataclasses import dataclass, field
+
+import torch
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+from torch import Tensor
+
+from modules.util.enum.ModelType import ModelType
+from modules.util.enum.WanVariant import WanVariant
+
+# Models with an image branch split image from text tokens as "all but the last 512" (see DESIGN.md 6.9).
+TEXT_SEQUENCE_LENGTH = 512
+
+
+@dataclass
+class WanModel:
+    variant: WanVariant
+    tokenizer: object = None
+    text_encoder: torch.nn.Module | None = None
+    vae: AutoencoderKLWan | None = None
+    transformer: WanTransformer3DModel | None = None
+    transformer_2: WanTransformer3DModel | None = None
+    image_encoder: torch.nn.Module | None = None
+    image_processor: object = None
+    noise_scheduler: object = None
+    boundary_ratio: float | None = None
+    expand_timesteps: bool = False
+    # Trainable additions, set by the setups: adapter name -> peft-wrapped module info, embedding vectors, ...
+    adapters: dict = field(default_factory=dict)
+    embeddings: dict = field(default_factory=dict)
+    # Where the weights came from, for modelspec metadata and cache keys.
+    source: str = ""
+
+    @property
+    def model_type(self) -> ModelType:
+        return self.variant.model_type
+
+    @property
+    def main_transformer(self) -> WanTransformer3DModel:
+        return self.transformer if self.transformer is not None else self.transformer_2
+
+    @property
+    def vae_temporal_stride(self) -> int:
+        return int(self.vae.config.scale_factor_temporal)
+
+    @property
+    def vae_spatial_stride(self) -> int:
+        return int(self.vae.config.scale_factor_spatial)
+
+    @property
+    def spatial_unit(self) -> int:
+        return self.vae_spatial_stride * int(self.main_transformer.config.patch_size[1])
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.vae.config.z_dim)
+
+    @property
+    def uses_image_tokens(self) -> bool:
+        return self.main_transformer.config.image_dim is not None
+
+    def parts(self) -> dict[str, torch.nn.Module]:
+        named = {"text_encoder": self.text_encoder, "vae": self.vae, "transformer": self.transformer,
+                 "transformer_2": self.transformer_2, "image_encoder": self.image_encoder}
+        return {name: module for name, module in named.items() if module is not None}
+
+    def transformer_for_sigma(self, sigma: float) -> WanTransformer3DModel:
+        """Two-expert models: the high-noise expert at or above the boundary, the low-noise one below."""
+        if self.boundary_ratio is None or self.transformer_2 is None:
+            return self.main_transformer
+        return self.transformer if sigma >= self.boundary_ratio else self.transformer_2
+
+    # ---- text -------------------------------------------------------------------------------------------------
+
+    def tokenize(self, prompts: list[str], max_length: int = TEXT_SEQUENCE_LENGTH) -> tuple[Tensor, Tensor]:
+        tokens = self.tokenizer([prompt_clean(p) for p in prompts], padding="max_length", max_length=max_length,
+                                truncation=True, add_special_tokens=True, return_attention_mask=True,
+                                return_tensors="pt")
+        return tokens.input_ids, tokens.attention_mask
+
+    def encode_text(self, prompts: list[str], max_length: int = TEXT_SEQUENCE_LENGTH) -> Tensor:
+        """UMT5 hidden states (B, max_length, D), padding positions zeroed exactly as diffusers' Wan pipelines do."""
+        input_ids, mask = self.tokenize(prompts, max_length)
+        device = next(self.text_encoder.parameters()).device
+        hidden = self.text_encoder(input_ids.to(device), mask.to(device)).last_hidden_state
+        # (B, L, D) -> zero every position past the prompt's own length
+        return hidden * mask.to(device=device, dtype=hidden.dtype).unsqueeze(-1)
+
+    # ---- images (CLIP pathway) --------------------------------------------------------------------------------
+
+    def encode_image(self, images: list) -> Tensor:
+        """CLIP vision hidden_states[-2] for each image: (N, tokens, dim), as diffusers' I2V pipeline computes."""
+        pixels = self.image_processor(images=images, return_tensors="pt").pixel_values
+        device = next(self.image_encoder.parameters()).device
+        pixels = pixels.to(device=device, dtype=next(self.image_encoder.parameters()).dtype)
+        return self.image_encoder(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
+
+    # ---- latents ----------------------------------------------------------------------------------------------
+
+    def _latent_stats(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        shape = (1, self.latent_channels, 1, 1, 1)
+        mean = torch.tensor(self.vae.config.latents_mean, device=like.device, dtype=like.dtype).view(shape)
+        std = torch.tensor(self.vae.config.latents_std, device=like.device, dtype=like.dtype).view(shape)
+        return mean, std
+
+    def normalize_latents(self, latents: Tensor) -> Tensor:
+        mean, std = self._latent_stats(latents)
+        return (latents - mean) / std
+
+    def denormalize_latents(self, latents: Tensor) -> Tensor:
+        mean, std = self._latent_stats(latents)
+        return latents * std + mean
+
+    def encode_video(self, video: Tensor) -> Tensor:
+        """(B, 3, F, H, W) in [-1, 1] -> raw (unnormalised) VAE posterior mean (B, z, T, H/s, W/s)."""
+        vae_param = next(self.vae.parameters())
+        video = video.to(device=vae_param.device, dtype=vae_param.dtype)
+        return self.vae.encode(video).latent_dist.mode()
+
+    def decode_latents(self, normalized: Tensor) -> Tensor:
+        """Normalised latents -> video (B, 3, F, H, W) in [-1, 1]."""
+        vae_param = next(self.vae.parameters())
+        latents = self.denormalize_latents(normalized.to(device=vae_param.device, dtype=vae_param.dtype))
+        return self.vae.decode(latents).sample.clamp(-1, 1)
+
+    # ---- image conditions (I2V, FLF2V, E2V) -------------------------------------------------------------------
+
+    def fold_frame_mask(self, pixel_mask: Tensor, latent_height: int, latent_width: int) -> Tensor:
+        """Pixel-frame mask (B, F) -> (B, stride, T, h, w) as Wan I2V folds it: m[0] repeated `stride` times,
+        then m[1:], viewed as (T, stride) and transposed."""
+        stride = self.vae_temporal_stride
+        batch = pixel_mask.shape[0]
+        folded = torch.cat([pixel_mask[:, :1].repeat_interleave(stride, dim=1), pixel_mask[:, 1:]], dim=1)
+        # (B, stride*T) -> (B, T, stride) -> (B, stride, T) -> (B, stride, T, h, w)
+        folded = folded.view(batch, -1, stride).transpose(1, 2)
+        return folded[:, :, :, None, None].expand(-1, -1, -1, latent_height, latent_width).contiguous()
+
+    def make_condition(self, condition_video: Tensor, pixel_mask: Tensor) -> Tensor:
+        """The channels concatenated to the noisy latents of an I2V-style model: cat(folded mask, normalised latents
+        of the condition video). `condition_video` (B, 3, F, H, W) in [-1, 1] holds the reference frames and 0
+        (mid-grey) elsewhere; `pixel_mask` (B, F) is 1 on reference frames."""
+        latents = self.normalize_latents(self.encode_video(condition_video).float())
+        mask = self.fold_frame_mask(pixel_mask.to(latents.device, latents.dtype), latents.shape[3], latents.shape[4])
+        return torch.cat([mask, latents], dim=1)
+
+    def first_last_condition_video(self, first: Tensor, last: Tensor | None, num_frames: int) -> tuple[Tensor, Tensor]:
+        """I2V / FLF2V: the condition video (first frame, zeros, optional last frame) and its pixel-frame mask.
+        `first`/`last` are (B, 3, H, W) in [-1, 1]."""
+        batch, _, height, width = first.shape
+        video = first.new_zeros(batch, 3, num_frames, height, width)
+        mask = first.new_zeros(batch, num_frames)
+        video[:, :, 0], mask[:, 0] = first, 1
+        if last is not None:
+            video[:, :, -1], mask[:, -1] = last, 1
+        return video, mask
+
+    def expanded_timesteps(self, timestep: Tensor, latents_shape: tuple, clean_first_frame: bool) -> Tensor:
+        """Wan 2.2 TI2V-5B: one timestep per token (B, T*h/2*w/2); the first latent frame's tokens get 0 when it is a
+        clean image condition, as diffusers' `expand_timesteps` does."""
+        batch, _, frames, height, width = latents_shape
+        patch = self.main_transformer.config.patch_size
+        tokens = torch.ones(frames, height // patch[1], width // patch[2], device=timestep.device)
+        if clean_first_frame:
+            tokens[0] = 0
+        return tokens.flatten()[None, :] * timestep.view(batch, 1).to(tokens.dtype)
+
+    # ---- diffusers pipelines assembled from the live parts (no copy of the weights) -----------------------------
+
+    def create_pipeline(self, image_mode: bool | None = None):
+        """WanPipeline for text-to-video, WanImageToVideoPipeline when the model takes an image (I2V, FLF2V,
+        I2V-A14B, or TI2V-5B given `image_mode=True`)."""
+        from diffusers import WanImageToVideoPipeline, WanPipeline
+        if image_mode is None:
+            image_mode = self.variant.takes_image_condition
+        common = dict(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
+                      scheduler=self.noise_scheduler, transformer=self.transformer, transformer_2=self.transformer_2,
+                      boundary_ratio=self.boundary_ratio, expand_timesteps=self.expand_timesteps)
+        if image_mode:
+            return WanImageToVideoPipeline(image_encoder=self.image_encoder, image_processor=self.image_processor,
+                                           **common)
+        return WanPipeline(**common)

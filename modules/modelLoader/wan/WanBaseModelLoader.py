@@ -1,0 +1,124 @@
+"""Loads the base weights of a Wan model: a diffusers folder, a hub id (only when asked), and per-part overrides,
+including an original-format single-file transformer (official Wan / ComfyUI key names)."""
+import json
+from pathlib import Path
+
+import diffusers
+import torch
+from accelerate import init_empty_weights
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from safetensors import safe_open
+from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
+
+from modules.model.WanModel import WanModel
+from modules.util.config.ModelConfig import ModelConfig, PartConfig
+from modules.util.wan_detection import NotAWanModelError, detect_variant
+from modules.util.wan_keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
+
+
+class ModelLoadError(Exception):
+    pass
+
+
+def _keeps_fp32(key: str, keep_modules: list[str] | None) -> bool:
+    return bool(keep_modules) and any(module in key.split(".") for module in keep_modules)
+
+
+def load_single_file_transformer(path: Path, config: dict, dtype: torch.dtype) -> WanTransformer3DModel:
+    """Builds the transformer without allocating weights, then assigns the file's tensors one at a time, cast to
+    `dtype` as they are read, so a bf16 checkpoint never exists as a float32 copy in RAM."""
+    with init_empty_weights():
+        model = WanTransformer3DModel.from_config(config)
+    keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+    state = {}
+    with safe_open(str(path), framework="pt") as file:
+        for key in file.keys():
+            tensor = file.get_tensor(key)
+            target = torch.float32 if _keeps_fp32(key, keep_fp32) and dtype != torch.float32 else dtype
+            state[key] = tensor.to(target) if tensor.is_floating_point() else tensor
+    state = original_to_diffusers_state_dict(state) if is_original_format(state.keys()) else \
+        strip_original_prefix(state)
+    # keys of the fp32 modules are the same in both namings' last parts, but re-check after conversion
+    state = {k: (v.float() if _keeps_fp32(k, keep_fp32) and v.is_floating_point() else v) for k, v in state.items()}
+    expected = set(model.state_dict().keys())
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ModelLoadError(f"{path}: the file does not fit the transformer config: "
+                             f"{len(missing)} missing keys (e.g. {sorted(missing)[:3]}), "
+                             f"{len(unexpected)} unexpected keys (e.g. {sorted(unexpected)[:3]})")
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+class WanBaseModelLoader:
+    def load(self, config: ModelConfig) -> WanModel:
+        base, local_only = self._resolve_base(config)
+        model_index = self._read_json(base, "model_index.json", local_only)
+        expert_names = [name for name in ("transformer", "transformer_2")
+                        if model_index.get(name) and model_index[name][0] is not None]
+        if not expert_names:
+            raise NotAWanModelError(f"{base}: model_index.json names no transformer")
+        transformer_config = self._read_json(base, f"{expert_names[0]}/config.json", local_only)
+        vae_config = self._read_json(base, "vae/config.json", local_only)
+        variant = detect_variant(model_index, transformer_config, vae_config, str(base))
+
+        common = dict(local_files_only=local_only)
+        model = WanModel(variant=variant, source=str(base))
+        model.tokenizer = AutoTokenizer.from_pretrained(base, subfolder="tokenizer", **common)
+        model.text_encoder = self._load_part(config.text_encoder, base, "text_encoder", UMT5EncoderModel, common)
+        model.vae = self._load_part(config.vae, base, "vae", AutoencoderKLWan, common)
+        for name in expert_names:
+            setattr(model, name, self._load_transformer(getattr(config, name), base, name, common))
+        if model_index.get("image_encoder") and model_index["image_encoder"][0] is not None:
+            model.image_encoder = self._load_part(config.image_encoder, base, "image_encoder", CLIPVisionModel, common)
+            model.image_processor = CLIPImageProcessor.from_pretrained(base, subfolder="image_processor", **common)
+        scheduler_class = getattr(diffusers, model_index["scheduler"][1])
+        model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler", **common)
+        model.boundary_ratio = model_index.get("boundary_ratio")
+        model.expand_timesteps = bool(model_index.get("expand_timesteps", False))
+        for part in model.parts().values():
+            part.requires_grad_(False).eval()
+        return model
+
+    @staticmethod
+    def _resolve_base(config: ModelConfig) -> tuple[str, bool]:
+        name = config.base_model_name
+        if not name:
+            raise ModelLoadError("model.base_model_name is empty: name a diffusers folder (or a hub id)")
+        if Path(name).is_dir():
+            return str(Path(name)), True
+        if config.allow_download:
+            return name, False
+        raise ModelLoadError(f"model.base_model_name: {name!r} is not a folder; to fetch a hub id, set "
+                             f"model.allow_download to true")
+
+    @staticmethod
+    def _read_json(base: str, relative: str, local_only: bool) -> dict:
+        path = Path(base) / relative
+        if not path.is_file() and not local_only:
+            from huggingface_hub import hf_hub_download
+            path = Path(hf_hub_download(base, relative))
+        if not path.is_file():
+            raise NotAWanModelError(f"{base}: {relative} is missing; this is not a diffusers Wan model folder")
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    @staticmethod
+    def _load_part(part: PartConfig, base: str, subfolder: str, cls, common: dict):
+        dtype = part.weight_dtype.torch_dtype()
+        if part.path:
+            path = Path(part.path)
+            if not path.is_dir():
+                raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} is not a folder (only the transformer "
+                                     f"can be loaded from a single file)")
+            if not (path / "config.json").is_file():
+                return cls.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype, local_files_only=True)
+            return cls.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+        return cls.from_pretrained(base, subfolder=subfolder, torch_dtype=dtype, **common)
+
+    def _load_transformer(self, part: PartConfig, base: str, subfolder: str, common: dict) -> WanTransformer3DModel:
+        if part.path and Path(part.path).is_file():
+            config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
+            return load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
+        if part.path and not Path(part.path).exists():
+            raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
+        return self._load_part(part, base, subfolder, WanTransformer3DModel, common)

@@ -1,0 +1,80 @@
+"""Saves the base weights: a diffusers folder, or an original-format single-file transformer. Writes are atomic,
+and casting to the output dtype works on copies: the live model is never touched."""
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from modules.model.WanModel import WanModel
+from modules.util.atomic import atomic_dir, save_safetensors_atomic
+from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.modelspec import modelspec_metadata
+from modules.util.wan_keys import diffusers_to_original_state_dict
+
+
+def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    return {k: (v.detach().to("cpu", dtype) if dtype is not None and v.is_floating_point() else v.detach().cpu())
+            for k, v in module.state_dict().items()}
+
+
+def expert_file_path(destination: Path, expert: str, model: WanModel) -> Path:
+    """Two-expert models write `<name>_high_noise.safetensors` and `<name>_low_noise.safetensors`."""
+    if model.transformer is None or model.transformer_2 is None:
+        return destination
+    suffix = "_high_noise" if expert == "transformer" else "_low_noise"
+    return destination.with_name(destination.stem + suffix + destination.suffix)
+
+
+class WanBaseModelSaver:
+    def save(self, model: WanModel, output_format: ModelFormat, destination: str | Path,
+             dtype: torch.dtype | None = None, train_config: dict | None = None) -> list[Path]:
+        destination = Path(destination)
+        if output_format is ModelFormat.DIFFUSERS:
+            self._save_diffusers(model, destination, dtype)
+            return [destination]
+        if output_format is ModelFormat.ORIGINAL:
+            return self._save_original(model, destination, dtype, train_config)
+        raise ValueError(f"output format {output_format} is not a base-model format; use DIFFUSERS or ORIGINAL")
+
+    @staticmethod
+    def _save_diffusers(model: WanModel, destination: Path, dtype: torch.dtype | None) -> None:
+        with atomic_dir(destination) as tmp:
+            # model_index.json exactly as diffusers writes it for this pipeline class
+            model.create_pipeline().save_config(tmp)
+            model.tokenizer.save_pretrained(tmp / "tokenizer")
+            model.noise_scheduler.save_pretrained(tmp / "scheduler")
+            if model.image_processor is not None:
+                model.image_processor.save_pretrained(tmp / "image_processor")
+            for name, part in model.parts().items():
+                state = _cast_state_dict(part, dtype)
+                if hasattr(part, "save_config"):  # diffusers models
+                    part.save_config(tmp / name)
+                    save_file({k: v.contiguous() for k, v in state.items()},
+                              str(tmp / name / "diffusion_pytorch_model.safetensors"))
+                else:  # transformers models
+                    part.save_pretrained(tmp / name, state_dict=state, safe_serialization=True)
+            if dtype is not None:
+                # transformers configs record their dtype; keep them truthful
+                for name in ("text_encoder", "image_encoder"):
+                    config_path = tmp / name / "config.json"
+                    if config_path.is_file():
+                        config = json.loads(config_path.read_text())
+                        config["dtype"] = str(dtype).removeprefix("torch.")
+                        config_path.write_text(json.dumps(config, indent=2))
+
+    @staticmethod
+    def _save_original(model: WanModel, destination: Path, dtype: torch.dtype | None,
+                       train_config: dict | None) -> list[Path]:
+        written = []
+        for expert in ("transformer", "transformer_2"):
+            transformer = getattr(model, expert)
+            if transformer is None:
+                continue
+            path = expert_file_path(destination, expert, model)
+            state = diffusers_to_original_state_dict(_cast_state_dict(transformer, dtype))
+            metadata = modelspec_metadata(model.variant, train_config=train_config)
+            metadata["config"] = json.dumps(dict(transformer.config))
+            save_safetensors_atomic(state, path, metadata)
+            written.append(path)
+        return written

@@ -1,0 +1,149 @@
+"""What every training method shares: the forward pass (predict) and the flow-matching loss, for every Wan variant.
+The methods (LoRA, fine-tune, embedding) differ only in which parameters train and how they are saved."""
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from modules.model.WanModel import WanModel
+from modules.modelSetup.timestep_sampling import sample_sigmas
+from modules.util.config.TrainConfig import TrainConfig
+
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+@dataclass
+class Prediction:
+    predicted: Tensor     # v, (B, z, T, h, w)
+    target: Tensor        # noise - x0
+    x0: Tensor            # normalised clean latents
+    noisy: Tensor         # x_t
+    sigmas: Tensor        # (B,)
+    expert: str           # "transformer" or "transformer_2"
+    loss_mask: Tensor | None = None  # (B, 1, T, 1, 1): 0 on latent frames that carry no loss
+
+    @property
+    def predicted_x0(self) -> Tensor:
+        """x0 estimate: x_t = (1-s) x0 + s n and v = n - x0 give x0 = x_t - s v."""
+        return self.noisy - self.sigmas.view(-1, 1, 1, 1, 1) * self.predicted
+
+
+class BaseWanSetup:
+    def __init__(self, config: TrainConfig, model: WanModel):
+        self.config = config
+        self.model = model
+        self.device = torch.device("cpu")
+
+    # ---- to be provided by each method ----------------------------------------------------------------------
+
+    def setup_model(self) -> None:
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        raise NotImplementedError
+
+    def trainable_state_dict(self) -> dict[str, Tensor]:
+        """Everything that trains, by a stable name: what backups store and resume restores."""
+        raise NotImplementedError
+
+    def load_trainable_state_dict(self, state: dict[str, Tensor]) -> None:
+        raise NotImplementedError
+
+    def save_result(self, destination: str, output_format, dtype: torch.dtype | None,
+                    train_config: dict | None) -> list:
+        raise NotImplementedError
+
+    def after_optimizer_step(self) -> None:
+        """Hook for methods that must restore frozen parts of a partly-trained tensor (embeddings)."""
+
+    # ---- shared --------------------------------------------------------------------------------------------
+
+    def experts_in_training(self) -> list[str]:
+        if not self.model.variant.has_two_experts:
+            return ["transformer"]
+        return {"high": ["transformer"], "low": ["transformer_2"], "both": ["transformer", "transformer_2"]}[
+            self.config.expert]
+
+    def enable_checkpointing(self) -> None:
+        if self.config.gradient_checkpointing:
+            for name in self.experts_in_training():
+                getattr(self.model, name).enable_gradient_checkpointing()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = self.config.train_dtype.torch_dtype()
+        if dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _choose_expert_and_sigmas(self, batch_size: int, generator: torch.Generator) -> tuple[str, Tensor]:
+        timestep_config = self.config.timestep
+        boundary = self.model.boundary_ratio
+        if boundary is None or not self.model.variant.has_two_experts:
+            return "transformer", sample_sigmas(timestep_config, batch_size, generator)
+        experts = self.experts_in_training()
+        if len(experts) == 2:
+            # route the step by a sigma drawn from the whole distribution, so each expert trains as often as the
+            # schedule would use it
+            experts = ["transformer" if sample_sigmas(timestep_config, 1, generator).item() >= boundary
+                       else "transformer_2"]
+        expert = experts[0]
+        if expert == "transformer":
+            return expert, sample_sigmas(timestep_config, batch_size, generator, low=boundary)
+        return expert, sample_sigmas(timestep_config, batch_size, generator, high=boundary, include_high=False)
+
+    def text_embeddings(self, batch: dict) -> Tensor:
+        if "text_embeds" in batch:
+            return batch["text_embeds"].to(self.device)
+        return self.model.encode_text(batch["prompts"])
+
+    def predict(self, batch: dict, generator: torch.Generator) -> Prediction:
+        model = self.model
+        x0 = model.normalize_latents(batch["latents"].to(self.device, torch.float32))
+        noise = torch.randn(x0.shape, generator=generator).to(self.device)
+        expert, sigmas = self._choose_expert_and_sigmas(x0.shape[0], generator)
+        sigmas = sigmas.to(self.device)
+        s = sigmas.view(-1, 1, 1, 1, 1)
+        noisy = (1 - s) * x0 + s * noise
+        timestep = sigmas * NUM_TRAIN_TIMESTEPS
+        loss_mask = batch.get("loss_mask")
+
+        if model.expand_timesteps:
+            # TI2V-5B: in image-to-video items the first latent frame is the clean image and its tokens get
+            # timestep 0; it carries no loss
+            clean_first = bool(batch.get("clean_first_frame", False))
+            if clean_first:
+                noisy = torch.cat([x0[:, :, :1], noisy[:, :, 1:]], dim=2)
+                first_mask = torch.ones(1, 1, x0.shape[2], 1, 1, device=self.device)
+                first_mask[:, :, 0] = 0
+                loss_mask = first_mask if loss_mask is None else loss_mask * first_mask
+            timestep = model.expanded_timesteps(timestep, tuple(x0.shape), clean_first)
+
+        model_input = noisy
+        if "condition" in batch:
+            model_input = torch.cat([noisy, batch["condition"].to(self.device, noisy.dtype)], dim=1)
+        image_embeds = batch.get("image_embeds")
+        text = self.text_embeddings(batch)
+        if image_embeds is not None and text.shape[1] != 512:
+            # diffusers splits image from text tokens as "all but the last 512": anything else mixes them silently
+            raise ValueError(f"text embeddings have {text.shape[1]} tokens; with image tokens they must be exactly 512")
+
+        transformer = getattr(model, expert)
+        with self.autocast():
+            predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
+                                    encoder_hidden_states_image=None if image_embeds is None
+                                    else image_embeds.to(self.device), return_dict=False)[0]
+        return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
+                          expert=expert, loss_mask=loss_mask)
+
+    def calculate_loss(self, batch: dict, prediction: Prediction) -> Tensor:
+        error = (prediction.predicted - prediction.target) ** 2
+        if prediction.loss_mask is not None:
+            mask = prediction.loss_mask.to(error.dtype).expand_as(error)
+            per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp_min(1)
+        else:
+            per_sample = error.flatten(1).mean(1)
+        weights = batch.get("loss_weight")
+        if weights is not None:
+            per_sample = per_sample * weights.to(per_sample.device, per_sample.dtype)
+        return per_sample.mean()

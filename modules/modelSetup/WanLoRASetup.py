@@ -1,0 +1,118 @@
+"""LoRA (and DoRA) training on the transformer(s) with peft, on diffusers module names."""
+import re
+from pathlib import Path
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from torch import Tensor
+
+from modules.modelSetup.BaseWanSetup import BaseWanSetup
+from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.enum.ModelType import ModelType
+from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.lora_formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
+                                       lora_weights_from_peft, match_to_model, save_lora_file)
+from modules.util.modelspec import modelspec_metadata
+from modules.util.registry import register
+
+ADAPTER = "default"
+
+_ATTENTION = r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+_MLP = r"blocks\.\d+\.ffn\.(net\.0\.proj|net\.2)"
+TARGET_PRESETS = {
+    "attn-only": f"{_ATTENTION}",
+    "attn-mlp": f"({_ATTENTION}|{_MLP})",
+    "blocks-full": r"blocks\.\d+\..+",
+}
+
+
+class LoraTargetError(ValueError):
+    pass
+
+
+def lora_target_names(transformer: torch.nn.Module, targets: str, custom: list[str]) -> list[str]:
+    """Full names of the Linear modules the adapter wraps. Custom targets are module-name suffixes, or one regex
+    matched against the whole name."""
+    linear_names = [name for name, module in transformer.named_modules() if isinstance(module, torch.nn.Linear)]
+    if targets == "custom":
+        if not custom:
+            raise LoraTargetError("lora.custom_targets: empty, but lora.targets is 'custom'")
+        if len(custom) == 1 and any(c in custom[0] for c in "\\()[]|*+?"):
+            pattern = re.compile(custom[0])
+            chosen = [n for n in linear_names if pattern.fullmatch(n)]
+        else:
+            chosen = [n for n in linear_names if any(n == c or n.endswith("." + c) for c in custom)]
+    else:
+        pattern = re.compile(TARGET_PRESETS[targets])
+        chosen = [n for n in linear_names if pattern.fullmatch(n)]
+    if not chosen:
+        raise LoraTargetError(f"lora targets {targets!r} {custom if targets == 'custom' else ''} match no Linear "
+                              f"module of the transformer; examples of names: {linear_names[:4]}")
+    return chosen
+
+
+@register("model_setup", [ModelType.WAN_2_1, ModelType.WAN_2_2], [TrainingMethod.LORA])
+class WanLoRASetup(BaseWanSetup):
+    def setup_model(self) -> None:
+        lora = self.config.lora
+        for name in self.experts_in_training():
+            transformer = getattr(self.model, name)
+            targets = lora_target_names(transformer, lora.targets, lora.custom_targets)
+            transformer.add_adapter(PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                   target_modules=targets, use_dora=lora.dora,
+                                                   init_lora_weights=True), adapter_name=ADAPTER)
+            self.model.adapters[name] = ADAPTER
+        if lora.init_from:
+            self._init_from_file(Path(lora.init_from))
+        for parameter in self.trainable_parameters():
+            parameter.data = parameter.data.float()  # adapters train in float32 whatever the base dtype
+        self.enable_checkpointing()
+
+    def _init_from_file(self, path: Path) -> None:
+        experts = self.experts_in_training()
+        paths = dict(zip(("transformer", "transformer_2"), expert_lora_paths(path))) \
+            if self.model.variant.has_two_experts and not path.is_file() else {e: path for e in experts}
+        for expert in experts:
+            transformer = getattr(self.model, expert)
+            weights, _layout = load_lora_file(paths[expert])
+            weights = match_to_model(weights, {n for n, _ in transformer.named_modules()})
+            load_lora_weights_into_peft(transformer, weights, ADAPTER)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        params = []
+        for expert in self.experts_in_training():
+            params += [p for n, p in getattr(self.model, expert).named_parameters() if "lora_" in n]
+        return params
+
+    def trainable_state_dict(self) -> dict[str, Tensor]:
+        return {f"{expert}.{n}": p.detach().clone() for expert in self.experts_in_training()
+                for n, p in getattr(self.model, expert).named_parameters() if "lora_" in n}
+
+    def load_trainable_state_dict(self, state: dict[str, Tensor]) -> None:
+        for expert in self.experts_in_training():
+            for n, p in getattr(self.model, expert).named_parameters():
+                if "lora_" in n:
+                    p.data.copy_(state[f"{expert}.{n}"])
+
+    def save_result(self, destination: str, output_format: ModelFormat, dtype: torch.dtype | None,
+                    train_config: dict | None) -> list[Path]:
+        if not output_format.is_lora:
+            raise ValueError(f"output.format {output_format} is not a LoRA format (COMFY_LORA, KOHYA_LORA, "
+                             f"DIFFUSERS_LORA)")
+        destination = Path(destination)
+        metadata = modelspec_metadata(self.model.variant, lora=True, train_config=train_config)
+        experts = self.experts_in_training()
+        if self.model.variant.has_two_experts:
+            high, low = expert_lora_paths(destination)
+            paths = {"transformer": high, "transformer_2": low}
+        else:
+            paths = {"transformer": destination}
+        written = []
+        for expert in experts:
+            weights = lora_weights_from_peft(getattr(self.model, expert), ADAPTER)
+            if dtype is not None:
+                for module in weights.values():
+                    module.down, module.up = module.down.to(dtype), module.up.to(dtype)
+            save_lora_file(weights, output_format, paths[expert], metadata)
+            written.append(paths[expert])
+        return written

@@ -1,0 +1,30 @@
+"""Checks that need the file system (paths exist, files parse); run after the schema, before any model loads."""
+from pathlib import Path
+
+from modules.util.config.config_io import ConfigError
+from modules.util.config.TrainConfig import TrainConfig
+
+
+def check_paths(config: TrainConfig) -> None:
+    problems = []
+    base = config.model.base_model_name
+    if not base:
+        problems.append("model.base_model_name: required, but empty (a diffusers folder, or a hub id)")
+    elif not Path(base).is_dir() and not config.model.allow_download:
+        problems.append(f"model.base_model_name: {base!r} is not a folder; a hub id needs model.allow_download=true")
+    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+        path = getattr(config.model, part).path
+        if path and not Path(path).exists():
+            problems.append(f"model.{part}.path: {path!r} does not exist")
+    for index, concept in enumerate(config.data.concepts):
+        if concept.enabled and not Path(concept.path).exists():
+            problems.append(f"data.concepts.{index}.path: {concept.path!r} does not exist")
+        if concept.caption_source == "prompt_file" and not Path(concept.prompt_path).is_file():
+            problems.append(f"data.concepts.{index}.prompt_path: {concept.prompt_path!r} is not a file "
+                            f"(caption_source is 'prompt_file')")
+    if config.sampling.samples_file and not Path(config.sampling.samples_file).is_file():
+        problems.append(f"sampling.samples_file: {config.sampling.samples_file!r} does not exist")
+    if config.lora.init_from and not Path(config.lora.init_from).is_file():
+        problems.append(f"lora.init_from: {config.lora.init_from!r} does not exist")
+    if problems:
+        raise ConfigError(problems)

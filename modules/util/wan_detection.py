@@ -1,0 +1,57 @@
+"""Detects the Wan variant from the loaded configs, never from a file name (DESIGN.md section 1)."""
+import json
+from pathlib import Path
+
+from modules.util.enum.WanVariant import WanVariant
+
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
+
+
+class NotAWanModelError(ValueError):
+    pass
+
+
+def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict, source: str = "") -> WanVariant:
+    pipeline_class = model_index.get("_class_name")
+    if pipeline_class not in WAN_PIPELINES:
+        raise NotAWanModelError(f"{source}: model_index.json names pipeline {pipeline_class!r}; a Wan model is one of "
+                                f"{', '.join(WAN_PIPELINES)}")
+    transformer_class = transformer_config.get("_class_name")
+    if transformer_class != "WanTransformer3DModel":
+        raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not WanTransformer3DModel")
+
+    has_second_expert = bool(model_index.get("transformer_2")) and model_index["transformer_2"][0] is not None
+    in_channels = transformer_config.get("in_channels")
+    z_dim = vae_config.get("z_dim", 16)
+    takes_condition = in_channels == 2 * z_dim + 4
+    if has_second_expert:
+        return WanVariant.I2V_A14B if takes_condition else WanVariant.T2V_A14B
+    if model_index.get("expand_timesteps") or z_dim == 48:
+        return WanVariant.TI2V_5B
+    if takes_condition:
+        if transformer_config.get("image_dim") is None:
+            raise NotAWanModelError(f"{source}: an image-conditioned transformer without an image branch and without "
+                                    f"a second expert is no known Wan variant")
+        return WanVariant.FLF2V if transformer_config.get("pos_embed_seq_len") else WanVariant.I2V
+    if in_channels == z_dim:
+        return WanVariant.T2V
+    raise NotAWanModelError(f"{source}: transformer in_channels {in_channels} fits no Wan variant for a VAE with "
+                            f"z_dim {z_dim} (expected {z_dim} or {2 * z_dim + 4})")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def detect_variant_from_folder(folder: str | Path) -> WanVariant:
+    folder = Path(folder)
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        raise NotAWanModelError(f"{folder}: not a diffusers folder (no model_index.json)")
+    model_index = read_json(index_path)
+    expert = "transformer" if (folder / "transformer" / "config.json").is_file() else "transformer_2"
+    for needed in (folder / expert / "config.json", folder / "vae" / "config.json"):
+        if not needed.is_file():
+            raise NotAWanModelError(f"{folder}: {needed.relative_to(folder)} is missing")
+    return detect_variant(model_index, read_json(folder / expert / "config.json"),
+                          read_json(folder / "vae" / "config.json"), str(folder))

@@ -1,0 +1,7 @@
+"""Imported first by every script: puts the repository root on sys.path so `modules` imports."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
