@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT
 
 from modules.model.WanModel import WanModel
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
+from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, detect_variant
 from modules.util.wan_keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
 
@@ -118,7 +119,12 @@ class WanBaseModelLoader:
     def _load_transformer(self, part: PartConfig, base: str, subfolder: str, common: dict) -> WanTransformer3DModel:
         if part.path and Path(part.path).is_file():
             config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
-            return load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
-        if part.path and not Path(part.path).exists():
+            transformer = load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
+        elif part.path and not Path(part.path).exists():
             raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
-        return self._load_part(part, base, subfolder, WanTransformer3DModel, common)
+        else:
+            transformer = self._load_part(part, base, subfolder, WanTransformer3DModel, common)
+        if part.weight_dtype is DataType.FLOAT_8:
+            # frozen base weights stored in fp8 and upcast per layer for compute: a 14B model fits in 24 GB
+            transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+        return transformer

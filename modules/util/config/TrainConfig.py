@@ -23,6 +23,8 @@ class TrainConfig(BaseConfig):
     workspace_dir: str = "workspace/run"
     cache_dir: str = "workspace/cache"
     tensorboard: bool = True
+    demo_assets: bool = Field(False, description="create the tiny demo model and dataset at the configured "
+                                                       "paths when they are missing")
 
     seed: int = 42
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")

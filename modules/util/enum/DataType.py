@@ -7,9 +7,13 @@ class DataType(str, Enum):
     FLOAT_32 = "FLOAT_32"
     FLOAT_16 = "FLOAT_16"
     BFLOAT_16 = "BFLOAT_16"
+    # stored as float8_e4m3fn, computed in bfloat16 (diffusers' layerwise casting); base weights only
+    FLOAT_8 = "FLOAT_8"
 
     def __str__(self) -> str:
         return self.value
 
     def torch_dtype(self) -> torch.dtype:
-        return {"FLOAT_32": torch.float32, "FLOAT_16": torch.float16, "BFLOAT_16": torch.bfloat16}[self.value]
+        """The dtype computations run in (FLOAT_8 weights compute in bfloat16)."""
+        return {"FLOAT_32": torch.float32, "FLOAT_16": torch.float16, "BFLOAT_16": torch.bfloat16,
+                "FLOAT_8": torch.bfloat16}[self.value]

@@ -1,0 +1,106 @@
+"""What happens between optimizer steps: TensorBoard scalars, sample previews, backups and saves, each on its
+own step / epoch / minute schedule."""
+import time
+from pathlib import Path
+
+import torch
+
+
+class Every:
+    """A schedule: every n steps, every n epochs, or every n minutes (0 disables each)."""
+
+    def __init__(self, steps: int = 0, epochs: int = 0, minutes: float = 0.0):
+        self.steps, self.epochs, self.minutes = steps, epochs, minutes
+        self.last_time = time.monotonic()
+
+    def due_after_step(self, step: int) -> bool:
+        if self.steps and step % self.steps == 0:
+            return True
+        if self.minutes and time.monotonic() - self.last_time >= 60 * self.minutes:
+            return True
+        return False
+
+    def due_after_epoch(self, epoch: int) -> bool:
+        return bool(self.epochs) and (epoch + 1) % self.epochs == 0
+
+    def mark(self) -> None:
+        self.last_time = time.monotonic()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class TrainingHooks:
+    def __init__(self, trainer):
+        self.trainer = trainer
+        config = trainer.config
+        self.backup_every = Every(config.backup.every_n_steps, config.backup.every_n_epochs,
+                                  config.backup.every_n_minutes)
+        self.save_every = Every(config.backup.save_every_n_steps, config.backup.save_every_n_epochs)
+        self.sample_every = Every(config.sampling.every_n_steps, config.sampling.every_n_epochs,
+                                  config.sampling.every_n_minutes)
+        self.smoothed_loss = None
+        self.writer = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(Path(config.workspace_dir) / "tensorboard"))
+        self.sampler = None
+        if config.sampling.samples_file:
+            from modules.modelSampler.TrainingSampler import TrainingSampler
+            self.sampler = TrainingSampler(trainer)
+        self.visualizer = None
+        e2v = getattr(trainer.data, "e2v", None)
+        if e2v is not None and e2v.visualization.enabled:
+            from modules.trainer.E2VVisualizer import E2VVisualizer
+            self.visualizer = E2VVisualizer(trainer, e2v.visualization)
+
+    def before_training(self) -> None:
+        if self.sampler is not None and self.trainer.config.sampling.sample_before_training:
+            self.sampler.sample_all()
+
+    def after_batch(self, batch: dict, prediction) -> None:
+        if self.visualizer is not None:
+            self.visualizer.after_batch(batch, prediction)
+
+    def after_step(self, loss: float, grad_norm: float, step_time: float) -> None:
+        trainer = self.trainer
+        step = trainer.progress.global_step
+        self.smoothed_loss = loss if self.smoothed_loss is None else 0.95 * self.smoothed_loss + 0.05 * loss
+        if self.writer is not None:
+            self.writer.add_scalar("loss/step", loss, step)
+            self.writer.add_scalar("loss/smoothed", self.smoothed_loss, step)
+            for index, lr in enumerate(trainer.scheduler.get_last_lr()):
+                self.writer.add_scalar(f"lr/group_{index}", lr, step)
+            self.writer.add_scalar("grad_norm", grad_norm, step)
+            self.writer.add_scalar("time/step_seconds", step_time, step)
+            self.writer.add_scalar("memory/peak_gib", peak_memory_bytes(trainer.device) / 2 ** 30, step)
+        trainer.on_update({"step": step, "total_steps": trainer.total_steps, "epoch": trainer.progress.epoch,
+                           "loss": loss, "smoothed_loss": self.smoothed_loss, "step_time": step_time})
+        if self.sampler is not None and self.sample_every.due_after_step(step) \
+                and step > trainer.config.sampling.skip_first:
+            self.sampler.sample_all()
+            self.sample_every.mark()
+        if self.backup_every.due_after_step(step):
+            trainer.backup()
+            self.backup_every.mark()
+        if self.save_every.due_after_step(step):
+            trainer.save_result(str(Path(trainer.config.workspace_dir) / "save" /
+                                    f"step-{step:08d}{Path(trainer.config.output.destination).suffix}"))
+
+    def after_epoch(self, epoch: int) -> None:
+        trainer = self.trainer
+        if self.sampler is not None and self.sample_every.due_after_epoch(epoch):
+            self.sampler.sample_all()
+        if self.backup_every.due_after_epoch(epoch):
+            trainer.backup()
+        if self.save_every.due_after_epoch(epoch):
+            trainer.save_result(str(Path(trainer.config.workspace_dir) / "save" /
+                                    f"epoch-{epoch:04d}{Path(trainer.config.output.destination).suffix}"))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

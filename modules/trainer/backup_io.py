@@ -1,0 +1,119 @@
+"""Backups hold only safetensors and JSON: trainable tensors, optimizer and EMA state, RNG states and the exact
+training position. A backup folder is written under a temporary name and renamed, so it is complete or absent."""
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from modules.util.atomic import atomic_dir
+
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass
+class TrainProgress:
+    epoch: int = 0
+    epoch_batch: int = 0     # batches of the current epoch already consumed
+    global_step: int = 0     # optimizer steps taken
+    micro_step: int = 0      # batches taken in all (for the per-batch RNG)
+
+
+def _split_state(state: dict, prefix: str = "") -> tuple[dict[str, torch.Tensor], object]:
+    """Nested optimizer state -> (flat tensors, JSON skeleton with {"__tensor__": key} placeholders)."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def visit(value, path):
+        if isinstance(value, torch.Tensor):
+            tensors[path] = value.detach().cpu().contiguous()
+            return {"__tensor__": path}
+        if isinstance(value, dict):
+            return {"__dict__": [[visit(k, f"{path}.k{i}"), visit(v, f"{path}.{i}")]
+                                 for i, (k, v) in enumerate(value.items())]}
+        if isinstance(value, (list, tuple)):
+            return {"__list__": [visit(v, f"{path}.{i}") for i, v in enumerate(value)],
+                    "tuple": isinstance(value, tuple)}
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            return {"__float__": repr(value)}
+        return value
+
+    return tensors, visit(state, prefix or "s")
+
+
+def _join_state(skeleton, tensors: dict[str, torch.Tensor]):
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__dict__" in skeleton:
+            return {_join_state(k, tensors): _join_state(v, tensors) for k, v in skeleton["__dict__"]}
+        if "__list__" in skeleton:
+            items = [_join_state(v, tensors) for v in skeleton["__list__"]]
+            return tuple(items) if skeleton["tuple"] else items
+        if "__float__" in skeleton:
+            return float(skeleton["__float__"])
+    return skeleton
+
+
+def save_nested(state: dict, folder: Path, name: str) -> None:
+    tensors, skeleton = _split_state(state)
+    save_file(tensors, str(folder / f"{name}.safetensors"))
+    (folder / f"{name}.json").write_text(json.dumps(skeleton))
+
+
+def load_nested(folder: Path, name: str):
+    tensors = load_file(str(folder / f"{name}.safetensors"))
+    return _join_state(json.loads((folder / f"{name}.json").read_text()), tensors)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_backup(folder: Path, progress: TrainProgress, trainable: dict[str, torch.Tensor],
+                 optimizer: torch.optim.Optimizer, scheduler, ema, config_json: dict) -> None:
+    with atomic_dir(folder) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in trainable.items()}, str(tmp / "trainable.safetensors"))
+        save_nested(optimizer.state_dict(), tmp, "optimizer")
+        (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict(), default=str))
+        if ema is not None:
+            save_file(ema.state_dict(), str(tmp / "ema.safetensors"))
+        save_nested(rng_state(), tmp, "rng")
+        (tmp / "config.json").write_text(json.dumps(config_json, indent=2))
+        (tmp / PROGRESS_FILE).write_text(json.dumps(asdict(progress)))
+
+
+def read_backup(folder: Path) -> dict:
+    scheduler_state = json.loads((folder / "scheduler.json").read_text())
+    return {
+        "progress": TrainProgress(**json.loads((folder / PROGRESS_FILE).read_text())),
+        "trainable": load_file(str(folder / "trainable.safetensors")),
+        "optimizer": load_nested(folder, "optimizer"),
+        "scheduler": {k: v for k, v in scheduler_state.items() if k != "lr_lambdas"},
+        "ema": load_file(str(folder / "ema.safetensors")) if (folder / "ema.safetensors").is_file() else None,
+        "rng": load_nested(folder, "rng"),
+    }
+
+
+def list_backups(backup_root: Path) -> list[Path]:
+    """Complete backups (with a progress file), oldest first by step."""
+    if not backup_root.is_dir():
+        return []
+    found = [p for p in backup_root.iterdir() if p.is_dir() and not p.name.startswith(".")
+             and (p / PROGRESS_FILE).is_file()]
+    return sorted(found, key=lambda p: json.loads((p / PROGRESS_FILE).read_text())["global_step"])
+
+
+def prune_backups(backup_root: Path, keep: int) -> None:
+    for old in list_backups(backup_root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

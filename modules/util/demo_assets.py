@@ -1,0 +1,55 @@
+"""The built-in demo: a tiny random Wan model and a synthetic dataset of coloured squares moving left or right,
+the colour and direction named in the caption. Created on first use under the workspace."""
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from modules.util.video_io import write_video
+
+log = logging.getLogger(__name__)
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (40, 80, 230)}
+DIRECTIONS = ("left", "right")
+BACKGROUND = 96
+
+
+def square_clip(colour: tuple[int, int, int], direction: str, frames: int, size: int, offset: int,
+                square: int | None = None) -> np.ndarray:
+    """(frames, size, size, 3) uint8: a square crossing the frame horizontally, starting `offset` pixels in."""
+    square = square or max(4, size // 3)
+    clip = np.full((frames, size, size, 3), BACKGROUND, dtype=np.uint8)
+    top = (size - square) // 2
+    travel = size - square
+    for f in range(frames):
+        x = (offset + round(f * travel / max(1, frames - 1))) % (travel + 1)
+        if direction == "left":
+            x = travel - x
+        clip[f, top:top + square, x:x + square] = colour
+    return clip
+
+
+def make_t2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int = 9, size: int = 32,
+                     fps: int = 16) -> Path:
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    for colour_name, colour in COLOURS.items():
+        for direction in DIRECTIONS:
+            for i in range(clips_per_class):
+                stem = f"{colour_name}_{direction}_{i:02d}"
+                write_video(output / f"{stem}.mp4", square_clip(colour, direction, frames, size, offset=i), fps)
+                (output / f"{stem}.txt").write_text(f"a {colour_name} square moving {direction}\n")
+    return output
+
+
+def ensure_demo_assets(config) -> None:
+    from modules.util.tiny_models import make_tiny_model
+    base = Path(config.model.base_model_name)
+    if config.model.base_model_name and not (base / "model_index.json").is_file():
+        log.warning("creating the tiny demo model at %s", base)
+        make_tiny_model("wan2.1-t2v", base, seed=0)
+    for concept in config.data.concepts:
+        folder = Path(concept.path)
+        if not folder.is_dir() or not any(folder.iterdir()):
+            log.warning("creating the demo dataset at %s", folder)
+            make_t2v_dataset(folder)

@@ -1,0 +1,30 @@
+"""Writes a synthetic demo dataset: coloured squares moving left or right (t2v), or the E2V set (e2v).
+
+  make_demo_dataset.py --kind t2v --output DIR
+"""
+import argparse
+import sys
+
+import _bootstrap  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", choices=["t2v", "e2v"], default="t2v")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--clips-per-class", type=int, default=4)
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--size", type=int, default=32)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.kind == "t2v":
+        from modules.util.demo_assets import make_t2v_dataset
+        folder = make_t2v_dataset(args.output, args.clips_per_class, args.frames, args.size)
+    else:
+        from modules.util.demo_e2v import make_e2v_dataset
+        folder = make_e2v_dataset(args.output, args.clips_per_class, args.frames, args.size)
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
