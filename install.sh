@@ -32,5 +32,4 @@ echo "install.sh: installing for platform '$platform' into .venv"
 # torch first, so nothing below pulls a different build of it
 .venv/bin/python -m pip install -q -r "requirements-$platform.txt"
 for f in "${files[@]:1}"; do .venv/bin/python -m pip install -q -r "$f"; done
-rm -f .venv/.installed-*
 touch "$stamp"

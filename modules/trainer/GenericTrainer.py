@@ -67,11 +67,19 @@ class GenericTrainer:
         import modules.modelSetup.WanFineTuneSetup  # noqa: F401
         import modules.modelSetup.WanLoRASetup  # noqa: F401
 
+        from modules.dataLoader.WanBaseDataLoader import DataError
+        from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
+        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+
         config = self.config
+        base = Path(config.model.base_model_name)
         # the data is scanned before any model loads: no usable item is an error that costs nothing
-        self.data = WanBaseDataLoader(config)
-        self.data.scan()
-        self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
+        try:
+            self.data = WanBaseDataLoader(config, detect_variant_from_folder(base) if base.is_dir() else None)
+            self.data.scan()
+            self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
+        except (DataError, ModelLoadError, NotAWanModelError) as error:
+            raise TrainingError(str(error)) from None
         if self.model.model_type is not config.model_type:
             raise ConfigError([f"model_type: {config.model_type} is set, but {config.model.base_model_name!r} is a "
                                f"{self.model.variant} model ({self.model.model_type})"])

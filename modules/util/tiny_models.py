@@ -10,6 +10,7 @@ Deterministic: the same variant and seed give byte-identical weight files.
 import hashlib
 import itertools
 import json
+import math
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +23,18 @@ VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
 
+# Widths are all different from each other (and from the latent channels 16 / 48), as in the real models (text
+# 4096, transformer 1536 / 3072 / 5120, CLIP 1280), so code that mixes them up fails on the tiny models too.
 TEXT_DIM = 32            # UMT5 d_model == transformer text_dim
 NUM_HEADS = 2
-HEAD_DIM = 16            # rope splits it 8 (t) / 4 (h) / 4 (w), like 128 -> 44 / 42 / 42 in the real models
-INNER_DIM = NUM_HEADS * HEAD_DIM
-FFN_DIM = 64
+HEAD_DIM = 20            # rope splits it 8 (t) / 6 (h) / 6 (w), like 128 -> 44 / 42 / 42 in the real models
+INNER_DIM = NUM_HEADS * HEAD_DIM   # 40
+FFN_DIM = 80
 NUM_LAYERS = 2
 
 CLIP_IMAGE_SIZE = 32
 CLIP_PATCH_SIZE = 8
-CLIP_HIDDEN = 32
+CLIP_HIDDEN = 24
 CLIP_TOKENS = (CLIP_IMAGE_SIZE // CLIP_PATCH_SIZE) ** 2 + 1   # 17 (257 for ViT-H/14 at 224)
 
 VAE21_BASE_DIM = 8
@@ -60,20 +63,26 @@ class TinyVariant:
     flow_shift: float
 
 
-SPECS = {
-    "wan2.1-t2v": TinyVariant("wan2.1-t2v", "WanPipeline", 16, 16, False, False, False, None, False,
-                              FLOW_SHIFT_DEFAULT),
-    "wan2.1-i2v": TinyVariant("wan2.1-i2v", "WanImageToVideoPipeline", 36, 16, True, False, False, None, False,
-                              FLOW_SHIFT_DEFAULT),
-    "wan2.1-flf2v": TinyVariant("wan2.1-flf2v", "WanImageToVideoPipeline", 36, 16, True, True, False, None, False,
-                                FLOW_SHIFT_FLF2V),
-    "wan2.2-ti2v-5b": TinyVariant("wan2.2-ti2v-5b", "WanPipeline", 48, 48, False, False, False, None, True,
-                                  FLOW_SHIFT_TI2V),
-    "wan2.2-t2v-a14b": TinyVariant("wan2.2-t2v-a14b", "WanPipeline", 16, 16, False, False, True, 0.875, False,
-                                   FLOW_SHIFT_DEFAULT),
-    "wan2.2-i2v-a14b": TinyVariant("wan2.2-i2v-a14b", "WanImageToVideoPipeline", 36, 16, False, False, True, 0.9,
-                                   False, FLOW_SHIFT_DEFAULT),
-}
+def _spec(name: str, pipeline_class: str, in_channels: int, z_dim: int = 16, image_branch: bool = False,
+          flf2v: bool = False, boundary_ratio: float | None = None, expand_timesteps: bool = False,
+          flow_shift: float = FLOW_SHIFT_DEFAULT) -> TinyVariant:
+    return TinyVariant(name, pipeline_class, in_channels, z_dim, image_branch, flf2v, boundary_ratio is not None,
+                       boundary_ratio, expand_timesteps, flow_shift)
+
+
+SPECS = {spec.name: spec for spec in (
+    _spec("wan2.1-t2v", "WanPipeline", in_channels=16),
+    _spec("wan2.1-i2v", "WanImageToVideoPipeline", in_channels=36, image_branch=True),
+    _spec("wan2.1-flf2v", "WanImageToVideoPipeline", in_channels=36, image_branch=True, flf2v=True,
+          flow_shift=FLOW_SHIFT_FLF2V),
+    # TI2V-5B is one WanPipeline model for text- and image-to-video; its I2V runs through WanImageToVideoPipeline
+    # loaded from the same folder (expand_timesteps: the first latent frame is the image, timestep 0 there)
+    _spec("wan2.2-ti2v-5b", "WanPipeline", in_channels=48, z_dim=48, expand_timesteps=True,
+          flow_shift=FLOW_SHIFT_TI2V),
+    _spec("wan2.2-t2v-a14b", "WanPipeline", in_channels=16, boundary_ratio=0.875),
+    # I2V-A14B has no CLIP: image_encoder/image_processor are null, the transformer has no image_dim
+    _spec("wan2.2-i2v-a14b", "WanImageToVideoPipeline", in_channels=36, boundary_ratio=0.9),
+)}
 assert tuple(SPECS) == VARIANTS
 
 
@@ -118,21 +127,62 @@ def tokenizer_corpus() -> list[str]:
     return corpus
 
 
+def _pre_tokenizer():
+    """The pre-tokenization T5TokenizerFast itself applies, so the pieces learned are the ones it can produce."""
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
+    ])
+
+
+def _reestimate_scores(pieces: list[str], corpus: list[str], iterations: int = 3) -> list[tuple[str, float]]:
+    """Deterministic Unigram scores for the trained pieces: Viterbi-EM over the corpus words, in Python.
+
+    The `tokenizers` Unigram trainer is not deterministic (Rust hash-map order changes its scores in the third
+    decimal and the order of the pieces from one process to the next), but tokens ids must be reproducible: they
+    index the text encoder's embedding rows. Its piece set is stable, so the pieces are kept and their scores
+    re-estimated here from a deterministic start (log of substring frequency times length, as SentencePiece seeds
+    its pieces), then ordered by score.
+    """
+    from tokenizers import Tokenizer, models
+
+    pre_tokenizer = _pre_tokenizer()
+    word_counts: dict[str, int] = {}
+    for line in corpus:
+        for word, _ in pre_tokenizer.pre_tokenize_str(line):
+            word_counts[word] = word_counts.get(word, 0) + 1
+    words = sorted(word_counts)
+    seed_counts = [sum(word_counts[w] * w.count(p) for w in words) * len(p) for p in pieces]
+    scores = [math.log(max(count, 1)) for count in seed_counts]
+    for _ in range(iterations):
+        norm = math.log(sum(math.exp(s) for s in scores))
+        scores = [s - norm for s in scores]
+        model = Tokenizer(models.Unigram([(p, s) for p, s in zip(pieces, scores)], unk_id=None, byte_fallback=False))
+        usage = [0] * len(pieces)
+        for word, encoding in zip(words, model.encode_batch(words, add_special_tokens=False)):
+            for token_id in encoding.ids:
+                usage[token_id] += word_counts[word]
+        total = sum(usage)
+        floor = math.log(0.5 / total)   # pieces Viterbi never picks (rare characters) stay, below every used one
+        scores = [math.log(u / total) if u else floor for u in usage]
+    ranked = sorted(zip(pieces, scores), key=lambda item: (-item[1], item[0]))
+    return [(piece, round(score, 6)) for piece, score in ranked]
+
+
 def make_tokenizer():
     """A Unigram tokenizer trained with `tokenizers` on the built-in corpus, wrapped as T5TokenizerFast.
 
     Same layout as the UMT5 tokenizer: <pad> 0, </s> 1, <unk> 2, SentencePiece-style "▁" word prefixes, </s>
     appended. Every ASCII letter, digit and punctuation mark is in the vocabulary, so ASCII text never hits <unk>.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, trainers
     from transformers import T5TokenizerFast
 
+    corpus = tokenizer_corpus()
     backend = Tokenizer(models.Unigram())
-    # the pre-tokenization T5TokenizerFast itself applies, so the pieces learned here are the ones it can produce
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
-    ])
+    backend.pre_tokenizer = _pre_tokenizer()
     trainer = trainers.UnigramTrainer(
         vocab_size=TOKENIZER_VOCAB_SIZE,
         special_tokens=list(_SPECIAL_TOKENS),
@@ -141,10 +191,12 @@ def make_tokenizer():
         max_piece_length=16,
         show_progress=False,
     )
-    backend.train_from_iterator(tokenizer_corpus(), trainer=trainer)
-    vocab = [(piece, float(score)) for piece, score in json.loads(backend.to_str())["model"]["vocab"]]
-    if [piece for piece, _ in vocab[:3]] != _SPECIAL_TOKENS:
-        raise RuntimeError(f"tokenizer training put {vocab[:3]} first, expected {_SPECIAL_TOKENS}")
+    backend.train_from_iterator(corpus, trainer=trainer)
+    trained = [piece for piece, _ in json.loads(backend.to_str())["model"]["vocab"]]
+    if trained[:3] != _SPECIAL_TOKENS:
+        raise RuntimeError(f"tokenizer training put {trained[:3]} first, expected {_SPECIAL_TOKENS}")
+    pieces = sorted(trained[3:])
+    vocab = [(token, 0.0) for token in _SPECIAL_TOKENS] + _reestimate_scores(pieces, corpus)
     # T5TokenizerFast builds its backend from (piece, score) pairs, exactly as it does again when loading the saved
     # tokenizer.json, so the saved and the loaded tokenizer are the same. No sentinel <extra_id_N> tokens.
     return T5TokenizerFast(vocab=vocab, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
@@ -153,7 +205,10 @@ def make_tokenizer():
 # --- model parts -----------------------------------------------------------------------------------------------
 
 def make_text_encoder(vocab_size: int, seed: int):
-    """UMT5 encoder shaped like umt5-xxl (gated-gelu, relative attention, untied embeddings), d_model 32."""
+    """UMT5 encoder shaped like umt5-xxl (gated-gelu, relative attention buckets 32 / distance 128), d_model 32.
+
+    (transformers 5 forces tie_word_embeddings=True for the T5 family; an encoder has no head, so it changes nothing.)
+    """
     from transformers import UMT5Config, UMT5EncoderModel
 
     config = UMT5Config(
@@ -169,7 +224,6 @@ def make_text_encoder(vocab_size: int, seed: int):
         dropout_rate=0.1,
         layer_norm_epsilon=1e-6,
         feed_forward_proj="gated-gelu",
-        tie_word_embeddings=False,
         pad_token_id=0,
         eos_token_id=1,
         decoder_start_token_id=0,
@@ -179,12 +233,12 @@ def make_text_encoder(vocab_size: int, seed: int):
 
 
 def make_image_encoder(seed: int):
-    """CLIP ViT shaped like ViT-H/14 but 32x32 pixels, 8x8 patches (17 tokens), hidden 32, two layers."""
+    """CLIP ViT shaped like ViT-H/14 but 32x32 pixels, 8x8 patches (17 tokens), hidden 24, two layers."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
     config = CLIPVisionConfig(
         hidden_size=CLIP_HIDDEN,
-        intermediate_size=64,
+        intermediate_size=2 * CLIP_HIDDEN,
         projection_dim=CLIP_HIDDEN,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -257,7 +311,7 @@ def calibrate_latent_stats(vae) -> tuple[list[float], list[float]]:
     pipelines' (z - mean) / std would be far from unit scale. Calibrated statistics keep normalised latents near
     N(0, 1), as they are for the real models, so noise and data have comparable scale in training and sampling.
     """
-    size = 2 * vae.config.scale_factor_spatial
+    size = 4 * vae.config.scale_factor_spatial   # 4 x 4 latents per frame
     latents = vae.encode(_calibration_video(size)).latent_dist.mode()
     mean = latents.mean(dim=(0, 2, 3, 4))
     std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
@@ -342,11 +396,12 @@ def make_tiny_pipeline(variant: str, seed: int = 0):
 
 
 def _patch_model_index(folder: Path) -> None:
-    """Name the library classes as the released repos do.
+    """Name the library classes in model_index.json as the released repos do.
 
-    Under transformers 5 without torchvision the classes saved are T5Tokenizer (T5TokenizerFast is an alias) and
-    CLIPImageProcessorPil (the fallback CLIPImageProcessor resolves to); the released repos name T5TokenizerFast and
-    CLIPImageProcessor, which also load under transformers 4 and with torchvision installed.
+    Under transformers 5 without torchvision, save_pretrained records T5Tokenizer (T5TokenizerFast is an alias of
+    it) and CLIPImageProcessorPil (what CLIPImageProcessor falls back to); the released repos name T5TokenizerFast
+    and CLIPImageProcessor, which also load under transformers 4 and where torchvision is installed.
+    (preprocessor_config.json already says CLIPImageProcessor.)
     """
     path = folder / "model_index.json"
     index = json.loads(path.read_text(encoding="utf-8"))
@@ -355,11 +410,6 @@ def _patch_model_index(folder: Path) -> None:
     if index.get("image_processor", [None])[0] == "transformers":
         index["image_processor"] = ["transformers", "CLIPImageProcessor"]
     path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    processor_config = folder / "image_processor" / "preprocessor_config.json"
-    if processor_config.is_file():
-        config = json.loads(processor_config.read_text(encoding="utf-8"))
-        config["image_processor_type"] = "CLIPImageProcessor"
-        processor_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def make_tiny_model(variant: str, output_dir: str | Path, seed: int = 0) -> Path:

@@ -35,8 +35,8 @@ class DataConfig(BaseConfig):
     crop_jitter: bool = False
     flip: bool = False
     dataloader_threads: int = Field(2, ge=0)
-    cache_latents: bool = True
-    cache_text: bool = True
+    ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
+                                          "image-to-video (first latent frame clean)")
 
     @field_validator("frame_buckets")
     @classmethod

@@ -1,0 +1,208 @@
+"""Builds the data pipeline for a Wan model: scan -> probe -> frame window -> repeats -> resolution bucket ->
+decode -> resize/crop -> caption settings -> VAE / text / image encoders (disk-cached) -> one-bucket batches.
+
+The scan and probe stages run before any model loads (`scan`), so "no usable item" costs nothing; the encoders are
+added once the model is there (`attach_model`)."""
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from modules.dataLoader.concept_scan import ScanResult, scan_concepts
+from modules.dataLoader.DiskCache import DiskCache
+from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
+from modules.dataLoader.pipeline.BucketBatch import BucketBatch
+from modules.dataLoader.pipeline.EncodeText import EncodeText
+from modules.dataLoader.pipeline.EncodeVideo import EncodeVideo
+from modules.dataLoader.pipeline.FrameWindow import FrameWindow
+from modules.dataLoader.pipeline.ListSource import ListSource
+from modules.dataLoader.pipeline.LoadVideo import LoadVideo
+from modules.dataLoader.pipeline.Pipeline import Pipeline
+from modules.dataLoader.pipeline.PipelineModule import derive_seed
+from modules.dataLoader.pipeline.ProbeMedia import ProbeMedia
+from modules.dataLoader.pipeline.RepeatConcepts import RepeatConcepts
+from modules.dataLoader.pipeline.ResizeCropVideo import ResizeCropVideo
+from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
+from modules.util.config.TrainConfig import TrainConfig
+from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.enum.WanVariant import WanVariant
+from modules.util.video_io import UnreadableMediaError
+
+log = logging.getLogger(__name__)
+
+
+class DataError(Exception):
+    """The data cannot be used at all (no usable item); raised before any model loads."""
+
+
+def _identity(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class WanBaseDataLoader:
+    def __init__(self, config: TrainConfig, variant_hint: WanVariant | None = None):
+        self.config = config
+        self.scan_result = ScanResult()
+        self.failed: set[str] = set()   # files that probed fine but failed to decode while caching
+        self.model = None
+        self.device = torch.device("cpu")
+        self.pipeline: Pipeline | None = None
+        self.encoders: dict[str, object] = {}
+        self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
+        self.fps = variant_hint.native_fps if variant_hint else 16
+
+    # ---- before the model -------------------------------------------------------------------------------------
+
+    def scan(self) -> None:
+        self.scan_result = scan_concepts(self.config.data.concepts)
+        pipeline = Pipeline(self._item_modules(), self.config.seed)
+        pipeline.start_epoch(0)
+        if len(pipeline) == 0:
+            raise DataError(self._nothing_usable_message(pipeline))
+
+    def _nothing_usable_message(self, pipeline: Pipeline) -> str:
+        concepts = [c.path for c in self.config.data.concepts if c.enabled] or ["(no enabled concept)"]
+        skipped = self.scan_result.skipped + list(pipeline.skipped)
+        lines = [f"no usable training item in {', '.join(concepts)}"]
+        lines += [f"  skipped {path}: {reason}" for path, reason in skipped[:10]]
+        if len(skipped) > 10:
+            lines.append(f"  ... and {len(skipped) - 10} more")
+        return "\n".join(lines)
+
+    def _records(self) -> list[dict]:
+        return [r for r in self.scan_result.records if r["path"] not in self.failed]
+
+    def _item_modules(self) -> list:
+        data = self.config.data
+        return [
+            ListSource(self._records(), ["path", "concept", "caption"]),
+            ProbeMedia(),
+            FrameWindow(data.frame_buckets, self.fps),
+            RepeatConcepts(),
+            ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale),
+            LoadVideo(),
+            ResizeCropVideo(crop_jitter=data.crop_jitter, flip=data.flip),
+            ApplyConceptSettings(),
+        ]
+
+    # ---- with the model ---------------------------------------------------------------------------------------
+
+    def attach_model(self, model, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.spatial_unit, self.fps = model.spatial_unit, model.variant.native_fps
+        self.rebuild()
+
+    def encoder_modules(self) -> list:
+        """The encoders for this model and method; E2V adds its element modules here."""
+        model, config = self.model, self.config
+        cache_root = Path(config.cache_dir)
+        vae_identity = _identity(model.source, dict(model.vae.config), str(model.vae.dtype))
+        variant = model.variant
+        condition = {WanVariant.I2V: "first", WanVariant.I2V_A14B: "first", WanVariant.FLF2V: "first_last"}.get(
+            variant)
+        augmented = config.data.crop_jitter or config.data.flip
+        modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
+                               clip=model.image_encoder is not None and condition is not None, augmented=augmented)]
+        if config.training_method is not TrainingMethod.EMBEDDING:
+            text_identity = _identity(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
+                                      str(model.text_encoder.dtype))
+            modules.append(EncodeText(model, DiskCache(cache_root, "text"), text_identity))
+        return modules
+
+    def rebuild(self) -> None:
+        encoders = self.encoder_modules()
+        self.encoders = {type(m).__name__: m for m in encoders}
+        batch_names = [name for m in encoders for name in m.produces()] + ["loss_weight", "prompt"]
+        modules = self._item_modules() + encoders + [BucketBatch(batch_names, self.config.batch_size)]
+        self.pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)
+
+    def encode_calls(self) -> int:
+        return sum(getattr(m, "encode_calls", 0) for m in self.encoders.values())
+
+    def _move_encoders(self, device: torch.device) -> None:
+        for part in (self.model.vae, self.model.image_encoder):
+            if part is not None:
+                part.to(device)
+        if self.config.training_method is not TrainingMethod.EMBEDDING:
+            self.model.text_encoder.to(device)
+
+    def cache(self) -> None:
+        """Encodes every item of the first epoch (and every epoch when windows or crops are random) into the disk
+        cache, with the encoders on the training device only for the duration. Items whose media fail to decode
+        are skipped, counted and left out of training."""
+        epochs = range(self.config.epochs) if self._varies_per_epoch() else range(1)
+        self._move_encoders(self.device)
+        try:
+            for epoch in epochs:
+                self._cache_epoch(epoch)
+        finally:
+            self._move_encoders(torch.device("cpu"))
+        self.report()
+
+    def _varies_per_epoch(self) -> bool:
+        data = self.config.data
+        return data.crop_jitter or data.flip or any(c.extraction == "random" for c in data.concepts)
+
+    def _cache_epoch(self, epoch: int) -> None:
+        items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
+                         threads=self.config.data.dataloader_threads,
+                         outputs=[n for m in self.encoders.values() for n in m.produces()][:1])
+        items.start_epoch(epoch)
+        newly_failed = set()
+        for index in tqdm(range(len(items)), desc=f"caching epoch {epoch}", unit="item"):
+            try:
+                items.get_item(index)
+            except UnreadableMediaError as error:
+                log.warning("skipping %s: %s", error.path, error.reason)
+                newly_failed.add(str(error.path))
+                self.scan_result.skipped.append((str(error.path), error.reason))
+        if newly_failed:
+            self.failed |= newly_failed
+            if not self._records():
+                raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
+            self.rebuild()
+
+    def report(self) -> str:
+        """Per concept the clip and image items, the bucket histogram and the skipped files (probe-level names
+        only: nothing is decoded)."""
+        names = ["frame_bucket", "resolution_bucket", "concept"]
+        items = Pipeline(self._item_modules(), self.config.seed, outputs=names)
+        items.start_epoch(0)
+        buckets: Counter = Counter()
+        per_concept: dict[str, Counter] = {}
+        for index in range(len(items)):
+            row = items.get_item(index)
+            height, width = row["resolution_bucket"]
+            buckets[(row["frame_bucket"], height, width)] += 1
+            kind = "images" if row["frame_bucket"] == 1 else "clips"
+            per_concept.setdefault(row["concept"].name or row["concept"].path, Counter())[kind] += 1
+        skipped = self.scan_result.skipped + list(items.skipped)
+        lines = ["data:"]
+        for concept, counts in per_concept.items():
+            lines.append(f"  concept {concept}: {counts['clips']} clip items, {counts['images']} image items")
+        for (frames, height, width), count in sorted(buckets.items()):
+            lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
+        lines.append(f"  skipped files: {len(skipped)}")
+        text = "\n".join(lines)
+        print(text, flush=True)
+        return text
+
+    # ---- batches ----------------------------------------------------------------------------------------------
+
+    def batches_per_epoch(self, epoch: int = 0) -> int:
+        self.pipeline.start_epoch(epoch)
+        return len(self.pipeline)
+
+    def batches(self, epoch: int, start_batch: int = 0) -> Iterator[dict]:
+        probability = self.config.data.ti2v_image_probability
+        for number, batch in enumerate(self.pipeline.iterate(epoch, start_batch), start=start_batch):
+            batch["loss_weight"] = torch.tensor(batch["loss_weight"], dtype=torch.float32)
+            if self.model is not None and self.model.expand_timesteps and probability > 0:
+                draw = derive_seed(self.config.seed, epoch, number, "ti2v_image_mode") / 2 ** 64
+                batch["clean_first_frame"] = draw < probability
+            yield batch

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import logging
+from fractions import Fraction
+from typing import Any
+
+from modules.dataLoader.pipeline.IndexMapModule import IndexMapModule
+
+logger = logging.getLogger(__name__)
+
+
+class FrameWindow(IndexMapModule):
+    """Decides which source frames make each training clip, from the probe alone (nothing is decoded here).
+
+    The clip is first resampled to the concept's fps (`fps`: a number, "model" for the model's rate, "source" to
+    keep the file's frames; see video_io.resample_indices), giving N frames. The frame count F is the largest
+    frame bucket <= min(N, max_frames); the extraction mode then picks F of the N resampled frames:
+
+    - head:    frames 0 .. F-1
+    - uniform: frames round_half_up(i * (N-1) / (F-1)) for i in 0 .. F-1, spread over the whole clip
+    - random:  F consecutive frames from a start drawn uniformly in 0 .. N-F, anew each epoch (module rng)
+    - slide:   every window of F consecutive frames starting at 0, stride, 2 x stride, ... (start + F <= N);
+               one item per window
+    - full:    frames 0 .. F-1 with F the largest 4k+1 <= min(N, max_frames) (not limited to the bucket list)
+
+    It is an IndexMapModule: item i is window w of upstream clip u. A file whose probe failed, or whose N is
+    shorter than the smallest frame bucket, gets no item: it is skipped with one warning and listed in `skipped`.
+    Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps' (the rate
+    of the extracted clip).
+    """
+
+    def __init__(self, frame_buckets: list[int], model_fps: int | float, name: str | None = None, *,
+                 path_name: str = "path", concept_name: str = "concept", info_name: str = "media_info",
+                 error_name: str = "media_error"):
+        super().__init__(name)
+        buckets = sorted(set(int(b) for b in frame_buckets))
+        bad = [b for b in buckets if b < 1 or (b - 1) % 4]
+        if not buckets or bad:
+            raise ValueError(f"frame buckets must be 4k+1 counts; got {frame_buckets}")
+        self.frame_buckets = buckets
+        self.model_fps = model_fps
+        self.path_name = path_name
+        self.concept_name = concept_name
+        self.info_name = info_name
+        self.error_name = error_name
+        self._map: list[tuple[int, int]] = []
+        self.skipped: list[tuple[str, str]] = []
+        self._warned: set[tuple[str, str]] = set()
+
+    def needs(self) -> list[str]:
+        return [self.path_name, self.concept_name, self.info_name, self.error_name]
+
+    def produces(self) -> list[str]:
+        return ["frame_indices", "frame_bucket", "frame_fps"]
+
+    # ------------------------------------------------------------------------------------------------ planning
+
+    def target_fps(self, concept: Any) -> Fraction | None:
+        fps = getattr(concept, "fps", "model")
+        if fps == "source":
+            return None
+        if fps == "model":
+            fps = self.model_fps
+        return Fraction(fps).limit_denominator(1001)
+
+    def frame_count(self, n: int, extraction: str, max_frames: int) -> int | None:
+        """F for a clip of n resampled frames, None when it is too short for every bucket."""
+        if n < self.frame_buckets[0]:
+            return None
+        limit = min(n, max_frames)
+        if extraction == "full":
+            return (limit - 1) // 4 * 4 + 1
+        fitting = [b for b in self.frame_buckets if b <= limit]
+        return fitting[-1] if fitting else None
+
+    @staticmethod
+    def uniform_positions(n: int, f: int) -> list[int]:
+        """round_half_up(i * (n-1) / (f-1)) in exact integer arithmetic."""
+        if f == 1:
+            return [0]
+        return [(2 * i * (n - 1) + (f - 1)) // (2 * (f - 1)) for i in range(f)]
+
+    @staticmethod
+    def slide_starts(n: int, f: int, stride: int) -> list[int]:
+        return list(range(0, n - f + 1, max(1, stride)))
+
+    def _plan(self, row: dict[str, Any]) -> tuple[int, str | None]:
+        """(number of items, skip reason) for one upstream clip."""
+        info = row[self.info_name]
+        if info is None:
+            return 0, row[self.error_name] or "unreadable"
+        concept = row[self.concept_name]
+        target = self.target_fps(concept)
+        n = len(info.resample(target))
+        extraction = getattr(concept, "extraction", "head")
+        max_frames = int(getattr(concept, "max_frames", n))
+        f = self.frame_count(n, extraction, max_frames)
+        if f is None:
+            rate = f"at {float(target):g} fps" if target is not None else "at its own fps"
+            if n < self.frame_buckets[0]:
+                return 0, (f"{n} frame(s) {rate} is shorter than the smallest frame bucket "
+                           f"({self.frame_buckets[0]})")
+            return 0, f"max_frames {max_frames} is below the smallest frame bucket ({self.frame_buckets[0]})"
+        if extraction == "slide":
+            return len(self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))), None
+        return 1, None
+
+    def start_epoch(self, ctx) -> None:
+        mapping: list[tuple[int, int]] = []
+        skipped: list[tuple[str, str]] = []
+        for upstream, row in enumerate(ctx.get_all(self.needs())):
+            count, reason = self._plan(row)
+            if reason is not None:
+                entry = (str(row[self.path_name]), reason)
+                skipped.append(entry)
+                if entry not in self._warned:
+                    self._warned.add(entry)
+                    logger.warning("skipping %s: %s", entry[0], entry[1])
+            mapping.extend((upstream, window) for window in range(count))
+        self._map = mapping
+        self.skipped = skipped
+
+    def length(self) -> int:
+        return len(self._map)
+
+    def upstream_index(self, index: int) -> int:
+        return self._map[index][0]
+
+    # ------------------------------------------------------------------------------------------------ items
+
+    def get_item(self, ctx, index: int) -> dict[str, Any]:
+        upstream, window = self._map[index]
+        info = ctx.get(self.info_name, upstream)
+        concept = ctx.get(self.concept_name, upstream)
+        target = self.target_fps(concept)
+        resampled = info.resample(target)
+        n = len(resampled)
+        extraction = getattr(concept, "extraction", "head")
+        f = self.frame_count(n, extraction, int(getattr(concept, "max_frames", n)))
+        if extraction == "uniform":
+            positions = self.uniform_positions(n, f)
+        elif extraction == "random":
+            start = self.rng(ctx, index).randint(0, n - f)
+            positions = list(range(start, start + f))
+        elif extraction == "slide":
+            start = self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))[window]
+            positions = list(range(start, start + f))
+        elif extraction in ("head", "full"):
+            positions = list(range(f))
+        else:
+            raise ValueError(f"unknown extraction mode {extraction!r}")
+        fps = float(target) if target is not None else (info.fps or float(self.model_fps))
+        return {"frame_indices": [resampled[p] for p in positions], "frame_bucket": f, "frame_fps": fps}

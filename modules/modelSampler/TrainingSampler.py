@@ -1,0 +1,155 @@
+"""Preview videos during training: every enabled sample of `config.sampling.samples_file`, written as
+
+    <workspace>/samples/<index>-<prompt slug>/<step>-<epoch>.mp4   H.264 yuv420p at the model's native fps
+    <workspace>/samples/<index>-<prompt slug>/<step>-<epoch>.png   the first, middle and last frames side by side
+
+plus an animated GIF per sample in TensorBoard. Called between optimizer steps; WanModelSampler leaves the training
+state as it found it (modes, requires_grad, adapters, devices, RNGs). The samples file is read again at every call,
+so it can be edited while training runs.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from modules.modelSampler.WanModelSampler import SampleResult, WanModelSampler
+from modules.util.config.SampleConfig import SampleConfig
+from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.sample_definitions import load_sample_definitions
+
+logger = logging.getLogger(__name__)
+
+
+def prompt_slug(prompt: str, max_length: int = 40) -> str:
+    """A file-name-safe slug: lower-case ASCII letters and digits joined by '-'; 'sample' when nothing is left."""
+    slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:max_length].strip("-")
+    return slug or "sample"
+
+
+def frame_strip(frames: np.ndarray) -> np.ndarray:
+    """uint8 (F, H, W, 3) -> the first, middle and last frames side by side (H, 3W, 3); one frame: (H, W, 3)."""
+    picks = sorted({0, len(frames) // 2, len(frames) - 1})
+    return np.concatenate([frames[i] for i in picks], axis=1)
+
+
+def gif_bytes(frames: np.ndarray, fps: float) -> bytes:
+    """uint8 (F, H, W, 3) -> an animated, looping GIF."""
+    from PIL import Image
+
+    images = [Image.fromarray(frame) for frame in frames]
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)),
+                   loop=0, optimize=False)
+    return buffer.getvalue()
+
+
+def add_gif_summary(writer, tag: str, frames: np.ndarray, fps: float, step: int) -> None:
+    """An image summary whose encoded bytes are a GIF: TensorBoard's image plugin shows it animated. (SummaryWriter's
+    add_video needs moviepy < 2, which this project does not install.)"""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    image = Summary.Image(height=int(frames.shape[1]), width=int(frames.shape[2]), colorspace=3,
+                          encoded_image_string=gif_bytes(frames, fps))
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+@dataclass
+class TrainingSample:
+    index: int                    # position in the samples file (stable when others are disabled)
+    sample: SampleConfig          # with the training config's defaults filled in
+
+    @property
+    def folder_name(self) -> str:
+        return f"{self.index}-{prompt_slug(self.sample.prompt)}"
+
+
+@dataclass
+class PreviewOutput:
+    index: int
+    video: Path
+    strip: Path
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+class TrainingSampler:
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    @property
+    def samples_dir(self) -> Path:
+        return Path(self.trainer.config.workspace_dir) / "samples"
+
+    def load_samples(self) -> list[TrainingSample]:
+        """The enabled samples of the samples file, with the sampling section's steps / guidance / scheduler as
+        defaults; [] when no samples file is configured."""
+        sampling = self.trainer.config.sampling
+        if not sampling.samples_file:
+            return []
+        samples = load_sample_definitions(sampling.samples_file)
+        return [TrainingSample(index, sample.with_defaults(steps=sampling.steps, guidance=sampling.guidance,
+                                                           scheduler=sampling.scheduler))
+                for index, sample in enumerate(samples) if sample.enabled]
+
+    def _sampler(self) -> WanModelSampler:
+        config = self.trainer.config
+        return WanModelSampler(self.trainer.model, device=self.trainer.device,
+                               autocast_dtype=config.train_dtype.torch_dtype())
+
+    def validate(self) -> list[str]:
+        """Checks every enabled sample against the model before training starts (sizes rounded, images present,
+        images only where the variant takes them): raises SampleDefinitionError / SampleError, returns the notes."""
+        sampler = self._sampler()
+        notes = []
+        for item in self.load_samples():
+            _, sample_notes = sampler.resolve(item.sample)
+            notes += [f"sample {item.folder_name}: {note}" for note in sample_notes]
+        return notes
+
+    def _prompt(self, prompt: str) -> str:
+        """Embedding training with several vectors: the placeholder stands for all of its tokens, as in training."""
+        config = self.trainer.config
+        if config.training_method is not TrainingMethod.EMBEDDING or config.embedding.vector_count < 2:
+            return prompt
+        from modules.modelSetup.WanEmbeddingSetup import placeholder_tokens
+        tokens = placeholder_tokens(config.embedding.placeholder, config.embedding.vector_count)
+        return prompt.replace(config.embedding.placeholder, " ".join(tokens))
+
+    def sample_all(self) -> list[PreviewOutput]:
+        """Generates and writes every enabled sample; returns what was written."""
+        from modules.util.video_io import write_video
+        from PIL import Image
+
+        items = self.load_samples()
+        if not items:
+            return []
+        progress = self.trainer.progress
+        step, epoch = int(progress.global_step), int(progress.epoch)
+        writer = getattr(getattr(self.trainer, "hooks", None), "writer", None)
+        sampler = self._sampler()
+        outputs = []
+        for item in items:
+            started = time.perf_counter()
+            sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
+            result: SampleResult = sampler.sample(sample)
+            frames = result.frames_uint8()
+            folder = self.samples_dir / item.folder_name
+            folder.mkdir(parents=True, exist_ok=True)
+            video_path = folder / f"{step}-{epoch}.mp4"
+            strip_path = folder / f"{step}-{epoch}.png"
+            write_video(video_path, frames, result.fps)
+            Image.fromarray(frame_strip(frames)).save(strip_path)
+            if writer is not None:
+                add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
+            seconds = time.perf_counter() - started
+            logger.info("sample %s: %s (%.1f s)", item.folder_name, video_path, seconds)
+            outputs.append(PreviewOutput(item.index, video_path, strip_path, seconds, result.notes))
+        if writer is not None:
+            writer.flush()
+        return outputs

@@ -1,0 +1,483 @@
+"""WanModelSampler: videos from a WanModel through diffusers' own Wan pipelines, assembled from the live parts.
+
+No copy of the weights and no denoising loop of our own: `WanModel.create_pipeline` builds a `WanPipeline`
+(text-to-video: T2V, T2V-A14B, TI2V-5B without an image) or a `WanImageToVideoPipeline` (I2V, FLF2V, I2V-A14B,
+TI2V-5B with an image, which uses `expand_timesteps`) around the very modules that train, so peft adapters being
+trained act at their current weights and a two-expert model runs both experts (the frozen one too).
+
+What is ours, around the pipeline call:
+- the text (UMT5) and CLIP embeddings are computed with `WanModel.encode_text` / `encode_image`, the functions that
+  training uses, and handed to the pipeline as `prompt_embeds` / `image_embeds`;
+- a fresh scheduler per call, built from `model.noise_scheduler.config` with the sample's flow shift (the model's
+  scheduler is never mutated);
+- the pipeline returns latents (`output_type="latent"`) and `WanModel.decode_latents` decodes them;
+- placement: a part that is not on the sampling device is moved there only while it is used and moved back after
+  (text encoder for the prompt, CLIP for the images, VAE for the image condition and the decode, each A14B expert
+  for its own denoising stage), and every other piece of state is restored as it was (train/eval modes,
+  requires_grad, peft adapter enable flags, the global RNGs).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from modules.model.WanModel import WanModel
+from modules.util.config.SampleConfig import SampleConfig
+from modules.util.enum.ModelType import ModelType
+from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.enum.WanVariant import WanVariant
+from modules.util.registry import register
+
+logger = logging.getLogger(__name__)
+
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+class SampleError(ValueError):
+    """A sample that cannot be generated as asked (missing image, image given to a text-only model, ...)."""
+
+
+@dataclass
+class SampleResult:
+    frames: np.ndarray            # (F, H, W, 3) float32 in [0, 1], as diffusers' pipelines return with "np"
+    fps: int
+    sample: SampleConfig          # the settings actually used (rounded sizes, the flow shift in effect, ...)
+    notes: list[str] = field(default_factory=list)
+
+    def frames_uint8(self) -> np.ndarray:
+        return (self.frames * 255.0).round().clip(0, 255).astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- rounding
+
+def round_to_multiple(value: int, unit: int) -> int:
+    """Nearest multiple of `unit` (halves round up), at least `unit`."""
+    return max(unit, (value + unit // 2) // unit * unit)
+
+
+def round_frames(frames: int, temporal_stride: int = 4) -> int:
+    """Nearest 4k+1 (halves round up), at least 1."""
+    k = (frames - 1 + temporal_stride // 2) // temporal_stride
+    return max(0, k) * temporal_stride + 1
+
+
+# ---------------------------------------------------------------------------------------------- state handling
+
+def _device_of(module: torch.nn.Module) -> torch.device | None:
+    """The one device a module's tensors are on; None when they are spread over several (then it is left alone)."""
+    devices = {t.device for t in module.parameters()} | {t.device for t in module.buffers()}
+    return devices.pop() if len(devices) == 1 else None
+
+
+class _Placement:
+    """OneTrainer-style materialise / evict: a part away from the sampling device moves there only while used."""
+
+    def __init__(self, model: WanModel, device: torch.device):
+        self.device = device
+        self.parts = model.parts()
+        self.home = {name: _device_of(part) for name, part in self.parts.items()}
+
+    def _movable(self, name: str) -> bool:
+        return name in self.parts and self.home[name] is not None and self.home[name] != self.device
+
+    def materialize(self, *names: str) -> None:
+        for name in names:
+            if self._movable(name):
+                self.parts[name].to(self.device)
+
+    def evict(self, *names: str) -> None:
+        moved = False
+        for name in names:
+            if self._movable(name) and _device_of(self.parts[name]) != self.home[name]:
+                self.parts[name].to(self.home[name])
+                moved = True
+        if moved and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def restore(self) -> None:
+        self.evict(*self.parts)
+
+    @contextlib.contextmanager
+    def using(self, *names: str) -> Iterator[None]:
+        self.materialize(*names)
+        try:
+            yield
+        finally:
+            self.evict(*names)
+
+
+def _adapter_layers(module: torch.nn.Module) -> list:
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return []
+    return [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+
+
+@contextlib.contextmanager
+def preserved_state(model: WanModel, device: torch.device) -> Iterator[None]:
+    """Everything sampling may touch comes back exactly as it was: train/eval mode of every module, requires_grad of
+    every parameter, peft adapters' enabled flags, and the torch (CPU and `device`), numpy and Python RNGs.
+    Inside, every part is in eval mode and every peft adapter layer is enabled."""
+    parts = list(model.parts().values())
+    modes = [(m, m.training) for part in parts for m in part.modules()]
+    grads = [(p, p.requires_grad) for part in parts for p in part.parameters()]
+    adapters = [(layer, layer.disable_adapters) for part in parts for layer in _adapter_layers(part)]
+    python_rng, numpy_rng = random.getstate(), np.random.get_state()
+    rng_devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=rng_devices):
+            for part in parts:
+                part.eval()
+            for layer, disabled in adapters:
+                if disabled:
+                    layer.enable_adapters(True)
+            with torch.no_grad():
+                yield
+    finally:
+        for layer, disabled in adapters:
+            if layer.disable_adapters != disabled:
+                layer.enable_adapters(not disabled)
+        for module, training in modes:
+            module.training = training
+        for parameter, requires_grad in grads:
+            if parameter.requires_grad != requires_grad:
+                parameter.requires_grad_(requires_grad)
+        random.setstate(python_rng)
+        np.random.set_state(numpy_rng)
+
+
+# ---------------------------------------------------------------------------------------------- the sampler
+
+@register("model_sampler", [ModelType.WAN_2_1, ModelType.WAN_2_2], list(TrainingMethod))
+class WanModelSampler:
+    def __init__(self, model: WanModel, device: torch.device | str | None = None,
+                 autocast_dtype: torch.dtype | None = None):
+        """`device`: where the denoising runs (default: the main transformer's device). `autocast_dtype`: run each
+        transformer forward under torch.autocast in this dtype (the trainer passes its train dtype so previews compute
+        as training does); None or float32: no autocast."""
+        self.model = model
+        self.device = torch.device(device) if device is not None else \
+            (_device_of(model.main_transformer) or torch.device("cpu"))
+        self.autocast_dtype = None if autocast_dtype in (None, torch.float32) else autocast_dtype
+
+    # ---- settings ----------------------------------------------------------------------------------------------
+
+    def default_flow_shift(self) -> float:
+        config = self.model.noise_scheduler.config
+        shift = config.get("flow_shift", None)
+        if shift is None:
+            shift = config.get("shift", None)
+        return float(shift if shift is not None else 1.0)
+
+    def resolve(self, sample: SampleConfig) -> tuple[SampleConfig, list[str]]:
+        """The sample as it will run: sides rounded to the model's spatial unit, frames to 4k+1 (each rounding
+        noted), the flow shift filled in; raises SampleError for images the variant cannot take, missing images or
+        missing paths."""
+        model, variant, notes = self.model, self.model.variant, []
+        unit = model.spatial_unit
+        width, height = round_to_multiple(sample.width, unit), round_to_multiple(sample.height, unit)
+        frames = round_frames(sample.frames, model.vae_temporal_stride)
+        if (width, height) != (sample.width, sample.height):
+            notes.append(f"size {sample.width}x{sample.height} rounded to {width}x{height} "
+                         f"(sides must be multiples of {unit} for {variant})")
+        if frames != sample.frames:
+            notes.append(f"frames {sample.frames} rounded to {frames} (frame counts must be 4k+1)")
+
+        if sample.elements:
+            raise SampleError(f"sample {sample.prompt[:40]!r}: elements {sorted(sample.elements)} need E2V "
+                              f"sampling, which this sampler does not support yet")
+        image, last_image = sample.image, sample.last_image
+        if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
+            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
+                              f"image; remove image / last_image")
+        if variant in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B) and not image:
+            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
+        if variant is WanVariant.FLF2V and not last_image:
+            raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
+        if last_image and variant not in (WanVariant.FLF2V, WanVariant.I2V_A14B):
+            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} takes no last frame (last_image is for "
+                              f"FLF2V and I2V-A14B)")
+        for label, path in (("image", image), ("last_image", last_image)):
+            if path and not Path(path).is_file():
+                raise SampleError(f"sample {label} {path!r} does not exist (or is not a file)")
+
+        guidance_2 = sample.guidance_2
+        if guidance_2 is not None and not variant.has_two_experts:
+            notes.append(f"guidance_2 {guidance_2} ignored: {variant} has one expert")
+            guidance_2 = None
+        flow_shift = sample.flow_shift if sample.flow_shift is not None else self.default_flow_shift()
+        resolved = sample.model_copy(update=dict(width=width, height=height, frames=frames, guidance_2=guidance_2,
+                                                 flow_shift=flow_shift))
+        for note in notes:
+            logger.warning("sample %r: %s", sample.prompt[:40], note)
+        return resolved, notes
+
+    def make_scheduler(self, name: str, flow_shift: float):
+        """A fresh flow-matching scheduler (UNIPC or EULER) from the model's scheduler config with `flow_shift`."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+        config = self.model.noise_scheduler.config
+        train_steps = int(config.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS))
+        if name == "UNIPC":
+            if isinstance(self.model.noise_scheduler, UniPCMultistepScheduler):
+                return UniPCMultistepScheduler.from_config(config, flow_shift=flow_shift)
+            return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                           num_train_timesteps=train_steps, flow_shift=flow_shift)
+        if name == "EULER":
+            if isinstance(self.model.noise_scheduler, FlowMatchEulerDiscreteScheduler):
+                return FlowMatchEulerDiscreteScheduler.from_config(config, shift=flow_shift)
+            return FlowMatchEulerDiscreteScheduler(num_train_timesteps=train_steps, shift=flow_shift)
+        raise SampleError(f"unknown sampling scheduler {name!r}: UNIPC or EULER")
+
+    # ---- sampling ----------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transformer_autocast(self) -> Iterator[None]:
+        """torch.autocast around each transformer forward only (as training runs it; the text encoder, the VAE and
+        the scheduler's math keep their own precision), its output cast to float32 as training's prediction is."""
+        if self.autocast_dtype is None:
+            yield
+            return
+        active: list = []
+
+        def enter(module, args, kwargs):
+            context = torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+            context.__enter__()
+            active.append(context)
+
+        def leave(module, args, kwargs, output):
+            active.pop().__exit__(None, None, None)
+            if isinstance(output, tuple) and output and torch.is_tensor(output[0]):
+                return (output[0].float(), *output[1:])
+            return output
+
+        handles = []
+        for transformer in (self.model.transformer, self.model.transformer_2):
+            if transformer is not None:
+                handles.append(transformer.register_forward_pre_hook(enter, with_kwargs=True))
+                handles.append(transformer.register_forward_hook(leave, with_kwargs=True, always_call=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            while active:
+                active.pop().__exit__(None, None, None)
+
+    @staticmethod
+    def _load_image(path: str, height: int, width: int):
+        """The image scaled to cover height x width and centre-cropped (as the data path crops clips)."""
+        from PIL import Image
+
+        from modules.util.video_io import UnreadableMediaError, read_image, resize_and_crop
+        try:
+            pixels = read_image(path)
+        except UnreadableMediaError as error:
+            raise SampleError(f"sample image {path!r} cannot be read: {error.reason}") from error
+        return Image.fromarray(resize_and_crop(pixels[None], height, width)[0])
+
+    def _expert_plan(self, scheduler_name: str, flow_shift: float, steps: int) -> list[str]:
+        """Which transformer each denoising step uses, exactly as the pipeline chooses it."""
+        if self.model.boundary_ratio is None or self.model.transformer_2 is None:
+            return ["transformer"] * steps
+        probe = self.make_scheduler(scheduler_name, flow_shift)
+        probe.set_timesteps(steps, device="cpu")
+        boundary = self.model.boundary_ratio * probe.config.num_train_timesteps
+        return ["transformer" if t >= boundary else "transformer_2" for t in probe.timesteps]
+
+    def sample(self, sample: SampleConfig, on_step: Callable[[int, int], None] | None = None) -> SampleResult:
+        """One video. `on_step(done, total)` is called after every denoising step."""
+        model = self.model
+        resolved, notes = self.resolve(sample)
+        variant = model.variant
+        if variant.has_two_experts and (model.transformer is None or model.transformer_2 is None):
+            raise SampleError(f"{variant} needs both experts loaded to sample")
+        image_mode = variant.takes_image_condition or bool(resolved.image)
+        height, width = resolved.height, resolved.width
+        first = self._load_image(resolved.image, height, width) if resolved.image else None
+        last = self._load_image(resolved.last_image, height, width) if resolved.last_image else None
+        use_cfg = resolved.guidance > 1.0
+        plan = self._expert_plan(resolved.scheduler, resolved.flow_shift, resolved.steps)
+        placement = _Placement(model, self.device)
+
+        with preserved_state(model, self.device):
+            try:
+                with placement.using("text_encoder"):
+                    prompt_embeds = model.encode_text([resolved.prompt]).to(self.device)
+                    negative_embeds = model.encode_text([resolved.effective_negative_prompt]).to(self.device) \
+                        if use_cfg else None
+                image_embeds = None
+                if image_mode and model.image_encoder is not None and model.uses_image_tokens:
+                    with placement.using("image_encoder"):
+                        image_embeds = model.encode_image([first] if last is None else [first, last]).to(self.device)
+
+                pipeline = model.create_pipeline(image_mode=image_mode)
+                pipeline.scheduler = self.make_scheduler(resolved.scheduler, resolved.flow_shift)
+                pipeline.set_progress_bar_config(disable=True)
+
+                def step_end(pipe, index: int, timestep, callback_kwargs: dict) -> dict:
+                    if index == 0:
+                        placement.evict("vae")  # the image condition is encoded before the first step
+                    if index + 1 < len(plan) and plan[index + 1] != plan[index]:
+                        placement.evict(plan[index])
+                        placement.materialize(plan[index + 1])
+                    if on_step is not None:
+                        on_step(index + 1, len(plan))
+                    return {}
+
+                kwargs = dict(prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_embeds, height=height,
+                              width=width, num_frames=resolved.frames, num_inference_steps=resolved.steps,
+                              guidance_scale=resolved.guidance,
+                              generator=torch.Generator(device="cpu").manual_seed(resolved.seed),
+                              output_type="latent", callback_on_step_end=step_end)
+                if variant.has_two_experts:
+                    kwargs["guidance_scale_2"] = resolved.guidance_2
+                if image_mode:
+                    kwargs.update(image=first, last_image=last)
+                    if image_embeds is not None:
+                        # diffusers 0.42's I2V pipeline refuses `image_embeds` together with `image` (and needs
+                        # `image` for the VAE condition), so the CLIP tokens computed above are handed over through
+                        # the one method it calls for them
+                        pipeline.encode_image = lambda images, device=None: image_embeds.to(device or self.device)
+                    placement.materialize("vae")
+                placement.materialize(plan[0])
+                with self._transformer_autocast():
+                    latents = pipeline(**kwargs).frames
+                placement.evict("transformer", "transformer_2", "vae")
+                del pipeline
+
+                with placement.using("vae"):
+                    video = model.decode_latents(latents)  # (1, 3, F, H, W) in [-1, 1]
+            finally:
+                placement.restore()
+        frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu().numpy()
+        return SampleResult(frames=frames, fps=variant.native_fps, sample=resolved, notes=notes)
+
+
+# ---------------------------------------------------------------------------------------------- LoRA files (inference)
+
+def parse_lora_argument(text: str) -> tuple[Path, float]:
+    """`PATH[:STRENGTH]` -> (path, strength). The suffix counts as a strength only when it parses as a number, so
+    Windows drive letters and colons in file names survive."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head:
+        try:
+            return Path(head), float(tail)
+        except ValueError:
+            pass
+    return Path(text), 1.0
+
+
+def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
+    """Which expert each LoRA file goes to. Single-expert models: the transformer. A14B: a `_high_noise` file to the
+    high-noise expert, `_low_noise` to the low-noise one, a name whose `_high_noise` / `_low_noise` pair exists to
+    both, any other existing file to both experts."""
+    from modules.util.lora_formats import expert_lora_paths
+
+    if not model.variant.has_two_experts:
+        if not path.is_file():
+            raise FileNotFoundError(f"LoRA file {str(path)!r} does not exist")
+        return {"transformer": path}
+    stem = path.name.removesuffix(".safetensors")
+    if path.is_file():
+        if stem.endswith("_high_noise"):
+            return {"transformer": path}
+        if stem.endswith("_low_noise"):
+            return {"transformer_2": path}
+        logger.warning("LoRA %s has no _high_noise / _low_noise suffix: applied to both experts", path)
+        return {"transformer": path, "transformer_2": path}
+    high, low = expert_lora_paths(path)
+    pair = {name: p for name, p in (("transformer", high), ("transformer_2", low)) if p.is_file()}
+    if not pair:
+        raise FileNotFoundError(f"LoRA file {str(path)!r} does not exist, nor its expert pair {high.name} / "
+                                f"{low.name}")
+    return pair
+
+
+def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
+    """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
+    inference. Returns one line per file applied."""
+    from modules.util.lora_formats import load_lora_file, match_to_model, merge_lora
+
+    applied = []
+    for path, strength in loras:
+        for expert, file in _expert_files(model, Path(path)).items():
+            transformer = getattr(model, expert)
+            weights, layout = load_lora_file(file)
+            weights = match_to_model(weights, [name for name, _ in transformer.named_modules()])
+            merge_lora(transformer, weights, strength)
+            applied.append(f"{file} ({layout}, {len(weights)} modules, strength {strength:g}) -> {expert}")
+    return applied
+
+
+# ---------------------------------------------------------------------------------------------- inference to files
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; anything else as torch names it (cpu, cuda, cuda:1)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SampleError(f"device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device) -> WanModel:
+    """Loads a diffusers Wan folder for inference: transformer(s), text and image encoders in `weight_dtype` (a
+    DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
+    encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+
+    part = PartConfig(weight_dtype=weight_dtype)
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=base_model_name, transformer=part,
+                                                  transformer_2=part, text_encoder=part, image_encoder=part))
+    if not model.variant.has_two_experts:
+        model.transformer.to(device)
+    return model
+
+
+def video_file_name(index: int, sample: SampleConfig) -> str:
+    from modules.modelSampler.TrainingSampler import prompt_slug
+    return f"{index:03d}-{prompt_slug(sample.prompt)}-s{sample.seed}.mp4"
+
+
+def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: str | Path, device: torch.device,
+                    num_videos: int = 1, show_progress: bool = True) -> list[Path]:
+    """Every enabled sample, `num_videos` times (seed, seed + 1, ...), written as MP4s at the model's native fps to
+    `output_dir/<index>-<prompt slug>-s<seed>.mp4`. All samples are checked before the first one runs."""
+    from tqdm import tqdm
+
+    from modules.util.video_io import write_video
+
+    sampler = WanModelSampler(model, device=device)
+    jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))
+            for index, sample in enumerate(samples) if sample.enabled for k in range(num_videos)]
+    for _, sample in jobs:
+        sampler.resolve(sample)  # fail fast on a bad sample, before hours of sampling
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tqdm(total=sum(s.steps for _, s in jobs), unit="step", disable=not show_progress) as bar:
+        for index, sample in jobs:
+            bar.set_description(f"{index:03d} seed {sample.seed}")
+            done = [0]
+
+            def on_step(step: int, total: int) -> None:
+                bar.update(step - done[0])
+                done[0] = step
+
+            result = sampler.sample(sample, on_step=on_step)
+            path = output_dir / video_file_name(index, sample)
+            write_video(path, result.frames_uint8(), result.fps)
+            written.append(path)
+    return written

@@ -1,0 +1,532 @@
+"""Reading and writing videos, images and `.npz` clips as uint8 (T, H, W, 3) RGB frame arrays.
+
+Every medium is a video here: an image is a one-frame video, a GIF is decoded by PyAV like any other video, and an
+`.npz` clip holds a ready-made frame array (key 'frames', or else its first array) with an optional 'fps' key.
+
+Frame rate resampling (`resample_indices`) works on the real presentation timestamps of the source frames
+(pts * time_base, exact fractions), never on an assumed constant rate:
+
+    source frame i is on screen from t_i until t_(i+1) (the last one until the clip's end time, which is its
+    packet's pts + duration, or one more copy of the last frame interval when the container gives no duration).
+    Output frame j is shown at time j / target_fps (times counted from the first frame) and takes the source frame
+    at or just before that time: the largest i with t_i <= j / target_fps. The output holds every j whose time is
+    before the clip's end time.
+
+So a 16 fps source resampled to 16 fps is unchanged, 60 frames at 30 fps become 32 frames at 16 fps (output j takes
+source floor(j * 30 / 16)), and a source slower than the target repeats frames.
+
+Anything that cannot be read raises `UnreadableMediaError(path, reason)`, so that the caller can skip the file and
+count it; only the errors that bad input produces are caught (av errors, OSError, ValueError, zip and PIL decode
+errors), never everything.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Literal
+
+import av
+import av.error
+import cv2
+import numpy as np
+from PIL import Image, ImageOps
+
+from modules.util.atomic import atomic_path
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp"})
+VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".gif"})
+CLIP_EXTENSIONS = frozenset({".npz"})
+MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS | CLIP_EXTENSIONS
+
+MediaKind = Literal["image", "video", "clip"]
+
+# the errors that a bad or truncated file makes PyAV raise (FFmpegError covers every av.error class)
+_AV_ERRORS = (av.error.FFmpegError, OSError, ValueError, EOFError)
+_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+_NPZ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
+class UnreadableMediaError(Exception):
+    """A file that cannot be used: corrupt, truncated, empty, without frames, of an unsupported type or codec."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.reason)
+
+
+@dataclass(frozen=True)
+class MediaInfo:
+    """What `probe_media` learns about a file without decoding all of it."""
+
+    path: str
+    kind: MediaKind
+    width: int
+    height: int
+    frame_count: int
+    # seconds from the first frame (timestamps[0] == 0); None for an .npz clip without an 'fps' key
+    timestamps: tuple[Fraction, ...] | None
+    # when the last frame stops being shown, in the same clock; None where timestamps are None
+    end_time: Fraction | None
+    # videos: the stream pts of frame i (presentation order), so a decode after a seek can tell which frame it has;
+    # None when the container does not give every packet a pts (frames are then counted from the start)
+    frame_pts: tuple[int, ...] | None = None
+    time_base: Fraction | None = None
+    seekable: bool = False
+    _resampled: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    @property
+    def fps(self) -> float | None:
+        """The average frame rate (frames per second of running time), None where unknown."""
+        if self.timestamps is None or not self.end_time:
+            return None
+        return float(self.frame_count / self.end_time)
+
+    def resample(self, target_fps: float | Fraction | None) -> list[int]:
+        """Source frame indices of the clip at `target_fps` (None: every frame as it is); see the module doc."""
+        if self.timestamps is None or self.end_time is None or target_fps is None:
+            return list(range(self.frame_count))
+        rate = _as_fraction(target_fps)
+        cached = self._resampled.get(rate)  # probes are cached and reused every epoch: resample once per rate
+        if cached is None:
+            cached = self._resampled[rate] = tuple(resample_indices(self.timestamps, self.end_time, rate))
+        return list(cached)
+
+
+def media_kind(path: str | os.PathLike) -> MediaKind | None:
+    ext = Path(path).suffix.lower()
+    if ext in IMAGE_EXTENSIONS:
+        return "image"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
+    if ext in CLIP_EXTENSIONS:
+        return "clip"
+    return None
+
+
+def _as_fraction(fps: float | Fraction | int) -> Fraction:
+    rate = fps if isinstance(fps, Fraction) else Fraction(fps).limit_denominator(1001)
+    if rate <= 0:
+        raise ValueError(f"a frame rate must be positive, got {fps}")
+    return rate
+
+
+def resample_indices(timestamps: Sequence[Fraction], end_time: Fraction,
+                     target_fps: float | Fraction | None) -> list[int]:
+    """For each output frame j (time j / target_fps) the index of the source frame at or just before that time.
+
+    `timestamps` are the source frames' presentation times in seconds, ascending, the first at 0; `end_time` is when
+    the last one stops being shown. Output frames run while their time is before `end_time` (at least one). None
+    keeps every frame. Exact: the comparisons are done in integers over a common denominator.
+    """
+    n = len(timestamps)
+    if n == 0:
+        return []
+    if target_fps is None:
+        return list(range(n))
+    rate = _as_fraction(target_fps)
+    start = Fraction(timestamps[0])
+    times = [Fraction(t) - start for t in timestamps]
+    end = Fraction(end_time) - start
+    den = math.lcm(end.denominator, *{t.denominator for t in times})
+    # t_i <= j / rate  <=>  a_i <= j * b   with a_i = t_i * den * rate.numerator, b = den * rate.denominator
+    b = den * rate.denominator
+    a = [t.numerator * (den // t.denominator) * rate.numerator for t in times]
+    limit = end.numerator * (den // end.denominator) * rate.numerator  # output j exists while j * b < limit
+    result: list[int] = []
+    i = 0
+    j = 0
+    while j == 0 or j * b < limit:
+        while i + 1 < n and a[i + 1] <= j * b:
+            i += 1
+        result.append(i)
+        j += 1
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------- probing
+
+def probe_media(path: str | os.PathLike) -> MediaInfo:
+    """Frame count, frame times and size of a video, image or .npz clip; raises UnreadableMediaError."""
+    path = str(path)
+    kind = media_kind(path)
+    if kind is None:
+        raise UnreadableMediaError(path, f"unsupported file type {Path(path).suffix!r}; "
+                                         f"supported: {sorted(MEDIA_EXTENSIONS)}")
+    _check_file(path)
+    if kind == "image":
+        image = read_image(path)
+        return MediaInfo(path, "image", image.shape[1], image.shape[0], 1, (Fraction(0),), None)
+    if kind == "clip":
+        return _probe_npz(path)
+    return _probe_video(path)
+
+
+def _check_file(path: str) -> None:
+    try:
+        size = os.path.getsize(path)
+    except OSError as error:
+        raise UnreadableMediaError(path, f"cannot read the file ({error.strerror or error})") from error
+    if size == 0:
+        raise UnreadableMediaError(path, "the file is empty (0 bytes)")
+
+
+def _probe_video(path: str) -> MediaInfo:
+    try:
+        with av.open(path, mode="r") as container:
+            if not container.streams.video:
+                raise UnreadableMediaError(path, "the file has no video stream (truncated, or not a video?)")
+            stream = container.streams.video[0]
+            if stream.codec_context is None:
+                raise UnreadableMediaError(path, "no decoder for the codec of its video stream")
+            stream.thread_type = "AUTO"
+            time_base = stream.time_base
+            indexed_frames = stream.frames  # the container's own count (mp4/mov index), 0 when it has none
+            pts: list[int] = []
+            pts_missing = False
+            end_pts: int | None = None
+            first_frame: np.ndarray | None = None
+            demuxed = 0
+            for packet in container.demux(stream):
+                if packet.size == 0 and packet.pts is None:
+                    continue  # the demuxer's flush packet
+                demuxed += 1
+                if packet.is_discard:
+                    pass  # before the start of an edit list: decoded for reference, never shown
+                elif packet.pts is None:
+                    pts_missing = True
+                else:
+                    pts.append(packet.pts)
+                    if packet.duration:
+                        end_pts = max(end_pts or packet.pts, packet.pts + packet.duration)
+                if first_frame is None:  # decode until the first picture: proves the codec and gives the size
+                    for frame in stream.decode(packet):
+                        first_frame = frame.to_ndarray(format="rgb24")
+                        break
+            if first_frame is None:
+                for frame in stream.decode(None):
+                    first_frame = frame.to_ndarray(format="rgb24")
+                    break
+    except UnreadableMediaError:
+        raise
+    except _AV_ERRORS as error:
+        raise UnreadableMediaError(path, f"cannot decode: {_describe(error)}") from error
+    if first_frame is None:
+        raise UnreadableMediaError(path, "the video has no frames that decode")
+    height, width = first_frame.shape[:2]
+    if pts_missing or not pts or time_base is None:
+        return _probe_video_by_decoding(path, width, height)
+    unique = sorted(set(pts))
+    count = len(unique)
+    if indexed_frames and demuxed < indexed_frames:
+        raise UnreadableMediaError(path, f"truncated: its index lists {indexed_frames} frames but only {demuxed} "
+                                         f"could be read")
+    base = unique[0]
+    timestamps = tuple((p - base) * time_base for p in unique)
+    if end_pts is not None and end_pts > unique[-1]:
+        end_time = (end_pts - base) * time_base
+    else:
+        end_time = timestamps[-1] + _last_interval(timestamps, stream)
+    return MediaInfo(path, "video", width, height, count, timestamps, end_time, tuple(unique), time_base,
+                     seekable=Path(path).suffix.lower() != ".gif")
+
+
+def _last_interval(timestamps: Sequence[Fraction], stream) -> Fraction:
+    if len(timestamps) >= 2:
+        return timestamps[-1] - timestamps[-2]
+    rate = stream.average_rate or stream.guessed_rate
+    return 1 / Fraction(rate) if rate else Fraction(1, 16)
+
+
+def _probe_video_by_decoding(path: str, width: int, height: int) -> MediaInfo:
+    """For containers whose packets lack timestamps: decode every frame and use the frames' own times."""
+    times: list[Fraction] = []
+    try:
+        with av.open(path, mode="r") as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            rate = stream.average_rate or stream.guessed_rate
+            for index, frame in enumerate(container.decode(stream)):
+                if frame.pts is not None and frame.time_base is not None:
+                    times.append(frame.pts * frame.time_base)
+                elif rate:
+                    times.append(index / Fraction(rate))
+                else:
+                    times.append(Fraction(index, 16))
+    except _AV_ERRORS as error:
+        raise UnreadableMediaError(path, f"cannot decode: {_describe(error)}") from error
+    if not times:
+        raise UnreadableMediaError(path, "the video has no frames that decode")
+    if any(b <= a for a, b in zip(times, times[1:])):
+        times = [Fraction(i) / Fraction(rate or 16) for i in range(len(times))]
+    base = times[0]
+    timestamps = tuple(t - base for t in times)
+    interval = timestamps[-1] - timestamps[-2] if len(timestamps) >= 2 else 1 / Fraction(rate or 16)
+    return MediaInfo(path, "video", width, height, len(timestamps), timestamps, timestamps[-1] + interval)
+
+
+def _npz_frames_key(names: Sequence[str]) -> str | None:
+    if "frames" in names:
+        return "frames"
+    others = [n for n in names if n != "fps"]
+    return others[0] if others else None
+
+
+def _probe_npz(path: str) -> MediaInfo:
+    if not zipfile.is_zipfile(path):
+        raise UnreadableMediaError(path, "not an .npz archive (it is not a zip file)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            key = _npz_frames_key(data.files)
+            if key is None:
+                raise UnreadableMediaError(path, "the .npz holds no frame array")
+            fps = _npz_fps(path, data)
+            shape, dtype = _npz_array_header(path, key)
+            if shape is None:  # a header this numpy cannot read without loading: load it
+                array = data[key]
+                shape, dtype = array.shape, array.dtype
+    except UnreadableMediaError:
+        raise
+    except _NPZ_ERRORS as error:
+        raise UnreadableMediaError(path, f"cannot read the .npz: {_describe(error)}") from error
+    _check_frame_array(path, key, shape, dtype)
+    count, height, width = shape[0], shape[1], shape[2]
+    if fps is None:
+        return MediaInfo(path, "clip", width, height, count, None, None)
+    timestamps = tuple(Fraction(i) / fps for i in range(count))
+    return MediaInfo(path, "clip", width, height, count, timestamps, Fraction(count) / fps)
+
+
+def _npz_fps(path: str, data) -> Fraction | None:
+    if "fps" not in data.files:
+        return None
+    value = np.asarray(data["fps"])
+    if value.size != 1 or not np.issubdtype(value.dtype, np.number) or not float(value.reshape(())) > 0:
+        raise UnreadableMediaError(path, f"its 'fps' entry must be one positive number, got {value!r}")
+    return _as_fraction(float(value.reshape(())))
+
+
+def _npz_array_header(path: str, key: str) -> tuple[tuple[int, ...] | None, np.dtype | None]:
+    with zipfile.ZipFile(path) as archive, archive.open(f"{key}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+        else:
+            return None, None
+    return shape, dtype
+
+
+def _check_frame_array(path: str, key: str, shape: Sequence[int], dtype) -> None:
+    if len(shape) != 4 or shape[3] != 3 or np.dtype(dtype) != np.uint8:
+        raise UnreadableMediaError(path, f"its '{key}' array must be uint8 (T, H, W, 3), got {np.dtype(dtype)} "
+                                         f"{tuple(shape)}")
+    if shape[0] == 0 or shape[1] == 0 or shape[2] == 0:
+        raise UnreadableMediaError(path, f"its '{key}' array is empty: {tuple(shape)}")
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+# ----------------------------------------------------------------------------------------------------------- reading
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """An image as uint8 (H, W, 3) RGB, EXIF orientation applied, alpha dropped; raises UnreadableMediaError."""
+    path = str(path)
+    _check_file(path)
+    try:
+        with Image.open(path) as image:
+            image.load()  # decodes everything now: a truncated file fails here, not later
+            image = ImageOps.exif_transpose(image)
+            if image.mode != "RGB":
+                image = image.convert("RGB")
+            array = np.asarray(image, dtype=np.uint8)
+    except _IMAGE_ERRORS as error:
+        raise UnreadableMediaError(path, f"cannot read the image: {_describe(error)}") from error
+    if array.ndim != 3 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise UnreadableMediaError(path, f"the image has no pixels ({array.shape})")
+    return np.ascontiguousarray(array)
+
+
+def read_frames(path: str | os.PathLike, indices: Sequence[int], info: MediaInfo | None = None) -> np.ndarray:
+    """The source frames `indices` (any order, repeats allowed) as uint8 (len(indices), H, W, 3).
+
+    Videos are decoded only as far as the last wanted frame, starting from the keyframe before the first wanted
+    frame when the container can seek. `info` (from probe_media) saves probing the file again.
+    """
+    path = str(path)
+    indices = [int(i) for i in indices]
+    if not indices:
+        raise ValueError("read_frames needs at least one frame index")
+    if info is None:
+        info = probe_media(path)
+    bad = [i for i in indices if not 0 <= i < info.frame_count]
+    if bad:
+        raise IndexError(f"{path}: frame indices {bad[:5]} outside 0..{info.frame_count - 1}")
+    if info.kind == "image":
+        image = read_image(path)
+        return np.repeat(image[None], len(indices), axis=0)
+    if info.kind == "clip":
+        return _read_npz_frames(path, indices)
+    frames = _decode_video(path, sorted(set(indices)), info)
+    return np.stack([frames[i] for i in indices])
+
+
+def read_media(path: str | os.PathLike, target_fps: float | Fraction | None = None,
+               max_frames: int | None = None) -> np.ndarray:
+    """A whole file (or its first `max_frames` frames) resampled to `target_fps` (None: as stored)."""
+    info = probe_media(path)
+    indices = info.resample(target_fps)
+    if max_frames is not None:
+        indices = indices[:max_frames]
+    return read_frames(path, indices, info)
+
+
+def _read_npz_frames(path: str, indices: list[int]) -> np.ndarray:
+    if not zipfile.is_zipfile(path):
+        raise UnreadableMediaError(path, "not an .npz archive (it is not a zip file)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            key = _npz_frames_key(data.files)
+            if key is None:
+                raise UnreadableMediaError(path, "the .npz holds no frame array")
+            array = data[key]
+    except UnreadableMediaError:
+        raise
+    except _NPZ_ERRORS as error:
+        raise UnreadableMediaError(path, f"cannot read the .npz: {_describe(error)}") from error
+    _check_frame_array(path, key, array.shape, array.dtype)
+    return np.ascontiguousarray(array[indices])
+
+
+def _decode_video(path: str, wanted: list[int], info: MediaInfo) -> dict[int, np.ndarray]:
+    seek = info.seekable and info.frame_pts is not None and wanted[0] > 0
+    try:
+        frames = _decode_pass(path, wanted, info, seek)
+        if frames is None:  # the seek landed after the first wanted frame: decode from the start instead
+            frames = _decode_pass(path, wanted, info, False)
+    except _AV_ERRORS as error:
+        raise UnreadableMediaError(path, f"cannot decode: {_describe(error)}") from error
+    missing = [i for i in wanted if i not in frames]
+    if missing:
+        raise UnreadableMediaError(path, f"the stream ended before frame {missing[0]} of {info.frame_count} "
+                                         f"(truncated or corrupt?)")
+    shapes = {frame.shape for frame in frames.values()}
+    if len(shapes) > 1:
+        raise UnreadableMediaError(path, f"the frame size changes inside the video: {sorted(shapes)}")
+    return frames
+
+
+def _decode_pass(path: str, wanted: list[int], info: MediaInfo, seek: bool) -> dict[int, np.ndarray] | None:
+    need = set(wanted)
+    last = wanted[-1]
+    pts_to_index = {p: i for i, p in enumerate(info.frame_pts)} if info.frame_pts is not None else None
+    frames: dict[int, np.ndarray] = {}
+    with av.open(path, mode="r") as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        count: int | None = 0
+        if seek:
+            container.seek(info.frame_pts[wanted[0]], stream=stream, backward=True, any_frame=False)
+            count = None  # frames can only be told apart by their pts now
+        first = True
+        for frame in container.decode(stream):
+            if pts_to_index is not None and frame.pts in pts_to_index:
+                index = pts_to_index[frame.pts]
+            elif count is not None:
+                index = count
+            else:
+                return None
+            if first and seek and index > wanted[0]:
+                return None
+            first = False
+            if count is not None:
+                count += 1
+            if index in need and index not in frames:
+                frames[index] = frame.to_ndarray(format="rgb24")
+            if index >= last:  # frames come in presentation order: nothing wanted follows
+                break
+    return frames
+
+
+# ----------------------------------------------------------------------------------------------------------- image ops
+
+def resize_and_crop(frames: np.ndarray, height: int, width: int, top: int | None = None, left: int | None = None,
+                    flip: bool = False) -> np.ndarray:
+    """Scales uint8 (T, H, W, 3) frames so that they cover height x width, then crops (centred unless `top` /
+    `left` give the crop's corner in the scaled frame) and optionally mirrors them horizontally.
+
+    Shrinking uses cv2.INTER_AREA, enlarging bicubic. `covering_size` tells the scaled size (for choosing a
+    random top / left)."""
+    frames = np.asarray(frames)
+    src_h, src_w = frames.shape[1:3]
+    new_h, new_w = covering_size(src_h, src_w, height, width)
+    if (new_h, new_w) != (src_h, src_w):
+        interpolation = cv2.INTER_AREA if new_h * new_w < src_h * src_w else cv2.INTER_CUBIC
+        frames = np.stack([cv2.resize(frame, (new_w, new_h), interpolation=interpolation) for frame in frames])
+    top = (new_h - height) // 2 if top is None else top
+    left = (new_w - width) // 2 if left is None else left
+    if not (0 <= top <= new_h - height and 0 <= left <= new_w - width):
+        raise ValueError(f"crop corner ({top}, {left}) outside the scaled {new_h}x{new_w} frame for {height}x{width}")
+    frames = frames[:, top:top + height, left:left + width]
+    if flip:
+        frames = frames[:, :, ::-1]
+    return np.ascontiguousarray(frames)
+
+
+def covering_size(src_h: int, src_w: int, height: int, width: int) -> tuple[int, int]:
+    """The size (h, w) of a source scaled, aspect kept, to the smallest size covering height x width."""
+    scale = max(height / src_h, width / src_w)
+    return max(height, round(src_h * scale)), max(width, round(src_w * scale))
+
+
+def frames_to_tensor(frames: np.ndarray):
+    """uint8 (T, H, W, 3) -> float32 torch tensor (3, T, H, W) in [-1, 1]."""
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0)
+
+
+# ----------------------------------------------------------------------------------------------------------- writing
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float | Fraction, crf: int = 18) -> None:
+    """Writes uint8 (T, H, W, 3) RGB frames as an H.264 yuv420p MP4 (moov first, so it streams).
+
+    yuv420p needs even sides: an odd height or width is padded by repeating the last row or column. The file
+    appears atomically (written beside the target, then renamed)."""
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3 or 0 in frames.shape:
+        raise ValueError(f"write_video needs non-empty uint8 (T, H, W, 3) frames, got {frames.dtype} {frames.shape}")
+    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
+    if pad_h or pad_w:
+        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    rate = _as_fraction(fps)
+    with atomic_path(path) as tmp:
+        with av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
+            stream = container.add_stream("libx264", rate=rate)
+            stream.width, stream.height = frames.shape[2], frames.shape[1]
+            stream.pix_fmt = "yuv420p"
+            stream.options = {"crf": str(int(crf))}
+            for frame in frames:
+                video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+                for packet in stream.encode(video_frame):
+                    container.mux(packet)
+            for packet in stream.encode(None):
+                container.mux(packet)
+
+
+__all__ = [
+    "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "CLIP_EXTENSIONS", "MEDIA_EXTENSIONS", "MediaInfo", "UnreadableMediaError",
+    "media_kind", "probe_media", "resample_indices", "read_frames", "read_image", "read_media", "resize_and_crop",
+    "covering_size", "frames_to_tensor", "write_video",
+]

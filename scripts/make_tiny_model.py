@@ -1,0 +1,32 @@
+"""Writes a tiny random Wan model as a diffusers folder (for tests and the demo; no download needed).
+
+  make_tiny_model.py --variant wan2.1-t2v --output workspace/tiny-t2v [--seed 0]
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+
+from modules.util.tiny_models import VARIANTS, make_tiny_model  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", required=True, choices=VARIANTS)
+    parser.add_argument("--output", required=True, type=Path,
+                        help="folder to write; an existing one is replaced only if empty or a diffusers folder")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        folder = make_tiny_model(args.variant, args.output, seed=args.seed)
+    except FileExistsError as error:
+        print(f"make_tiny_model.py: {error}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

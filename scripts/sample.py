@@ -1,0 +1,119 @@
+"""Generates videos with a Wan model (plus LoRA files) and writes them as MP4s; prints each file's path.
+
+  sample.py --base-model-name DIR --prompt "a red square moving left" --output-dir out
+  sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
+  sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...   (reads my_lora_high_noise / _low_noise)
+
+--samples-file takes a samples JSON file or a musubi-tuner style prompt file (one prompt a line with inline options
+--w --h --f --s --g --d --fs --n --i --ei). The size, frame, step, guidance and seed options given here are the
+defaults that a sample's own settings override. Exit status: 0 done, 1 error, 2 bad arguments.
+"""
+import argparse
+import sys
+
+import _bootstrap  # noqa: F401
+
+DTYPE_ALIASES = {"auto": None, "float32": "FLOAT_32", "fp32": "FLOAT_32", "float16": "FLOAT_16", "fp16": "FLOAT_16",
+                 "bfloat16": "BFLOAT_16", "bf16": "BFLOAT_16", "float8": "FLOAT_8", "fp8": "FLOAT_8"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-model-name", required=True, help="a diffusers Wan folder")
+    parser.add_argument("--lora", action="append", default=[], metavar="PATH[:STRENGTH]",
+                        help="a LoRA file in any layout the loader reads (repeatable); for Wan 2.2 A14B a "
+                             "_high_noise / _low_noise pair is found from their common name")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    source.add_argument("--samples-file", help="a samples JSON file or a musubi-style prompt file")
+    parser.add_argument("--negative-prompt", default=None, help="default: Wan's default negative prompt")
+    parser.add_argument("--width", type=int, default=None, help="default 832")
+    parser.add_argument("--height", type=int, default=None, help="default 480")
+    parser.add_argument("--frames", type=int, default=None, help="default 81 (rounded to 4k+1)")
+    parser.add_argument("--steps", type=int, default=None, help="default 20")
+    parser.add_argument("--guidance", type=float, default=None, help="default 5.0")
+    parser.add_argument("--guidance-2", type=float, default=None, help="A14B low-noise expert; default: --guidance")
+    parser.add_argument("--flow-shift", type=float, default=None, help="default: the model's scheduler config")
+    parser.add_argument("--scheduler", choices=["UNIPC", "EULER"], type=str.upper, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="default 42; video k of a sample uses seed + k")
+    parser.add_argument("--num-videos", type=int, default=1, help="videos per sample")
+    parser.add_argument("--image", default=None, help="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B)")
+    parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
+    # E2V hook (a later issue): NAME=PATH reference images, carried into SampleConfig.elements
+    parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH", help=argparse.SUPPRESS)
+    parser.add_argument("--output-dir", default="samples")
+    parser.add_argument("--dtype", default="auto", type=str.lower,
+                        choices=sorted(DTYPE_ALIASES) + ["float_32", "float_16", "bfloat_16", "float_8"],
+                        help="weights of the transformer(s) and text encoders (VAE stays float32); "
+                             "auto: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    args = parser.parse_args(argv)
+    if args.num_videos < 1:
+        parser.error("--num-videos must be at least 1")
+    for option in ("width", "height", "frames", "steps"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            parser.error(f"--{option} must be at least 1")
+    try:
+        args.elements = dict(parse_element_argument(text) for text in args.element)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def parse_element_argument(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"--element {text!r}: expected NAME=PATH")
+    return name.strip(), path.strip()
+
+
+def build_samples(args: argparse.Namespace) -> list:
+    from modules.util.config.SampleConfig import SampleConfig
+    from modules.util.sample_definitions import load_sample_definitions
+
+    if args.samples_file:
+        samples = load_sample_definitions(args.samples_file)
+    else:
+        samples = [SampleConfig(prompt=prompt) for prompt in args.prompt]
+    defaults = dict(negative_prompt=args.negative_prompt, width=args.width, height=args.height, frames=args.frames,
+                    steps=args.steps, guidance=args.guidance, guidance_2=args.guidance_2, flow_shift=args.flow_shift,
+                    scheduler=args.scheduler, seed=args.seed, image=args.image, last_image=args.last_image,
+                    elements=args.elements or None)
+    return [sample.with_defaults(**defaults) for sample in samples]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
+    from modules.modelSampler.WanModelSampler import (apply_lora_files, generate_videos, load_model_for_sampling,
+                                                      parse_lora_argument, resolve_device)
+    from modules.util.enum.DataType import DataType
+    from modules.util.video_io import UnreadableMediaError
+
+    try:
+        samples = build_samples(args)
+        if not any(sample.enabled for sample in samples):
+            print("sample: no enabled samples", file=sys.stderr)
+            return 1
+        device = resolve_device(args.device)
+        dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
+        dtype = DataType(dtype_name) if dtype_name else \
+            (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
+        model = load_model_for_sampling(args.base_model_name, dtype, device)
+        for line in apply_lora_files(model, [parse_lora_argument(text) for text in args.lora]):
+            print(f"sample: LoRA {line}", file=sys.stderr)
+        written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos)
+    except (ModelLoadError, UnreadableMediaError, ValueError, OSError, RuntimeError) as error:
+        print(f"sample: {error}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

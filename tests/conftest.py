@@ -1,0 +1,34 @@
+"""Shared test setup: offline Hugging Face libraries, the repository on sys.path, tiny Wan models per session."""
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# Every test runs offline (DESIGN.md section 3); huggingface_hub reads these when it is first imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Callable[[str], Path]:
+    """`get(variant) -> Path`: a tiny random diffusers folder for the variant (seed 0), built once per session.
+
+    Variants: modules.util.tiny_models.VARIANTS. Treat the folder as read-only; copy it to change it.
+    """
+    from modules.util.tiny_models import make_tiny_model
+
+    built: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in built:
+            built[variant] = make_tiny_model(variant, tmp_path_factory.mktemp(f"tiny-{variant}") / "model")
+        return built[variant]
+
+    return get
