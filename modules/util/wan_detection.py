@@ -11,11 +11,15 @@ class NotAWanModelError(ValueError):
     pass
 
 
-def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict, source: str = "") -> WanVariant:
+def check_wan_pipeline(model_index: dict, source: str = "") -> None:
     pipeline_class = model_index.get("_class_name")
     if pipeline_class not in WAN_PIPELINES:
         raise NotAWanModelError(f"{source}: model_index.json names pipeline {pipeline_class!r}; a Wan model is one of "
                                 f"{', '.join(WAN_PIPELINES)}")
+
+
+def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict, source: str = "") -> WanVariant:
+    check_wan_pipeline(model_index, source)
     transformer_class = transformer_config.get("_class_name")
     if transformer_class != "WanTransformer3DModel":
         raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not WanTransformer3DModel")

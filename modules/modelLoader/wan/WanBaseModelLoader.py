@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT
 from modules.model.WanModel import WanModel
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
-from modules.util.wan_detection import NotAWanModelError, detect_variant
+from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
 from modules.util.wan_keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
 
 
@@ -55,6 +55,7 @@ class WanBaseModelLoader:
     def load(self, config: ModelConfig) -> WanModel:
         base, local_only = self._resolve_base(config)
         model_index = self._read_json(base, "model_index.json", local_only)
+        check_wan_pipeline(model_index, str(base))
         expert_names = [name for name in ("transformer", "transformer_2")
                         if model_index.get(name) and model_index[name][0] is not None]
         if not expert_names:
