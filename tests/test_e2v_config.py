@@ -1,0 +1,496 @@
+"""E2V dataset configuration: the user's three JSON forms (seeds 000, 001, 002, copied verbatim), validation errors
+that name the field, alignment warnings and caption prefix stripping."""
+import json
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from modules.util.config.config_io import ConfigError
+from modules.util.config.E2VConfig import (ClipProcessorConfig, E2VDatasetConfig, E2VElementVaeConfig,
+                                           VaeProcessorConfig, aligned_repeats, check_against_frames,
+                                           check_against_model, load_e2v_dataset_configs, strip_llm_caption_prefix)
+
+# seeds/000 (E2V implementation guide, section 2.1), verbatim
+SEED_000 = """{
+  "datasets": [
+    {
+      "data_root": "path/to/e2v/dataset", 
+      "dataset_type": "e2v",
+      "target_resolution": [480, 854],
+      "auto_frame_buckets": true,
+      "reshape_mode": "bicubic",
+      "remove_common_llm_caption_prefixes": true,
+      
+      "elements": [
+        {
+          "name": "main_subject", 
+          "suffixes": ["_dog.png", "_person.png", "_mask.png"],
+          "required": true,
+          "vae": {
+            "repeat": 4, 
+            "position": 0
+          },
+          "clip": {
+            "preprocess": "center_crop"
+          }
+        },
+        {
+          "name": "secondary",
+          "suffixes": ["_object.png", "_toy.png"],
+          "required": false,
+          "vae": {
+            "repeat": 4, 
+            "position": 1
+          },
+          "clip": {
+            "preprocess": "pad_white"
+          }
+        }
+      ],
+      
+      "processors": {
+        "vae": {
+          "resolution": [480, 854],
+          "combine": "before",
+          "default_preprocess": "resize",
+          "frame_conditioning": "full",
+          "frame_index": 0,
+          "concatenate_mask": true
+        },
+        "clip": {
+          "resolution": [512, 512],
+          "default_preprocess": "center_crop"
+        }
+      },
+      
+      "visualization": {
+        "enabled": true,
+        "output_dir": "visualizations/{run_id}",
+        "frequency": 100,
+        "processors": [
+          {
+            "type": "latent_save",
+            "data": ["input_latents", "predicted_latents"]
+          },
+          {
+            "type": "vae_decode",
+            "data": ["input_latents", "predicted_latents"],
+            "frames": [0, -1]
+          }
+        ]
+      }
+    }
+  ]
+}
+"""
+
+# seeds/001 (E2V user documentation), verbatim
+SEED_001 = """{
+  "datasets": [
+    {
+      "data_root": "path/to/e2v/dataset", 
+      "dataset_type": "e2v",
+      "target_resolution": [480, 854],
+      "auto_frame_buckets": true,
+      "reshape_mode": "bicubic",
+      
+      "elements": [
+        {
+          "name": "main_subject", 
+          "suffixes": ["_dog.png", "_person.png", "_mask.png"],
+          "required": true,
+          "vae": {
+            "repeat": 4, 
+            "position": 0
+          },
+          "clip": {
+            "preprocess": "center_crop"
+          }
+        },
+        {
+          "name": "secondary",
+          "suffixes": ["_object.png", "_toy.png"],
+          "required": false,
+          "vae": {
+            "repeat": 4, 
+            "position": 1
+          },
+          "clip": {
+            "preprocess": "pad_white"
+          }
+        },
+        {
+          "name": "environment",
+          "suffixes": ["_background.png", "_scene.png"],
+          "required": false,
+          "vae": {
+            "repeat": 4, 
+            "position": 2
+          },
+          "clip": {
+            "preprocess": "letterbox"
+          }
+        }
+      ],
+      
+      "processors": {
+        "vae": {
+          "resolution": [480, 854],
+          "combine": "before",
+          "default_preprocess": "resize",
+          "frame_conditioning": "full",
+          "frame_index": 0,
+          "concatenate_mask": true
+        },
+        "clip": {
+          "resolution": [512, 512],
+          "default_preprocess": "center_crop"
+        }
+      }
+    }
+  ]
+}
+"""
+
+# seeds/002 (A2 training goals: the flat form), verbatim
+SEED_002 = """{
+  "datasets": [
+    {
+      "data_root": "path/to/e2v/dataset", 
+      "dataset_type": "e2v",
+      "target_resolution": [480, 704],
+      "auto_frame_buckets": true,
+      "clip_resolution": [512, 512],
+      "reshape_mode": "bicubic",
+      "remove_common_llm_caption_prefixes": true,
+      "elements": [
+        {
+          "name": "main_subject", 
+          "suffixes": ["_dog.png", "_person.png", "_mask.png"],
+          "vae_repeat": 1,
+          "position": 0,
+          "clip_process": "center_crop"
+        },
+        {
+          "name": "secondary",
+          "suffixes": ["_object.png", "_toy.png"],
+          "vae_repeat": 4, 
+          "position": 1,
+          "clip_process": "pad_white"
+        },
+        {
+          "name": "environment",
+          "suffixes": ["_background.png", "_scene.png"],
+          "vae_repeat": 4,
+          "position": 2,
+          "clip_process": "letterbox" 
+        }
+      ],
+      "vae_combine": "before",
+      "visualization": {
+        "enabled": true,
+        "output_dir": "visualizations/{run_id}",
+        "frequency": 100,
+        "processors": [
+          {
+            "type": "latent_save",
+            "data": ["input_latents", "predicted_latents"],
+            "format": "pt"
+          },
+          {
+            "type": "vae_decode",
+            "data": ["input_latents", "predicted_latents"],
+            "frames": [0, -1],
+            "format": "png"
+          }
+        ]
+      }
+    }
+  ]
+}
+"""
+
+
+def load(text: str) -> list[E2VDatasetConfig]:
+    return load_e2v_dataset_configs(json.loads(text))
+
+
+def problems_of(source) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_e2v_dataset_configs(source)
+    return info.value.problems
+
+
+def one_problem(source, field: str) -> str:
+    """The single problem, which must name `field` as its dotted path."""
+    problems = problems_of(source)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(field + ": "), problems
+    return problems[0]
+
+
+def edited(text: str, edit) -> dict:
+    data = json.loads(text)
+    edit(data["datasets"][0])
+    return data
+
+
+# --- the three seed forms ---------------------------------------------------------------------------------------
+
+def test_seed_000_nested_form(tmp_path):
+    path = tmp_path / "e2v.json"
+    path.write_text(SEED_000)
+    [config] = load_e2v_dataset_configs(path)
+    assert config == load(SEED_000)[0]
+    assert config.data_root == "path/to/e2v/dataset" and config.dataset_type == "e2v"
+    assert config.target_resolution == (480, 854) and config.reshape_mode == "bicubic"
+    assert config.remove_common_llm_caption_prefixes and config.auto_frame_buckets
+    subject, secondary = config.elements
+    assert subject.name == "main_subject" and subject.required and subject.suffixes[0] == "_dog.png"
+    assert subject.vae == E2VElementVaeConfig(repeat=4, position=0)
+    assert subject.clip.preprocess == "center_crop" and secondary.clip.preprocess == "pad_white"
+    assert not secondary.required and secondary.vae.position == 1
+    vae, clip = config.processors.vae, config.processors.clip
+    assert vae == VaeProcessorConfig(resolution=(480, 854), combine="before", default_preprocess="resize",
+                                     frame_conditioning="full", frame_index=0, concatenate_mask=True)
+    assert clip == ClipProcessorConfig(resolution=(512, 512), default_preprocess="center_crop")
+    vis = config.visualization
+    assert vis.enabled and vis.frequency == 100 and vis.resolved_output_dir("run7") == "visualizations/run7"
+    assert [(p.type, p.data, p.frames, p.format) for p in vis.processors] == [
+        ("latent_save", ["input_latents", "predicted_latents"], None, "safetensors"),
+        ("vae_decode", ["input_latents", "predicted_latents"], [0, -1], "png")]
+    # derived values
+    assert config.repeats() == [4, 4] and config.num_reference_frames == 8 and not config.repeats_aligned
+    assert config.vae_preprocess(subject) == "resize" and config.clip_preprocess(secondary) == "pad_white"
+    assert config.condition_channels() == 20 and config.uses_vae and config.uses_clip
+
+
+def test_seed_001_three_elements():
+    [config] = load(SEED_001)
+    assert [e.name for e in config.elements] == ["main_subject", "secondary", "environment"]
+    assert config.repeats() == [4, 4, 4]
+    assert [e.clip.preprocess for e in config.elements] == ["center_crop", "pad_white", "letterbox"]
+    assert not config.remove_common_llm_caption_prefixes and not config.visualization.enabled
+
+
+def test_seed_002_flat_form_maps_onto_the_nested_one():
+    [flat] = load(SEED_002)
+    assert flat.repeats() == [1, 4, 4] and flat.repeats_aligned
+    assert flat.processors.clip.resolution == (512, 512) and flat.processors.vae.combine == "before"
+    # no processors.vae.resolution in the flat form: the target resolution
+    assert flat.processors.vae.resolution == flat.target_resolution == (480, 704)
+    assert [(p.type, p.format) for p in flat.visualization.processors] == [("latent_save", "pt"),
+                                                                            ("vae_decode", "png")]
+
+    def aligned(dataset):
+        for element, repeat in zip(dataset["elements"], (1, 4, 4)):
+            element["vae"]["repeat"] = repeat
+    [nested] = load_e2v_dataset_configs(edited(SEED_001, aligned))
+    # 002 does not say `required`; everything else about the elements is said the same way in both
+    assert [e.model_dump(exclude={"required"}) for e in flat.elements] == \
+           [e.model_dump(exclude={"required"}) for e in nested.elements]
+    assert flat.processors.clip == nested.processors.clip
+    assert flat.processors.vae.model_dump(exclude={"resolution"}) == \
+           nested.processors.vae.model_dump(exclude={"resolution"})
+
+
+def test_a_dataset_without_the_wrapper_and_a_list_of_datasets():
+    [wrapped] = load(SEED_000)
+    assert load_e2v_dataset_configs(json.loads(SEED_000)["datasets"][0]) == [wrapped]
+    assert load_e2v_dataset_configs(json.loads(SEED_000)["datasets"] * 2) == [wrapped, wrapped]
+
+
+def test_the_flat_form_with_clip_disabled_and_a_nested_round_trip():
+    def no_clip(dataset):
+        dataset["elements"][2]["clip_process"] = False
+    [config] = load_e2v_dataset_configs(edited(SEED_002, no_clip))
+    assert config.elements[2].clip is None and config.clip_preprocess(config.elements[2]) is None
+    dumped = config.model_dump(mode="json")
+    assert dumped["elements"][2]["clip"] is False          # written back in the user's spelling
+    assert load_e2v_dataset_configs(dumped) == [config]
+
+
+def test_unaligned_repeats_warn_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="modules.util.config.E2VConfig"):
+        load(SEED_001)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "4, 4, 4" in warnings[0].getMessage() and "1, 4, 4" in warnings[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modules.util.config.E2VConfig"):
+        load(SEED_002)
+    assert not caplog.records
+    assert aligned_repeats(3) == [1, 4, 4] and aligned_repeats(1) == [1]
+
+
+# --- invalid configs: one ConfigError problem naming the field -------------------------------------------------
+
+def test_no_elements():
+    one_problem(edited(SEED_001, lambda d: d.update(elements=[])), "datasets.0.elements")
+    one_problem(edited(SEED_001, lambda d: d.pop("elements")), "datasets.0.elements")
+
+
+def test_duplicate_positions_and_names():
+    def same_position(dataset):
+        dataset["elements"][1]["vae"]["position"] = 0
+    assert "main_subject" in one_problem(edited(SEED_001, same_position), "datasets.0.elements.1.vae.position")
+
+    def flat_same_position(dataset):
+        dataset["elements"][2]["position"] = 1
+    one_problem(edited(SEED_002, flat_same_position), "datasets.0.elements.2.position")
+
+    def gap(dataset):
+        dataset["elements"][2]["vae"]["position"] = 5
+    one_problem(edited(SEED_001, gap), "datasets.0.elements.2.vae.position")
+
+    def same_name(dataset):
+        dataset["elements"][2]["name"] = "secondary"
+    one_problem(edited(SEED_001, same_name), "datasets.0.elements.2.name")
+
+
+def test_unknown_preprocess_modes():
+    def clip_mode(dataset):
+        dataset["elements"][1]["clip"]["preprocess"] = "zoom"
+    assert "'zoom'" in one_problem(edited(SEED_001, clip_mode), "datasets.0.elements.1.clip.preprocess")
+
+    def vae_mode(dataset):
+        dataset["elements"][0]["vae"]["preprocess"] = "stretch"
+    one_problem(edited(SEED_001, vae_mode), "datasets.0.elements.0.vae.preprocess")
+
+    def default_mode(dataset):
+        dataset["processors"]["vae"]["default_preprocess"] = "fill"
+    one_problem(edited(SEED_000, default_mode), "datasets.0.processors.vae.default_preprocess")
+
+    def flat_mode(dataset):
+        dataset["elements"][2]["clip_process"] = "fill"
+    one_problem(edited(SEED_002, flat_mode), "datasets.0.elements.2.clip_process")
+
+    def reshape(dataset):
+        dataset["reshape_mode"] = "lanczos"
+    one_problem(edited(SEED_000, reshape), "datasets.0.reshape_mode")
+
+
+def test_unknown_conditioning_and_combine():
+    def conditioning(dataset):
+        dataset["processors"]["vae"]["frame_conditioning"] = "last"
+    one_problem(edited(SEED_001, conditioning), "datasets.0.processors.vae.frame_conditioning")
+
+    def combine(dataset):
+        dataset["vae_combine"] = "during"
+    one_problem(edited(SEED_002, combine), "datasets.0.vae_combine")
+
+    def index_out_of_range(dataset):
+        dataset["processors"]["vae"].update(frame_conditioning="index", frame_index=3)
+    one_problem(edited(SEED_001, index_out_of_range), "datasets.0.processors.vae.frame_index")
+
+
+def test_repeat_below_one():
+    def nested(dataset):
+        dataset["elements"][0]["vae"]["repeat"] = 0
+    one_problem(edited(SEED_001, nested), "datasets.0.elements.0.vae.repeat")
+
+    def flat(dataset):
+        dataset["elements"][1]["vae_repeat"] = -1
+    one_problem(edited(SEED_002, flat), "datasets.0.elements.1.vae_repeat")
+
+
+def test_unknown_keys_and_mixed_spellings():
+    def typo(dataset):
+        dataset["elements"][0]["vae"]["repeats"] = 2
+    assert "unknown key" in one_problem(edited(SEED_001, typo), "datasets.0.elements.0.vae.repeats")
+
+    def both(dataset):
+        dataset["elements"][0]["vae"] = {"repeat": 1, "position": 0}
+    one_problem(edited(SEED_002, both), "datasets.0.elements.0")
+
+    problems = problems_of({"datasets": json.loads(SEED_000)["datasets"], "extra": 1})
+    assert problems == ["extra: unknown key next to datasets"]
+
+
+def test_visualization_names_and_formats():
+    def data_name(dataset):
+        dataset["visualization"]["processors"][0]["data"] = ["input_latents", "decoded_latents"]
+    one_problem(edited(SEED_000, data_name), "datasets.0.visualization.processors.0.data.1")
+
+    def png_latents(dataset):
+        dataset["visualization"]["processors"][0]["format"] = "png"
+    one_problem(edited(SEED_002, png_latents), "datasets.0.visualization.processors.0")
+
+    def pt_images(dataset):
+        dataset["visualization"]["processors"][1]["format"] = "pt"
+    one_problem(edited(SEED_002, pt_images), "datasets.0.visualization.processors.1")
+
+    def placeholder(dataset):
+        dataset["visualization"]["output_dir"] = "vis/{run}"
+    one_problem(edited(SEED_000, placeholder), "datasets.0.visualization.output_dir")
+
+
+def test_every_problem_is_reported_at_once():
+    def many(dataset):
+        dataset["elements"][0]["vae"]["repeat"] = 0
+        dataset["processors"]["vae"]["frame_conditioning"] = "last"
+    fields = [p.split(":")[0] for p in problems_of(edited(SEED_001, many))]
+    assert fields == ["datasets.0.elements.0.vae.repeat", "datasets.0.processors.vae.frame_conditioning"]
+
+
+def test_direct_construction_checks_too():
+    data = json.loads(SEED_001)["datasets"][0]
+    data["elements"][1]["vae"]["position"] = 0
+    with pytest.raises(ValidationError, match="elements.1.vae.position"):
+        E2VDatasetConfig.model_validate(data)
+
+
+def test_check_against_frames():
+    [config] = load(SEED_001)                      # 4 + 4 + 4 = 12 reference frames
+    check_against_frames(config, 17)
+    with pytest.raises(ConfigError) as info:
+        check_against_frames(config, 9, prefix="datasets.0.")
+    [problem] = info.value.problems
+    assert problem.startswith("datasets.0.elements.2.vae.repeat: ") and "12" in problem and " 9 " in problem
+    with pytest.raises(ConfigError, match="num_frames"):
+        check_against_frames(config, 16)
+    [aligned] = load(SEED_002)                     # 1 + 4 + 4 = 9
+    check_against_frames(aligned, 9)
+
+    def after_with_single_frames(dataset):
+        dataset["vae_combine"] = "after"
+        for element in dataset["elements"]:
+            element["vae_repeat"] = 1
+    [after] = load_e2v_dataset_configs(edited(SEED_002, after_with_single_frames))
+    check_against_frames(after, 9)                 # 3 latent frames for 3 slots
+    with pytest.raises(ConfigError) as info:       # 5 frames: 2 latent frames for 3 slots
+        check_against_frames(after, 5)
+    assert [p.split(":")[0] for p in info.value.problems] == ["elements.2.vae.position"]
+
+
+def test_check_against_model():
+    [config] = load(SEED_000)                      # 480 x 854: 854 is no multiple of 16
+    with pytest.raises(ConfigError) as info:
+        check_against_model(config, 16)
+    assert [p.split(":")[0] for p in info.value.problems] == ["target_resolution", "processors.vae.resolution"]
+    assert "848 or 864" in info.value.problems[0]
+    [flat] = load(SEED_002)                        # 480 x 704
+    check_against_model(flat, 16)
+    check_against_model(flat, 32)
+    with pytest.raises(ConfigError, match="not a multiple of 64"):
+        check_against_model(flat, 64)
+
+
+# --- captions ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("caption, expected", [
+    ("The video shows a red square moving left.", "A red square moving left."),
+    ("In this video, a dog runs across the field", "A dog runs across the field"),
+    ("this video depicts two cats", "Two cats"),
+    ("The video features a woman in a red coat", "A woman in a red coat"),
+    ("THE VIDEO CAPTURES the sunset over the sea", "The sunset over the sea"),
+    ("In the video, the camera pans right", "The camera pans right"),
+    ("The video shows that the ball bounces", "The ball bounces"),
+    ("  The clip shows: a boat", "A boat"),
+    ("A red square moving left.", "A red square moving left."),
+    ("The videogame screen flickers", "The videogame screen flickers"),
+    ("The video shows thatched roofs", "Thatched roofs"),
+    ("The video shows", "The video shows"),
+])
+def test_strip_llm_caption_prefix(caption, expected):
+    assert strip_llm_caption_prefix(caption) == expected
