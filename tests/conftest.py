@@ -14,6 +14,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Busy-waiting worker threads make every test many times slower when the 2 cores are shared; one thread per
+# process is as fast when they are not.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +38,10 @@ def tiny_model(tmp_path_factory) -> Callable[[str], Path]:
         return built[variant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def squares_dataset(tmp_path_factory):
+    """The demo's synthetic squares (3 colours x 2 directions x 4 clips, 9 frames of 32x32), built once."""
+    from modules.util.demo_assets import make_t2v_dataset
+    return make_t2v_dataset(tmp_path_factory.mktemp("squares"))

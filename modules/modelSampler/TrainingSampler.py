@@ -38,11 +38,20 @@ def frame_strip(frames: np.ndarray) -> np.ndarray:
     return np.concatenate([frames[i] for i in picks], axis=1)
 
 
-def gif_bytes(frames: np.ndarray, fps: float) -> bytes:
-    """uint8 (F, H, W, 3) -> an animated, looping GIF."""
+GIF_MAX_SIDE = 320  # TensorBoard GIFs are scaled down to this: a full 832x480x81 GIF is tens of MB per preview
+
+
+def gif_bytes(frames: np.ndarray, fps: float, max_side: int | None = GIF_MAX_SIDE) -> bytes:
+    """uint8 (F, H, W, 3) -> an animated, looping GIF, scaled (aspect kept) so its longer side is at most
+    `max_side`."""
     from PIL import Image
 
     images = [Image.fromarray(frame) for frame in frames]
+    height, width = frames.shape[1:3]
+    if max_side and max(height, width) > max_side:
+        scale = max_side / max(height, width)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        images = [image.resize(size, Image.Resampling.BILINEAR) for image in images]
     buffer = io.BytesIO()
     images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)),
                    loop=0, optimize=False)
@@ -52,10 +61,13 @@ def gif_bytes(frames: np.ndarray, fps: float) -> bytes:
 def add_gif_summary(writer, tag: str, frames: np.ndarray, fps: float, step: int) -> None:
     """An image summary whose encoded bytes are a GIF: TensorBoard's image plugin shows it animated. (SummaryWriter's
     add_video needs moviepy < 2, which this project does not install.)"""
+    from PIL import Image
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    image = Summary.Image(height=int(frames.shape[1]), width=int(frames.shape[2]), colorspace=3,
-                          encoded_image_string=gif_bytes(frames, fps))
+    data = gif_bytes(frames, fps)
+    with Image.open(io.BytesIO(data)) as gif:
+        width, height = gif.size
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
     writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
@@ -123,8 +135,9 @@ class TrainingSampler:
 
     def sample_all(self) -> list[PreviewOutput]:
         """Generates and writes every enabled sample; returns what was written."""
-        from modules.util.video_io import write_video
         from PIL import Image
+
+        from modules.util.video_io import write_video
 
         items = self.load_samples()
         if not items:

@@ -77,26 +77,33 @@ def _device_of(module: torch.nn.Module) -> torch.device | None:
 
 
 class _Placement:
-    """OneTrainer-style materialise / evict: a part away from the sampling device moves there only while used."""
+    """OneTrainer-style materialise / evict: a part away from the sampling device moves there only while used and
+    goes back to where it was (its home) afterwards. Parts already on the sampling device never move."""
 
     def __init__(self, model: WanModel, device: torch.device):
         self.device = device
         self.parts = model.parts()
         self.home = {name: _device_of(part) for name, part in self.parts.items()}
+        self.location = dict(self.home)
 
     def _movable(self, name: str) -> bool:
         return name in self.parts and self.home[name] is not None and self.home[name] != self.device
 
+    def _move(self, name: str, device: torch.device) -> None:
+        self.parts[name].to(device)
+
     def materialize(self, *names: str) -> None:
         for name in names:
-            if self._movable(name):
-                self.parts[name].to(self.device)
+            if self._movable(name) and self.location[name] != self.device:
+                self._move(name, self.device)
+                self.location[name] = self.device
 
     def evict(self, *names: str) -> None:
         moved = False
         for name in names:
-            if self._movable(name) and _device_of(self.parts[name]) != self.home[name]:
-                self.parts[name].to(self.home[name])
+            if self._movable(name) and self.location[name] != self.home[name]:
+                self._move(name, self.home[name])
+                self.location[name] = self.home[name]
                 moved = True
         if moved and self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -165,8 +172,11 @@ class WanModelSampler:
         transformer forward under torch.autocast in this dtype (the trainer passes its train dtype so previews compute
         as training does); None or float32: no autocast."""
         self.model = model
-        self.device = torch.device(device) if device is not None else \
+        device = torch.device(device) if device is not None else \
             (_device_of(model.main_transformer) or torch.device("cpu"))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # compare equal to the parts' devices
+        self.device = device
         self.autocast_dtype = None if autocast_dtype in (None, torch.float32) else autocast_dtype
 
     # ---- settings ----------------------------------------------------------------------------------------------
@@ -178,10 +188,10 @@ class WanModelSampler:
             shift = config.get("shift", None)
         return float(shift if shift is not None else 1.0)
 
-    def resolve(self, sample: SampleConfig) -> tuple[SampleConfig, list[str]]:
+    def resolve(self, sample: SampleConfig, log: bool = True) -> tuple[SampleConfig, list[str]]:
         """The sample as it will run: sides rounded to the model's spatial unit, frames to 4k+1 (each rounding
-        noted), the flow shift filled in; raises SampleError for images the variant cannot take, missing images or
-        missing paths."""
+        noted, and logged as a warning when `log`), the flow shift filled in; raises SampleError for images the
+        variant cannot take, missing images or missing paths."""
         model, variant, notes = self.model, self.model.variant, []
         unit = model.spatial_unit
         width, height = round_to_multiple(sample.width, unit), round_to_multiple(sample.height, unit)
@@ -217,7 +227,7 @@ class WanModelSampler:
         flow_shift = sample.flow_shift if sample.flow_shift is not None else self.default_flow_shift()
         resolved = sample.model_copy(update=dict(width=width, height=height, frames=frames, guidance_2=guidance_2,
                                                  flow_shift=flow_shift))
-        for note in notes:
+        for note in notes if log else ():
             logger.warning("sample %r: %s", sample.prompt[:40], note)
         return resolved, notes
 
@@ -301,6 +311,8 @@ class WanModelSampler:
         variant = model.variant
         if variant.has_two_experts and (model.transformer is None or model.transformer_2 is None):
             raise SampleError(f"{variant} needs both experts loaded to sample")
+        if model.text_encoder is None or model.vae is None:
+            raise SampleError("sampling needs the text encoder and the VAE; this model has them unloaded")
         image_mode = variant.takes_image_condition or bool(resolved.image)
         height, width = resolved.height, resolved.width
         first = self._load_image(resolved.image, height, width) if resolved.image else None
@@ -463,7 +475,7 @@ def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: st
     jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))
             for index, sample in enumerate(samples) if sample.enabled for k in range(num_videos)]
     for _, sample in jobs:
-        sampler.resolve(sample)  # fail fast on a bad sample, before hours of sampling
+        sampler.resolve(sample, log=False)  # fail fast on a bad sample, before hours of sampling
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -95,7 +95,7 @@ class BaseWanSetup:
     def text_embeddings(self, batch: dict) -> Tensor:
         if "text_embeds" in batch:
             return batch["text_embeds"].to(self.device)
-        return self.model.encode_text(batch["prompts"])
+        return self.model.encode_text(batch["prompt"])
 
     def predict(self, batch: dict, generator: torch.Generator) -> Prediction:
         model = self.model

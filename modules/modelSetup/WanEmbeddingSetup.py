@@ -48,7 +48,7 @@ class WanEmbeddingSetup(BaseWanSetup):
     def text_embeddings(self, batch: dict) -> Tensor:
         expanded = " ".join(self.tokens)
         prompts = [p.replace(self.config.embedding.placeholder, expanded) if len(self.tokens) > 1 else p
-                   for p in batch["prompts"]]
+                   for p in batch["prompt"]]
         return self.model.encode_text(prompts)
 
     def after_optimizer_step(self) -> None:

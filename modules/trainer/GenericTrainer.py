@@ -32,6 +32,22 @@ def prepare_config(config: TrainConfig) -> None:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
     check_paths(config)
+    base = Path(config.model.base_model_name)
+    if base.is_dir():
+        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        try:
+            variant = detect_variant_from_folder(base)
+        except NotAWanModelError as error:
+            raise ConfigError([f"model.base_model_name: {error}"]) from None
+        if variant.model_type is not config.model_type:
+            raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
+                               f"({variant.model_type})"])
+    if config.sampling.samples_file:
+        from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
+        try:
+            load_sample_definitions(config.sampling.samples_file)
+        except SampleDefinitionError as error:
+            raise ConfigError([f"sampling.samples_file: {error}"]) from None
 
 
 def step_seed(seed: int, micro_step: int) -> int:
@@ -80,9 +96,6 @@ class GenericTrainer:
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
         except (DataError, ModelLoadError, NotAWanModelError) as error:
             raise TrainingError(str(error)) from None
-        if self.model.model_type is not config.model_type:
-            raise ConfigError([f"model_type: {config.model_type} is set, but {config.model.base_model_name!r} is a "
-                               f"{self.model.variant} model ({self.model.model_type})"])
         self.setup = lookup("model_setup", config.model_type, config.training_method)(config, self.model)
         self.setup.device = self.device
         self.data.attach_model(self.model, self.device)

@@ -99,7 +99,7 @@ def read_backup(folder: Path) -> dict:
         "progress": TrainProgress(**json.loads((folder / PROGRESS_FILE).read_text())),
         "trainable": load_file(str(folder / "trainable.safetensors")),
         "optimizer": load_nested(folder, "optimizer"),
-        "scheduler": {k: v for k, v in scheduler_state.items() if k != "lr_lambdas"},
+        "scheduler": scheduler_state,
         "ema": load_file(str(folder / "ema.safetensors")) if (folder / "ema.safetensors").is_file() else None,
         "rng": load_nested(folder, "rng"),
     }

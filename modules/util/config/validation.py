@@ -26,5 +26,10 @@ def check_paths(config: TrainConfig) -> None:
         problems.append(f"sampling.samples_file: {config.sampling.samples_file!r} does not exist")
     if config.lora.init_from and not Path(config.lora.init_from).is_file():
         problems.append(f"lora.init_from: {config.lora.init_from!r} does not exist")
+    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
+               "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
+    if config.output.format.value not in allowed:
+        problems.append(f"output.format: {config.output.format.value!r} cannot hold a {config.training_method.value} "
+                        f"result; allowed: {', '.join(allowed)}")
     if problems:
         raise ConfigError(problems)
