@@ -1,8 +1,17 @@
-"""Converts a Wan model between a diffusers folder and an original-format single-file transformer.
+"""Converts a Wan model between a diffusers folder and an original-format single-file transformer, converts LoRA
+files between formats, and merges LoRA files into a base model.
 
+Base model:
   convert_model.py --input-name DIR --output-model-format ORIGINAL --output-model-destination out.safetensors
   convert_model.py --input-name file.safetensors --base-model-name DIR --output-model-format DIFFUSERS \
       --output-model-destination out_dir
+LoRA file (reads every layout the trainer reads; A14B: x_high_noise / x_low_noise, or x whose pair exists, convert
+both into the destination's _high_noise / _low_noise names; the input's metadata is kept):
+  convert_model.py --training-method LORA --input-name lora.safetensors \
+      --output-model-format {COMFY_LORA,KOHYA_LORA,DIFFUSERS_LORA} --output-model-destination out.safetensors
+Merge LoRA files (PATH[:STRENGTH], repeatable; A14B: _high_noise into transformer, _low_noise into transformer_2):
+  convert_model.py --merge-lora lora.safetensors:0.8 --base-model-name DIR --output-model-format DIFFUSERS \
+      --output-model-destination merged_dir [--output-dtype BFLOAT_16]
 """
 import argparse
 import sys
@@ -12,14 +21,22 @@ import _bootstrap  # noqa: F401
 
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.enum.TrainingMethod import TrainingMethod
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input-name", required=True,
+    parser.add_argument("--input-name", default="",
                         help="a diffusers folder, a hub id (with --allow-download), or an original-format "
-                             "transformer .safetensors file (then --base-model-name gives the other parts)")
-    parser.add_argument("--base-model-name", default="", help="diffusers folder with the parts a single file lacks")
+                             "transformer .safetensors file (then --base-model-name gives the other parts); "
+                             "with --training-method LORA: the LoRA file")
+    parser.add_argument("--base-model-name", default="",
+                        help="diffusers folder with the parts a single file lacks; with --merge-lora and no "
+                             "--input-name: the model to merge into")
+    parser.add_argument("--training-method", choices=[m.value for m in TrainingMethod], default=None,
+                        help="LORA: --input-name is a LoRA file to convert (implied by a *_LORA output format)")
+    parser.add_argument("--merge-lora", action="append", default=[], metavar="PATH[:STRENGTH]",
+                        help="merge this LoRA file into the base model (repeatable; strength 1 by default)")
     parser.add_argument("--output-model-format", required=True, choices=[f.value for f in ModelFormat])
     parser.add_argument("--output-model-destination", required=True)
     parser.add_argument("--output-dtype", choices=[d.value for d in DataType], default=None,
@@ -28,14 +45,57 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def convert_lora(args: argparse.Namespace, output_format: ModelFormat, dtype) -> int:
+    from modules.util.lora_convert import LoraConvertError, convert_lora_files
+    from modules.util.lora_formats import LoraMatchError
+
+    if not output_format.is_lora:
+        print(f"convert_model: --training-method LORA writes COMFY_LORA, KOHYA_LORA or DIFFUSERS_LORA, not "
+              f"{output_format}", file=sys.stderr)
+        return 2
+    if not args.input_name:
+        print("convert_model: --input-name must name the LoRA file to convert", file=sys.stderr)
+        return 2
+    try:
+        done = convert_lora_files(args.input_name, args.output_model_destination, output_format, dtype)
+    except (LoraConvertError, LoraMatchError, ValueError, OSError) as e:
+        print(f"convert_model: {e}", file=sys.stderr)
+        return 1
+    for source, target, layout in done:
+        print(f"{target}  (from {source}, {layout})", file=sys.stderr)
+        print(target)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    output_format = ModelFormat(args.output_model_format)
+    dtype = DataType(args.output_dtype).torch_dtype() if args.output_dtype else None
+    method = TrainingMethod(args.training_method) if args.training_method else None
+    if args.merge_lora and (method is TrainingMethod.LORA or output_format.is_lora):
+        print("convert_model: --merge-lora writes a base model (DIFFUSERS or ORIGINAL); to convert a LoRA file "
+              "use --training-method LORA without --merge-lora", file=sys.stderr)
+        return 2
+    if method is TrainingMethod.LORA or output_format.is_lora:
+        return convert_lora(args, output_format, dtype)
+    if method not in (None, TrainingMethod.FINE_TUNE):
+        print(f"convert_model: nothing to convert for --training-method {method}", file=sys.stderr)
+        return 2
+
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseModelLoader
     from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
+    from modules.modelSampler.WanModelSampler import parse_lora_argument
     from modules.util.config.ModelConfig import ModelConfig, PartConfig
+    from modules.util.lora_convert import merge_lora_files
+    from modules.util.lora_formats import LoraMatchError
     from modules.util.wan_detection import NotAWanModelError
 
-    input_path = Path(args.input_name)
+    model_name = args.input_name or (args.base_model_name if args.merge_lora else "")
+    if not model_name:
+        print("convert_model: --input-name must name the model to convert (or, with --merge-lora, "
+              "--base-model-name the model to merge into)", file=sys.stderr)
+        return 2
+    input_path = Path(model_name)
     if input_path.suffix == ".safetensors":
         if not args.base_model_name:
             print("convert_model: --input-name is a single transformer file; --base-model-name must name the "
@@ -44,14 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         config = ModelConfig(base_model_name=args.base_model_name, allow_download=args.allow_download,
                              transformer=PartConfig(path=str(input_path)))
     else:
-        config = ModelConfig(base_model_name=args.input_name, allow_download=args.allow_download)
+        config = ModelConfig(base_model_name=model_name, allow_download=args.allow_download)
     # load in float32 unless told otherwise, so no precision is lost on the way through
-    dtype = DataType(args.output_dtype) if args.output_dtype else None
     try:
         model = WanBaseModelLoader().load(config)
-        written = WanBaseModelSaver().save(model, ModelFormat(args.output_model_format),
-                                           args.output_model_destination, dtype.torch_dtype() if dtype else None)
-    except (ModelLoadError, NotAWanModelError, ValueError, OSError) as e:
+        if args.merge_lora:
+            for line in merge_lora_files(model, [parse_lora_argument(text) for text in args.merge_lora]):
+                print(f"merged {line}", file=sys.stderr)
+        written = WanBaseModelSaver().save(model, output_format, args.output_model_destination, dtype)
+    except (ModelLoadError, NotAWanModelError, LoraMatchError, ValueError, OSError) as e:
         print(f"convert_model: {e}", file=sys.stderr)
         return 1
     for path in written:

@@ -3,6 +3,8 @@
   sample.py --base-model-name DIR --prompt "a red square moving left" --output-dir out
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...   (reads my_lora_high_noise / _low_noise)
+  sample.py --base-model-name E2V_DIR --e2v-config e2v.json --element person=me.png --element background=bg.png \
+            --prompt "..." --drop-reference-frames          (Elements-to-Video; the first dataset's layout is used)
 
 --samples-file takes a samples JSON file or a musubi-tuner style prompt file (one prompt a line with inline options
 --w --h --f --s --g --d --fs --n --i --ei). The size, frame, step, guidance and seed options given here are the
@@ -39,8 +41,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-videos", type=int, default=1, help="videos per sample")
     parser.add_argument("--image", default=None, help="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B)")
     parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
-    # E2V hook (a later issue): NAME=PATH reference images, carried into SampleConfig.elements
-    parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH", help=argparse.SUPPRESS)
+    parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH",
+                        help="E2V reference image for the config's element NAME (repeatable; needs --e2v-config)")
+    parser.add_argument("--e2v-config", default=None, metavar="PATH",
+                        help="E2V dataset config JSON the model was trained with (nested or flat form; the first "
+                             "dataset's elements and processors are used)")
+    parser.add_argument("--drop-reference-frames", action="store_true", default=None,
+                        help="E2V: drop the leading reference frames from the saved videos")
     parser.add_argument("--output-dir", default="samples")
     parser.add_argument("--dtype", default="auto", type=str.lower,
                         choices=sorted(DTYPE_ALIASES) + ["float_32", "float_16", "bfloat_16", "float_8"],
@@ -79,7 +86,7 @@ def build_samples(args: argparse.Namespace) -> list:
     defaults = dict(negative_prompt=args.negative_prompt, width=args.width, height=args.height, frames=args.frames,
                     steps=args.steps, guidance=args.guidance, guidance_2=args.guidance_2, flow_shift=args.flow_shift,
                     scheduler=args.scheduler, seed=args.seed, image=args.image, last_image=args.last_image,
-                    elements=args.elements or None)
+                    elements=args.elements or None, drop_reference_frames=args.drop_reference_frames)
     return [sample.with_defaults(**defaults) for sample in samples]
 
 
@@ -89,11 +96,18 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
+    from modules.util.config.config_io import ConfigError
+    from modules.util.config.E2VConfig import load_e2v_dataset_configs
     from modules.modelSampler.WanModelSampler import (apply_lora_files, generate_videos, load_model_for_sampling,
                                                       parse_lora_argument, resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
 
+    try:
+        e2v_config = load_e2v_dataset_configs(args.e2v_config)[0] if args.e2v_config else None
+    except ConfigError as error:
+        print(f"sample: --e2v-config: {error}", file=sys.stderr)
+        return 2
     try:
         samples = build_samples(args)
         if not any(sample.enabled for sample in samples):
@@ -106,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model_for_sampling(args.base_model_name, dtype, device)
         for line in apply_lora_files(model, [parse_lora_argument(text) for text in args.lora]):
             print(f"sample: LoRA {line}", file=sys.stderr)
-        written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos)
+        written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
+                                  e2v_config=e2v_config)
     except (ModelLoadError, UnreadableMediaError, ValueError, OSError, RuntimeError) as error:
         print(f"sample: {error}", file=sys.stderr)
         return 1

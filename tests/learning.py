@@ -31,19 +31,21 @@ def class_latents(trainer) -> dict[str, torch.Tensor]:
     data = trainer.data
     for batch in data.batches(0):
         for latents, prompt in zip(batch["latents"], batch["prompt"]):
+            if not prompt:
+                continue  # caption dropout
             by_caption.setdefault(prompt, []).append(trainer.model.normalize_latents(latents[None])[0])
     return {caption: torch.stack(items) for caption, items in by_caption.items()}
 
 
 @torch.no_grad()
-def generate(model, prompt: str, seed: int, steps: int = 20) -> torch.Tensor:
+def generate(model, prompt: str, seed: int, steps: int = 20, guidance: float = 1.0) -> torch.Tensor:
     pipe = model.create_pipeline(image_mode=False)
     out = pipe(prompt=prompt, negative_prompt="", height=32, width=32, num_frames=9, num_inference_steps=steps,
-               guidance_scale=1.0, output_type="latent", generator=torch.Generator().manual_seed(seed))
+               guidance_scale=guidance, output_type="latent", generator=torch.Generator().manual_seed(seed))
     return out.frames[0]
 
 
-def nearest_class_accuracy(trainer, seeds=(1001, 1002)) -> float:
+def nearest_class_accuracy(trainer, seeds=(1001, 1002), guidance: float = 1.0) -> float:
     """Share of (caption, held-out seed) generations whose nearest class mean is their own caption's."""
     classes = class_latents(trainer)
     # nearest member of each class, so clips of one caption that differ in position do not blur into a mean
@@ -54,7 +56,7 @@ def nearest_class_accuracy(trainer, seeds=(1001, 1002)) -> float:
     hits = total = 0
     for caption in classes:
         for seed in seeds:
-            sample = generate(trainer.model, caption, seed)
+            sample = generate(trainer.model, caption, seed, guidance=guidance)
             nearest = min(classes, key=lambda c: distance(sample, c))
             hits += nearest == caption
             total += 1

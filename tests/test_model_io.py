@@ -65,7 +65,9 @@ def test_load_save_load_is_identical(variant, tiny_model, tmp_path):
     assert reloaded.variant is original.variant
     assert reloaded.boundary_ratio == original.boundary_ratio
     assert_same_tensors(reference_tensors, all_tensors(reloaded))
-    np.testing.assert_array_equal(run_pipeline(reloaded), reference_frames)
+    # the weights are bit-identical (above); loaded tensors may differ in memory layout, which changes float
+    # reduction order by ~1e-6
+    np.testing.assert_allclose(run_pipeline(reloaded), reference_frames, atol=1e-5, rtol=0)
 
     files = WanBaseModelSaver().save(original, ModelFormat.ORIGINAL, tmp_path / "original.safetensors")
     assert len(files) == (2 if original.variant.has_two_experts else 1)
@@ -75,8 +77,6 @@ def test_load_save_load_is_identical(variant, tiny_model, tmp_path):
         overrides["transformer_2"] = PartConfig(path=str(files[1]))
     from_single = load(tiny_model(variant), **overrides)
     assert_same_tensors(reference_tensors, all_tensors(from_single))
-    # the weights are bit-identical; tensors assigned from a file may differ in memory layout, which changes
-    # float reduction order by ~1e-7
     np.testing.assert_allclose(run_pipeline(from_single), reference_frames, atol=1e-5, rtol=0)
 
 

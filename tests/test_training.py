@@ -177,3 +177,21 @@ def test_every_variant_trains_through_the_cli(variant, tiny_model, squares_datas
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert list(tmp_path.glob("lora*.safetensors")), result.stdout[-2000:]
+
+
+def test_previews_do_not_disturb_training(tiny_model, squares_dataset, tmp_path):
+    import json
+    base = tiny_model("wan2.1-t2v")
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9,
+                                    "steps": 2, "seed": 1}]))
+    plain = train(tmp_path / "plain", base, squares_dataset, steps=4, overrides=["optimizer.learning_rate=0.01"])
+    previewed = train(tmp_path / "previews", base, squares_dataset, steps=4,
+                      overrides=["optimizer.learning_rate=0.01", f"sampling.samples_file={samples}",
+                                 "sampling.every_n_steps=1", "sampling.sample_before_training=true",
+                                 "tensorboard=true"])
+    assert previewed.step_losses == plain.step_losses
+    videos = sorted((tmp_path / "previews" / "run" / "samples").rglob("*.mp4"))
+    assert len(videos) == 5, videos
+    assert videos[0].parent.name.startswith("0-a-red-square")
+    assert list((tmp_path / "previews" / "run" / "samples").rglob("*.png"))

@@ -14,6 +14,10 @@ import torch
 from tqdm import tqdm
 
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
+from modules.dataLoader.e2v_scan import scan_e2v_dataset
+from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
+from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
+from modules.util.config.DataConfig import ConceptConfig
 from modules.dataLoader.DiskCache import DiskCache
 from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
 from modules.dataLoader.pipeline.BucketBatch import BucketBatch
@@ -45,8 +49,12 @@ def _identity(*parts) -> str:
 
 
 class WanBaseDataLoader:
-    def __init__(self, config: TrainConfig, variant_hint: WanVariant | None = None):
+    def __init__(self, config: TrainConfig, variant_hint: WanVariant | None = None,
+                 e2v_datasets: list | None = None):
         self.config = config
+        # E2V: the dataset configs (validated, overrides applied); the first one's layout applies to all
+        self.e2v_datasets = e2v_datasets or []
+        self.e2v = self.e2v_datasets[0] if self.e2v_datasets else None
         self.scan_result = ScanResult()
         self.failed: set[str] = set()   # files that probed fine but failed to decode while caching
         self.model = None
@@ -59,7 +67,13 @@ class WanBaseDataLoader:
     # ---- before the model -------------------------------------------------------------------------------------
 
     def scan(self) -> None:
-        self.scan_result = scan_concepts(self.config.data.concepts)
+        if self.e2v is None:
+            self.scan_result = scan_concepts(self.config.data.concepts)
+        else:
+            self.scan_result = ScanResult()
+            for index, dataset in enumerate(self.e2v_datasets):
+                concept = ConceptConfig(name=f"e2v dataset {index}", path=dataset.data_root)
+                scan_e2v_dataset(dataset, concept, self.scan_result)
         pipeline = Pipeline(self._item_modules(), self.config.seed)
         pipeline.start_epoch(0)
         if len(pipeline) == 0:
@@ -79,8 +93,9 @@ class WanBaseDataLoader:
 
     def _item_modules(self) -> list:
         data = self.config.data
+        record_names = ["path", "concept", "caption"] + (["elements", "e2v_present"] if self.e2v else [])
         return [
-            ListSource(self._records(), ["path", "concept", "caption"]),
+            ListSource(self._records(), record_names),
             ProbeMedia(),
             FrameWindow(data.frame_buckets, self.fps),
             RepeatConcepts(),
@@ -106,7 +121,13 @@ class WanBaseDataLoader:
         condition = {WanVariant.I2V: "first", WanVariant.I2V_A14B: "first", WanVariant.FLF2V: "first_last"}.get(
             variant)
         augmented = config.data.crop_jitter or config.data.flip
-        modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
+        if self.e2v is not None:
+            identity = _identity(vae_identity, model.source, model.image_encoder.config.to_dict()
+                                 if model.image_encoder is not None else None)
+            modules = [EncodeE2V(model, DiskCache(cache_root, "e2v"), identity, self.e2v),
+                       ApplyFrameConditioning(model, self.e2v)]
+        else:
+            modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
                                clip=model.image_encoder is not None and condition is not None, augmented=augmented)]
         if config.training_method is not TrainingMethod.EMBEDDING:
             text_identity = _identity(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
@@ -117,8 +138,13 @@ class WanBaseDataLoader:
     def rebuild(self) -> None:
         encoders = self.encoder_modules()
         self.encoders = {type(m).__name__: m for m in encoders}
-        batch_names = [name for m in encoders for name in m.produces()] + ["loss_weight", "prompt"]
-        modules = self._item_modules() + encoders + [BucketBatch(batch_names, self.config.batch_size)]
+        # the per-slot condition cache is an item-level input to frame conditioning, not a batch tensor
+        batch_names = [name for m in encoders for name in m.produces() if name != "e2v_condition_cache"]
+        batch_names += ["loss_weight", "prompt"]
+        # E2V items with different elements present carry different numbers of CLIP tokens: batch them apart
+        keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ())
+        modules = self._item_modules() + encoders + [BucketBatch(batch_names, self.config.batch_size,
+                                                                 key_names=keys)]
         self.pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)
 
     def encode_calls(self) -> int:
@@ -151,7 +177,7 @@ class WanBaseDataLoader:
     def _cache_epoch(self, epoch: int) -> None:
         items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
                          threads=self.config.data.dataloader_threads,
-                         outputs=[n for m in self.encoders.values() for n in m.produces()][:1])
+                         outputs=[n for m in self.encoders.values() for n in m.produces()])
         items.start_epoch(epoch)
         newly_failed = set()
         for index in tqdm(range(len(items)), desc=f"caching epoch {epoch}", unit="item"):

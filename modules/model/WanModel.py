@@ -33,6 +33,10 @@ class WanModel:
     embeddings: dict = field(default_factory=dict)
     # Where the weights came from, for modelspec metadata and cache keys.
     source: str = ""
+    # E2V: the dataset config whose condition layout the model learns, and the parameters an expansion added or
+    # widened (they train fully, also under LoRA, and are saved with the adapter)
+    e2v_config: object = None
+    e2v_trainable: list[str] = field(default_factory=list)
 
     @property
     def model_type(self) -> ModelType:

@@ -15,6 +15,13 @@ What is ours, around the pipeline call:
   (text encoder for the prompt, CLIP for the images, VAE for the image condition and the decode, each A14B expert
   for its own denoising stage), and every other piece of state is restored as it was (train/eval modes,
   requires_grad, peft adapter enable flags, the global RNGs).
+
+Elements-to-Video (DESIGN.md 6.11): given an `E2VDatasetConfig` (`e2v_config=`, the one the model trains with),
+every sample is an E2V sample. Its element images (`SampleConfig.elements`, name -> path) are preprocessed exactly as
+the data loader does (VAE pathway at the sample's size, CLIP pathway at processors.clip.resolution), the condition
+and CLIP tokens are built with the shared functions of modules/model/e2v_condition.py, and `WanE2VPipeline` (the I2V
+pipeline's own loop with that condition) denoises. Every given reference is used; absent elements leave their slot
+empty. `drop_reference_frames` drops the leading reference frames from the returned video.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import numpy as np
 import torch
 
 from modules.model.WanModel import WanModel
+from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
@@ -167,11 +175,13 @@ def preserved_state(model: WanModel, device: torch.device) -> Iterator[None]:
 @register("model_sampler", [ModelType.WAN_2_1, ModelType.WAN_2_2], list(TrainingMethod))
 class WanModelSampler:
     def __init__(self, model: WanModel, device: torch.device | str | None = None,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, e2v_config: E2VDatasetConfig | None = None):
         """`device`: where the denoising runs (default: the main transformer's device). `autocast_dtype`: run each
         transformer forward under torch.autocast in this dtype (the trainer passes its train dtype so previews compute
-        as training does); None or float32: no autocast."""
+        as training does); None or float32: no autocast. `e2v_config`: the E2V dataset config the model trains
+        with; given, every sample is an Elements-to-Video sample."""
         self.model = model
+        self.e2v_config = e2v_config
         device = torch.device(device) if device is not None else \
             (_device_of(model.main_transformer) or torch.device("cpu"))
         if device.type == "cuda" and device.index is None:
@@ -202,20 +212,13 @@ class WanModelSampler:
         if frames != sample.frames:
             notes.append(f"frames {sample.frames} rounded to {frames} (frame counts must be 4k+1)")
 
-        if sample.elements:
-            raise SampleError(f"sample {sample.prompt[:40]!r}: elements {sorted(sample.elements)} need E2V "
-                              f"sampling, which this sampler does not support yet")
         image, last_image = sample.image, sample.last_image
-        if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
-            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
-                              f"image; remove image / last_image")
-        if variant in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B) and not image:
-            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
-        if variant is WanVariant.FLF2V and not last_image:
-            raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
-        if last_image and variant not in (WanVariant.FLF2V, WanVariant.I2V_A14B):
-            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} takes no last frame (last_image is for "
-                              f"FLF2V and I2V-A14B)")
+        if self.is_e2v(sample):
+            notes += self._check_e2v(sample, frames)
+        else:
+            if sample.drop_reference_frames:
+                notes.append("drop_reference_frames ignored: not an E2V sample")
+            self._check_images(sample)
         for label, path in (("image", image), ("last_image", last_image)):
             if path and not Path(path).is_file():
                 raise SampleError(f"sample {label} {path!r} does not exist (or is not a file)")
@@ -230,6 +233,124 @@ class WanModelSampler:
         for note in notes if log else ():
             logger.warning("sample %r: %s", sample.prompt[:40], note)
         return resolved, notes
+
+    def _check_images(self, sample: SampleConfig) -> None:
+        variant, image, last_image = self.model.variant, sample.image, sample.last_image
+        if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
+            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
+                              f"image; remove image / last_image")
+        if variant in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B) and not image:
+            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
+        if variant is WanVariant.FLF2V and not last_image:
+            raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
+        if last_image and variant not in (WanVariant.FLF2V, WanVariant.I2V_A14B):
+            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} takes no last frame (last_image is for "
+                              f"FLF2V and I2V-A14B)")
+
+    # ---- Elements-to-Video ------------------------------------------------------------------------------------
+
+    def is_e2v(self, sample: SampleConfig) -> bool:
+        """With an E2V config every sample is an E2V sample (absent elements leave their slots empty)."""
+        return self.e2v_config is not None or bool(sample.elements)
+
+    def reference_frames_to_drop(self) -> int:
+        """The leading reference frames of an E2V video: every slot's repeats (absent elements' slots too: the
+        training target holds them as grey frames) with reference_frames 'prepend'; 0 with 'overlay'."""
+        config = self.e2v_config
+        return config.num_reference_frames if config.reference_frames == "prepend" else 0
+
+    def _check_e2v(self, sample: SampleConfig, frames: int) -> list[str]:
+        from modules.util.config.config_io import ConfigError
+        from modules.util.config.E2VConfig import check_against_frames
+
+        config, model, label = self.e2v_config, self.model, f"sample {sample.prompt[:40]!r}"
+        if config is None:
+            raise SampleError(f"{label}: elements {sorted(sample.elements)} need E2V sampling: pass the E2V dataset "
+                              f"config the model trains with (WanModelSampler(e2v_config=...), scripts/sample.py "
+                              f"--e2v-config)")
+        if sample.image or sample.last_image:
+            raise SampleError(f"{label}: an E2V sample takes its references from elements; remove image / "
+                              f"last_image")
+        names = [element.name for element in config.elements_in_position_order()]
+        unknown = sorted(set(sample.elements) - set(names))
+        if unknown:
+            raise SampleError(f"{label}: element(s) {unknown} are not in the E2V config (its elements: "
+                              f"{', '.join(names)})")
+        for name, path in sample.elements.items():
+            if not path or not Path(path).is_file():
+                raise SampleError(f"{label}: element {name!r} image {path!r} does not exist (or is not a file)")
+        missing = [element.name for element in config.elements if element.required and element.name not in
+                   sample.elements]
+        if missing:
+            raise SampleError(f"{label}: required element(s) {missing} have no image (set elements)")
+        if model.expand_timesteps:
+            raise SampleError(f"{label}: E2V sampling does not support {model.variant}")
+        latent, stride = model.latent_channels, model.vae_temporal_stride
+        expected = latent + config.condition_channels(latent, stride)
+        for transformer in (model.transformer, model.transformer_2):
+            if transformer is not None and transformer.config.in_channels != expected:
+                raise SampleError(f"{label}: the transformer takes {transformer.config.in_channels} input channels; "
+                                  f"E2V with this config needs {expected} ({latent} latent + "
+                                  f"{expected - latent} condition, concatenate_mask "
+                                  f"{config.processors.vae.concatenate_mask})")
+        if config.uses_clip and not model.uses_image_tokens:
+            raise SampleError(f"{label}: e2v_type {config.e2v_type!r} uses CLIP tokens, but the transformer has no "
+                              f"image branch")
+        if config.uses_clip and (model.image_encoder is None or model.image_processor is None):
+            raise SampleError(f"{label}: e2v_type {config.e2v_type!r} needs the CLIP image encoder, which this model "
+                              f"does not have loaded")
+        try:
+            check_against_frames(config, frames)
+        except ConfigError as error:
+            raise SampleError(f"{label}: " + "; ".join(error.problems)) from None
+        notes = []
+        if sample.drop_reference_frames:
+            drop = self.reference_frames_to_drop()
+            if drop >= frames:
+                raise SampleError(f"{label}: dropping the {drop} reference frames leaves none of its {frames} frames")
+            if drop == 0:
+                notes.append("drop_reference_frames: nothing to drop (reference_frames 'overlay')")
+        return notes
+
+    def _e2v_inputs(self, sample: SampleConfig, placement: _Placement) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the condition (C, T, h, w), the CLIP tokens (N * tokens, dim) or None), computed exactly as the data
+        loader computes them (modules/dataLoader/pipeline/EncodeE2V.py) with processors.vae.resolution replaced by the
+        sample's size, every given element kept (frame_conditioning 'full')."""
+        from modules.model.e2v_condition import clip_tokens, element_to_tensor, make_e2v_condition, preprocess_element
+        from modules.util.video_io import UnreadableMediaError, read_image
+
+        config, model = self.e2v_config, self.model
+        height, width = sample.height, sample.width
+        order = config.elements_in_position_order()
+        images = []
+        for element in order:
+            path = sample.elements.get(element.name)
+            try:
+                images.append(read_image(path) if path else None)
+            except UnreadableMediaError as error:
+                raise SampleError(f"element {element.name!r} image {path!r} cannot be read: {error.reason}") from error
+        vae = config.processors.vae
+        if config.uses_vae:
+            elements = [None if image is None else element_to_tensor(preprocess_element(
+                image, height, width, config.vae_preprocess(element), config.reshape_mode))
+                for element, image in zip(order, images)]
+            combine = vae.combine
+        else:
+            # the CLIP pathway alone: an empty condition (grey latents, mask 0), as in training
+            elements, combine = [None] * len(order), "before"
+        with placement.using("vae"):
+            condition = make_e2v_condition(model, elements, config.repeats(), sample.frames, combine,
+                                           vae.concatenate_mask, height=height, width=width)
+        tokens = None
+        if config.uses_clip:
+            clip_height, clip_width = config.processors.clip.resolution
+            clip_images = [preprocess_element(image, clip_height, clip_width, config.clip_preprocess(element),
+                                              config.reshape_mode)
+                           for element, image in zip(order, images)
+                           if image is not None and config.clip_preprocess(element)]
+            with placement.using("image_encoder"):
+                tokens = clip_tokens(model, clip_images)
+        return condition, tokens
 
     def make_scheduler(self, name: str, flow_shift: float):
         """A fresh flow-matching scheduler (UNIPC or EULER) from the model's scheduler config with `flow_shift`."""
@@ -313,7 +434,8 @@ class WanModelSampler:
             raise SampleError(f"{variant} needs both experts loaded to sample")
         if model.text_encoder is None or model.vae is None:
             raise SampleError("sampling needs the text encoder and the VAE; this model has them unloaded")
-        image_mode = variant.takes_image_condition or bool(resolved.image)
+        e2v = self.is_e2v(resolved)
+        image_mode = not e2v and (variant.takes_image_condition or bool(resolved.image))
         height, width = resolved.height, resolved.width
         first = self._load_image(resolved.image, height, width) if resolved.image else None
         last = self._load_image(resolved.last_image, height, width) if resolved.last_image else None
@@ -327,12 +449,18 @@ class WanModelSampler:
                     prompt_embeds = model.encode_text([resolved.prompt]).to(self.device)
                     negative_embeds = model.encode_text([resolved.effective_negative_prompt]).to(self.device) \
                         if use_cfg else None
-                image_embeds = None
+                image_embeds = e2v_condition = None
+                if e2v:
+                    e2v_condition, image_embeds = self._e2v_inputs(resolved, placement)
                 if image_mode and model.image_encoder is not None and model.uses_image_tokens:
                     with placement.using("image_encoder"):
                         image_embeds = model.encode_image([first] if last is None else [first, last]).to(self.device)
 
-                pipeline = model.create_pipeline(image_mode=image_mode)
+                if e2v:
+                    from modules.modelSampler.WanE2VPipeline import WanE2VPipeline
+                    pipeline = WanE2VPipeline.from_model(model)
+                else:
+                    pipeline = model.create_pipeline(image_mode=image_mode)
                 pipeline.scheduler = self.make_scheduler(resolved.scheduler, resolved.flow_shift)
                 pipeline.set_progress_bar_config(disable=True)
 
@@ -353,6 +481,8 @@ class WanModelSampler:
                               output_type="latent", callback_on_step_end=step_end)
                 if variant.has_two_experts:
                     kwargs["guidance_scale_2"] = resolved.guidance_2
+                if e2v:
+                    kwargs.update(e2v_condition=e2v_condition, image_embeds=image_embeds)
                 if image_mode:
                     kwargs.update(image=first, last_image=last)
                     if image_embeds is not None:
@@ -372,6 +502,8 @@ class WanModelSampler:
             finally:
                 placement.restore()
         frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu().numpy()
+        if e2v and resolved.drop_reference_frames:
+            frames = frames[self.reference_frames_to_drop():]
         return SampleResult(frames=frames, fps=variant.native_fps, sample=resolved, notes=notes)
 
 
@@ -464,14 +596,16 @@ def video_file_name(index: int, sample: SampleConfig) -> str:
 
 
 def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: str | Path, device: torch.device,
-                    num_videos: int = 1, show_progress: bool = True) -> list[Path]:
+                    num_videos: int = 1, show_progress: bool = True,
+                    e2v_config: E2VDatasetConfig | None = None) -> list[Path]:
     """Every enabled sample, `num_videos` times (seed, seed + 1, ...), written as MP4s at the model's native fps to
-    `output_dir/<index>-<prompt slug>-s<seed>.mp4`. All samples are checked before the first one runs."""
+    `output_dir/<index>-<prompt slug>-s<seed>.mp4`. All samples are checked before the first one runs.
+    `e2v_config`: sample an E2V model (see WanModelSampler)."""
     from tqdm import tqdm
 
     from modules.util.video_io import write_video
 
-    sampler = WanModelSampler(model, device=device)
+    sampler = WanModelSampler(model, device=device, e2v_config=e2v_config)
     jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))
             for index, sample in enumerate(samples) if sample.enabled for k in range(num_videos)]
     for _, sample in jobs:

@@ -129,6 +129,10 @@ class BaseWanSetup:
             raise ValueError(f"text embeddings have {text.shape[1]} tokens; with image tokens they must be exactly 512")
 
         transformer = getattr(model, expert)
+        if image_embeds is not None and transformer.config.pos_embed_seq_len:
+            # FLF2V: diffusers' image embedder takes (2B, tokens, dim), first and last image of each sample in turn,
+            # and views it as (B, 2*tokens, dim) to add its position embedding
+            image_embeds = image_embeds.reshape(-1, transformer.config.pos_embed_seq_len // 2, image_embeds.shape[-1])
         with self.autocast():
             predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
                                     encoder_hidden_states_image=None if image_embeds is None

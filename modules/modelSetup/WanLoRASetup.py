@@ -13,6 +13,7 @@ from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.lora_formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
                                        lora_weights_from_peft, match_to_model, save_lora_file)
 from modules.util.modelspec import modelspec_metadata
+from modules.model.e2v_lora import save_e2v_lora
 from modules.util.registry import register
 
 ADAPTER = "default"
@@ -55,13 +56,20 @@ def lora_target_names(transformer: torch.nn.Module, targets: str, custom: list[s
 class WanLoRASetup(BaseWanSetup):
     def setup_model(self) -> None:
         lora = self.config.lora
+        # E2V: parts an expansion added train fully, so they are not wrapped by the adapter
+        self.full_names = set(self.model.e2v_trainable)
+        fully_trained_modules = {name.rsplit(".", 1)[0] for name in self.full_names}
         for name in self.experts_in_training():
             transformer = getattr(self.model, name)
-            targets = lora_target_names(transformer, lora.targets, lora.custom_targets)
+            targets = [t for t in lora_target_names(transformer, lora.targets, lora.custom_targets)
+                       if t not in fully_trained_modules]
             transformer.add_adapter(PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                    target_modules=targets, use_dora=lora.dora,
                                                    init_lora_weights=True), adapter_name=ADAPTER)
             self.model.adapters[name] = ADAPTER
+        for name, parameter in self.model.transformer.named_parameters():
+            if name in self.full_names:
+                parameter.requires_grad_(True)
         if lora.init_from:
             self._init_from_file(Path(lora.init_from))
         for parameter in self.trainable_parameters():
@@ -78,21 +86,24 @@ class WanLoRASetup(BaseWanSetup):
             weights = match_to_model(weights, {n for n, _ in transformer.named_modules()})
             load_lora_weights_into_peft(transformer, weights, ADAPTER)
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        params = []
+    def _trains(self, expert: str, name: str) -> bool:
+        return "lora_" in name or (expert == "transformer" and name in self.full_names)
+
+    def _named_trainable(self):
         for expert in self.experts_in_training():
-            params += [p for n, p in getattr(self.model, expert).named_parameters() if "lora_" in n]
-        return params
+            for name, parameter in getattr(self.model, expert).named_parameters():
+                if self._trains(expert, name):
+                    yield f"{expert}.{name}", parameter
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self._named_trainable()]
 
     def trainable_state_dict(self) -> dict[str, Tensor]:
-        return {f"{expert}.{n}": p.detach().clone() for expert in self.experts_in_training()
-                for n, p in getattr(self.model, expert).named_parameters() if "lora_" in n}
+        return {n: p.detach().clone() for n, p in self._named_trainable()}
 
     def load_trainable_state_dict(self, state: dict[str, Tensor]) -> None:
-        for expert in self.experts_in_training():
-            for n, p in getattr(self.model, expert).named_parameters():
-                if "lora_" in n:
-                    p.data.copy_(state[f"{expert}.{n}"])
+        for name, parameter in self._named_trainable():
+            parameter.data.copy_(state[name])
 
     def save_result(self, destination: str, output_format: ModelFormat, dtype: torch.dtype | None,
                     train_config: dict | None) -> list[Path]:
@@ -113,6 +124,9 @@ class WanLoRASetup(BaseWanSetup):
             if dtype is not None:
                 for module in weights.values():
                     module.down, module.up = module.down.to(dtype), module.up.to(dtype)
-            save_lora_file(weights, output_format, paths[expert], metadata)
+            if expert == "transformer" and self.full_names:
+                save_e2v_lora(weights, output_format, paths[expert], metadata, self.model, dtype)
+            else:
+                save_lora_file(weights, output_format, paths[expert], metadata)
             written.append(paths[expert])
         return written

@@ -42,6 +42,16 @@ def prepare_config(config: TrainConfig) -> None:
         if variant.model_type is not config.model_type:
             raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
                                f"({variant.model_type})"])
+    if config.e2v.enabled:
+        from modules.util.config.E2VConfig import check_against_frames, check_against_model
+        from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
+        datasets = resolve_e2v_datasets(config)
+        for index, dataset in enumerate(datasets):
+            prefix = f"e2v datasets.{index}."
+            check_against_frames(dataset, min(config.data.frame_buckets), prefix)
+            if base.is_dir():
+                check_against_model(dataset, variant.spatial_unit, prefix)
+        apply_e2v_data_settings(config, datasets[0])
     if config.sampling.samples_file:
         from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
         try:
@@ -90,12 +100,20 @@ class GenericTrainer:
         config = self.config
         base = Path(config.model.base_model_name)
         # the data is scanned before any model loads: no usable item is an error that costs nothing
+        e2v_datasets = None
+        if config.e2v.enabled:
+            from modules.util.config.e2v_setup import resolve_e2v_datasets
+            e2v_datasets = resolve_e2v_datasets(config)
         try:
-            self.data = WanBaseDataLoader(config, detect_variant_from_folder(base) if base.is_dir() else None)
+            self.data = WanBaseDataLoader(config, detect_variant_from_folder(base) if base.is_dir() else None,
+                                          e2v_datasets)
             self.data.scan()
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
         except (DataError, ModelLoadError, NotAWanModelError) as error:
             raise TrainingError(str(error)) from None
+        if e2v_datasets:
+            from modules.model.e2v_model import prepare_e2v_model
+            prepare_e2v_model(self.model, e2v_datasets[0])
         self.setup = lookup("model_setup", config.model_type, config.training_method)(config, self.model)
         self.setup.device = self.device
         self.data.attach_model(self.model, self.device)

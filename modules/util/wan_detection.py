@@ -33,9 +33,8 @@ def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict
     if model_index.get("expand_timesteps") or z_dim == 48:
         return WanVariant.TI2V_5B
     if takes_condition:
-        if transformer_config.get("image_dim") is None:
-            raise NotAWanModelError(f"{source}: an image-conditioned transformer without an image branch and without "
-                                    f"a second expert is no known Wan variant")
+        # without an image branch: an E2V model trained on the VAE pathway alone; WanImageToVideoPipeline runs it
+        # without an image encoder, as it runs Wan 2.2 I2V
         return WanVariant.FLF2V if transformer_config.get("pos_embed_seq_len") else WanVariant.I2V
     if in_channels == z_dim:
         return WanVariant.T2V

@@ -74,6 +74,9 @@ class WanBaseModelLoader:
         if model_index.get("image_encoder") and model_index["image_encoder"][0] is not None:
             model.image_encoder = self._load_part(config.image_encoder, base, "image_encoder", CLIPVisionModel, common)
             model.image_processor = CLIPImageProcessor.from_pretrained(base, subfolder="image_processor", **common)
+        elif config.image_encoder.path:
+            # a model without one (T2V) gets a CLIP vision model for E2V's CLIP pathway
+            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder)
         scheduler_class = getattr(diffusers, model_index["scheduler"][1])
         model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler", **common)
         model.boundary_ratio = model_index.get("boundary_ratio")
@@ -81,6 +84,20 @@ class WanBaseModelLoader:
         for part in model.parts().values():
             part.requires_grad_(False).eval()
         return model
+
+    @staticmethod
+    def _load_clip(part: PartConfig):
+        """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs."""
+        path = Path(part.path)
+        if not path.is_dir():
+            raise ModelLoadError(f"model.image_encoder.path: {part.path!r} is not a folder")
+        dtype = part.weight_dtype.torch_dtype()
+        if (path / "image_encoder").is_dir():
+            return (CLIPVisionModel.from_pretrained(path, subfolder="image_encoder", torch_dtype=dtype,
+                                                    local_files_only=True),
+                    CLIPImageProcessor.from_pretrained(path, subfolder="image_processor", local_files_only=True))
+        return (CLIPVisionModel.from_pretrained(path, torch_dtype=dtype, local_files_only=True),
+                CLIPImageProcessor.from_pretrained(path, local_files_only=True))
 
     @staticmethod
     def _resolve_base(config: ModelConfig) -> tuple[str, bool]:

@@ -34,6 +34,8 @@ class SampleConfig(BaseConfig):
     image: str = Field("", description="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B image-to-video)")
     last_image: str = Field("", description="last frame (FLF2V, I2V-A14B)")
     elements: dict[str, str] = Field({}, description="E2V reference images, element name -> image path")
+    drop_reference_frames: bool = Field(False, description="E2V: drop the leading reference frames (the sum of the "
+                                        "repeats) from the saved video, as SkyReels-A2's inference does")
 
     @field_validator("scheduler", mode="before")
     @classmethod

@@ -4,6 +4,7 @@ from pydantic import Field
 
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.DataConfig import DataConfig
+from modules.util.config.E2VTrainConfig import E2VTrainConfig
 from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, LoraConfig
 from modules.util.config.ModelConfig import ModelConfig, OutputConfig
 from modules.util.config.OptimizerConfig import OptimizerConfig, TimestepConfig
@@ -43,3 +44,4 @@ class TrainConfig(BaseConfig):
     embedding: EmbeddingConfig = EmbeddingConfig()
     sampling: SamplingConfig = SamplingConfig()
     backup: BackupConfig = BackupConfig()
+    e2v: E2VTrainConfig = E2VTrainConfig()

@@ -1,0 +1,42 @@
+"""E2V datasets: for sample `001`, the clip `001.<video or image>`, the caption `001.txt`, and per element the first
+existing file among `001<suffix>` for its suffixes. A sample missing a required element is skipped and counted; a
+missing optional element leaves its slot empty."""
+from pathlib import Path
+
+from modules.dataLoader.concept_scan import ScanResult
+from modules.util.config.DataConfig import ConceptConfig
+from modules.util.config.E2VConfig import E2VDatasetConfig, strip_llm_caption_prefix
+from modules.util.video_io import MEDIA_EXTENSIONS
+
+
+def scan_e2v_dataset(dataset: E2VDatasetConfig, concept: ConceptConfig, result: ScanResult) -> None:
+    root = Path(dataset.data_root)
+    elements = dataset.elements_in_position_order()
+    suffixes = [suffix for element in elements for suffix in element.suffixes]
+    for media in sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in MEDIA_EXTENSIONS):
+        if any(media.name.endswith(suffix) for suffix in suffixes):
+            continue  # an element image, not a sample
+        stem = media.stem
+        found = []
+        for element in elements:
+            path = next((root / f"{stem}{suffix}" for suffix in element.suffixes
+                         if (root / f"{stem}{suffix}").is_file()), None)
+            found.append(str(path) if path else None)
+        missing = [e.name for e, path in zip(elements, found) if e.required and path is None]
+        if missing:
+            result.skip(media, f"required element(s) {', '.join(missing)} missing (looked for "
+                               f"{', '.join(stem + s for e in elements if e.name in missing for s in e.suffixes)})")
+            continue
+        if not any(found):
+            result.skip(media, "no element file at all")
+            continue
+        caption_path = media.with_suffix(".txt")
+        if not caption_path.is_file() and concept.caption_required:
+            result.skip(media, f"no caption ({caption_path.name} is missing)")
+            continue
+        caption = caption_path.read_text(encoding="utf-8").strip() if caption_path.is_file() else ""
+        if dataset.remove_common_llm_caption_prefixes:
+            caption = strip_llm_caption_prefix(caption)
+        result.records.append({"path": str(media), "concept": concept, "caption": caption,
+                               "elements": tuple(found),
+                               "e2v_present": "".join("1" if p else "0" for p in found)})

@@ -1,0 +1,22 @@
+from typing import Any, Literal
+
+from pydantic import Field
+
+from modules.util.config.BaseConfig import BaseConfig
+
+
+class E2VTrainConfig(BaseConfig):
+    """Elements-to-Video training: the dataset config in the user's JSON (a file, or the same objects inline) plus
+    the overrides that seed 001's command line sets. The datasets are validated by E2VConfig's loader, which names
+    fields as the user wrote them."""
+
+    dataset_config: str = Field("", description="a JSON file: {\"datasets\": [...]} in the nested or flat form")
+    datasets: list[dict[str, Any]] = Field([], description="the same dataset objects inline")
+    e2v_type: Literal["", "vae", "clip", "dual"] = Field("", description="overrides every dataset's e2v_type")
+    frame_conditioning: Literal["", "full", "index", "prefix", "random", "first_and_last"] = ""
+    frame_index: int | None = Field(None, ge=0)
+    concatenate_mask: bool | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dataset_config or self.datasets)
