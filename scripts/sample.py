@@ -48,6 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "dataset's elements and processors are used)")
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
+    parser.add_argument("--image-encoder", default="", metavar="DIR",
+                        help="a CLIP vision model (or a diffusers folder with image_encoder/) for an E2V LoRA on a "
+                             "base without one")
     parser.add_argument("--output-dir", default="samples")
     parser.add_argument("--dtype", default="auto", type=str.lower,
                         choices=sorted(DTYPE_ALIASES) + ["float_32", "float_16", "bfloat_16", "float_8"],
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
-        model = load_model_for_sampling(args.base_model_name, dtype, device)
+        model = load_model_for_sampling(args.base_model_name, dtype, device, args.image_encoder)
         for line in apply_lora_files(model, [parse_lora_argument(text) for text in args.lora]):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,

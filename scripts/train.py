@@ -18,13 +18,68 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE",
                         help="override one value (JSON values parse: numbers, true/false, lists); repeatable")
     parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
+    e2v = parser.add_argument_group("Elements-to-Video, as in the user's notes (seed 001); --config-value wins")
+    e2v.add_argument("--dataset_configs", "--dataset-configs", help="an E2V dataset config JSON")
+    e2v.add_argument("--e2v_type", "--e2v-type", choices=["vae", "clip", "dual"])
+    e2v.add_argument("--frame_conditioning_type", "--frame-conditioning-type",
+                     choices=["full", "index", "prefix", "random", "first_and_last"])
+    e2v.add_argument("--frame_conditioning_index", "--frame-conditioning-index", type=int)
+    e2v.add_argument("--frame_conditioning_concatenate_mask", "--frame-conditioning-concatenate-mask",
+                     action="store_true", default=None)
+    e2v.add_argument("--training_type", "--training-type", choices=sorted(TRAINING_TYPES))
+    e2v.add_argument("--rank", type=int)
+    e2v.add_argument("--lora_alpha", "--lora-alpha", type=float)
+    e2v.add_argument("--output_dir", "--output-dir", help="the adapter (or model) is written here")
+    e2v.add_argument("--model_name", "--model-name", help="a diffusers folder or hub id")
+    e2v.add_argument("--mixed_precision", "--mixed-precision", choices=sorted(MIXED_PRECISION))
     return parser.parse_args(argv)
+
+
+TRAINING_TYPES = {"e2v-lora": "LORA", "e2v-sft": "FINE_TUNE", "lora": "LORA", "sft": "FINE_TUNE"}
+MIXED_PRECISION = {"bf16": "BFLOAT_16", "fp16": "FLOAT_16", "no": "FLOAT_32"}
+
+
+def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
+    """The finetrainers-style options of the user's notes, as dotted overrides (applied before --config-value)."""
+    from pathlib import Path
+    values = []
+    if args.dataset_configs:
+        values.append(f"e2v.dataset_config={args.dataset_configs}")
+    if args.e2v_type:
+        values.append(f"e2v.e2v_type={args.e2v_type}")
+    if args.frame_conditioning_type:
+        values.append(f"e2v.frame_conditioning={args.frame_conditioning_type}")
+    if args.frame_conditioning_index is not None:
+        values.append(f"e2v.frame_index={args.frame_conditioning_index}")
+    if args.frame_conditioning_concatenate_mask:
+        values.append("e2v.concatenate_mask=true")
+    method = TRAINING_TYPES.get(args.training_type or "")
+    if method:
+        values.append(f"training_method={method}")
+    if args.rank is not None:
+        values.append(f"lora.rank={args.rank}")
+    if args.lora_alpha is not None:
+        values.append(f"lora.alpha={args.lora_alpha}")
+    if args.output_dir:
+        out = Path(args.output_dir)
+        name = "e2v_lora.safetensors" if method != "FINE_TUNE" else "model"
+        values += [f"workspace_dir={out / 'workspace'}", f"output.destination={out / name}"]
+        if method == "FINE_TUNE":
+            values.append("output.format=DIFFUSERS")
+    if args.model_name:
+        values.append(f"model.base_model_name={args.model_name}")
+        if not Path(args.model_name).is_dir():
+            values.append("model.allow_download=true")  # naming a hub id is asking for the download
+    if args.mixed_precision:
+        values.append(f"train_dtype={MIXED_PRECISION[args.mixed_precision]}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        config = load_config(args.config_path, args.preset_path, args.config_value)
+        config = load_config(args.config_path, args.preset_path,
+                             seed_options_as_overrides(args) + args.config_value)
         from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
         prepare_config(config)
     except ConfigError as e:

@@ -14,11 +14,11 @@ from safetensors import safe_open
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.modelSampler.WanModelSampler import WanModelSampler, apply_lora_files
 from modules.util.config.ModelConfig import ModelConfig
-from modules.util.config.SampleConfig import SampleConfig
+from modules.util.config.SampleConfig import WAN_DEFAULT_NEGATIVE_PROMPT, SampleConfig
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.lora_apply import lora_weights_from_peft
 from modules.util.lora_formats import LoraWeights, expert_lora_paths, load_lora_file, match_to_model
-from tests.learning import train
+from learning import train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONVERT = [sys.executable, str(ROOT / "scripts" / "convert_model.py")]
@@ -80,7 +80,6 @@ class Trained:
     def __init__(self, trainer, path: Path, folder: Path):
         self.trainer, self.path, self.folder = trainer, path, folder
         self.model = trainer.model
-        self.format = ModelFormat(trainer.config.output.format)
         for part in self.model.parts().values():
             part.eval()
         self.weights = lora_weights_from_peft(self.model.transformer)
@@ -127,6 +126,7 @@ def test_our_loader_reads_the_trained_weights(fmt, trained):
     weights = match_to_model(weights, module_names(trained.model.transformer))
     if fmt is ModelFormat.DIFFUSERS_LORA:  # alpha / rank is folded into lora_B: equal deltas
         assert all(module.alpha == module.rank for module in weights.values())
+        assert all(torch.equal(weights[name].down, module.down) for name, module in trained.weights.items())
         assert_same_deltas(weights, trained.weights)
     else:
         assert all(module.alpha == ALPHA for module in weights.values())
@@ -159,11 +159,130 @@ def test_conversions_are_lossless(fmt, trained, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ merging
 
-def test_merged_model_samples_like_the_adapter_at_that_strength(tiny_model, tmp_path):
-    """Any one format is enough here (the file contents are the same across formats, as tested above); COMFY."""
+def sample(model) -> np.ndarray:
+    config = SampleConfig(prompt=PROMPT, width=32, height=32, frames=5, steps=2, guidance=4.0, seed=7)
+    return WanModelSampler(model).sample(config).frames
+
+
+def test_merged_model_samples_like_the_adapter_at_that_strength(trained, tmp_path):
+    """scripts/convert_model.py --merge-lora FILE:0.7 into a diffusers folder, loaded and sampled, gives the frames
+    of diffusers' WanPipeline with the file loaded by `load_lora_weights` at adapter weight 0.7, and those of the
+    base model with the file applied at 0.7 by `apply_lora_files`."""
     from diffusers import WanPipeline
 
-    pytest.skip("placeholder")
+    trained = trained(ModelFormat.COMFY_LORA)  # the formats hold the same adapter (tested above)
+    merged_folder = tmp_path / "merged"
+    done = convert("--merge-lora", f"{trained.path}:0.7", "--base-model-name", trained.folder,
+                   "--output-model-format", "DIFFUSERS", "--output-model-destination", merged_folder)
+    assert done.stdout.split() == [str(merged_folder)]
+    assert "strength 0.7" in done.stderr
+    merged = sample(load(merged_folder))
+
+    base = load(trained.folder)
+    plain = sample(base)
+    assert np.abs(merged - plain).max() > 1e-3  # the merge changed the model
+    apply_lora_files(base, [(trained.path, 0.7)])
+    np.testing.assert_allclose(merged, sample(base), atol=ATOL, rtol=0)
+
+    peer = WanPipeline.from_pretrained(trained.folder)
+    peer.set_progress_bar_config(disable=True)
+    peer.load_lora_weights(str(trained.path), adapter_name="trained")
+    peer.set_adapters(["trained"], [0.7])
+    reference = peer(prompt=PROMPT, negative_prompt=WAN_DEFAULT_NEGATIVE_PROMPT, height=32, width=32, num_frames=5,
+                     num_inference_steps=2, guidance_scale=4.0, generator=torch.Generator().manual_seed(7)).frames[0]
+    np.testing.assert_allclose(merged, reference, atol=1e-4, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------ A14B experts
+
+@pytest.fixture(scope="module")
+def a14b(tiny_model, squares_dataset, tmp_path_factory) -> Trained:
+    folder = tiny_model(A14B)
+    tmp = tmp_path_factory.mktemp("train-a14b")
+    trainer = train(tmp, folder, squares_dataset, steps=4,
+                    overrides=[*TRAINING, "expert=both", "model_type=WAN_2_2"])
+    trained = Trained(trainer, tmp / "out.safetensors", folder)
+    trained.weights_2 = lora_weights_from_peft(trained.model.transformer_2)
+    assert all(module.up.abs().sum() > 0 for module in trained.weights_2.values())  # both experts trained
+    return trained
+
+
+def test_a14b_writes_one_file_per_expert(a14b):
+    high, low = expert_lora_paths(a14b.path)
+    assert sorted(p.name for p in a14b.path.parent.glob("out*.safetensors")) == [high.name, low.name]
+    assert_same_weights(read_back(high, a14b.model.transformer), a14b.weights)
+    assert_same_weights(read_back(low, a14b.model.transformer_2), a14b.weights_2)
+    name = next(iter(a14b.weights))
+    assert not torch.equal(a14b.weights[name].up, a14b.weights_2[name].up)  # two experts, two adapters
+    assert metadata(high)["modelspec.architecture"] == metadata(low)["modelspec.architecture"]
+
+
+def test_a14b_bare_name_goes_to_each_expert(a14b, tmp_path):
+    """apply_lora_files and `convert_model.py --merge-lora` with the bare name put `_high_noise` into the high-noise
+    expert and `_low_noise` into the low-noise one: the merged model generates what the trained model (both peft
+    adapters live) generates."""
+    model = load(a14b.folder)
+    applied = apply_lora_files(model, [(a14b.path, 1.0)])
+    assert [line.rsplit("-> ", 1)[1] for line in applied] == ["transformer", "transformer_2"]
+    expected = pipeline_latents(a14b.model.create_pipeline())
+    torch.testing.assert_close(pipeline_latents(model.create_pipeline()), expected, rtol=0, atol=ATOL)
+
+    script = load_script()
+    merged_folder = tmp_path / "merged"
+    assert script.main(["--merge-lora", str(a14b.path), "--base-model-name", str(a14b.folder),
+                        "--output-model-format", "DIFFUSERS", "--output-model-destination", str(merged_folder)]) == 0
+    merged = load(merged_folder)
+    for expert in ("transformer", "transformer_2"):
+        ours, theirs = getattr(merged, expert).state_dict(), getattr(model, expert).state_dict()
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), expert
+
+
+def test_a14b_pair_converts_both_files(a14b, tmp_path):
+    target = tmp_path / "converted.safetensors"
+    done = convert("--training-method", "LORA", "--input-name", a14b.path, "--output-model-format", "KOHYA_LORA",
+                   "--output-model-destination", target)
+    high, low = expert_lora_paths(target)
+    assert done.stdout.split() == [str(high), str(low)]
+    assert_same_weights(read_back(high, a14b.model.transformer), a14b.weights)
+    assert_same_weights(read_back(low, a14b.model.transformer_2), a14b.weights_2)
+
+    # naming one expert's file converts the pair too, into the destination's expert names
+    script = load_script()
+    again = tmp_path / "again_low_noise.safetensors"
+    assert script.main(["--training-method", "LORA", "--input-name", str(low), "--output-model-format",
+                        "COMFY_LORA", "--output-model-destination", str(again)]) == 0
+    high_again, low_again = expert_lora_paths(tmp_path / "again.safetensors")
+    assert_same_weights(read_back(high_again, a14b.model.transformer), a14b.weights)
+    assert_same_weights(read_back(low_again, a14b.model.transformer_2), a14b.weights_2)
+
+
+def test_convert_errors(tiny_model, tmp_path, capsys):
+    """Exit 2 for arguments that do not fit together, 1 for a file that is not there (naming it)."""
+    script = load_script()
+    out = str(tmp_path / "out.safetensors")
+    assert script.main(["--training-method", "LORA", "--input-name", out, "--output-model-format", "DIFFUSERS",
+                        "--output-model-destination", out]) == 2
+    assert "COMFY_LORA" in capsys.readouterr().err
+    assert script.main(["--merge-lora", out, "--base-model-name", str(tiny_model(T2V)), "--output-model-format",
+                        "COMFY_LORA", "--output-model-destination", out]) == 2
+    assert script.main(["--input-name", str(tmp_path / "gone.safetensors"), "--output-model-format", "KOHYA_LORA",
+                        "--output-model-destination", out]) == 1
+    assert "gone_high_noise.safetensors" in capsys.readouterr().err
+    assert script.main(["--merge-lora", str(tmp_path / "gone.safetensors:0.5"), "--base-model-name",
+                        str(tiny_model(T2V)), "--output-model-format", "DIFFUSERS",
+                        "--output-model-destination", str(tmp_path / "merged")]) == 1
+    assert "gone.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "merged").exists()
+
+
+def load_script():
+    """scripts/convert_model.py as a module, for in-process calls that spare an interpreter start."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("convert_model_script", ROOT / "scripts" / "convert_model.py")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return script

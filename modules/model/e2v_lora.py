@@ -44,7 +44,9 @@ def read_e2v_lora(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, 
 def apply_e2v_parts(model: WanModel, parts: dict[str, torch.Tensor], config: dict) -> None:
     """Expands the model as training did and loads the trained expanded parts (before the adapter is applied)."""
     dataset = E2VDatasetConfig.model_validate({**config, "data_root": "."})
+    device = next(model.transformer.parameters()).device
     prepare_e2v_model(model, dataset)
+    model.transformer.to(device)  # the expansion builds new parts on the CPU
     state = model.transformer.state_dict()
     unknown = sorted(set(parts) - set(state))
     if unknown:

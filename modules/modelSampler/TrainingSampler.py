@@ -112,7 +112,8 @@ class TrainingSampler:
     def _sampler(self) -> WanModelSampler:
         config = self.trainer.config
         return WanModelSampler(self.trainer.model, device=self.trainer.device,
-                               autocast_dtype=config.train_dtype.torch_dtype())
+                               autocast_dtype=config.train_dtype.torch_dtype(),
+                               e2v_config=self.trainer.model.e2v_config)
 
     def validate(self) -> list[str]:
         """Checks every enabled sample against the model before training starts (sizes rounded, images present,

@@ -552,11 +552,21 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
     inference. Returns one line per file applied."""
     from modules.util.lora_formats import load_lora_file, match_to_model, merge_lora
 
+    from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
+    from modules.util.lora_formats import lora_from_state_dict
+
     applied = []
     for path, strength in loras:
         for expert, file in _expert_files(model, Path(path)).items():
             transformer = getattr(model, expert)
-            weights, layout = load_lora_file(file)
+            lora_tensors, e2v_parts, e2v_config = read_e2v_lora(file)
+            if e2v_parts:
+                # an E2V LoRA: expand the base as training did and load the trained expanded parts first
+                apply_e2v_parts(model, e2v_parts, e2v_config)
+                transformer = getattr(model, expert)
+                weights, layout = lora_from_state_dict(lora_tensors)
+            else:
+                weights, layout = load_lora_file(file)
             weights = match_to_model(weights, [name for name, _ in transformer.named_modules()])
             merge_lora(transformer, weights, strength)
             applied.append(f"{file} ({layout}, {len(weights)} modules, strength {strength:g}) -> {expert}")
@@ -575,7 +585,8 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device) -> WanModel:
+def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
+                            image_encoder_path: str = "") -> WanModel:
     """Loads a diffusers Wan folder for inference: transformer(s), text and image encoders in `weight_dtype` (a
     DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
     encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
@@ -584,7 +595,9 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
 
     part = PartConfig(weight_dtype=weight_dtype)
     model = WanBaseModelLoader().load(ModelConfig(base_model_name=base_model_name, transformer=part,
-                                                  transformer_2=part, text_encoder=part, image_encoder=part))
+                                                  transformer_2=part, text_encoder=part,
+                                                  image_encoder=PartConfig(weight_dtype=weight_dtype,
+                                                                           path=image_encoder_path)))
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model
@@ -605,7 +618,7 @@ def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: st
 
     from modules.util.video_io import write_video
 
-    sampler = WanModelSampler(model, device=device, e2v_config=e2v_config)
+    sampler = WanModelSampler(model, device=device, e2v_config=e2v_config or model.e2v_config)
     jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))
             for index, sample in enumerate(samples) if sample.enabled for k in range(num_videos)]
     for _, sample in jobs:

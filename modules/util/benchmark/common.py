@@ -19,9 +19,10 @@ GPU_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362
 
 def format_table(headers: list[str], rows: list[list]) -> str:
     """A plain text table, columns padded to their widest cell."""
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(headers))]
     cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(c.rjust(w) if numeric[i] else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
              for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -39,6 +40,14 @@ def _cell(value) -> str:
             return f"{value:.2f}"
         return f"{value:.3g}"
     return str(value)
+
+
+def si(value: float, unit: str) -> str:
+    """1.23e12, "FLOP" -> "1.23 TFLOP"."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
 
 
 def write_json(path: str | os.PathLike, data: dict) -> None:

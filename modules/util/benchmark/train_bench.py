@@ -1,0 +1,264 @@
+"""Training-step benchmark: a full-size Wan transformer with random weights, random latents of the shape the VAE
+would give and random 512-token text embeddings, trained for a few steps through the real code path
+(`WanLoRASetup` / `WanFineTuneSetup`: `setup_model`, `predict`, `calculate_loss`; backward; gradient clipping and
+`create_optimizer`'s AdamW step, as GenericTrainer does).
+
+Reported: the median seconds per step after one warm-up step, peak memory (CUDA: max_memory_allocated; CPU: the
+process's peak RSS) and FLOP utilisation: the analytic FLOPs of the step (`flops.count_flops`) divided by the step
+time and by the device's peak rate (`--peak-tflops`; defaults: the datasheet bf16 peak of known GPUs, else a
+measured matmul rate in the run's dtype).
+
+Before any weight is allocated the run estimates its memory need (weights, gradients and AdamW state of what
+trains, and activations, see `estimate_memory`) and stops with a "needs N GiB" message when that exceeds what the
+device has, instead of being killed half-way.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from modules.util.benchmark.architectures import (TEXT_SEQUENCE_LENGTH, Architecture, build_empty_transformer,
+                                                  get_architecture, make_wan_model, materialize, parameter_count)
+from modules.util.benchmark.common import (GIB, available_memory_bytes, default_peak_tflops, environment,
+                                           format_table, median, si, peak_rss_bytes, rss_bytes, synchronize)
+from modules.util.benchmark.flops import block_linears, count_flops, lora_pattern
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class InsufficientMemory(Exception):
+    def __init__(self, message: str, estimate: dict):
+        super().__init__(message)
+        self.estimate = estimate
+
+
+@dataclass
+class TrainBenchConfig:
+    variant: str = "wan2.1-1.3b"
+    width: int = 832
+    height: int = 480
+    frames: int = 81
+    steps: int = 3                      # timed steps, after one warm-up step
+    dtype: str = "bf16"                 # compute dtype: fp32, or bf16 autocast
+    weight_dtype: str | None = None     # frozen base weights (default: the compute dtype); a full fine-tune
+                                        # holds the trained weights in fp32 whatever this says
+    gradient_checkpointing: bool = False
+    lora_rank: int | None = 32          # None: full fine-tune
+    lora_targets: str = "attn-mlp"
+    batch_size: int = 1
+    device: str = "cpu"
+    peak_tflops: float | None = None
+    memory_check: bool = True
+    seed: int = 0
+
+    @property
+    def full(self) -> bool:
+        return self.lora_rank is None
+
+
+# ------------------------------------------------------------------------------------------------ memory estimate
+
+def lora_parameter_count(arch: Architecture, rank: int, targets: str) -> int:
+    pattern = lora_pattern(targets)
+    per_block = sum(rank * (i + o) for name, i, o, _ in block_linears(arch.dim, arch.transformer["ffn_dim"])
+                    if pattern is not None and pattern.fullmatch(name))
+    return per_block * arch.transformer["num_layers"]
+
+
+# Activation elements kept for the backward pass per video token and block, in units of d (the width) and f (the
+# FFN width); measured on CPU with the 1.3B architecture (docs/benchmarks.md), rounded up.
+ACTIVATIONS_PER_TOKEN_D = 24
+ACTIVATIONS_PER_TOKEN_F = 3
+
+
+def estimate_memory(arch: Architecture, cfg: TrainBenchConfig, parameters: int) -> dict:
+    """Rough bytes needed: weights, gradients + AdamW state of what trains, activations. An estimate for refusing
+    runs that cannot fit, not a prediction."""
+    weight_bytes = 4 if cfg.full else DTYPES[cfg.weight_dtype or cfg.dtype].itemsize
+    trainable = parameters if cfg.full else lora_parameter_count(arch, cfg.lora_rank, cfg.lora_targets)
+    # fp32 gradient + two fp32 AdamW moments (+ the fp32 weight itself for adapters)
+    trainable_bytes = trainable * (12 if cfg.full else 16)
+    _, frames, height, width = arch.latent_shape(cfg.frames, cfg.height, cfg.width)
+    tokens = cfg.batch_size * frames * (height // 2) * (width // 2)
+    act_bytes = 4 if cfg.dtype == "fp32" else 3   # bf16 activations, with fp32 norms and residuals mixed in
+    d, f, layers = arch.dim, arch.transformer["ffn_dim"], arch.transformer["num_layers"]
+    per_block = (tokens * (ACTIVATIONS_PER_TOKEN_D * d + ACTIVATIONS_PER_TOKEN_F * f)
+                 + cfg.batch_size * TEXT_SEQUENCE_LENGTH * 4 * d) * act_bytes
+    if cfg.gradient_checkpointing:
+        activations = layers * tokens * d * 4 + per_block   # block inputs, plus one block being recomputed
+    else:
+        activations = layers * per_block
+    total = parameters * weight_bytes + trainable_bytes + activations
+    return {"weights": parameters * weight_bytes, "trainable_state": trainable_bytes, "activations": activations,
+            "total": total, "parameters": parameters, "trainable_parameters": trainable}
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark
+
+def _train_config(arch: Architecture, cfg: TrainBenchConfig):
+    from modules.util.config.TrainConfig import TrainConfig
+    from modules.util.enum.DataType import DataType
+    from modules.util.enum.TrainingMethod import TrainingMethod
+
+    values = dict(model_type=arch.variant.model_type, seed=cfg.seed, batch_size=cfg.batch_size,
+                  train_dtype=DataType.FLOAT_32 if cfg.dtype == "fp32" else DataType.BFLOAT_16,
+                  gradient_checkpointing=cfg.gradient_checkpointing, expert=arch.expert,
+                  training_method=TrainingMethod.FINE_TUNE if cfg.full else TrainingMethod.LORA)
+    if not cfg.full:
+        values["lora"] = {"rank": cfg.lora_rank, "alpha": float(cfg.lora_rank), "targets": cfg.lora_targets}
+    return TrainConfig(**values)
+
+
+def _setup_class(cfg: TrainBenchConfig):
+    if cfg.full:
+        from modules.modelSetup.WanFineTuneSetup import WanFineTuneSetup
+        return WanFineTuneSetup
+    from modules.modelSetup.WanLoRASetup import WanLoRASetup
+    return WanLoRASetup
+
+
+def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
+    """Runs the benchmark; returns the numbers (see the module doc). Raises InsufficientMemory before allocating
+    anything when the estimate exceeds the device's memory (unless `memory_check` is off)."""
+    if cfg.dtype not in DTYPES or (cfg.weight_dtype or cfg.dtype) not in DTYPES:
+        raise ValueError(f"dtypes are one of {', '.join(DTYPES)}")
+    if cfg.steps < 1:
+        raise ValueError("steps must be at least 1")
+    device = torch.device(cfg.device)
+    arch = get_architecture(cfg.variant)
+    latent = arch.latent_shape(cfg.frames, cfg.height, cfg.width)
+    compute_dtype = DTYPES[cfg.dtype]
+    weight_dtype = torch.float32 if cfg.full else DTYPES[cfg.weight_dtype or cfg.dtype]
+
+    transformer = build_empty_transformer(arch)
+    parameters = parameter_count(transformer)
+    estimate = estimate_memory(arch, cfg, parameters)
+    available = available_memory_bytes(device)
+    result = {"variant": arch.name, "architecture": arch.description, "device": str(device),
+              "shape": {"frames": cfg.frames, "height": cfg.height, "width": cfg.width,
+                        "batch_size": cfg.batch_size},
+              "latent_shape": list(latent), "config": asdict(cfg), "environment": environment(),
+              "memory_estimate_gib": {k: (v / GIB if k not in ("parameters", "trainable_parameters") else v)
+                                      for k, v in estimate.items()},
+              "available_memory_gib": available / GIB}
+    if cfg.memory_check and estimate["total"] > available:
+        raise InsufficientMemory(
+            f"{arch.name} at {cfg.frames}x{cfg.height}x{cfg.width} ({'full' if cfg.full else f'LoRA r{cfg.lora_rank}'}"
+            f", {cfg.dtype}{', checkpointing' if cfg.gradient_checkpointing else ''}) needs about "
+            f"{estimate['total'] / GIB:.1f} GiB (weights {estimate['weights'] / GIB:.1f}, gradients + AdamW "
+            f"{estimate['trainable_state'] / GIB:.1f}, activations ~{estimate['activations'] / GIB:.1f}); "
+            f"{device.type} has {available / GIB:.1f} GiB available. Not run (--no-memory-check runs it anyway).",
+            result)
+
+    peak, peak_source = ((cfg.peak_tflops, "--peak-tflops") if cfg.peak_tflops
+                         else default_peak_tflops(device, compute_dtype))
+    log(f"peak rate for utilisation: {peak:.3g} TFLOP/s ({peak_source})")
+
+    started = time.perf_counter()
+    materialize(transformer, weight_dtype, device, seed=cfg.seed)
+    transformer.requires_grad_(False).eval()
+    model = make_wan_model(arch, transformer)
+    config = _train_config(arch, cfg)
+    setup = _setup_class(cfg)(config, model)
+    setup.device = device
+    setup.setup_model()
+    transformer.to(device).train()
+    from modules.trainer.optimizers import create_optimizer
+    trainable = setup.trainable_parameters()
+    optimizer = create_optimizer(config.optimizer, trainable)
+    build_seconds = time.perf_counter() - started
+    log(f"built {arch.name}: {si(parameters, '')} parameters ({weight_dtype}), "
+        f"{si(sum(p.numel() for p in trainable), '')} trainable, in {build_seconds:.1f} s")
+
+    generator = torch.Generator().manual_seed(cfg.seed)
+    batch = {"latents": torch.randn(cfg.batch_size, *latent, generator=generator),
+             "text_embeds": torch.randn(cfg.batch_size, TEXT_SEQUENCE_LENGTH, arch.text_dim, generator=generator),
+             "loss_weight": torch.ones(cfg.batch_size)}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rss_before = rss_bytes()
+    times, losses = [], []
+    status = "ok"
+    try:
+        for step in range(cfg.steps + 1):
+            synchronize(device)
+            start = time.perf_counter()
+            step_generator = torch.Generator().manual_seed(cfg.seed * 1000 + step)
+            prediction = setup.predict(batch, step_generator)
+            loss = setup.calculate_loss(batch, prediction)
+            loss.backward()
+            if config.optimizer.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(trainable, config.optimizer.clip_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            synchronize(device)
+            elapsed = time.perf_counter() - start
+            losses.append(float(loss.detach()))
+            del prediction, loss
+            if step > 0:
+                times.append(elapsed)
+            log(f"step {step}{' (warm-up)' if step == 0 else ''}: {elapsed:.2f} s, loss {losses[-1]:.4f}")
+    except torch.OutOfMemoryError as error:
+        status = f"out of memory at step {len(losses)}: {str(error).splitlines()[0]}"
+        log(status)
+
+    flops = count_flops(arch.transformer, *latent[1:], batch_size=cfg.batch_size,
+                        lora_rank=0 if cfg.full else cfg.lora_rank, lora_targets=cfg.lora_targets,
+                        per_token_timesteps=arch.expand_timesteps, checkpointing=cfg.gradient_checkpointing)
+    seconds = median(times)
+    if device.type == "cuda":
+        memory = {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+                  "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}
+    else:
+        memory = {"peak_rss_gib": peak_rss_bytes() / GIB, "rss_before_steps_gib": rss_before / GIB}
+    result.update({
+        "status": status, "parameters": parameters,
+        "trainable_parameters": sum(p.numel() for p in trainable), "weight_dtype": str(weight_dtype),
+        "video_tokens": flops.video_tokens, "build_seconds": build_seconds,
+        "step_seconds": times, "seconds_per_step": seconds, "losses": losses, "memory": memory,
+        "flops": flops.as_dict(), "peak_tflops": peak, "peak_source": peak_source,
+    })
+    if seconds:
+        result["model_tflops_per_second"] = flops.model / seconds / 1e12
+        result["hardware_tflops_per_second"] = flops.hardware / seconds / 1e12
+        result["mfu"] = flops.model / seconds / 1e12 / peak
+        result["hfu"] = flops.hardware / seconds / 1e12 / peak
+    if not all(math.isfinite(v) for v in losses):
+        result["warning"] = "a loss was not finite"
+    return result
+
+
+def train_table(result: dict) -> str:
+    shape = result["shape"]
+    cfg = result["config"]
+    method = "full" if cfg["lora_rank"] is None else f"LoRA r{cfg['lora_rank']} ({cfg['lora_targets']})"
+    memory = result.get("memory", {})
+    memory_text = (f"{memory['peak_allocated_gib']:.2f} GiB allocated (CUDA peak)" if "peak_allocated_gib" in memory
+                   else f"{memory.get('peak_rss_gib', 0):.2f} GiB RSS (process peak; "
+                        f"{memory.get('rss_before_steps_gib', 0):.2f} before the steps)")
+    flops = result["flops"]
+    rows = [
+        ["variant", f"{result['variant']} ({result['architecture']})"],
+        ["device", f"{result['device']}  {result['environment'].get('gpu') or result['environment']['cpu']}"],
+        ["shape", f"{shape['frames']}x{shape['height']}x{shape['width']} batch {shape['batch_size']} -> latents "
+                  f"{'x'.join(map(str, result['latent_shape']))}, {result['video_tokens']} video tokens"],
+        ["method", f"{method}, {cfg['dtype']}{' autocast' if cfg['dtype'] != 'fp32' else ''}, weights "
+                   f"{result['weight_dtype'].removeprefix('torch.')}, checkpointing "
+                   f"{'on' if cfg['gradient_checkpointing'] else 'off'}"],
+        ["parameters", f"{si(result['parameters'], '')}, trainable {si(result['trainable_parameters'], '')}"],
+        ["status", result["status"]],
+        ["seconds / step", f"{result['seconds_per_step']:.3f} (median of {len(result['step_seconds'])}, "
+                           f"after 1 warm-up)" if result.get("seconds_per_step") else "-"],
+        ["peak memory", memory_text],
+        ["FLOPs / step", f"{si(flops['model'], 'FLOP')} model (3 x forward), {si(flops['hardware'], 'FLOP')} "
+                         f"with recompute"],
+        ["achieved", f"{si(result['model_tflops_per_second'] * 1e12, 'FLOP/s')} model, "
+                     f"{si(result['hardware_tflops_per_second'] * 1e12, 'FLOP/s')} hardware" if "mfu" in result
+         else "-"],
+        ["peak", f"{result['peak_tflops']:.3g} TFLOP/s ({result['peak_source']})"],
+        ["MFU / HFU", f"{100 * result['mfu']:.2f} % / {100 * result['hfu']:.2f} %" if "mfu" in result else "-"],
+    ]
+    return format_table(["train benchmark", ""], rows)
