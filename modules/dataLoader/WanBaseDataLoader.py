@@ -218,6 +218,13 @@ class WanBaseDataLoader:
         print(text, flush=True)
         return text
 
+    def target_latents_by_path(self) -> dict[str, torch.Tensor]:
+        """The cached training-target latents (raw) of every item of epoch 0, by media path."""
+        items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
+                         outputs=["path", "latents"])
+        items.start_epoch(0)
+        return {row["path"]: row["latents"] for row in (items.get_item(i) for i in range(len(items)))}
+
     # ---- batches ----------------------------------------------------------------------------------------------
 
     def batches_per_epoch(self, epoch: int = 0) -> int:

@@ -375,3 +375,21 @@ def reference_loss_mask(num_latent_frames: int, n_ref_latent_frames: int, includ
     if not include:
         mask[:, :, :n_ref_latent_frames] = 0
     return mask
+
+
+# --- element inputs, shared by the data loader and the sampler ---------------------------------------------------
+
+def prepare_element_inputs(dataset, images: Sequence[np.ndarray | None], height: int, width: int
+                           ) -> tuple[list[Tensor | None], list[np.ndarray]]:
+    """Element images (uint8 (H, W, 3) or None, in position order) -> the VAE pathway's element tensors at the clip's
+    (height, width) and the CLIP pathway's images at processors.clip.resolution (present elements with CLIP on),
+    each preprocessed with its element's mode. `dataset` is an E2VDatasetConfig."""
+    order = dataset.elements_in_position_order()
+    vae_elements = [None if image is None else element_to_tensor(preprocess_element(
+        image, height, width, dataset.vae_preprocess(element), dataset.reshape_mode))
+        for element, image in zip(order, images)]
+    clip_height, clip_width = dataset.processors.clip.resolution
+    clip_images = [preprocess_element(image, clip_height, clip_width, dataset.clip_preprocess(element),
+                                      dataset.reshape_mode)
+                   for element, image in zip(order, images) if image is not None and dataset.clip_preprocess(element)]
+    return vae_elements, clip_images

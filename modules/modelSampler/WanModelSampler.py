@@ -58,6 +58,7 @@ class SampleResult:
     fps: int
     sample: SampleConfig          # the settings actually used (rounded sizes, the flow shift in effect, ...)
     notes: list[str] = field(default_factory=list)
+    latents: torch.Tensor | None = None  # (C, T, h, w) normalised, as the denoising loop ended (before decoding)
 
     def frames_uint8(self) -> np.ndarray:
         return (self.frames * 255.0).round().clip(0, 255).astype(np.uint8)
@@ -316,7 +317,7 @@ class WanModelSampler:
         """(the condition (C, T, h, w), the CLIP tokens (N * tokens, dim) or None), computed exactly as the data
         loader computes them (modules/dataLoader/pipeline/EncodeE2V.py) with processors.vae.resolution replaced by the
         sample's size, every given element kept (frame_conditioning 'full')."""
-        from modules.model.e2v_condition import clip_tokens, element_to_tensor, make_e2v_condition, preprocess_element
+        from modules.model.e2v_condition import clip_tokens, make_e2v_condition, prepare_element_inputs
         from modules.util.video_io import UnreadableMediaError, read_image
 
         config, model = self.e2v_config, self.model
@@ -330,11 +331,9 @@ class WanModelSampler:
             except UnreadableMediaError as error:
                 raise SampleError(f"element {element.name!r} image {path!r} cannot be read: {error.reason}") from error
         vae = config.processors.vae
+        vae_elements, clip_images = prepare_element_inputs(config, images, height, width)
         if config.uses_vae:
-            elements = [None if image is None else element_to_tensor(preprocess_element(
-                image, height, width, config.vae_preprocess(element), config.reshape_mode))
-                for element, image in zip(order, images)]
-            combine = vae.combine
+            elements, combine = vae_elements, vae.combine
         else:
             # the CLIP pathway alone: an empty condition (grey latents, mask 0), as in training
             elements, combine = [None] * len(order), "before"
@@ -343,11 +342,6 @@ class WanModelSampler:
                                            vae.concatenate_mask, height=height, width=width)
         tokens = None
         if config.uses_clip:
-            clip_height, clip_width = config.processors.clip.resolution
-            clip_images = [preprocess_element(image, clip_height, clip_width, config.clip_preprocess(element),
-                                              config.reshape_mode)
-                           for element, image in zip(order, images)
-                           if image is not None and config.clip_preprocess(element)]
             with placement.using("image_encoder"):
                 tokens = clip_tokens(model, clip_images)
         return condition, tokens
@@ -504,7 +498,8 @@ class WanModelSampler:
         frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu().numpy()
         if e2v and resolved.drop_reference_frames:
             frames = frames[self.reference_frames_to_drop():]
-        return SampleResult(frames=frames, fps=variant.native_fps, sample=resolved, notes=notes)
+        return SampleResult(frames=frames, fps=variant.native_fps, sample=resolved, notes=notes,
+                            latents=latents[0].float().cpu())
 
 
 # ---------------------------------------------------------------------------------------------- LoRA files (inference)

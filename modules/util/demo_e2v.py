@@ -2,6 +2,7 @@
 `NNN_object.png`, `NNN_background.png`. The person reference is a coloured square and the clip shows a square of
 that colour moving; the caption names only the direction, so the colour can only come from the reference. Object
 and background are optional and left out of some samples."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,8 @@ def make_e2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int =
                     Image.fromarray(np.full((size, size, 3), BACKGROUND, np.uint8)).save(
                         output / f"{stem}_background.png")
                 number += 1
+    # the matching dataset config, in the nested form of the user's notes
+    (output / "e2v_config.json").write_text(json.dumps(demo_e2v_config(output.resolve(), size), indent=2))
     return output
 
 

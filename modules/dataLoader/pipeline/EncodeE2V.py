@@ -5,9 +5,9 @@ import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
-from modules.model.e2v_condition import (build_mini_video, clip_tokens, element_to_tensor, encode_condition_cache,
-                                         make_e2v_condition, preprocess_element, reference_latent_frames,
-                                         reference_loss_mask, target_video_with_references)
+from modules.model.e2v_condition import (build_mini_video, clip_tokens, encode_condition_cache, make_e2v_condition,
+                                         prepare_element_inputs, reference_latent_frames, reference_loss_mask,
+                                         target_video_with_references)
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.video_io import read_image
 
@@ -52,11 +52,8 @@ class EncodeE2V(PipelineModule):
     def _encode(self, video: torch.Tensor, element_paths: tuple) -> dict[str, torch.Tensor]:
         dataset, model = self.dataset, self.model
         frames, height, width = video.shape[1], video.shape[2], video.shape[3]
-        order = dataset.elements_in_position_order()
         images = [read_image(path) if path else None for path in element_paths]
-        tensors = [element_to_tensor(preprocess_element(image, height, width, dataset.vae_preprocess(element),
-                                                        dataset.reshape_mode)) if image is not None else None
-                   for element, image in zip(order, images)]
+        tensors, clip_images = prepare_element_inputs(dataset, images, height, width)
         repeats = dataset.repeats()
         vae = dataset.processors.vae
         with self.lock, torch.no_grad():
@@ -79,10 +76,5 @@ class EncodeE2V(PipelineModule):
             result["loss_mask"] = reference_loss_mask(latents.shape[1], reference_latent_frames(n_ref),
                                                       dataset.reference_loss)[0]
             if dataset.uses_clip:
-                clip_h, clip_w = dataset.processors.clip.resolution
-                clip_images = [preprocess_element(image, clip_h, clip_w, dataset.clip_preprocess(element),
-                                                  dataset.reshape_mode)
-                               for element, image in zip(order, images)
-                               if image is not None and dataset.clip_preprocess(element)]
                 result["image_embeds"] = clip_tokens(model, clip_images).float().cpu()
         return result

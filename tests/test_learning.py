@@ -1,0 +1,16 @@
+"""It learns (issue 4): a tiny Wan 2.1 T2V model trained on the synthetic squares generates, for each caption and
+held-out seeds, latents nearest to the encoded videos of that caption. A sign or scale error in the target, the
+sigma or the timestep makes these tests fail (checked by breaking each once by hand)."""
+from learning import nearest_class_accuracy, train
+
+# What the measurements behind these settings showed (tiny model, 6 captions, CPU): a fine-tune reaches loss ~0.34
+# and 100% accuracy with classifier-free guidance 3 after 1500 steps; without caption dropout there is no
+# unconditional branch and guidance cannot amplify the text signal.
+LEARNING = ["optimizer.learning_rate=0.003", "optimizer.clip_grad_norm=null", "timestep.distribution=logit_normal",
+            "data.concepts.0.caption_dropout=0.2"]
+
+
+def test_fine_tune_learns_the_captions(tiny_model, squares_dataset, tmp_path):
+    trainer = train(tmp_path, tiny_model("wan2.1-t2v"), squares_dataset, "FINE_TUNE", 1500, LEARNING)
+    assert sum(trainer.step_losses[-50:]) / 50 < 0.6 * sum(trainer.step_losses[:50]) / 50
+    assert nearest_class_accuracy(trainer, guidance=3.0) == 1.0
