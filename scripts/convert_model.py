@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseModelLoader
     from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
-    from modules.modelSampler.WanModelSampler import parse_lora_argument
+    from modules.modelSampler.sampling_io import parse_lora_argument
     from modules.util.config.ModelConfig import ModelConfig, PartConfig
     from modules.util.lora_convert import merge_lora_files
     from modules.util.lora_formats import LoraMatchError

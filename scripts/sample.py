@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
-    from modules.modelSampler.WanModelSampler import (apply_lora_files, generate_videos, load_model_for_sampling,
-                                                      parse_lora_argument, resolve_device)
+    from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos, load_model_for_sampling,
+                                                  parse_lora_argument, resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
 

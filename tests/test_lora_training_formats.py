@@ -12,7 +12,8 @@ import torch
 from safetensors import safe_open
 
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-from modules.modelSampler.WanModelSampler import WanModelSampler, apply_lora_files
+from modules.modelSampler.sampling_io import apply_lora_files
+from modules.modelSampler.WanModelSampler import WanModelSampler
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import WAN_DEFAULT_NEGATIVE_PROMPT, SampleConfig
 from modules.util.enum.ModelFormat import ModelFormat

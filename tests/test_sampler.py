@@ -22,8 +22,8 @@ from PIL import Image
 from modules.model.WanModel import WanModel
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.modelSampler.TrainingSampler import TrainingSampler, frame_strip, prompt_slug
-from modules.modelSampler.WanModelSampler import (SampleError, WanModelSampler, apply_lora_files,
-                                                  parse_lora_argument, round_frames, round_to_multiple)
+from modules.modelSampler.sampling_io import apply_lora_files, parse_lora_argument
+from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler, round_frames, round_to_multiple
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import WAN_DEFAULT_NEGATIVE_PROMPT, SampleConfig
 from modules.util.config.TrainConfig import TrainConfig

@@ -119,5 +119,5 @@ def convert_lora_files(input_path: str | os.PathLike, output_path: str | os.Path
 
 def merge_lora_files(model, loras: list[tuple[str | os.PathLike, float]]) -> list[str]:
     """Adds the LoRA files (path, strength) into `model`'s transformer weights; one line per file merged."""
-    from modules.modelSampler.WanModelSampler import apply_lora_files
+    from modules.modelSampler.sampling_io import apply_lora_files
     return apply_lora_files(model, [(Path(path), float(strength)) for path, strength in loras])

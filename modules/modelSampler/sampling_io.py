@@ -1,0 +1,150 @@
+"""Sampling outside training: LoRA files applied for inference, model loading for sampling, and videos written to
+files (scripts/sample.py, scripts/convert_model.py --merge-lora)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from modules.model.WanModel import WanModel
+from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
+from modules.util.config.E2VConfig import E2VDatasetConfig
+from modules.util.config.SampleConfig import SampleConfig
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- LoRA files (inference)
+
+def parse_lora_argument(text: str) -> tuple[Path, float]:
+    """`PATH[:STRENGTH]` -> (path, strength). The suffix counts as a strength only when it parses as a number, so
+    Windows drive letters and colons in file names survive."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head:
+        try:
+            return Path(head), float(tail)
+        except ValueError:
+            pass
+    return Path(text), 1.0
+
+
+def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
+    """Which expert each LoRA file goes to. Single-expert models: the transformer. A14B: a `_high_noise` file to the
+    high-noise expert, `_low_noise` to the low-noise one, a name whose `_high_noise` / `_low_noise` pair exists to
+    both, any other existing file to both experts."""
+    from modules.util.lora_formats import expert_lora_paths
+
+    if not model.variant.has_two_experts:
+        if not path.is_file():
+            raise FileNotFoundError(f"LoRA file {str(path)!r} does not exist")
+        return {"transformer": path}
+    stem = path.name.removesuffix(".safetensors")
+    if path.is_file():
+        if stem.endswith("_high_noise"):
+            return {"transformer": path}
+        if stem.endswith("_low_noise"):
+            return {"transformer_2": path}
+        logger.warning("LoRA %s has no _high_noise / _low_noise suffix: applied to both experts", path)
+        return {"transformer": path, "transformer_2": path}
+    high, low = expert_lora_paths(path)
+    pair = {name: p for name, p in (("transformer", high), ("transformer_2", low)) if p.is_file()}
+    if not pair:
+        raise FileNotFoundError(f"LoRA file {str(path)!r} does not exist, nor its expert pair {high.name} / "
+                                f"{low.name}")
+    return pair
+
+
+def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
+    """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
+    inference. Returns one line per file applied."""
+    from modules.util.lora_formats import load_lora_file, match_to_model, merge_lora
+
+    from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
+    from modules.util.lora_formats import lora_from_state_dict
+
+    applied = []
+    for path, strength in loras:
+        for expert, file in _expert_files(model, Path(path)).items():
+            transformer = getattr(model, expert)
+            lora_tensors, e2v_parts, e2v_config = read_e2v_lora(file)
+            if e2v_parts:
+                # an E2V LoRA: expand the base as training did and load the trained expanded parts first
+                apply_e2v_parts(model, e2v_parts, e2v_config)
+                transformer = getattr(model, expert)
+                weights, layout = lora_from_state_dict(lora_tensors)
+            else:
+                weights, layout = load_lora_file(file)
+            weights = match_to_model(weights, [name for name, _ in transformer.named_modules()])
+            merge_lora(transformer, weights, strength)
+            applied.append(f"{file} ({layout}, {len(weights)} modules, strength {strength:g}) -> {expert}")
+    return applied
+
+
+# ---------------------------------------------------------------------------------------------- inference to files
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; anything else as torch names it (cpu, cuda, cuda:1)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SampleError(f"device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
+                            image_encoder_path: str = "") -> WanModel:
+    """Loads a diffusers Wan folder for inference: transformer(s), text and image encoders in `weight_dtype` (a
+    DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
+    encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+
+    part = PartConfig(weight_dtype=weight_dtype)
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=base_model_name, transformer=part,
+                                                  transformer_2=part, text_encoder=part,
+                                                  image_encoder=PartConfig(weight_dtype=weight_dtype,
+                                                                           path=image_encoder_path)))
+    if not model.variant.has_two_experts:
+        model.transformer.to(device)
+    return model
+
+
+def video_file_name(index: int, sample: SampleConfig) -> str:
+    from modules.modelSampler.TrainingSampler import prompt_slug
+    return f"{index:03d}-{prompt_slug(sample.prompt)}-s{sample.seed}.mp4"
+
+
+def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: str | Path, device: torch.device,
+                    num_videos: int = 1, show_progress: bool = True,
+                    e2v_config: E2VDatasetConfig | None = None) -> list[Path]:
+    """Every enabled sample, `num_videos` times (seed, seed + 1, ...), written as MP4s at the model's native fps to
+    `output_dir/<index>-<prompt slug>-s<seed>.mp4`. All samples are checked before the first one runs.
+    `e2v_config`: sample an E2V model (see WanModelSampler)."""
+    from tqdm import tqdm
+
+    from modules.util.video_io import write_video
+
+    sampler = WanModelSampler(model, device=device, e2v_config=e2v_config or model.e2v_config)
+    jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))
+            for index, sample in enumerate(samples) if sample.enabled for k in range(num_videos)]
+    for _, sample in jobs:
+        sampler.resolve(sample, log=False)  # fail fast on a bad sample, before hours of sampling
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tqdm(total=sum(s.steps for _, s in jobs), unit="step", disable=not show_progress) as bar:
+        for index, sample in jobs:
+            bar.set_description(f"{index:03d} seed {sample.seed}")
+            done = [0]
+
+            def on_step(step: int, total: int) -> None:
+                bar.update(step - done[0])
+                done[0] = step
+
+            result = sampler.sample(sample, on_step=on_step)
+            path = output_dir / video_file_name(index, sample)
+            write_video(path, result.frames_uint8(), result.fps)
+            written.append(path)
+    return written
