@@ -100,3 +100,20 @@ def test_e2v_config_errors_exit_2_before_loading(tiny_model, e2v_dataset, tmp_pa
                             capture_output=True, text=True, timeout=120, env=ENV)
     assert result.returncode == 2
     assert "datasets.0.elements" in result.stderr and "position" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def learning_dataset(tmp_path_factory):
+    return make_e2v_dataset(tmp_path_factory.mktemp("e2v_learn") / "data", clips_per_class=4, frames=17)
+
+
+@pytest.mark.parametrize("e2v_type", ["dual", "vae", "clip"])
+def test_the_reference_colour_decides_the_generated_colour(e2v_type, tiny_model, learning_dataset, tmp_path):
+    """It learns (issue 7): the caption never names the colour; a fine-tuned tiny model given a reference of one
+    colour generates latents (after the reference frames) nearest to training videos of that colour, through the
+    VAE pathway, the CLIP pathway, or both."""
+    from e2v_learning import colour_accuracy, train_e2v
+    trainer = train_e2v(tmp_path, tiny_model("wan2.1-t2v"), tiny_model("wan2.1-i2v"), learning_dataset, e2v_type,
+                        steps=400)
+    assert sum(trainer.step_losses[-20:]) / 20 < 0.5 * sum(trainer.step_losses[:20]) / 20
+    assert colour_accuracy(trainer, learning_dataset) == 1.0
