@@ -4,7 +4,8 @@
   benchmark.py train --variant wan2.1-1.3b --width 128 --height 128 --frames 9 --steps 3 --dtype bf16
                      [--gradient-checkpointing] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
 
-Exit codes: 0 measured, 2 bad arguments, 3 the run would not fit in the device's memory (nothing was run).
+Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
+started, or out of CUDA memory during the steps).
 """
 import argparse
 import sys
@@ -85,7 +86,7 @@ def _train(args) -> int:
     print(train_table(result))
     if args.json:
         write_json(args.json, result)
-    return 0
+    return 0 if result["status"] == "ok" else 3
 
 
 def _data(args) -> int:

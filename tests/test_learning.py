@@ -14,3 +14,19 @@ def test_fine_tune_learns_the_captions(tiny_model, squares_dataset, tmp_path):
     trainer = train(tmp_path, tiny_model("wan2.1-t2v"), squares_dataset, "FINE_TUNE", 1500, LEARNING)
     assert sum(trainer.step_losses[-50:]) / 50 < 0.6 * sum(trainer.step_losses[:50]) / 50
     assert nearest_class_accuracy(trainer, guidance=3.0) == 1.0
+
+
+def test_lora_learns_what_its_base_does_not_know(tiny_model, squares_dataset, tmp_path):
+    """The base is a tiny model fine-tuned on colour-only captions ("a red square"); the LoRA must learn the
+    directions ("a red square moving left"). An adapter that learned nothing would get about half right."""
+    import shutil
+    colour_only = tmp_path / "colour_only"
+    shutil.copytree(squares_dataset, colour_only)
+    for caption in colour_only.glob("*.txt"):
+        caption.write_text(" ".join(caption.read_text().split()[:3]))
+    base = train(tmp_path / "base", tiny_model("wan2.1-t2v"), colour_only, "FINE_TUNE", 1500, LEARNING)
+    trainer = train(tmp_path / "lora", tiny_model("wan2.1-t2v"), squares_dataset, "LORA", 2000,
+                    LEARNING + ["optimizer.learning_rate=0.005", "lora.rank=16", "lora.alpha=16",
+                                f"model.transformer.path={tmp_path / 'base' / 'out.safetensors'}"])
+    del base
+    assert nearest_class_accuracy(trainer, guidance=3.0) == 1.0

@@ -108,7 +108,7 @@ def available_memory_bytes(device: torch.device) -> int:
 
 # ------------------------------------------------------------------------------------------------ peak rate
 
-def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
     """The best rate of a square matmul of `size` in `dtype` on `device`, in TFLOP/s: the CPU's "peak"."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)

@@ -15,6 +15,7 @@ Writes `clips` synthetic H.264 clips (a scrolling noise texture with a moving sq
             `warm_epochs` more epochs are timed: items/s of an epoch that only reads the cache (the encoders'
             call count is checked to stay unchanged).
 
+(b) is also broken down by stage (`measure_breakdown`: the same video_io calls, timed one by one).
 (a) and (b) take the fastest of `repeats` passes; the files are in the page cache (just written).
 """
 from __future__ import annotations
@@ -184,6 +185,32 @@ def measure_ours(clip_folder: Path, cache_dir: Path, cfg: DataBenchConfig) -> di
             "output_frames_per_second": output_frames / seconds, "decoded_frames_per_second": decoded / seconds}
 
 
+def measure_breakdown(paths: list[Path], cfg: DataBenchConfig) -> dict:
+    """Where (b)'s time goes: the video_io calls the pipeline modules make, timed one by one (in the calling
+    thread, one pass): probe_media, read_frames of the 16 fps head window, resize_and_crop, frames_to_tensor."""
+    from modules.util.video_io import covering_size, frames_to_tensor, probe_media, read_frames, resize_and_crop
+
+    stages = {"probe": 0.0, "decode": 0.0, "resize_crop": 0.0, "to_tensor": 0.0}
+    for path in paths:
+        start = time.perf_counter()
+        info = probe_media(path)
+        probed = time.perf_counter()
+        indices = info.resample(16)[:cfg.frames]
+        frames = read_frames(path, indices, info)
+        decoded = time.perf_counter()
+        scaled_h, scaled_w = covering_size(frames.shape[1], frames.shape[2], cfg.height, cfg.width)
+        cropped = resize_and_crop(frames, cfg.height, cfg.width, (scaled_h - cfg.height) // 2,
+                                  (scaled_w - cfg.width) // 2)
+        resized = time.perf_counter()
+        frames_to_tensor(cropped)
+        done = time.perf_counter()
+        stages["probe"] += probed - start
+        stages["decode"] += decoded - probed
+        stages["resize_crop"] += resized - decoded
+        stages["to_tensor"] += done - resized
+    return {"seconds": stages, "total_seconds": sum(stages.values()), "clips": len(paths)}
+
+
 # ------------------------------------------------------------------------------------------------ (c) cached epoch
 
 def measure_cached_epoch(clip_folder: Path, work: Path, cfg: DataBenchConfig, log=print) -> dict:
@@ -252,6 +279,7 @@ def run_data_benchmark(cfg: DataBenchConfig, log=print) -> dict:
         result["ours"] = measure_ours(clip_folder, work / "cache-unused", cfg)
         result["ratio_ours_to_bare_clips_per_second"] = (result["ours"]["clips_per_second"]
                                                          / result["bare"]["clips_per_second"])
+        result["breakdown"] = measure_breakdown(paths, cfg)
         if cfg.loader:
             log("(c) cached epoch through WanBaseDataLoader (tiny model) ...")
             result["cached"] = measure_cached_epoch(clip_folder, work, cfg, log)
@@ -284,4 +312,9 @@ def data_table(result: dict) -> str:
             f"({source['mean_mbit_per_second']:.1f} Mbit/s) -> {cfg['frames']} frames at 16 fps, bucket "
             f"{cfg['width']}x{cfg['height']}; threads {cfg['threads']}")
     ratio = f"ours / bare (clips/s): {result['ratio_ours_to_bare_clips_per_second']:.2f}"
-    return "\n".join([head, table, ratio])
+    lines = [head, table, ratio]
+    breakdown = result.get("breakdown")
+    if breakdown:
+        parts = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in breakdown["seconds"].items())
+        lines.append(f"(b) by stage, one sequential pass over {breakdown['clips']} clips: {parts}")
+    return "\n".join(lines)
