@@ -166,3 +166,17 @@ def test_caption_sources_and_repeats(tmp_path):
     assert {r["caption"] for r in loader.scan_result.records} == {"one prompt for all"}
     by_name = make_loader(tmp_path, [{"path": str(data), "caption_source": "filename"}])
     assert sorted(r["caption"] for r in by_name.scan_result.records) == ["clip0", "clip1"]
+
+
+def test_concept_seed_changes_only_that_concepts_draws(tmp_path):
+    data = write_clips(tmp_path / "data", count=4)
+
+    def dropped(seed):
+        loader = make_loader(tmp_path, [{"path": str(data), "caption_dropout": 0.5, "seed": seed}])
+        from modules.dataLoader.pipeline.Pipeline import Pipeline
+        items = Pipeline(loader._item_modules(), 0, outputs=["prompt"])
+        items.start_epoch(0)
+        return [items.get_item(i)["prompt"] == "" for i in range(len(items))]
+
+    assert dropped(1) == dropped(1)
+    assert any(dropped(seed) != dropped(1) for seed in range(2, 8))

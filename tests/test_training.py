@@ -195,3 +195,38 @@ def test_previews_do_not_disturb_training(tiny_model, squares_dataset, tmp_path)
     assert len(videos) == 5, videos
     assert videos[0].parent.name.startswith("0-a-red-square")
     assert list((tmp_path / "previews" / "run" / "samples").rglob("*.png"))
+
+
+@pytest.mark.parametrize("optimizer", ["ADAMW_8BIT", "LION_8BIT", "ADAFACTOR", "PRODIGY"])
+def test_every_optimizer_trains_and_resumes_from_its_state(optimizer, tiny_model, squares_dataset, tmp_path):
+    trainer = train(tmp_path, tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                    overrides=[f"optimizer.optimizer={optimizer}", "optimizer.learning_rate=0.01",
+                               "backup.every_n_steps=2", "optimizer.ema=true", "optimizer.scheduler=COSINE",
+                               "optimizer.warmup_steps=1", "optimizer.gradient_accumulation_steps=2"])
+    lora_b = [p for n, p in trainer.model.transformer.named_parameters() if "lora_B" in n]
+    assert all(p.abs().sum() > 0 for p in lora_b)
+    state = read_backup(list_backups(tmp_path / "run" / "backup")[-1])
+    trainer.optimizer.load_state_dict(state["optimizer"])  # the safetensors + JSON round trip restores it
+    assert state["ema"] is not None and state["progress"].micro_step == 4
+
+
+def test_dora_and_continuing_from_a_lora_file(tiny_model, squares_dataset, tmp_path):
+    first = train(tmp_path / "a", tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                  overrides=["lora.dora=true", "optimizer.learning_rate=0.01"])
+    with safe_open(str(tmp_path / "a" / "out.safetensors"), "pt") as f:
+        assert "diffusion_model.blocks.0.self_attn.q.dora_scale" in f.keys()
+    continued = train(tmp_path / "b", tiny_model("wan2.1-t2v"), squares_dataset, steps=1,
+                      overrides=["lora.dora=true", "optimizer.learning_rate=1e-12",
+                                 f"lora.init_from={tmp_path / 'a' / 'out.safetensors'}"])
+    before = first.setup.trainable_state_dict()
+    after = continued.setup.trainable_state_dict()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], atol=1e-6, rtol=1e-5)
+
+
+def test_image_tokens_with_short_text_fail_loudly(tiny_model, squares_dataset, tmp_path):
+    trainer = train(tmp_path, tiny_model("wan2.1-i2v"), squares_dataset, steps=1)
+    batch = next(trainer.data.batches(0))
+    batch["text_embeds"] = batch["text_embeds"][:, :300]
+    with pytest.raises(ValueError, match="exactly 512"):
+        trainer.setup.predict(batch, torch.Generator().manual_seed(0))

@@ -24,9 +24,14 @@ class TrainProgress:
 def _split_state(state: dict, prefix: str = "") -> tuple[dict[str, torch.Tensor], object]:
     """Nested optimizer state -> (flat tensors, JSON skeleton with {"__tensor__": key} placeholders)."""
     tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple, str] = {}  # bitsandbytes shares state tensors between parameters: store each once
 
     def visit(value, path):
         if isinstance(value, torch.Tensor):
+            identity = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+            if value.data_ptr() and identity in seen:
+                return {"__tensor__": seen[identity]}
+            seen[identity] = path
             tensors[path] = value.detach().cpu().contiguous()
             return {"__tensor__": path}
         if isinstance(value, dict):

@@ -15,5 +15,5 @@ class ApplyConceptSettings(PipelineModule):
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         concept = ctx.get("concept", index)
-        dropped = self.rng(ctx, index).random() < concept.caption_dropout
+        dropped = self.rng(ctx, index, concept.seed).random() < concept.caption_dropout
         return {"prompt": "" if dropped else ctx.get("caption", index), "loss_weight": float(concept.loss_weight)}

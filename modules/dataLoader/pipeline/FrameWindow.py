@@ -140,7 +140,7 @@ class FrameWindow(IndexMapModule):
         if extraction == "uniform":
             positions = self.uniform_positions(n, f)
         elif extraction == "random":
-            start = self.rng(ctx, index).randint(0, n - f)
+            start = self.rng(ctx, index, int(getattr(concept, "seed", 0))).randint(0, n - f)
             positions = list(range(start, start + f))
         elif extraction == "slide":
             start = self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))[window]

@@ -53,9 +53,10 @@ class PipelineModule:
     def get_item(self, ctx: PipelineContext, index: int) -> dict[str, Any]:
         raise NotImplementedError(f"{type(self).__name__} must define get_item()")
 
-    def rng(self, ctx: PipelineContext, index: int) -> random.Random:
-        """A Python generator seeded by (pipeline seed, epoch, index, module name)."""
-        return random.Random(derive_seed(ctx.seed, ctx.epoch, index, self.name))
+    def rng(self, ctx: PipelineContext, index: int, concept_seed: int = 0) -> random.Random:
+        """A Python generator seeded by (pipeline seed, epoch, index, module name), shifted by the item's concept
+        seed where a module's randomness belongs to the concept (a concept's seed changes only its own draws)."""
+        return random.Random(derive_seed(ctx.seed + concept_seed, ctx.epoch, index, self.name))
 
     def torch_rng(self, ctx: PipelineContext, index: int) -> torch.Generator:
         """A torch CPU generator seeded by (pipeline seed, epoch, index, module name)."""

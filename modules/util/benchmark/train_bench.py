@@ -216,22 +216,22 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
         status = f"out of memory at step {len(losses)}: {str(error).splitlines()[0]}"
         log(status)
 
+    if device.type == "cuda":
+        memory = {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+                  "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}
+    else:
+        memory = {"peak_rss_gib": peak_rss_bytes() / GIB, "rss_before_steps_gib": rss_before / GIB}
     if peak_source.startswith("measured"):
         # a shared CPU's matmul rate varies with the other load: take the better of a reading before and after
         after = measure_matmul_tflops(device, compute_dtype)
         result["peak_tflops_readings"] = [peak, after]
         if after > peak:
             peak = after
-        peak_source += " (best of a reading before and after the steps)"
+        peak_source += ", the better of readings before and after the steps"
     flops = count_flops(arch.transformer, *latent[1:], batch_size=cfg.batch_size,
                         lora_rank=0 if cfg.full else cfg.lora_rank, lora_targets=cfg.lora_targets,
                         per_token_timesteps=arch.expand_timesteps, checkpointing=cfg.gradient_checkpointing)
     seconds = median(times)
-    if device.type == "cuda":
-        memory = {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-                  "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}
-    else:
-        memory = {"peak_rss_gib": peak_rss_bytes() / GIB, "rss_before_steps_gib": rss_before / GIB}
     result.update({
         "status": status, "parameters": parameters,
         "trainable_parameters": sum(p.numel() for p in trainable), "weight_dtype": str(weight_dtype),
