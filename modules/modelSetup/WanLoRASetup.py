@@ -1,8 +1,14 @@
-"""LoRA (and DoRA) training on the transformer(s) with peft, on diffusers module names."""
+"""LoRA (and DoRA), LoHa and LoKr training on the transformer(s) with peft, on diffusers module names.
+
+`lora.type` picks the peft config: LORA -> `peft.LoraConfig`, LOHA -> `peft.LoHaConfig`, LOKR -> `peft.LoKrConfig`,
+with the same targets, rank and alpha. peft's LoHa / LoKr have no input dropout: `lora.dropout` becomes their
+`rank_dropout`. LoHa / LoKr save in LyCORIS key names (modules/util/lycoris_formats.py) as COMFY_LORA or KOHYA_LORA.
+"""
 import re
 from pathlib import Path
 
 import torch
+from peft import LoHaConfig, LoKrConfig
 from peft import LoraConfig as PeftLoraConfig
 from torch import Tensor
 
@@ -10,6 +16,7 @@ from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.lora_apply import is_adapter_parameter
 from modules.util.lora_formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
                                        lora_weights_from_peft, match_to_model, save_lora_file)
 from modules.util.modelspec import modelspec_metadata
@@ -29,6 +36,26 @@ TARGET_PRESETS = {
 
 class LoraTargetError(ValueError):
     pass
+
+
+def peft_adapter_config(lora, targets: list[str]):
+    """The peft config for `lora` (a LoraConfig section) on the given module names."""
+    if lora.type == "LORA":
+        return PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                              use_dora=lora.dora, init_lora_weights=True)
+    common = dict(r=lora.rank, alpha=lora.alpha, rank_dropout=lora.dropout, module_dropout=0.0,
+                  target_modules=targets, init_weights=True)
+    if lora.type == "LOHA":
+        return LoHaConfig(**common)
+    if lora.type == "LOKR":
+        return LoKrConfig(**common, decompose_factor=lora.decompose_factor, decompose_both=lora.decompose_both)
+    raise ValueError(f"lora.type {lora.type!r}: LORA, LOHA or LOKR")
+
+
+def check_output_format(lora_type: str, output_format: ModelFormat) -> None:
+    if lora_type != "LORA" and ModelFormat(output_format) == ModelFormat.DIFFUSERS_LORA:
+        raise ValueError(f"lora.type {lora_type} cannot be saved as DIFFUSERS_LORA (diffusers has no key names for "
+                         f"LoHa / LoKr); use output.format COMFY_LORA (LyCORIS names, read by ComfyUI) or KOHYA_LORA")
 
 
 def lora_target_names(transformer: torch.nn.Module, targets: str, custom: list[str]) -> list[str]:
@@ -56,6 +83,7 @@ def lora_target_names(transformer: torch.nn.Module, targets: str, custom: list[s
 class WanLoRASetup(BaseWanSetup):
     def setup_model(self) -> None:
         lora = self.config.lora
+        check_output_format(lora.type, self.config.output.format)  # before training, not after
         # E2V: parts an expansion added train fully, so they are not wrapped by the adapter
         self.full_names = set(self.model.e2v_trainable)
         fully_trained_modules = {name.rsplit(".", 1)[0] for name in self.full_names}
@@ -63,9 +91,7 @@ class WanLoRASetup(BaseWanSetup):
             transformer = getattr(self.model, name)
             targets = [t for t in lora_target_names(transformer, lora.targets, lora.custom_targets)
                        if t not in fully_trained_modules]
-            transformer.add_adapter(PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                   target_modules=targets, use_dora=lora.dora,
-                                                   init_lora_weights=True), adapter_name=ADAPTER)
+            transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
             self.model.adapters[name] = ADAPTER
         for name, parameter in self.model.transformer.named_parameters():
             if name in self.full_names:
@@ -87,7 +113,7 @@ class WanLoRASetup(BaseWanSetup):
             load_lora_weights_into_peft(transformer, weights, ADAPTER)
 
     def _trains(self, expert: str, name: str) -> bool:
-        return "lora_" in name or (expert == "transformer" and name in self.full_names)
+        return is_adapter_parameter(name) or (expert == "transformer" and name in self.full_names)
 
     def _named_trainable(self):
         for expert in self.experts_in_training():
@@ -110,6 +136,7 @@ class WanLoRASetup(BaseWanSetup):
         if not output_format.is_lora:
             raise ValueError(f"output.format {output_format} is not a LoRA format (COMFY_LORA, KOHYA_LORA, "
                              f"DIFFUSERS_LORA)")
+        check_output_format(self.config.lora.type, output_format)
         destination = Path(destination)
         metadata = modelspec_metadata(self.model.variant, lora=True, train_config=train_config)
         experts = self.experts_in_training()
@@ -123,7 +150,7 @@ class WanLoRASetup(BaseWanSetup):
             weights = lora_weights_from_peft(getattr(self.model, expert), ADAPTER)
             if dtype is not None:
                 for module in weights.values():
-                    module.down, module.up = module.down.to(dtype), module.up.to(dtype)
+                    module.cast_factors(dtype)
             if expert == "transformer" and self.full_names:
                 save_e2v_lora(weights, output_format, paths[expert], metadata, self.model, dtype)
             else:

@@ -16,6 +16,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        # mkstemp creates the file private (0600); give it the permissions a plain open() would have
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

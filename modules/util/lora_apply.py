@@ -4,6 +4,10 @@ bridge to peft adapters (`transformer.add_adapter(LoraConfig(...), adapter_name=
 Alpha when copying into an existing peft adapter: the adapter keeps its own `lora_alpha` / `r` / `use_rslora`, and
 lora_B is rescaled by (alpha / rank) / (adapter's scaling) so the adapter's delta equals the file's. Setting
 `layer.scaling` instead would not survive diffusers' `set_adapters`, which recomputes scaling from lora_alpha / r.
+
+peft LoHa / LoKr adapters (`peft.LoHaConfig` / `peft.LoKrConfig`) go through the same functions: their layers become
+`LohaModule` / `LokrModule` (modules/util/lycoris_formats.py) whose delta equals peft's `get_delta_weight`, and such
+modules load back into adapters of the same kind. `is_adapter_parameter` tells peft adapter parameters by name.
 """
 import logging
 import math
@@ -12,10 +16,19 @@ import torch
 from torch import Tensor
 
 from modules.util.lora_formats import LoraMatchError, LoraModule, LoraWeights
+from modules.util.lycoris_formats import load_lycoris_into_peft, lycoris_from_peft, peft_lycoris_kind
 
 logger = logging.getLogger(__name__)
 
 _PEFT_PREFIX = "base_model.model."  # names under peft's get_peft_model wrapper
+# parameter-name parts of peft's adapters: LoRA (lora_A/B, lora_magnitude_vector, lora_embedding_A/B), LoHa, LoKr
+_ADAPTER_PARAMETER_TAGS = ("lora_", "hada_", "lokr_")
+
+
+def is_adapter_parameter(name: str) -> bool:
+    """Whether a parameter name (`blocks.0.attn1.to_q.hada_w1_a.default`) is a peft adapter's (LoRA, DoRA, LoHa or
+    LoKr) rather than the base model's."""
+    return any(tag in name for tag in _ADAPTER_PARAMETER_TAGS)
 
 
 def dora_weight(weight: Tensor, delta: Tensor, dora_scale: Tensor) -> Tensor:
@@ -92,11 +105,16 @@ def _peft_alpha(layer, adapter_name: str) -> float:
     return alpha
 
 
-def _lora_layers(module: torch.nn.Module, adapter_name: str):
+def _adapter_layers(module: torch.nn.Module, adapter_name: str):
+    """(name, layer, kind) of the peft layers holding `adapter_name`: kind "lora", "loha" or "lokr"."""
     from peft.tuners.lora import LoraLayer
     for name, layer in module.named_modules():
         if isinstance(layer, LoraLayer) and adapter_name in layer.lora_A:
-            yield name.removeprefix(_PEFT_PREFIX), layer
+            yield name.removeprefix(_PEFT_PREFIX), layer, "lora"
+        else:
+            kind = peft_lycoris_kind(layer, adapter_name)
+            if kind is not None:
+                yield name.removeprefix(_PEFT_PREFIX), layer, kind
 
 
 def _uses_dora(layer, adapter_name: str) -> bool:
@@ -106,9 +124,12 @@ def _uses_dora(layer, adapter_name: str) -> bool:
 @torch.no_grad()
 def lora_weights_from_peft(module: torch.nn.Module, adapter_name: str = "default") -> LoraWeights:
     """Copies (detached clones) of a peft adapter's tensors, keyed by the module names (diffusers names on a
-    diffusers model; a `base_model.model.` prefix is removed)."""
+    diffusers model; a `base_model.model.` prefix is removed). LoHa / LoKr layers give LohaModule / LokrModule."""
     weights: LoraWeights = {}
-    for name, layer in _lora_layers(module, adapter_name):
+    for name, layer, kind in _adapter_layers(module, adapter_name):
+        if kind != "lora":
+            weights[name] = lycoris_from_peft(layer, adapter_name)
+            continue
         down = layer.lora_A[adapter_name].weight.detach().clone()
         up = layer.lora_B[adapter_name].weight.detach().clone()
         dora = None
@@ -119,7 +140,7 @@ def lora_weights_from_peft(module: torch.nn.Module, adapter_name: str = "default
             dora = magnitude.clone().reshape(-1, 1)
         weights[name] = LoraModule(down=down, up=up, alpha=_peft_alpha(layer, adapter_name), dora_scale=dora)
     if not weights:
-        raise LoraMatchError(f"the module has no peft LoRA layers with adapter {adapter_name!r}")
+        raise LoraMatchError(f"the module has no peft LoRA / LoHa / LoKr layers with adapter {adapter_name!r}")
     return weights
 
 
@@ -127,14 +148,23 @@ def lora_weights_from_peft(module: torch.nn.Module, adapter_name: str = "default
 def load_lora_weights_into_peft(module: torch.nn.Module, weights: LoraWeights, adapter_name: str = "default") -> None:
     """Copies `weights` into an existing peft adapter (same ranks). lora_B is rescaled so the adapter's scaling
     (its own lora_alpha / r) gives the file's alpha / rank. Adapter layers absent from `weights` are left as they
-    are (logged); names absent from the model raise LoraMatchError."""
-    layers = dict(_lora_layers(module, adapter_name))
+    are (logged); names absent from the model raise LoraMatchError. LoHa / LoKr modules go into adapters of the
+    same kind and factor shapes (lycoris_formats.load_lycoris_into_peft)."""
+    found = list(_adapter_layers(module, adapter_name))
+    layers = {name: layer for name, layer, _ in found}
+    kinds = {name: kind for name, _, kind in found}
     missing = sorted(name for name in weights if name not in layers)
     if missing:
         raise LoraMatchError(f"{len(missing)} LoRA modules have no peft layer with adapter {adapter_name!r} "
                              f"(e.g. {missing[:5]})")
     for name, lora in weights.items():
         layer = layers[name]
+        if kinds[name] != "lora" or not isinstance(lora, LoraModule):
+            if kinds[name] == "lora":
+                raise ValueError(f"{name}: the file holds a {type(lora).__name__.removesuffix('Module').upper()} "
+                                 f"module but the adapter is LORA; set lora.type to match the file")
+            load_lycoris_into_peft(name, layer, lora, adapter_name)
+            continue
         a, b = layer.lora_A[adapter_name].weight, layer.lora_B[adapter_name].weight
         if a.shape != lora.down.shape or b.shape != lora.up.shape:
             raise ValueError(f"{name}: file down {tuple(lora.down.shape)} / up {tuple(lora.up.shape)} do not fit the "

@@ -30,6 +30,11 @@ Read (`lora_from_state_dict`, `load_lora_file`), returned layout names:
 - `diffsynth`:      no prefix, original names, `.lora_A.default.weight` or `.lora_A.weight` (DiffSynth-Studio)
 - `peft`:           no prefix or `base_model.model.`, diffusers names (a peft state dict)
 Names in either naming are accepted under every dotted prefix (`is_original_format` decides per prefix group).
+
+LoHa / LoKr (LyCORIS) modules (modules/util/lycoris_formats.py) share `LoraWeights` as `LohaModule` / `LokrModule`,
+which have the same `delta()`, `alpha`, `scale`, `dora_scale` (always None) and `cast_factors()`. Written under the
+COMFY_LORA or KOHYA_LORA stems with their LyCORIS suffixes (`.hada_w1_a`, ..., `.lokr_w1`, ..., `.alpha`), read back
+from any prefix above. DIFFUSERS_LORA has no standard for them and refuses them.
 """
 import json
 import logging
@@ -45,6 +50,8 @@ from torch import Tensor
 
 from modules.util.atomic import save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.lycoris_formats import (LYCORIS_SUFFIXES, LohaModule, LokrModule, LycorisModule, is_lycoris_roles,
+                                          lycoris_from_roles, lycoris_state_items)
 from modules.util.wan_keys import (KEY_TABLE, diffusers_module_to_original, is_original_format,
                                    original_module_to_diffusers)
 
@@ -72,8 +79,13 @@ class LoraModule:
         down = self.down.to(device=device, dtype=dtype).flatten(1)
         return (up @ down * (self.scale * strength)).reshape(self.up.shape[0], *self.down.shape[1:])
 
+    def cast_factors(self, dtype: torch.dtype) -> None:
+        """down and up to `dtype` in place (dora_scale as it is)."""
+        self.down, self.up = self.down.to(dtype), self.up.to(dtype)
 
-LoraWeights = dict[str, LoraModule]
+
+AdapterModule = LoraModule | LohaModule | LokrModule
+LoraWeights = dict[str, AdapterModule]
 
 
 class LoraMatchError(ValueError):
@@ -108,6 +120,7 @@ _SUFFIXES: tuple[tuple[str, str], ...] = (
     (".lora_down.weight", "down"), (".lora_up.weight", "up"),
     (".lora_A.weight", "down"), (".lora_B.weight", "up"),
     (".dora_scale", "dora_scale"), (".alpha", "alpha"),
+    *LYCORIS_SUFFIXES,  # .hada_w1_a ... / .lokr_w1 ...: no suffix of one is another's
 )
 _GLOBAL_KEYS = ("use_rslora_flag", "use_dora_flag")  # musubi-tuner network buffers
 
@@ -134,7 +147,9 @@ def lora_to_state_dict(weights: LoraWeights, fmt: ModelFormat, dtype: torch.dtyp
         return t if dtype is None else t.to(dtype)
 
     for name, module in weights.items():
-        if fmt in (ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA):
+        if isinstance(module, (LohaModule, LokrModule)):
+            out.update(_lycoris_to_state_dict(name, module, fmt, cast))
+        elif fmt in (ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA):
             original = diffusers_module_to_original(name)
             if fmt == ModelFormat.COMFY_LORA:
                 stem, a, b = COMFY_PREFIX + original, ".lora_A.weight", ".lora_B.weight"
@@ -158,6 +173,20 @@ def lora_to_state_dict(weights: LoraWeights, fmt: ModelFormat, dtype: torch.dtyp
                 out[stem + ".lora_magnitude_vector"] = cast(scale.reshape(-1))
         else:
             raise ValueError(f"{fmt} is not a LoRA file format (COMFY_LORA, KOHYA_LORA, DIFFUSERS_LORA)")
+    return out
+
+
+def _lycoris_to_state_dict(name: str, module: LycorisModule, fmt: ModelFormat, cast) -> dict[str, Tensor]:
+    kind = "LoHa" if isinstance(module, LohaModule) else "LoKr"
+    if fmt == ModelFormat.DIFFUSERS_LORA:
+        raise ValueError(f"DIFFUSERS_LORA cannot hold {kind} modules ({name}): diffusers has no standard key names "
+                         f"for LoHa / LoKr. Use COMFY_LORA (LyCORIS names, read by ComfyUI) or KOHYA_LORA")
+    if fmt not in (ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA):
+        raise ValueError(f"{fmt} is not a LoRA file format (COMFY_LORA, KOHYA_LORA, DIFFUSERS_LORA)")
+    original = diffusers_module_to_original(name)
+    stem = COMFY_PREFIX + original if fmt == ModelFormat.COMFY_LORA else KOHYA_PREFIX + original.replace(".", "_")
+    out = {stem + suffix: cast(tensor) for suffix, tensor in lycoris_state_items(module).items()}
+    out[stem + ".alpha"] = _alpha_tensor(module.alpha)
     return out
 
 
@@ -307,6 +336,13 @@ def lora_from_state_dict(sd: Mapping[str, Tensor], module_names: Iterable[str] |
     weights: LoraWeights = {}
     has_alpha = False
     for stem, roles in parts.items():
+        if is_lycoris_roles(roles):
+            name = names[stem]
+            if name in weights:
+                raise ValueError(f"two LoRA modules in the file map to {name!r} (last: {stem!r})")
+            has_alpha = has_alpha or "alpha" in roles
+            weights[name] = lycoris_from_roles(stem, roles)
+            continue
         if "down" not in roles or "up" not in roles:
             missing = "down/lora_A" if "down" not in roles else "up/lora_B"
             raise ValueError(f"LoRA module {stem!r} has no {missing} tensor (has: {sorted(roles)})")
@@ -343,6 +379,8 @@ def _apply_adapter_metadata(weights: LoraWeights, raw: str) -> None:
         return
     pattern = config.get("alpha_pattern") or {}
     for name, module in weights.items():
+        if not isinstance(module, LoraModule):
+            continue
         alpha = float(config["lora_alpha"])
         for key, value in pattern.items():
             if re.fullmatch(rf"(.*\.)?(?:{key})", name):

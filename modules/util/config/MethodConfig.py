@@ -1,18 +1,34 @@
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from modules.util.config.BaseConfig import BaseConfig
 
 
 class LoraConfig(BaseConfig):
+    type: Literal["LORA", "LOHA", "LOKR"] = Field(
+        "LORA", description="LORA, or LyCORIS' LOHA (Hadamard product of two low-rank products) / LOKR (Kronecker "
+                            "product); LOHA / LOKR save as COMFY_LORA or KOHYA_LORA only")
     rank: int = Field(32, ge=1)
     alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = Field(0.0, ge=0, lt=1, description="LORA: input dropout; LOHA / LOKR (peft has no input "
+                                                         "dropout for them): rank dropout of the weight delta")
+    decompose_factor: int = Field(-1, description="LOKR: the size of the smaller Kronecker factor of each dimension; "
+                                                  "-1: as near the square root as divides it")
+    decompose_both: bool = Field(False, description="LOKR: also factorise the smaller Kronecker factor into rank-r "
+                                                    "matrices")
     targets: Literal["attn-only", "attn-mlp", "blocks-full", "custom"] = "attn-mlp"
     custom_targets: list[str] = Field([], description="module names or one regex, used when targets is 'custom'")
     dora: bool = False
     init_from: str = Field("", description="an existing LoRA file to continue training")
+
+    @model_validator(mode="after")
+    def _check_type(self):
+        if self.dora and self.type != "LORA":
+            raise ValueError(f"lora.dora: DoRA is available with lora.type LORA only, not {self.type}")
+        if self.decompose_factor == 0 or self.decompose_factor < -1:
+            raise ValueError(f"lora.decompose_factor: -1 or a positive integer, not {self.decompose_factor}")
+        return self
 
 
 class FineTuneConfig(BaseConfig):
