@@ -16,7 +16,8 @@ from modules.modelSampler.sampling_io import apply_lora_files
 from modules.util.config.MethodConfig import LoraConfig
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_apply import is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft, merge_lora
+from modules.util.lora_apply import (is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft,
+                                     merge_lora)
 from modules.util.lora_formats import load_lora_file, lora_from_state_dict, lora_to_state_dict, match_to_model
 from modules.util.lycoris_formats import HADA_ROLES, LOKR_ROLES, LohaModule, LokrModule
 
@@ -38,7 +39,8 @@ class Trained:
         self.trainer, self.model = trainer, trainer.model
         for part in self.model.parts().values():
             part.eval()
-        self.paths = {ModelFormat.COMFY_LORA: tmp / "out.safetensors", ModelFormat.KOHYA_LORA: tmp / "kohya.safetensors"}
+        self.paths = {ModelFormat.COMFY_LORA: tmp / "out.safetensors",
+                      ModelFormat.KOHYA_LORA: tmp / "kohya.safetensors"}
         trainer.setup.save_result(str(self.paths[ModelFormat.KOHYA_LORA]), ModelFormat.KOHYA_LORA, torch.float32, None)
 
     def peft_layers(self) -> dict[str, torch.nn.Module]:
@@ -75,7 +77,8 @@ def test_file_has_lycoris_names_and_peft_deltas(kind, fmt, trained):
         assert key.startswith(PREFIXES[fmt]), key
         assert key.rsplit(".", 1)[1] in (*ROLES[kind], "alpha"), key
     layers = trained.peft_layers()
-    assert sum(key.endswith(".alpha") for key in tensors) == len(layers) == 2 * 10  # 2 blocks x (4 attn1 + 4 attn2 + 2 ffn)
+    # attn-mlp on 2 blocks: 4 attn1 + 4 attn2 + 2 ffn each
+    assert sum(key.endswith(".alpha") for key in tensors) == len(layers) == 2 * 10
     weights, layout = load_lora_file(trained.paths[fmt])
     assert layout == LAYOUTS[fmt]
     weights = match_to_model(weights, [name for name, _ in trained.model.transformer.named_modules()])

@@ -15,8 +15,9 @@ as ComfyUI reads them (comfy/weight_adapter/loha.py, lokr.py; no `.weight` suffi
 
 peft computes the same products with the same orientation (peft/tuners/loha/layer.py `make_weight`,
 lokr/layer.py `make_kron`), scaled by its `alpha / r` in every case. So LoHa and factorised LoKr carry peft's alpha
-as they are; a fully-full LoKr (small layers: peft keeps w2 full when r >= half its factor dims) has peft's scale
-folded into `lokr_w1` and alpha written as r, so the file's delta is peft's `get_delta_weight` under both rules.
+as they are; a LoKr with both factors full (small layers: peft keeps w2 full when r >= half its factor dims) has
+peft's scale folded into `lokr_w1` and alpha written as r, so the file's delta is peft's `get_delta_weight` under
+both rules.
 DoRA (`dora_scale`) on LoHa / LoKr modules is not supported.
 """
 from dataclasses import dataclass, fields
@@ -144,7 +145,7 @@ def lycoris_from_roles(stem: str, roles: dict[str, Tensor]) -> LycorisModule:
     if hada and lokr:
         raise ValueError(f"LyCORIS module {stem!r} mixes LoHa and LoKr tensors ({hada + lokr})")
     if "dora_scale" in others or "magnitude" in others:
-        raise NotImplementedError(f"LyCORIS module {stem!r}: DoRA (dora_scale) on LoHa / LoKr is not supported")
+        raise ValueError(f"LyCORIS module {stem!r}: DoRA (dora_scale) on LoHa / LoKr is not supported")
     if others:
         raise ValueError(f"LyCORIS module {stem!r} also has LoRA tensors ({others})")
     alpha = float(roles["alpha"].float().item()) if "alpha" in roles else None

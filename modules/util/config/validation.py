@@ -31,5 +31,9 @@ def check_paths(config: TrainConfig) -> None:
     if config.output.format.value not in allowed:
         problems.append(f"output.format: {config.output.format.value!r} cannot hold a {config.training_method.value} "
                         f"result; allowed: {', '.join(allowed)}")
+    if config.training_method.value == "LORA" and config.lora.type != "LORA" \
+            and config.output.format.value == "DIFFUSERS_LORA":
+        problems.append(f"output.format: DIFFUSERS_LORA has no key names for {config.lora.type} (lora.type); "
+                        f"use COMFY_LORA or KOHYA_LORA")
     if problems:
         raise ConfigError(problems)
