@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ $# -lt 1 ]; then
-    echo "usage: ./run-cmd.sh SCRIPT [ARGS...]; scripts: $(cd scripts && ls *.py | sed 's/\.py$//' | tr '\n' ' ')" >&2
+    echo "usage: ./run-cmd.sh SCRIPT [ARGS...]; scripts: $(cd scripts && ls [a-z]*.py | sed 's/\.py$//' | tr '\n' ' ')" >&2
     exit 2
 fi
 script="scripts/$1.py"; shift
