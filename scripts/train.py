@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config_path, args.preset_path,
                              seed_options_as_overrides(args) + args.config_value)
         from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
-        prepare_config(config)
+        e2v_datasets = prepare_config(config)
     except ConfigError as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
     from modules.trainer.GenericTrainer import TrainingError
     try:
-        trainer = GenericTrainer(config)
+        trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
         if args.only_cache:
             trainer.cache_only()
         else:

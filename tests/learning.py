@@ -18,8 +18,7 @@ def train(tmp_path, base_model, dataset, method="LORA", steps=300, overrides=())
         "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0",
         "optimizer.weight_decay=0", "timestep.distribution=uniform", "tensorboard=false", *overrides])
     config.model_type = detect_variant_from_folder(base_model).model_type
-    prepare_config(config)
-    trainer = GenericTrainer(config)
+    trainer = GenericTrainer(config, e2v_datasets=prepare_config(config))
     trainer.train()
     return trainer
 

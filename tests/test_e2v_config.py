@@ -494,3 +494,15 @@ def test_check_against_model():
 ])
 def test_strip_llm_caption_prefix(caption, expected):
     assert strip_llm_caption_prefix(caption) == expected
+
+
+def test_auto_frame_buckets_and_target_resolution_set_the_data_buckets(tmp_path):
+    from modules.util.config.config_io import load_config
+    from modules.util.config.e2v_setup import apply_e2v_data_settings
+    from modules.util.demo_e2v import demo_e2v_config
+    raw = demo_e2v_config(tmp_path)["datasets"][0] | {"target_resolution": [480, 832]}
+    for auto, expected in ((True, [17, 33, 49]), (False, [49])):
+        config = load_config(overrides=["data.frame_buckets=[17, 33, 49]"])
+        apply_e2v_data_settings(config, load_e2v_dataset_configs({**raw, "auto_frame_buckets": auto})[0])
+        assert config.data.frame_buckets == expected
+        assert round(config.data.resolution ** 2 / config.data.aspect_ratios[0]) ** 0.5 == pytest.approx(480, abs=1)

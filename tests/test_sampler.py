@@ -308,7 +308,6 @@ def test_training_previews_leave_state_unchanged(tiny_model, tmp_path):
     model = load(tiny_model("wan2.1-t2v"))
     model.transformer.add_adapter(LoraConfig(r=4, lora_alpha=16, target_modules=["to_v", "to_out.0", "net.2"],
                                              init_lora_weights=False), adapter_name="default")
-    model.adapters["transformer"] = "default"
     for name, parameter in model.transformer.named_parameters():
         parameter.requires_grad_("lora_" in name)
     model.transformer.enable_gradient_checkpointing()

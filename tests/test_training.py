@@ -198,7 +198,7 @@ def test_previews_do_not_disturb_training(tiny_model, squares_dataset, tmp_path)
 
 
 @pytest.mark.parametrize("optimizer", ["ADAMW_8BIT", "LION_8BIT", "ADAFACTOR", "PRODIGY"])
-def test_every_optimizer_trains_and_resumes_from_its_state(optimizer, tiny_model, squares_dataset, tmp_path):
+def test_every_optimizer_trains_and_its_state_round_trips(optimizer, tiny_model, squares_dataset, tmp_path):
     trainer = train(tmp_path, tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
                     overrides=[f"optimizer.optimizer={optimizer}", "optimizer.learning_rate=0.01",
                                "backup.every_n_steps=2", "optimizer.ema=true", "optimizer.scheduler=COSINE",

@@ -24,21 +24,13 @@ class DiskCache:
     def __init__(self, root: str | Path, namespace: str):
         self.folder = Path(root) / namespace
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.hits = self.misses = 0
 
     def _path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.safetensors"
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
         path = self._path(key)
-        if not path.is_file():
-            self.misses += 1
-            return None
-        self.hits += 1
-        return load_file(str(path))
-
-    def contains(self, key: str) -> bool:
-        return self._path(key).is_file()
+        return load_file(str(path)) if path.is_file() else None
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         save_safetensors_atomic({k: v.detach().cpu() for k, v in tensors.items()}, self._path(key))

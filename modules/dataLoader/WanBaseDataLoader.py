@@ -3,8 +3,6 @@ decode -> resize/crop -> caption settings -> VAE / text / image encoders (disk-c
 
 The scan and probe stages run before any model loads (`scan`), so "no usable item" costs nothing; the encoders are
 added once the model is there (`attach_model`)."""
-import hashlib
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ from modules.dataLoader.e2v_scan import scan_e2v_dataset
 from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
 from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
 from modules.util.config.DataConfig import ConceptConfig
-from modules.dataLoader.DiskCache import DiskCache
+from modules.dataLoader.DiskCache import DiskCache, cache_key
 from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
 from modules.dataLoader.pipeline.BucketBatch import BucketBatch
 from modules.dataLoader.pipeline.EncodeText import EncodeText
@@ -44,10 +42,6 @@ class DataError(Exception):
     """The data cannot be used at all (no usable item); raised before any model loads."""
 
 
-def _identity(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class WanBaseDataLoader:
     def __init__(self, config: TrainConfig, variant_hint: WanVariant | None = None,
                  e2v_datasets: list | None = None):
@@ -61,6 +55,9 @@ class WanBaseDataLoader:
         self.device = torch.device("cpu")
         self.pipeline: Pipeline | None = None
         self.encoders: dict[str, object] = {}
+        # one probe for every pipeline this loader builds (scan, caching, report, training): its results depend only
+        # on the file, so each file is probed once
+        self.probe = ProbeMedia()
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
 
@@ -96,7 +93,7 @@ class WanBaseDataLoader:
         record_names = ["path", "concept", "caption"] + (["elements", "e2v_present"] if self.e2v else [])
         return [
             ListSource(self._records(), record_names),
-            ProbeMedia(),
+            self.probe,
             FrameWindow(data.frame_buckets, self.fps),
             RepeatConcepts(),
             ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale),
@@ -116,13 +113,13 @@ class WanBaseDataLoader:
         """The encoders for this model and method; E2V adds its element modules here."""
         model, config = self.model, self.config
         cache_root = Path(config.cache_dir)
-        vae_identity = _identity(model.source, dict(model.vae.config), str(model.vae.dtype))
+        vae_identity = cache_key(model.source, dict(model.vae.config), str(model.vae.dtype))
         variant = model.variant
         condition = {WanVariant.I2V: "first", WanVariant.I2V_A14B: "first", WanVariant.FLF2V: "first_last"}.get(
             variant)
         augmented = config.data.crop_jitter or config.data.flip
         if self.e2v is not None:
-            identity = _identity(vae_identity, model.source, model.image_encoder.config.to_dict()
+            identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict()
                                  if model.image_encoder is not None else None)
             modules = [EncodeE2V(model, DiskCache(cache_root, "e2v"), identity, self.e2v),
                        ApplyFrameConditioning(model, self.e2v)]
@@ -130,7 +127,7 @@ class WanBaseDataLoader:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
                                clip=model.image_encoder is not None and condition is not None, augmented=augmented)]
         if config.training_method is not TrainingMethod.EMBEDDING:
-            text_identity = _identity(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
+            text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
                                       str(model.text_encoder.dtype))
             modules.append(EncodeText(model, DiskCache(cache_root, "text"), text_identity))
         return modules

@@ -28,9 +28,6 @@ class WanModel:
     noise_scheduler: object = None
     boundary_ratio: float | None = None
     expand_timesteps: bool = False
-    # Trainable additions, set by the setups: adapter name -> peft-wrapped module info, embedding vectors, ...
-    adapters: dict = field(default_factory=dict)
-    embeddings: dict = field(default_factory=dict)
     # Where the weights came from, for modelspec metadata and cache keys.
     source: str = ""
     # E2V: the dataset config whose condition layout the model learns, and the parameters an expansion added or
@@ -70,12 +67,6 @@ class WanModel:
         named = {"text_encoder": self.text_encoder, "vae": self.vae, "transformer": self.transformer,
                  "transformer_2": self.transformer_2, "image_encoder": self.image_encoder}
         return {name: module for name, module in named.items() if module is not None}
-
-    def transformer_for_sigma(self, sigma: float) -> WanTransformer3DModel:
-        """Two-expert models: the high-noise expert at or above the boundary, the low-noise one below."""
-        if self.boundary_ratio is None or self.transformer_2 is None:
-            return self.main_transformer
-        return self.transformer if sigma >= self.boundary_ratio else self.transformer_2
 
     # ---- text -------------------------------------------------------------------------------------------------
 

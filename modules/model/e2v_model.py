@@ -12,7 +12,7 @@ E2V_TENSOR_PREFIX = "e2v."        # the expanded parts' full tensors, in an E2V 
 E2V_CONFIG_METADATA = "e2v_config"
 
 
-def prepare_e2v_model(model: WanModel, dataset: E2VDatasetConfig, expand: bool = True) -> None:
+def prepare_e2v_model(model: WanModel, dataset: E2VDatasetConfig) -> None:
     latent_channels = model.latent_channels
     condition_channels = dataset.condition_channels(latent_channels)
     if dataset.uses_clip and model.image_encoder is None:
@@ -22,7 +22,7 @@ def prepare_e2v_model(model: WanModel, dataset: E2VDatasetConfig, expand: bool =
     if model.variant.has_two_experts or model.expand_timesteps:
         raise ConfigError([f"e2v: a {model.variant} model is not supported; use a Wan 2.1 T2V or I2V base"])
     in_channels = model.transformer.config.in_channels
-    if in_channels == latent_channels and expand:
+    if in_channels == latent_channels:
         image_dim = model.image_encoder.config.hidden_size if dataset.uses_clip else None
         model.transformer = expand_t2v_for_e2v(model.transformer, condition_channels, image_dim)
         model.e2v_trainable = expanded_parameter_names(model.transformer)

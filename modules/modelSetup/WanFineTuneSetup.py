@@ -4,7 +4,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
+from modules.modelSaver.WanModelSaver import WanModelSaver
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
@@ -45,4 +45,4 @@ class WanFineTuneSetup(BaseWanSetup):
 
     def save_result(self, destination: str, output_format: ModelFormat, dtype: torch.dtype | None,
                     train_config: dict | None) -> list[Path]:
-        return WanBaseModelSaver().save(self.model, output_format, destination, dtype, train_config)
+        return WanModelSaver().save(self.model, output_format, destination, dtype, train_config)

@@ -92,7 +92,6 @@ class WanLoRASetup(BaseWanSetup):
             targets = [t for t in lora_target_names(transformer, lora.targets, lora.custom_targets)
                        if t not in fully_trained_modules]
             transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
-            self.model.adapters[name] = ADAPTER
         for name, parameter in self.model.transformer.named_parameters():
             if name in self.full_names:
                 parameter.requires_grad_(True)

@@ -10,6 +10,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from modules.util.video_io import tensor_to_frames
+
 log = logging.getLogger(__name__)
 
 LATENT_NAMES = ("input_latents", "noisy_latents", "conditioned_latents", "predicted_latents")
@@ -71,10 +73,10 @@ class E2VVisualizer:
                 # conditioned_latents decode their first channels: the noisy latents of the model input
                 latents = value[:1, :model.latent_channels]
                 video = model.decode_latents(latents.to(next(model.vae.parameters()).device))[0].float().cpu()
-            count = video.shape[1]
+            pixels = tensor_to_frames(video)
+            count = len(pixels)
             for index in frames if frames is not None else range(count):
                 if not -count <= index < count:
                     log.warning("visualization: frame %d is outside the %d decoded frames of %s", index, count, name)
                     continue
-                pixels = ((video[:, index].permute(1, 2, 0).clamp(-1, 1) + 1) * 127.5).round().byte().numpy()
-                Image.fromarray(np.ascontiguousarray(pixels)).save(folder / f"{name}_frame{index}.png")
+                Image.fromarray(np.ascontiguousarray(pixels[index])).save(folder / f"{name}_frame{index}.png")

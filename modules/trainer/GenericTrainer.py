@@ -26,8 +26,9 @@ class TrainingError(Exception):
     """A failure during training with a message for the user (the CLI exits 1)."""
 
 
-def prepare_config(config: TrainConfig) -> None:
-    """Everything that must hold before a model loads: demo assets created when asked, paths exist."""
+def prepare_config(config: TrainConfig) -> list:
+    """Everything that must hold before a model loads: demo assets created when asked, paths exist, the model is
+    the configured type, the E2V datasets are valid (returned, resolved, for the trainer)."""
     if config.demo_assets:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
@@ -42,22 +43,24 @@ def prepare_config(config: TrainConfig) -> None:
         if variant.model_type is not config.model_type:
             raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
                                f"({variant.model_type})"])
+    datasets = []
     if config.e2v.enabled:
         from modules.util.config.E2VConfig import check_against_frames, check_against_model
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
         datasets = resolve_e2v_datasets(config)
+        apply_e2v_data_settings(config, datasets[0])
         for index, dataset in enumerate(datasets):
             prefix = f"e2v datasets.{index}."
             check_against_frames(dataset, min(config.data.frame_buckets), prefix)
             if base.is_dir():
                 check_against_model(dataset, variant.spatial_unit, prefix)
-        apply_e2v_data_settings(config, datasets[0])
     if config.sampling.samples_file:
         from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
         try:
             load_sample_definitions(config.sampling.samples_file)
         except SampleDefinitionError as error:
             raise ConfigError([f"sampling.samples_file: {error}"]) from None
+    return datasets
 
 
 def step_seed(seed: int, micro_step: int) -> int:
@@ -73,8 +76,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 class GenericTrainer:
-    def __init__(self, config: TrainConfig, on_update: Callable[[dict], None] | None = None):
+    def __init__(self, config: TrainConfig, on_update: Callable[[dict], None] | None = None,
+                 e2v_datasets: list | None = None):
+        """`e2v_datasets`: what prepare_config returned (resolved here when not given)."""
         self.config = config
+        if e2v_datasets is None and config.e2v.enabled:
+            from modules.util.config.e2v_setup import resolve_e2v_datasets
+            e2v_datasets = resolve_e2v_datasets(config)
+        self.e2v_datasets = e2v_datasets or []
         self.on_update = on_update or (lambda _info: None)
         self.workspace = Path(config.workspace_dir)
         self.backup_root = self.workspace / "backup"
@@ -100,10 +109,7 @@ class GenericTrainer:
         config = self.config
         base = Path(config.model.base_model_name)
         # the data is scanned before any model loads: no usable item is an error that costs nothing
-        e2v_datasets = None
-        if config.e2v.enabled:
-            from modules.util.config.e2v_setup import resolve_e2v_datasets
-            e2v_datasets = resolve_e2v_datasets(config)
+        e2v_datasets = self.e2v_datasets
         try:
             self.data = WanBaseDataLoader(config, detect_variant_from_folder(base) if base.is_dir() else None,
                                           e2v_datasets)

@@ -53,7 +53,7 @@ class TrainingHooks:
             from modules.modelSampler.TrainingSampler import TrainingSampler
             self.sampler = TrainingSampler(trainer)
         self.visualizer = None
-        e2v = getattr(trainer.data, "e2v", None)
+        e2v = trainer.data.e2v
         if e2v is not None and e2v.visualization.enabled:
             from modules.trainer.E2VVisualizer import E2VVisualizer
             self.visualizer = E2VVisualizer(trainer, e2v.visualization)

@@ -21,6 +21,7 @@ errors), never everything.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import zipfile
@@ -280,7 +281,9 @@ def _npz_frames_key(names: Sequence[str]) -> str | None:
     return others[0] if others else None
 
 
-def _probe_npz(path: str) -> MediaInfo:
+@contextlib.contextmanager
+def _open_npz(path: str):
+    """(the archive, the name of its frame array); every failure inside the block is an UnreadableMediaError."""
     if not zipfile.is_zipfile(path):
         raise UnreadableMediaError(path, "not an .npz archive (it is not a zip file)")
     try:
@@ -288,15 +291,20 @@ def _probe_npz(path: str) -> MediaInfo:
             key = _npz_frames_key(data.files)
             if key is None:
                 raise UnreadableMediaError(path, "the .npz holds no frame array")
-            fps = _npz_fps(path, data)
-            shape, dtype = _npz_array_header(path, key)
-            if shape is None:  # a header this numpy cannot read without loading: load it
-                array = data[key]
-                shape, dtype = array.shape, array.dtype
+            yield data, key
     except UnreadableMediaError:
         raise
     except _NPZ_ERRORS as error:
         raise UnreadableMediaError(path, f"cannot read the .npz: {_describe(error)}") from error
+
+
+def _probe_npz(path: str) -> MediaInfo:
+    with _open_npz(path) as (data, key):
+        fps = _npz_fps(path, data)
+        shape, dtype = _npz_array_header(path, key)
+        if shape is None:  # a header this numpy cannot read without loading: load it
+            array = data[key]
+            shape, dtype = array.shape, array.dtype
     _check_frame_array(path, key, shape, dtype)
     count, height, width = shape[0], shape[1], shape[2]
     if fps is None:
@@ -394,18 +402,8 @@ def read_media(path: str | os.PathLike, target_fps: float | Fraction | None = No
 
 
 def _read_npz_frames(path: str, indices: list[int]) -> np.ndarray:
-    if not zipfile.is_zipfile(path):
-        raise UnreadableMediaError(path, "not an .npz archive (it is not a zip file)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            key = _npz_frames_key(data.files)
-            if key is None:
-                raise UnreadableMediaError(path, "the .npz holds no frame array")
-            array = data[key]
-    except UnreadableMediaError:
-        raise
-    except _NPZ_ERRORS as error:
-        raise UnreadableMediaError(path, f"cannot read the .npz: {_describe(error)}") from error
+    with _open_npz(path) as (data, key):
+        array = data[key]
     _check_frame_array(path, key, array.shape, array.dtype)
     return np.ascontiguousarray(array[indices])
 
@@ -498,6 +496,11 @@ def frames_to_tensor(frames: np.ndarray):
 
 
 # ----------------------------------------------------------------------------------------------------------- writing
+
+def tensor_to_frames(video) -> np.ndarray:
+    """float (3, T, H, W) in [-1, 1] -> uint8 (T, H, W, 3): the inverse of frames_to_tensor."""
+    return ((video.detach().float().cpu().permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5).round().byte().numpy()
+
 
 def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float | Fraction, crf: int = 18) -> None:
     """Writes uint8 (T, H, W, 3) RGB frames as an H.264 yuv420p MP4 (moov first, so it streams).

@@ -21,6 +21,8 @@ class EncodeE2V(PipelineModule):
     def __init__(self, model, cache: DiskCache, identity: str, dataset: E2VDatasetConfig, name: str | None = None):
         super().__init__(name)
         self.model, self.cache, self.identity, self.dataset = model, cache, identity, dataset
+        # everything in the dataset config that changes the encoding (not where the data lives, not visualization)
+        self.settings = dataset.model_dump(mode="json", exclude={"data_root", "visualization"})
         self.lock = threading.Lock()
         self.encode_calls = 0
 
@@ -35,7 +37,7 @@ class EncodeE2V(PipelineModule):
         elements = ctx.get("elements", index)
         parts = ["e2v", file_identity(ctx.get("path", index)), [file_identity(p) if p else None for p in elements],
                  list(ctx.get("frame_indices", index)), list(ctx.get("resolution_bucket", index)), self.identity,
-                 self.dataset.model_dump(mode="json", exclude={"data_root", "visualization"})]
+                 self.settings]
         key = cache_key(*parts)
         cached = self.cache.get(key)
         if cached is None:

@@ -1,16 +1,11 @@
 import threading
 from typing import Any
 
-import numpy as np
 import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
-
-
-def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
-    """(3, F, H, W) in [-1, 1] -> (F, H, W, 3) uint8."""
-    return ((video.permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+from modules.util.video_io import tensor_to_frames
 
 
 class EncodeVideo(PipelineModule):
@@ -60,7 +55,7 @@ class EncodeVideo(PipelineModule):
                 condition_video, mask = model.first_last_condition_video(video[:, 0][None], last, video.shape[1])
                 result["condition"] = model.make_condition(condition_video, mask)[0].float().cpu()
             if self.clip:
-                frames = to_uint8_frames(video)
+                frames = tensor_to_frames(video)
                 images = [frames[0]] + ([frames[-1]] if self.condition == "first_last" else [])
                 # (N, tokens, dim) -> (N*tokens, dim): the elements' tokens one after another
                 result["image_embeds"] = model.encode_image(images).flatten(0, 1).float().cpu()

@@ -43,8 +43,10 @@ def resolve_e2v_datasets(config: TrainConfig) -> list[E2VDatasetConfig]:
 
 
 def apply_e2v_data_settings(config: TrainConfig, dataset: E2VDatasetConfig) -> None:
-    """The target resolution becomes the only resolution bucket; without auto_frame_buckets the clip must fill the
-    largest configured bucket."""
+    """The target resolution becomes the only resolution bucket. auto_frame_buckets: each clip goes to the largest
+    frame bucket it fills; without it only the largest bucket is used (shorter clips are skipped and counted)."""
     height, width = dataset.target_resolution
     config.data.resolution = round(math.sqrt(height * width))
     config.data.aspect_ratios = [width / height]
+    if not dataset.auto_frame_buckets:
+        config.data.frame_buckets = [max(config.data.frame_buckets)]
