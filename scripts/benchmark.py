@@ -14,7 +14,7 @@ import _bootstrap  # noqa: F401
 
 
 def _parser() -> argparse.ArgumentParser:
-    from modules.util.benchmark.architectures import VARIANT_NAMES
+    from modules.benchmark.architectures import VARIANT_NAMES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -66,8 +66,8 @@ def _cuda() -> bool:
 
 
 def _train(args) -> int:
-    from modules.util.benchmark.common import write_json
-    from modules.util.benchmark.train_bench import (InsufficientMemory, TrainBenchConfig, run_train_benchmark,
+    from modules.benchmark.common import write_json
+    from modules.benchmark.train_bench import (InsufficientMemory, TrainBenchConfig, run_train_benchmark,
                                                     train_table)
 
     cfg = TrainBenchConfig(variant=args.variant, width=args.width, height=args.height, frames=args.frames,
@@ -90,8 +90,8 @@ def _train(args) -> int:
 
 
 def _data(args) -> int:
-    from modules.util.benchmark.common import write_json
-    from modules.util.benchmark.data_bench import DataBenchConfig, data_table, run_data_benchmark
+    from modules.benchmark.common import write_json
+    from modules.benchmark.data_bench import DataBenchConfig, data_table, run_data_benchmark
 
     cfg = DataBenchConfig(clips=args.clips, width=args.width, height=args.height, frames=args.frames,
                           source_fps=args.source_fps, source_seconds=args.source_seconds,

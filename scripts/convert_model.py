@@ -46,8 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def convert_lora(args: argparse.Namespace, output_format: ModelFormat, dtype) -> int:
-    from modules.util.lora_convert import LoraConvertError, convert_lora_files
-    from modules.util.lora_formats import LoraMatchError
+    from modules.util.lora.convert import LoraConvertError, convert_lora_files
+    from modules.util.lora.formats import LoraMatchError
 
     if not output_format.is_lora:
         print(f"convert_model: --training-method LORA writes COMFY_LORA, KOHYA_LORA or DIFFUSERS_LORA, not "
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
     from modules.modelSampler.sampling_io import parse_lora_argument
     from modules.util.config.ModelConfig import ModelConfig, PartConfig
-    from modules.util.lora_convert import merge_lora_files
-    from modules.util.lora_formats import LoraMatchError
+    from modules.util.lora.convert import merge_lora_files
+    from modules.util.lora.formats import LoraMatchError
     from modules.util.wan_detection import NotAWanModelError
 
     model_name = args.input_name or (args.base_model_name if args.merge_lora else "")

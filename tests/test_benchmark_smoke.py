@@ -12,9 +12,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from modules.util.benchmark import train_bench
-from modules.util.benchmark.architectures import build_empty_transformer, get_architecture, make_wan_model, materialize
-from modules.util.benchmark.flops import count_flops
+from modules.benchmark import train_bench
+from modules.benchmark.architectures import build_empty_transformer, get_architecture, make_wan_model, materialize
+from modules.benchmark.flops import count_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,10 +16,10 @@ from modules.modelSampler.sampling_io import apply_lora_files
 from modules.util.config.MethodConfig import LoraConfig
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_apply import (is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft,
+from modules.util.lora.apply import (is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft,
                                      merge_lora)
-from modules.util.lora_formats import load_lora_file, lora_from_state_dict, lora_to_state_dict, match_to_model
-from modules.util.lycoris_formats import HADA_ROLES, LOKR_ROLES, LohaModule, LokrModule
+from modules.util.lora.formats import load_lora_file, lora_from_state_dict, lora_to_state_dict, match_to_model
+from modules.util.lora.lycoris import HADA_ROLES, LOKR_ROLES, LohaModule, LokrModule
 
 T2V = "wan2.1-t2v"
 # rank 4 on the tiny model's 64-wide attention and 256-wide FFN: LoKr keeps both Kronecker factors full on the

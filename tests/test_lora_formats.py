@@ -1,4 +1,4 @@
-"""LoRA file formats (modules/util/lora_formats.py, lora_apply.py) on tiny real Wan transformers with peft adapters,
+"""LoRA file formats (modules/util/lora/formats.py, apply.py) on tiny real Wan transformers with peft adapters,
 with diffusers' own `WanPipeline.load_lora_weights` as a peer reading our files."""
 import copy
 import itertools
@@ -19,10 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_apply import load_lora_weights_into_peft, lora_weights_from_peft, merge_lora
-from modules.util.lora_formats import (LoraMatchError, LoraModule, expert_lora_paths, load_lora_file,
+from modules.util.lora.apply import load_lora_weights_into_peft, lora_weights_from_peft, merge_lora
+from modules.util.lora.formats import (LoraMatchError, LoraModule, expert_lora_paths, load_lora_file,
                                        lora_from_state_dict, lora_to_state_dict, match_to_model, save_lora_file)
-from modules.util.wan_keys import diffusers_module_to_original
+from modules.util.lora.keys import diffusers_module_to_original
 
 BASE = dict(num_layers=2, num_attention_heads=2, attention_head_dim=8, ffn_dim=32, text_dim=32, freq_dim=32,
             out_channels=16)
@@ -264,7 +264,7 @@ def test_match_partial_warns_with_count(caplog):
     s = setup()
     t2v_names = {name for name, _ in setup("t2v").base.named_modules()}
     weights, _ = lora_from_state_dict(lora_to_state_dict(s.weights, ModelFormat.KOHYA_LORA))
-    with caplog.at_level(logging.WARNING, logger="modules.util.lora_formats"):
+    with caplog.at_level(logging.WARNING, logger="modules.util.lora.formats"):
         matched = match_to_model(weights, t2v_names)
     assert len(matched) == len(weights) - 4  # add_k_proj / add_v_proj in 2 blocks
     assert any("4 of 24 modules" in r.getMessage() for r in caplog.records)

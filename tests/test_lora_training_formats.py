@@ -17,8 +17,8 @@ from modules.modelSampler.WanModelSampler import WanModelSampler
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import WAN_DEFAULT_NEGATIVE_PROMPT, SampleConfig
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_apply import lora_weights_from_peft
-from modules.util.lora_formats import LoraWeights, expert_lora_paths, load_lora_file, match_to_model
+from modules.util.lora.apply import lora_weights_from_peft
+from modules.util.lora.formats import LoraWeights, expert_lora_paths, load_lora_file, match_to_model
 from learning import train
 
 ROOT = Path(__file__).resolve().parent.parent

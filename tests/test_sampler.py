@@ -29,7 +29,7 @@ from modules.util.config.SampleConfig import WAN_DEFAULT_NEGATIVE_PROMPT, Sample
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_formats import LoraModule, expert_lora_paths, save_lora_file
+from modules.util.lora.formats import LoraModule, expert_lora_paths, save_lora_file
 from modules.util.sample_definitions import (SampleDefinitionError, load_sample_definitions, parse_prompt_line,
                                              save_samples_json)
 

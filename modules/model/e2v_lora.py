@@ -12,7 +12,7 @@ from modules.model.WanModel import WanModel
 from modules.util.atomic import save_safetensors_atomic
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_formats import LoraWeights, lora_to_state_dict
+from modules.util.lora.formats import LoraWeights, lora_to_state_dict
 
 
 def save_e2v_lora(weights: LoraWeights, output_format: ModelFormat, path: str | Path, metadata: dict[str, str],

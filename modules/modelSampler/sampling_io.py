@@ -33,7 +33,7 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
     """Which expert each LoRA file goes to. Single-expert models: the transformer. A14B: a `_high_noise` file to the
     high-noise expert, `_low_noise` to the low-noise one, a name whose `_high_noise` / `_low_noise` pair exists to
     both, any other existing file to both experts."""
-    from modules.util.lora_formats import expert_lora_paths
+    from modules.util.lora.formats import expert_lora_paths
 
     if not model.variant.has_two_experts:
         if not path.is_file():
@@ -58,10 +58,10 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
 def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
     """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
     inference. Returns one line per file applied."""
-    from modules.util.lora_formats import load_lora_file, match_to_model, merge_lora
+    from modules.util.lora.formats import load_lora_file, match_to_model, merge_lora
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
-    from modules.util.lora_formats import lora_from_state_dict
+    from modules.util.lora.formats import lora_from_state_dict
 
     applied = []
     for path, strength in loras:

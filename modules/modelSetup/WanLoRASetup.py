@@ -2,7 +2,7 @@
 
 `lora.type` picks the peft config: LORA -> `peft.LoraConfig`, LOHA -> `peft.LoHaConfig`, LOKR -> `peft.LoKrConfig`,
 with the same targets, rank and alpha. peft's LoHa / LoKr have no input dropout: `lora.dropout` becomes their
-`rank_dropout`. LoHa / LoKr save in LyCORIS key names (modules/util/lycoris_formats.py) as COMFY_LORA or KOHYA_LORA.
+`rank_dropout`. LoHa / LoKr save in LyCORIS key names (modules/util/lora/lycoris.py) as COMFY_LORA or KOHYA_LORA.
 """
 import re
 from pathlib import Path
@@ -16,8 +16,8 @@ from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
-from modules.util.lora_apply import is_adapter_parameter
-from modules.util.lora_formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
+from modules.util.lora.apply import is_adapter_parameter
+from modules.util.lora.formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
                                        lora_weights_from_peft, match_to_model, save_lora_file)
 from modules.util.modelspec import modelspec_metadata
 from modules.model.e2v_lora import save_e2v_lora

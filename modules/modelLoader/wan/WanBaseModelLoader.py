@@ -14,7 +14,7 @@ from modules.model.WanModel import WanModel
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
-from modules.util.wan_keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
+from modules.util.lora.keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
 
 
 class ModelLoadError(Exception):

@@ -10,7 +10,7 @@ from modules.model.WanModel import WanModel
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.modelspec import modelspec_metadata
-from modules.util.wan_keys import diffusers_to_original_state_dict
+from modules.util.lora.keys import diffusers_to_original_state_dict
 
 
 def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:

@@ -31,7 +31,7 @@ Read (`lora_from_state_dict`, `load_lora_file`), returned layout names:
 - `peft`:           no prefix or `base_model.model.`, diffusers names (a peft state dict)
 Names in either naming are accepted under every dotted prefix (`is_original_format` decides per prefix group).
 
-LoHa / LoKr (LyCORIS) modules (modules/util/lycoris_formats.py) share `LoraWeights` as `LohaModule` / `LokrModule`,
+LoHa / LoKr (LyCORIS) modules (modules/util/lora/lycoris.py) share `LoraWeights` as `LohaModule` / `LokrModule`,
 which have the same `delta()`, `alpha`, `scale`, `dora_scale` (always None) and `cast_factors()`. Written under the
 COMFY_LORA or KOHYA_LORA stems with their LyCORIS suffixes (`.hada_w1_a`, ..., `.lokr_w1`, ..., `.alpha`), read back
 from any prefix above. DIFFUSERS_LORA has no standard for them and refuses them.
@@ -50,9 +50,9 @@ from torch import Tensor
 
 from modules.util.atomic import save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lycoris_formats import (LYCORIS_SUFFIXES, LohaModule, LokrModule, LycorisModule, is_lycoris_roles,
+from modules.util.lora.lycoris import (LYCORIS_SUFFIXES, LohaModule, LokrModule, LycorisModule, is_lycoris_roles,
                                           lycoris_from_roles, lycoris_state_items)
-from modules.util.wan_keys import (KEY_TABLE, diffusers_module_to_original, is_original_format,
+from modules.util.lora.keys import (KEY_TABLE, diffusers_module_to_original, is_original_format,
                                    original_module_to_diffusers)
 
 logger = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ def lora_from_state_dict(sd: Mapping[str, Tensor], module_names: Iterable[str] |
     """Reads any of the layouts in the module docstring into `LoraWeights` keyed by diffusers module names.
 
     `module_names` (diffusers names of the target model's modules) resolves underscored kohya names; without it
-    the names come from the wan_keys table. A name that resolves to nothing is kept as its raw key stem, so
+    the names come from the keys.py table. A name that resolves to nothing is kept as its raw key stem, so
     `match_to_model` lists it. Keys of no known role (`.diff`, `.diff_b`, `lora_B.bias`) are skipped with a warning.
     """
     rslora = bool(sd["use_rslora_flag"].item()) if "use_rslora_flag" in sd else False
@@ -419,12 +419,12 @@ def match_to_model(weights: LoraWeights, model_module_names: Iterable[str]) -> L
     return matched
 
 
-# merge_lora and the peft bridge live in lora_apply.py; importable from here too (lazily, no import cycle).
+# merge_lora and the peft bridge live in apply.py; importable from here too (lazily, no import cycle).
 _APPLY_NAMES = ("merge_lora", "lora_weights_from_peft", "load_lora_weights_into_peft", "dora_weight")
 
 
 def __getattr__(name: str):
     if name in _APPLY_NAMES:
-        from modules.util import lora_apply
+        from modules.util.lora import apply as lora_apply
         return getattr(lora_apply, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from modules.util.benchmark.architectures import (TEXT_SEQUENCE_LENGTH, Architecture, build_empty_transformer,
+from modules.benchmark.architectures import (TEXT_SEQUENCE_LENGTH, Architecture, build_empty_transformer,
                                                   get_architecture, make_wan_model, materialize, parameter_count)
-from modules.util.benchmark.common import (GIB, available_memory_bytes, default_peak_tflops, environment,
+from modules.benchmark.common import (GIB, available_memory_bytes, default_peak_tflops, environment,
                                            format_table, measure_matmul_tflops, median, peak_rss_bytes, rss_bytes,
                                            si, synchronize)
-from modules.util.benchmark.flops import block_linears, count_flops, lora_pattern
+from modules.benchmark.flops import block_linears, count_flops, lora_pattern
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

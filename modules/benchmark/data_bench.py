@@ -33,7 +33,7 @@ import av
 import cv2
 import numpy as np
 
-from modules.util.benchmark.common import environment, format_table
+from modules.benchmark.common import environment, format_table
 
 
 @dataclass

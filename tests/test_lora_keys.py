@@ -11,8 +11,8 @@ from diffusers import WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from safetensors.torch import load_file, save_file
 
-from modules.util import wan_keys
-from modules.util.wan_keys import (KEY_TABLE, detect_original_prefix, diffusers_module_to_original,
+from modules.util.lora import keys as wan_keys
+from modules.util.lora.keys import (KEY_TABLE, detect_original_prefix, diffusers_module_to_original,
                                    diffusers_to_original_state_dict, is_original_format,
                                    original_module_to_diffusers, original_to_diffusers_state_dict,
                                    strip_original_prefix)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 HADA_ROLES = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1", "hada_t2")
 LOKR_ROLES = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
-# key suffix -> role, for lora_formats' key splitting
+# key suffix -> role, for formats.py key splitting
 LYCORIS_SUFFIXES: tuple[tuple[str, str], ...] = tuple(("." + role, role) for role in HADA_ROLES + LOKR_ROLES)
 
 

@@ -125,7 +125,7 @@ def _convert(sd: Mapping[str, V], rules, source: str, strict: bool) -> dict[str,
         new_key = _rename(key, rules)
         if new_key is None:
             if strict:
-                raise KeyError(f"Wan {source} key {key!r} has no counterpart in the key table (modules/util/wan_keys.py)")
+                raise KeyError(f"Wan {source} key {key!r} has no counterpart in the key table (modules/util/lora/keys.py)")
             new_key = key
         if new_key in out:
             raise ValueError(f"Wan {source} keys collide: two keys map to {new_key!r} (last: {key!r})")
@@ -152,7 +152,7 @@ def diffusers_module_to_original(name: str) -> str:
     """`blocks.0.attn1.to_q` -> `blocks.0.self_attn.q`; trailing parts (`.lora_A`) are kept."""
     renamed = _rename(name, _TO_ORIGINAL)
     if renamed is None:
-        raise KeyError(f"diffusers Wan module {name!r} has no original Wan name (modules/util/wan_keys.py KEY_TABLE)")
+        raise KeyError(f"diffusers Wan module {name!r} has no original Wan name (modules/util/lora/keys.py KEY_TABLE)")
     return renamed
 
 
@@ -165,6 +165,6 @@ def original_module_to_diffusers(name: str) -> str:
             break
     renamed = _rename(name, _TO_DIFFUSERS)
     if renamed is None:
-        raise KeyError(f"original Wan module {name!r} has no diffusers name (modules/util/wan_keys.py KEY_TABLE)")
+        raise KeyError(f"original Wan module {name!r} has no diffusers name (modules/util/lora/keys.py KEY_TABLE)")
     return renamed
 

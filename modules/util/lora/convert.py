@@ -1,7 +1,7 @@
 """LoRA files between formats, and LoRA files merged into a base model (scripts/convert_model.py).
 
 Converting (`convert_lora_files`): any layout `load_lora_file` reads -> COMFY_LORA, KOHYA_LORA or DIFFUSERS_LORA
-(`lora_formats.save_lora_file`), the input's safetensors metadata (modelspec, training config) kept. Wan 2.2 A14B
+(`formats.save_lora_file`), the input's safetensors metadata (modelspec, training config) kept. Wan 2.2 A14B
 pairs (`expert_lora_pairs`): an input named `x_high_noise.safetensors` or `x_low_noise.safetensors`, or `x.safetensors`
 that does not exist while `x_high_noise` / `x_low_noise` do, converts every existing file of the pair into the output's
 `_high_noise` / `_low_noise` names.
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from modules.util.enum.ModelFormat import ModelFormat
-from modules.util.lora_formats import LoraMatchError, LoraWeights, load_lora_file, save_lora_file
-from modules.util.wan_keys import diffusers_module_to_original
+from modules.util.lora.formats import LoraMatchError, LoraWeights, load_lora_file, save_lora_file
+from modules.util.lora.keys import diffusers_module_to_original
 
 logger = logging.getLogger(__name__)
 

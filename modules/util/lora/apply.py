@@ -1,4 +1,4 @@
-"""Applying `LoraWeights` (modules/util/lora_formats.py) to a Wan transformer: merging into the base weights, and the
+"""Applying `LoraWeights` (modules/util/lora/formats.py) to a Wan transformer: merging into the base weights, and the
 bridge to peft adapters (`transformer.add_adapter(LoraConfig(...), adapter_name=...)`, diffusers module names).
 
 Alpha when copying into an existing peft adapter: the adapter keeps its own `lora_alpha` / `r` / `use_rslora`, and
@@ -6,7 +6,7 @@ lora_B is rescaled by (alpha / rank) / (adapter's scaling) so the adapter's delt
 `layer.scaling` instead would not survive diffusers' `set_adapters`, which recomputes scaling from lora_alpha / r.
 
 peft LoHa / LoKr adapters (`peft.LoHaConfig` / `peft.LoKrConfig`) go through the same functions: their layers become
-`LohaModule` / `LokrModule` (modules/util/lycoris_formats.py) whose delta equals peft's `get_delta_weight`, and such
+`LohaModule` / `LokrModule` (modules/util/lora/lycoris.py) whose delta equals peft's `get_delta_weight`, and such
 modules load back into adapters of the same kind. `is_adapter_parameter` tells peft adapter parameters by name.
 """
 import logging
@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor
 
-from modules.util.lora_formats import LoraMatchError, LoraModule, LoraWeights
-from modules.util.lycoris_formats import load_lycoris_into_peft, lycoris_from_peft, peft_lycoris_kind
+from modules.util.lora.formats import LoraMatchError, LoraModule, LoraWeights
+from modules.util.lora.lycoris import load_lycoris_into_peft, lycoris_from_peft, peft_lycoris_kind
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def load_lora_weights_into_peft(module: torch.nn.Module, weights: LoraWeights, a
     """Copies `weights` into an existing peft adapter (same ranks). lora_B is rescaled so the adapter's scaling
     (its own lora_alpha / r) gives the file's alpha / rank. Adapter layers absent from `weights` are left as they
     are (logged); names absent from the model raise LoraMatchError. LoHa / LoKr modules go into adapters of the
-    same kind and factor shapes (lycoris_formats.load_lycoris_into_peft)."""
+    same kind and factor shapes (lycoris.load_lycoris_into_peft)."""
     found = list(_adapter_layers(module, adapter_name))
     layers = {name: layer for name, layer, _ in found}
     kinds = {name: kind for name, _, kind in found}
