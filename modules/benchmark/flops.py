@@ -78,7 +78,7 @@ def block_linears(dim: int, ffn_dim: int) -> list[tuple[str, int, int, str]]:
 
 
 def lora_pattern(targets: str) -> re.Pattern | None:
-    """The block-relative names a LoRA preset wraps (see WanLoRASetup.TARGET_PRESETS); None: no adapter."""
+    """The block-relative names a LoRA preset wraps (see modules/util/lora/targets.py); None: no adapter."""
     if targets in ("none", "", None):
         return None
     if targets == "attn-only":

@@ -4,7 +4,6 @@
 with the same targets, rank and alpha. peft's LoHa / LoKr have no input dropout: `lora.dropout` becomes their
 `rank_dropout`. LoHa / LoKr save in LyCORIS key names (modules/util/lora/lycoris.py) as COMFY_LORA or KOHYA_LORA.
 """
-import re
 from pathlib import Path
 
 import torch
@@ -19,23 +18,12 @@ from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.lora.apply import is_adapter_parameter
 from modules.util.lora.formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
                                        lora_weights_from_peft, match_to_model, save_lora_file)
+from modules.util.lora.targets import lora_target_names
 from modules.util.modelspec import modelspec_metadata
 from modules.model.e2v_lora import save_e2v_lora
 from modules.util.registry import register
 
 ADAPTER = "default"
-
-_ATTENTION = r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
-_MLP = r"blocks\.\d+\.ffn\.(net\.0\.proj|net\.2)"
-TARGET_PRESETS = {
-    "attn-only": f"{_ATTENTION}",
-    "attn-mlp": f"({_ATTENTION}|{_MLP})",
-    "blocks-full": r"blocks\.\d+\..+",
-}
-
-
-class LoraTargetError(ValueError):
-    pass
 
 
 def peft_adapter_config(lora, targets: list[str]):
@@ -58,27 +46,6 @@ def check_output_format(lora_type: str, output_format: ModelFormat) -> None:
                          f"LoHa / LoKr); use output.format COMFY_LORA (LyCORIS names, read by ComfyUI) or KOHYA_LORA")
 
 
-def lora_target_names(transformer: torch.nn.Module, targets: str, custom: list[str]) -> list[str]:
-    """Full names of the Linear modules the adapter wraps. Custom targets are module-name suffixes, or one regex
-    matched against the whole name."""
-    linear_names = [name for name, module in transformer.named_modules() if isinstance(module, torch.nn.Linear)]
-    if targets == "custom":
-        if not custom:
-            raise LoraTargetError("lora.custom_targets: empty, but lora.targets is 'custom'")
-        if len(custom) == 1 and any(c in custom[0] for c in "\\()[]|*+?"):
-            pattern = re.compile(custom[0])
-            chosen = [n for n in linear_names if pattern.fullmatch(n)]
-        else:
-            chosen = [n for n in linear_names if any(n == c or n.endswith("." + c) for c in custom)]
-    else:
-        pattern = re.compile(TARGET_PRESETS[targets])
-        chosen = [n for n in linear_names if pattern.fullmatch(n)]
-    if not chosen:
-        raise LoraTargetError(f"lora targets {targets!r} {custom if targets == 'custom' else ''} match no Linear "
-                              f"module of the transformer; examples of names: {linear_names[:4]}")
-    return chosen
-
-
 @register("model_setup", [ModelType.WAN_2_1, ModelType.WAN_2_2], [TrainingMethod.LORA])
 class WanLoRASetup(BaseWanSetup):
     def setup_model(self) -> None:
@@ -89,7 +56,8 @@ class WanLoRASetup(BaseWanSetup):
         fully_trained_modules = {name.rsplit(".", 1)[0] for name in self.full_names}
         for name in self.experts_in_training():
             transformer = getattr(self.model, name)
-            targets = [t for t in lora_target_names(transformer, lora.targets, lora.custom_targets)
+            linear_names = [n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
+            targets = [t for t in lora_target_names(linear_names, lora.targets, lora.custom_targets)
                        if t not in fully_trained_modules]
             transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
         for name, parameter in self.model.transformer.named_parameters():

@@ -31,7 +31,11 @@ def prepare_config(config: TrainConfig) -> list:
     the configured type, the E2V datasets are valid (returned, resolved, for the trainer)."""
     if config.demo_assets:
         from modules.util.demo_assets import ensure_demo_assets
-        ensure_demo_assets(config)
+        try:
+            ensure_demo_assets(config)
+        except OSError as error:
+            raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
+                               f"({error})"]) from None
     check_paths(config)
     base = Path(config.model.base_model_name)
     if base.is_dir():

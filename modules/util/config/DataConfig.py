@@ -1,47 +1,63 @@
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import (MAX_ASPECT_RATIO, MAX_BALANCING, MAX_FPS, MAX_FRAMES, MAX_LIST,
+                                         MAX_REPEATS, MAX_SIDE, MIN_ASPECT_RATIO, PathText, Seed)
 
 
 class ConceptConfig(BaseConfig):
     """One input: a folder of videos and images, or a jsonl manifest."""
 
     name: str = ""
-    path: str = Field(..., description="a folder, or a .jsonl manifest")
+    path: PathText = Field(..., min_length=1, description="a folder, or a .jsonl manifest")
     enabled: bool = True
     include_subdirectories: bool = False
-    repeats: float = Field(1.0, gt=0)
-    balancing: int | None = Field(None, ge=1, description="items per epoch, overrides repeats")
+    repeats: float = Field(1.0, gt=0, le=MAX_REPEATS)
+    balancing: int | None = Field(None, ge=1, le=MAX_BALANCING, description="items per epoch, overrides repeats")
     loss_weight: float = Field(1.0, ge=0)
-    seed: int = 0
+    seed: Seed = 0
     caption_source: Literal["sidecar", "filename", "prompt_file"] = "sidecar"
-    prompt_path: str = ""
+    prompt_path: PathText = ""
     caption_required: bool = True
     caption_dropout: float = Field(0.0, ge=0, le=1)
-    fps: int | Literal["model", "source"] = "model"
+    fps: int | Literal["model", "source"] = Field(
+        "model", description=f"frames per second to resample to (1..{MAX_FPS}), 'model' or 'source'")
     extraction: Literal["head", "uniform", "random", "slide", "full"] = "head"
-    slide_stride: int = Field(16, ge=1, description="pixel frames between windows in slide mode")
-    max_frames: int = Field(81, ge=1)
+    slide_stride: int = Field(16, ge=1, le=MAX_FRAMES, description="pixel frames between windows in slide mode")
+    max_frames: int = Field(81, ge=1, le=MAX_FRAMES)
+
+    @field_validator("fps", mode="before")
+    @classmethod
+    def _fps_a_video_can_have(cls, value):
+        # before the int | Literal union, so a wrong value gets one message instead of one per union member
+        if type(value) is float and value.is_integer():
+            value = int(value)
+        if value in ("model", "source") or (type(value) is int and 1 <= value <= MAX_FPS):
+            return value
+        raise ValueError(f"a frame rate is a whole number 1..{MAX_FPS} (frames per second), 'model' or 'source'")
 
 
 class DataConfig(BaseConfig):
     concepts: list[ConceptConfig] = []
-    frame_buckets: list[int] = [1, 17, 33, 49, 81]
-    resolution: int = Field(480, ge=16, description="the side of the square whose area the buckets target")
-    aspect_ratios: list[float] = [16 / 9, 4 / 3, 1.0, 3 / 4, 9 / 16]
+    frame_buckets: list[int] = Field([1, 17, 33, 49, 81], max_length=MAX_LIST)
+    resolution: int = Field(480, ge=16, le=MAX_SIDE, description="the side of the square whose area the buckets target")
+    aspect_ratios: list[Annotated[float, Field(ge=MIN_ASPECT_RATIO, le=MAX_ASPECT_RATIO)]] = Field(
+        [16 / 9, 4 / 3, 1.0, 3 / 4, 9 / 16], min_length=1, max_length=MAX_LIST,
+        description="width / height of the buckets, each 1/16..16")
     no_upscale: bool = False
     crop_jitter: bool = False
     flip: bool = False
-    dataloader_threads: int = Field(2, ge=0)
+    dataloader_threads: int = Field(2, ge=0, le=256)
     ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
                                           "image-to-video (first latent frame clean)")
 
     @field_validator("frame_buckets")
     @classmethod
     def _frames_are_4k_plus_1(cls, value: list[int]) -> list[int]:
-        bad = [f for f in value if f < 1 or (f - 1) % 4 != 0]
+        bad = [f for f in value if f < 1 or f > MAX_FRAMES or (f - 1) % 4 != 0]
         if bad or not value:
-            raise ValueError(f"every frame bucket must be 4k+1 (1, 5, 9, ... 81); got {bad or 'an empty list'}")
+            raise ValueError(f"every frame bucket must be 4k+1 (1, 5, 9, ... {MAX_FRAMES}); "
+                             f"got {bad or 'an empty list'}")
         return sorted(set(value))

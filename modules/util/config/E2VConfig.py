@@ -17,18 +17,17 @@ sum of the repeats of slots 0..k-1 (a missing optional element leaves its slot e
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import string
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (Field, PositiveInt, ValidationError, ValidationInfo, field_serializer, field_validator,
+from pydantic import (Field, ValidationError, ValidationInfo, field_serializer, field_validator,
                       model_validator)
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import MAX_FRAMES, MAX_SIDE, PathText
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,8 @@ CombineMode = Literal["before", "after"]
 E2VType = Literal["vae", "clip", "dual"]
 VisualizationData = Literal["input_latents", "noisy_latents", "conditioned_latents", "predicted_latents",
                             "reference_images"]
-Resolution = tuple[PositiveInt, PositiveInt]   # [height, width]
+Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
+Resolution = tuple[Side, Side]   # [height, width]
 
 # The Wan VAEs (2.1 and 2.2) encode frame 0 alone, then chunks of this many frames.
 VAE_TEMPORAL_STRIDE = 4
@@ -55,8 +55,8 @@ def aligned_repeats(count: int, stride: int = VAE_TEMPORAL_STRIDE) -> list[int]:
 # --- the internal form -----------------------------------------------------------------------------------------
 
 class E2VElementVaeConfig(BaseConfig):
-    repeat: int = Field(1, ge=1, description="consecutive mini-video frames this element occupies")
-    position: int = Field(..., ge=0, description="slot index: order in the mini-video and the CLIP tokens")
+    repeat: int = Field(1, ge=1, le=MAX_FRAMES, description="consecutive mini-video frames this element occupies")
+    position: int = Field(..., ge=0, le=1024, description="slot index: order in the mini-video and the CLIP tokens")
     preprocess: PreprocessMode | None = Field(None, description="None: processors.vae.default_preprocess")
 
 
@@ -92,7 +92,7 @@ class VaeProcessorConfig(BaseConfig):
     combine: CombineMode = "before"
     default_preprocess: PreprocessMode = "resize"
     frame_conditioning: FrameConditioning = "full"
-    frame_index: int = Field(0, ge=0)
+    frame_index: int = Field(0, ge=0, le=1024)
     concatenate_mask: bool = True
 
 
@@ -130,7 +130,7 @@ class VisualizationProcessorConfig(BaseConfig):
 
 class VisualizationConfig(BaseConfig):
     enabled: bool = False
-    output_dir: str = Field("visualizations/{run_id}", description="{run_id} expands to the run's id")
+    output_dir: PathText = Field("visualizations/{run_id}", description="{run_id} expands to the run's id")
     frequency: int = Field(100, ge=1, description="every this many steps")
     processors: list[VisualizationProcessorConfig] = []
 
@@ -151,7 +151,7 @@ class VisualizationConfig(BaseConfig):
 
 
 class E2VDatasetConfig(BaseConfig):
-    data_root: str = Field(..., min_length=1)
+    data_root: PathText = Field(..., min_length=1)
     dataset_type: Literal["e2v"] = "e2v"
     target_resolution: Resolution = Field(..., description="[height, width]")
     auto_frame_buckets: bool = True
@@ -426,14 +426,9 @@ def load_e2v_dataset_configs(source: str | os.PathLike | dict | list) -> list[E2
     validated configs. Raises ConfigError with every problem; warns (logging) about unaligned repeats."""
     where = ""
     if isinstance(source, (str, os.PathLike)):
+        from modules.util.config.config_io import read_json_file
         where = str(source)
-        path = Path(source)
-        if not path.is_file():
-            raise _config_error([f"E2V config file {where!r} does not exist"], where)
-        try:
-            source = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise _config_error([f"line {e.lineno} column {e.colno}: {e.msg}"], where) from None
+        source = read_json_file(source, "E2V config")
     if isinstance(source, dict) and "datasets" in source:
         extra = sorted(set(source) - {"datasets"})
         if extra:

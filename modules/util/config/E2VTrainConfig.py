@@ -3,6 +3,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import PathText
 
 
 class E2VTrainConfig(BaseConfig):
@@ -10,11 +11,11 @@ class E2VTrainConfig(BaseConfig):
     the overrides that seed 001's command line sets. The datasets are validated by E2VConfig's loader, which names
     fields as the user wrote them."""
 
-    dataset_config: str = Field("", description="a JSON file: {\"datasets\": [...]} in the nested or flat form")
+    dataset_config: PathText = Field("", description="a JSON file: {\"datasets\": [...]} in the nested or flat form")
     datasets: list[dict[str, Any]] = Field([], description="the same dataset objects inline")
     e2v_type: Literal["", "vae", "clip", "dual"] = Field("", description="overrides every dataset's e2v_type")
     frame_conditioning: Literal["", "full", "index", "prefix", "random", "first_and_last"] = ""
-    frame_index: int | None = Field(None, ge=0)
+    frame_index: int | None = Field(None, ge=0, le=1024)
     concatenate_mask: bool | None = None
 
     @property

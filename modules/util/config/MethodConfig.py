@@ -1,26 +1,28 @@
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import MAX_RANK, PathText
+from modules.util.lora.targets import LoraTargetError, custom_target_regex
 
 
 class LoraConfig(BaseConfig):
     type: Literal["LORA", "LOHA", "LOKR"] = Field(
         "LORA", description="LORA, or LyCORIS' LOHA (Hadamard product of two low-rank products) / LOKR (Kronecker "
                             "product); LOHA / LOKR save as COMFY_LORA or KOHYA_LORA only")
-    rank: int = Field(32, ge=1)
+    rank: int = Field(32, ge=1, le=MAX_RANK, description="at most the width of the narrowest targeted layer")
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1, description="LORA: input dropout; LOHA / LOKR (peft has no input "
                                                          "dropout for them): rank dropout of the weight delta")
-    decompose_factor: int = Field(-1, description="LOKR: the size of the smaller Kronecker factor of each dimension; "
+    decompose_factor: int = Field(-1, le=MAX_RANK, description="LOKR: the size of the smaller Kronecker factor of each dimension; "
                                                   "-1: as near the square root as divides it")
     decompose_both: bool = Field(False, description="LOKR: also factorise the smaller Kronecker factor into rank-r "
                                                     "matrices")
     targets: Literal["attn-only", "attn-mlp", "blocks-full", "custom"] = "attn-mlp"
     custom_targets: list[str] = Field([], description="module names or one regex, used when targets is 'custom'")
     dora: bool = False
-    init_from: str = Field("", description="an existing LoRA file to continue training")
+    init_from: PathText = Field("", description="an existing LoRA file to continue training")
 
     @model_validator(mode="after")
     def _check_type(self):
@@ -28,7 +30,21 @@ class LoraConfig(BaseConfig):
             raise ValueError(f"lora.dora: DoRA is available with lora.type LORA only, not {self.type}")
         if self.decompose_factor == 0 or self.decompose_factor < -1:
             raise ValueError(f"lora.decompose_factor: -1 or a positive integer, not {self.decompose_factor}")
+        if self.targets == "custom" and not self.custom_targets:
+            raise ValueError("lora.custom_targets: empty, but lora.targets is 'custom' (list module names, or one "
+                             "regex matched against the whole name)")
         return self
+
+    @field_validator("custom_targets")
+    @classmethod
+    def _compiles(cls, value: list[str]) -> list[str]:
+        try:
+            custom_target_regex(value)
+        except LoraTargetError as error:
+            raise ValueError(str(error).removeprefix("lora.custom_targets: ")) from None
+        if any(not target.strip() for target in value):
+            raise ValueError("an empty module name")
+        return value
 
 
 class FineTuneConfig(BaseConfig):
@@ -38,4 +54,4 @@ class FineTuneConfig(BaseConfig):
 class EmbeddingConfig(BaseConfig):
     placeholder: str = "<wan-emb>"
     initial_text: str = "*"
-    vector_count: int = Field(1, ge=1)
+    vector_count: int = Field(1, ge=1, le=1024)

@@ -1,6 +1,7 @@
 from pydantic import Field
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import PathText, WritePath
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelFormat import ModelFormat
 
@@ -8,12 +9,12 @@ from modules.util.enum.ModelFormat import ModelFormat
 class PartConfig(BaseConfig):
     """One part of the model: an optional override of where it comes from, and the dtype its weights are held in."""
 
-    path: str = Field("", description="a diffusers folder (or its subfolder) or a single file; empty: the base model's")
+    path: PathText = Field("", description="a diffusers folder (or its subfolder) or a single file; empty: the base model's")
     weight_dtype: DataType = DataType.FLOAT_32
 
 
 class ModelConfig(BaseConfig):
-    base_model_name: str = Field("", description="a diffusers folder, or a hub id when allow_download is true")
+    base_model_name: PathText = Field("", description="a diffusers folder, or a hub id when allow_download is true")
     allow_download: bool = False
     transformer: PartConfig = PartConfig()
     transformer_2: PartConfig = PartConfig()
@@ -23,6 +24,6 @@ class ModelConfig(BaseConfig):
 
 
 class OutputConfig(BaseConfig):
-    destination: str = "workspace/output/model.safetensors"
+    destination: WritePath = "workspace/output/model.safetensors"
     format: ModelFormat = ModelFormat.COMFY_LORA
     dtype: DataType = DataType.BFLOAT_16

@@ -1,4 +1,4 @@
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -8,12 +8,12 @@ from modules.util.config.BaseConfig import BaseConfig
 class OptimizerConfig(BaseConfig):
     optimizer: Literal["ADAMW", "ADAMW_8BIT", "LION_8BIT", "ADAFACTOR", "PRODIGY"] = "ADAMW"
     learning_rate: float = Field(1e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0)
     eps: float = Field(1e-8, gt=0)
     scheduler: Literal["CONSTANT", "CONSTANT_WITH_WARMUP", "COSINE", "LINEAR"] = "CONSTANT"
-    warmup_steps: int = Field(0, ge=0)
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    warmup_steps: int = Field(0, ge=0, le=10 ** 12)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=65536)
     clip_grad_norm: float | None = Field(1.0, gt=0)
     ema: bool = False
     ema_decay: float = Field(0.999, gt=0, lt=1)

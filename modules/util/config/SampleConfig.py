@@ -3,6 +3,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import MAX_FRAMES, MAX_SIDE, PathText, Seed
 
 # Wan's default negative prompt (wan/configs/shared_config.py `sample_neg_prompt` in the official Wan 2.1 / 2.2
 # repositories; the diffusers Wan docs use the same text). Used whenever a sample's negative prompt is empty.
@@ -22,18 +23,18 @@ class SampleConfig(BaseConfig):
     enabled: bool = True
     prompt: str = ""
     negative_prompt: str = Field("", description="empty: Wan's default negative prompt")
-    width: int = Field(832, ge=1, description="rounded to the model's spatial unit (16, or 32 for TI2V-5B)")
-    height: int = Field(480, ge=1, description="rounded to the model's spatial unit (16, or 32 for TI2V-5B)")
-    frames: int = Field(81, ge=1, description="rounded to 4k+1")
+    width: int = Field(832, ge=1, le=MAX_SIDE, description="rounded to the model's spatial unit (16, or 32 for TI2V-5B)")
+    height: int = Field(480, ge=1, le=MAX_SIDE, description="rounded to the model's spatial unit (16, or 32 for TI2V-5B)")
+    frames: int = Field(81, ge=1, le=MAX_FRAMES, description="rounded to 4k+1")
     steps: int = Field(20, ge=1, le=1000)
     guidance: float = Field(5.0, ge=0, description="classifier-free guidance; 1 or less disables it")
     guidance_2: float | None = Field(None, ge=0, description="Wan 2.2 A14B low-noise expert; None: same as guidance")
-    seed: int = Field(42, ge=0)
+    seed: Seed = 42
     flow_shift: float | None = Field(None, gt=0, description="None: the model's scheduler config")
     scheduler: SamplerScheduler = "UNIPC"
-    image: str = Field("", description="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B image-to-video)")
-    last_image: str = Field("", description="last frame (FLF2V, I2V-A14B)")
-    elements: dict[str, str] = Field({}, description="E2V reference images, element name -> image path")
+    image: PathText = Field("", description="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B image-to-video)")
+    last_image: PathText = Field("", description="last frame (FLF2V, I2V-A14B)")
+    elements: dict[str, PathText] = Field({}, description="E2V reference images, element name -> image path")
     drop_reference_frames: bool = Field(False, description="E2V: drop the leading reference frames (the sum of the "
                                         "repeats) from the saved video, as SkyReels-A2's inference does")
 

@@ -1,25 +1,32 @@
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import PathText
+from modules.util.config.SampleConfig import SamplerScheduler
 
 
 class SamplingConfig(BaseConfig):
-    samples_file: str = Field("", description="a samples JSON file or a musubi-style prompt file")
+    samples_file: PathText = Field("", description="a samples JSON file or a musubi-style prompt file")
     every_n_steps: int = Field(0, ge=0)
     every_n_epochs: int = Field(0, ge=0)
     every_n_minutes: float = Field(0.0, ge=0)
     sample_before_training: bool = False
     skip_first: int = Field(0, ge=0)
-    steps: int = Field(20, ge=1)
+    steps: int = Field(20, ge=1, le=1000)
     guidance: float = Field(5.0, ge=0)
-    scheduler: str = "UNIPC"
+    scheduler: SamplerScheduler = "UNIPC"
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _upper_scheduler(cls, value):
+        return value.upper() if isinstance(value, str) else value
 
 
 class BackupConfig(BaseConfig):
     every_n_steps: int = Field(0, ge=0)
     every_n_epochs: int = Field(0, ge=0)
     every_n_minutes: float = Field(0.0, ge=0)
-    rolling_count: int = Field(3, ge=1)
+    rolling_count: int = Field(3, ge=1, le=10_000)
     backup_before_save: bool = True
     continue_last_backup: bool = False
     save_every_n_steps: int = Field(0, ge=0)

@@ -1,8 +1,10 @@
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import Seed, WritePath
 from modules.util.config.DataConfig import DataConfig
 from modules.util.config.E2VTrainConfig import E2VTrainConfig
 from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, LoraConfig
@@ -13,6 +15,8 @@ from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
 
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,3})?")
+
 
 class TrainConfig(BaseConfig):
     """The whole training configuration. Saved as JSON with a `__version` key (see config_io)."""
@@ -21,19 +25,20 @@ class TrainConfig(BaseConfig):
     training_method: TrainingMethod = TrainingMethod.LORA
     model: ModelConfig = ModelConfig()
     output: OutputConfig = OutputConfig()
-    workspace_dir: str = "workspace/run"
-    cache_dir: str = "workspace/cache"
+    workspace_dir: WritePath = "workspace/run"
+    cache_dir: WritePath = "workspace/cache"
     tensorboard: bool = True
     demo_assets: bool = Field(False, description="create the tiny demo model and dataset at the configured "
                                                        "paths when they are missing")
 
-    seed: int = 42
-    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
-    train_dtype: DataType = DataType.BFLOAT_16
+    seed: Seed = 42
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N, mps; checked against this machine's devices "
+                                            "before the model loads")
+    train_dtype: DataType = Field(DataType.BFLOAT_16, description="the compute type: FLOAT_32, BFLOAT_16 or FLOAT_16")
     gradient_checkpointing: bool = True
-    epochs: int = Field(10, ge=1)
-    max_steps: int = Field(0, ge=0, description="stop after this many optimizer steps; 0: run all epochs")
-    batch_size: int = Field(1, ge=1)
+    epochs: int = Field(10, ge=1, le=1_000_000)
+    max_steps: int = Field(0, ge=0, le=10 ** 12, description="stop after this many optimizer steps; 0: run all epochs")
+    batch_size: int = Field(1, ge=1, le=4096)
     expert: Literal["high", "low", "both"] = Field("both", description="Wan 2.2 A14B: which expert(s) train")
 
     data: DataConfig = DataConfig()
@@ -45,3 +50,19 @@ class TrainConfig(BaseConfig):
     sampling: SamplingConfig = SamplingConfig()
     backup: BackupConfig = BackupConfig()
     e2v: E2VTrainConfig = E2VTrainConfig()
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        # the spelling only; whether this machine has the device is checked in validation.check_devices
+        if not DEVICE_PATTERN.fullmatch(value):
+            raise ValueError("a device is auto, cpu, cuda, cuda:N or mps")
+        return value
+
+    @field_validator("train_dtype")
+    @classmethod
+    def _compute_dtype(cls, value: DataType) -> DataType:
+        if value == DataType.FLOAT_8:
+            raise ValueError("FLOAT_8 is a storage type for base weights (model.<part>.weight_dtype), not a compute "
+                             "type; train_dtype is FLOAT_32, BFLOAT_16 or FLOAT_16")
+        return value

@@ -1,6 +1,7 @@
 """Loading, migrating, overriding and saving TrainConfig JSON, with one clear message per problem."""
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,15 @@ class ConfigError(Exception):
 
 def _migrate_0_to_1(data: dict) -> dict:
     # Version 0 (unversioned) configs named the output section's path "output_model_destination" at top level,
-    # as OneTrainer does.
-    if "output_model_destination" in data:
-        data.setdefault("output", {})["destination"] = data.pop("output_model_destination")
-    if "output_model_format" in data:
-        data.setdefault("output", {})["format"] = data.pop("output_model_format")
+    # as OneTrainer does. The old keys move into the output section, which must then be an object.
+    moved = {field: data.pop(key) for key, field in (("output_model_destination", "destination"),
+                                                      ("output_model_format", "format")) if key in data}
+    if moved:
+        output = data.get("output", {})
+        if not isinstance(output, dict):
+            raise ConfigError([f"output: {output!r} is not allowed: must be an object (version 0 config: "
+                               f"{', '.join('output_model_' + f for f in moved)} move into it)"])
+        data["output"] = {**output, **moved}
     return data
 
 
@@ -40,22 +45,76 @@ MIGRATIONS: dict[int, Callable[[dict], dict]] = {0: _migrate_0_to_1}
 def migrate(data: dict, source: str = "") -> dict:
     data = dict(data)
     version = data.pop(VERSION_KEY, 0)
-    if not isinstance(version, int) or version < 0 or version > CONFIG_VERSION:
-        raise ConfigError([f"{VERSION_KEY}: {version!r} is not a known config version (0..{CONFIG_VERSION})"], source)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0 or version > CONFIG_VERSION:
+        raise ConfigError([f"{VERSION_KEY}: {short_repr(version)} is not a known config version "
+                           f"(0..{CONFIG_VERSION})"], source)
     while version < CONFIG_VERSION:
-        data = MIGRATIONS[version](data)
+        try:
+            data = MIGRATIONS[version](data)
+        except ConfigError as error:
+            raise ConfigError(error.problems, source) from None
         version += 1
     return data
 
 
-def read_json_object(path: str | os.PathLike, what: str = "config") -> dict:
+# A config is a few kilobytes; these limits keep a wrong file (a video, a dump) from costing memory or a traceback.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+
+
+def _json_depth_problem(value: Any) -> str | None:
+    stack = [(value, 1)]
+    while stack:  # iterative: a deep document must not exhaust the recursion limit here either
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"nested deeper than {MAX_JSON_DEPTH} levels"
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def parse_json_text(text: str, source: str, not_json_as_text: bool = False) -> Any:
+    """JSON text -> value, or ConfigError naming `source`: syntax errors with line and column (or, with
+    `not_json_as_text`, the text itself as a string), nesting deeper than MAX_JSON_DEPTH, integers longer than
+    Python converts (4300 digits)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        if not_json_as_text:
+            return text
+        raise ConfigError([f"line {e.lineno} column {e.colno}: {e.msg}"], source) from None
+    except RecursionError:
+        raise ConfigError([f"nested deeper than {MAX_JSON_DEPTH} levels"], source) from None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ConfigError([f"a number is too long: {str(e).split(';')[0]}"], source) from None
+    problem = _json_depth_problem(value)
+    if problem:
+        raise ConfigError([problem], source)
+    return value
+
+
+def read_json_file(path: str | os.PathLike, what: str = "config") -> Any:
+    """A UTF-8 JSON file of at most MAX_CONFIG_BYTES -> value; every way it can be unreadable is a ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{what} file {str(path)!r} does not exist"], str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError([f"line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from None
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{what} file is {size} bytes; a config is at most {MAX_CONFIG_BYTES}"], str(path))
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError([f"{what} file cannot be read: {e.strerror or e}"], str(path)) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start} (save the file as "
+                           f"UTF-8)"], str(path)) from None
+    return parse_json_text(text, str(path))
+
+
+def read_json_object(path: str | os.PathLike, what: str = "config") -> dict:
+    data = read_json_file(path, what)
     if not isinstance(data, dict):
         raise ConfigError([f"the file must hold a JSON object, not {type(data).__name__}"], str(path))
     return data
@@ -79,30 +138,47 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError([f"--config-value {text!r}: {key!r} is not a dotted key"])
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return parts, value
+    return parts, parse_json_text(raw, f"--config-value {key.strip()}", not_json_as_text=True)
+
+
+def _list_index(node: list, part: str, dotted: str) -> int:
+    # ASCII digits only: str.isdigit() is true for '²' and other characters int() refuses
+    if not (part.isascii() and part.isdigit()):
+        raise ConfigError([f"{dotted}: {part!r} is not an index of the list; list items are addressed by number "
+                           f"(0..{len(node) - 1})" if node else f"{dotted}: {part!r} addresses an item of an "
+                           f"empty list"])
+    if int(part) >= len(node):
+        raise ConfigError([f"{dotted}: index {part} is past the end of the list ({len(node)} item(s))"])
+    return int(part)
 
 
 def apply_override(data: dict, parts: list[str], value: Any) -> None:
+    dotted = ".".join(parts)
     node = data
     for part in parts[:-1]:
         # list elements are addressed by index: data.concepts.0.path=...
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
+        if isinstance(node, list):
+            node = node[_list_index(node, part, dotted)]
             continue
         if not isinstance(node, dict):
-            raise ConfigError([f"{'.'.join(parts)}: {part!r} is not a section"])
+            raise ConfigError([f"{dotted}: {part!r} is not a section"])
         node = node.setdefault(part, {})
     last = parts[-1]
-    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
-        node[int(last)] = value
+    if isinstance(node, list):
+        node[_list_index(node, last, dotted)] = value
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ConfigError([f"{'.'.join(parts)}: cannot set a value inside {type(node).__name__}"])
+        raise ConfigError([f"{dotted}: cannot set a value inside {type(node).__name__}"])
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """repr() cut to `limit` characters: a problem line quotes the bad value, not a megabyte of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 15]}... ({len(text)} chars)"
+
+
+_NAMES_ITS_FIELD = re.compile(r"[A-Za-z_][\w.]*: ")
 
 
 def format_validation_error(error: ValidationError) -> list[str]:
@@ -110,11 +186,18 @@ def format_validation_error(error: ValidationError) -> list[str]:
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "(top level)"
         if item["type"] == "extra_forbidden":
-            problems.append(f"{field}: unknown key (value {item['input']!r})")
+            problems.append(f"{field}: unknown key (value {short_repr(item['input'])})")
         elif item["type"] == "missing":
             problems.append(f"{field}: required, but missing")
+        elif item["type"] == "value_error" and _NAMES_ITS_FIELD.match(message := item["msg"][len("Value error, "):]):
+            # a section's own check names the field it is about ("lora.dora: ..."): say it once, from the top
+            loc = [str(part) for part in item["loc"]]
+            if loc and message.startswith(loc[-1] + "."):
+                loc = loc[:-1]
+            problems.append(".".join(loc + [message]))
         else:
-            problems.append(f"{field}: {item['input']!r} is not allowed: {item['msg']}")
+            message = item["msg"].removeprefix("Value error, ")
+            problems.append(f"{field}: {short_repr(item['input'])} is not allowed: {message}")
     return problems
 
 
@@ -135,10 +218,21 @@ def load_config(config_path: str | None = None, preset_path: str | None = None,
         if path:
             data = deep_merge(data, migrate(read_json_object(path), path))
             sources.append(path)
-    for text in overrides:
-        apply_override(data, *parse_override(text))
+    problems = []
+    for text in overrides:  # every bad override and every schema problem are reported together
+        try:
+            apply_override(data, *parse_override(text))
+        except ConfigError as error:
+            problems += error.problems
     data[VERSION_KEY] = CONFIG_VERSION
-    return config_from_dict(data, " + ".join(sources) or "defaults")
+    source = " + ".join(sources) or "defaults"
+    try:
+        config = config_from_dict(data, source)
+    except ConfigError as error:
+        raise ConfigError(problems + error.problems, source) from None
+    if problems:
+        raise ConfigError(problems, source)
+    return config
 
 
 def config_to_dict(config: TrainConfig, sparse: bool = False) -> dict:

@@ -4,7 +4,8 @@ import math
 from pathlib import Path
 
 from modules.util.config.config_io import ConfigError
-from modules.util.config.E2VConfig import E2VDatasetConfig, load_e2v_dataset_configs
+from modules.util.config.E2VConfig import _DEFER_CHECKS as DEFER_CHECKS
+from modules.util.config.E2VConfig import E2VDatasetConfig, dataset_problems, load_e2v_dataset_configs
 from modules.util.config.TrainConfig import TrainConfig
 
 
@@ -17,8 +18,8 @@ def resolve_e2v_datasets(config: TrainConfig) -> list[E2VDatasetConfig]:
     except ConfigError as error:
         where = e2v.dataset_config or "e2v.datasets"
         raise ConfigError([f"{where}: {problem}" for problem in error.problems]) from None
-    resolved = []
-    for dataset in datasets:
+    resolved, problems = [], []
+    for index, dataset in enumerate(datasets):
         data = dataset.model_dump()
         vae = data["processors"]["vae"]
         if e2v.frame_conditioning:
@@ -29,7 +30,15 @@ def resolve_e2v_datasets(config: TrainConfig) -> list[E2VDatasetConfig]:
             vae["concatenate_mask"] = e2v.concatenate_mask
         if e2v.e2v_type:
             data["e2v_type"] = e2v.e2v_type
-        resolved.append(E2VDatasetConfig.model_validate(data))
+        # the overrides come from the command line (--frame_conditioning_index): judged like the file's own values
+        found = [f"e2v datasets.{index}.{problem}" for problem in dataset_problems(E2VDatasetConfig.model_validate(
+            data, context={DEFER_CHECKS: True}))]
+        overrides = _override_names(e2v)
+        problems += [f"{problem} (set by {', '.join(overrides)})" if overrides else problem for problem in found]
+        if not found:
+            resolved.append(E2VDatasetConfig.model_validate(data))
+    if problems:
+        raise ConfigError(problems)
     first = resolved[0]
     for index, dataset in enumerate(resolved[1:], start=1):
         same = (dataset.elements_in_position_order(), dataset.processors, dataset.e2v_type, dataset.reference_frames)
@@ -40,6 +49,12 @@ def resolve_e2v_datasets(config: TrainConfig) -> list[E2VDatasetConfig]:
         if not Path(dataset.data_root).is_dir():
             raise ConfigError([f"e2v datasets.{index}.data_root: {dataset.data_root!r} is not a folder"])
     return resolved
+
+
+def _override_names(e2v) -> list[str]:
+    names = {"e2v_type": e2v.e2v_type, "frame_conditioning": e2v.frame_conditioning,
+             "frame_index": e2v.frame_index, "concatenate_mask": e2v.concatenate_mask}
+    return [f"e2v.{name}={value}" for name, value in names.items() if value not in ("", None)]
 
 
 def apply_e2v_data_settings(config: TrainConfig, dataset: E2VDatasetConfig) -> None:

@@ -1,11 +1,35 @@
-"""Checks that need the file system (paths exist, files parse); run after the schema, before any model loads."""
+"""Checks that need the machine: paths exist, folders can be written, the device exists, the LoRA settings fit the
+model's modules. They run after the schema and before any model loads, and report every problem in one ConfigError.
+
+The model checks read the transformer's config.json and build the transformer on the meta device (module names and
+layer widths, no weights, no memory), so a regex that matches nothing or a rank wider than a layer is found in a
+second, not after minutes of loading and caching. A hub id (nothing local) or a single-file transformer without a
+local config skips them; the loader checks again.
+"""
+import functools
+import json
+import logging
+import os
 from pathlib import Path
+
+import torch
 
 from modules.util.config.config_io import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
+from modules.util.lora.targets import LoraTargetError, lora_target_names
+
+log = logging.getLogger(__name__)
 
 
 def check_paths(config: TrainConfig) -> None:
+    """Every check of this module; raises one ConfigError listing all problems."""
+    problems = path_problems(config) + device_problems(config.device) + folder_problems(config) \
+        + model_problems(config)
+    if problems:
+        raise ConfigError(problems)
+
+
+def path_problems(config: TrainConfig) -> list[str]:
     problems = []
     base = config.model.base_model_name
     if not base:
@@ -35,5 +59,112 @@ def check_paths(config: TrainConfig) -> None:
             and config.output.format.value == "DIFFUSERS_LORA":
         problems.append(f"output.format: DIFFUSERS_LORA has no key names for {config.lora.type} (lora.type); "
                         f"use COMFY_LORA or KOHYA_LORA")
-    if problems:
-        raise ConfigError(problems)
+    return problems
+
+
+# ---- the device ----------------------------------------------------------------------------------------------------
+
+def available_devices() -> list[str]:
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
+def device_problems(device: str) -> list[str]:
+    """The schema has checked the spelling (auto, cpu, cuda, cuda:N, mps); this checks the machine has it."""
+    if device in ("auto", "cpu"):
+        return []
+    devices = available_devices()
+    if device == "cuda" and any(name.startswith("cuda:") for name in devices):
+        return []
+    if device in devices:
+        return []
+    if device.startswith("cuda") and torch.version.cuda is None and torch.version.hip is None:
+        why = f"this torch build ({torch.__version__}) has no CUDA support"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        why = "no CUDA device is visible (driver, CUDA_VISIBLE_DEVICES)"
+    else:
+        why = "this machine has no such device"
+    return [f"device: {device!r} is not available: {why}; devices here: {', '.join(devices)} (or auto)"]
+
+
+# ---- folders the run writes ----------------------------------------------------------------------------------------
+
+def folder_problem(field: str, folder: str | os.PathLike) -> str | None:
+    """Why `folder` cannot be created (if missing) and written, or None. Creates nothing."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        return f"{field}: {str(folder)!r} is not a folder"
+    existing = path
+    while not existing.exists():  # exists() is False under a file too (/dev/null/x), so climb to what is there
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{field}: {str(folder)!r} cannot be created: {str(existing)!r} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        action = "written" if existing == path else "created"
+        return f"{field}: {str(folder)!r} cannot be {action}: no write permission in {str(existing)!r}"
+    return None
+
+
+def folder_problems(config: TrainConfig) -> list[str]:
+    destination = Path(config.output.destination)
+    checks = (("workspace_dir", config.workspace_dir), ("cache_dir", config.cache_dir),
+              ("output.destination", destination.parent))
+    return [problem for field, folder in checks if (problem := folder_problem(field, folder))]
+
+
+# ---- the model's modules -------------------------------------------------------------------------------------------
+
+def transformer_config_path(config: TrainConfig, part: str) -> Path | None:
+    """The config.json of a transformer part (`transformer` or `transformer_2`) when it is on disk."""
+    override = Path(getattr(config.model, part).path) if getattr(config.model, part).path else None
+    candidates = []
+    if override is not None and override.is_dir():
+        candidates += [override / "config.json", override / part / "config.json"]
+    else:  # no override, or a single file, whose config is the base model's
+        candidates.append(Path(config.model.base_model_name) / part / "config.json")
+    return next((path for path in candidates if path.is_file()), None)
+
+
+@functools.lru_cache(maxsize=8)
+def linear_layer_shapes(config_text: str) -> dict[str, tuple[int, int]]:
+    """Name -> (in_features, out_features) of every Linear of a WanTransformer3DModel with this config, built on the
+    meta device: no weights are read or allocated."""
+    from diffusers import WanTransformer3DModel
+    with torch.device("meta"):
+        transformer = WanTransformer3DModel.from_config(json.loads(config_text))
+    return {name: (module.in_features, module.out_features) for name, module in transformer.named_modules()
+            if isinstance(module, torch.nn.Linear)}
+
+
+def model_problems(config: TrainConfig) -> list[str]:
+    if config.training_method.value != "LORA" or not Path(config.model.base_model_name).is_dir():
+        return []
+    experts = {"high": ["transformer"], "low": ["transformer_2"]}.get(config.expert, ["transformer", "transformer_2"])
+    problems = []
+    for part in experts:
+        path = transformer_config_path(config, part)
+        if path is None:
+            continue
+        try:
+            shapes = linear_layer_shapes(path.read_text(encoding="utf-8"))
+        except Exception as error:  # noqa: BLE001  a broken config is the loader's (and wan_detection's) to report
+            log.debug("model checks skipped: %s: %s", path, error)
+            continue
+        lora = config.lora
+        try:
+            targets = lora_target_names(list(shapes), lora.targets, lora.custom_targets)
+        except LoraTargetError as error:
+            problems.append(f"{error} (checked against {path})")
+            continue
+        narrowest = min(targets, key=lambda name: min(shapes[name]))
+        width = min(shapes[narrowest])
+        if lora.rank > width:
+            problems.append(f"lora.rank: {lora.rank} is wider than the narrowest targeted layer ({narrowest}, "
+                            f"{shapes[narrowest][0]} -> {shapes[narrowest][1]}); at most {width}")
+        if problems:
+            break  # the experts share their module names: one report is enough
+    return problems

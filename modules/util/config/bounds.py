@@ -1,0 +1,52 @@
+"""The bounds every config value is held to, in one place (docs/configuration.md lists them).
+
+A value outside them is refused by the schema with the dotted field, so nothing unbounded reaches torch, the disk or
+the model: a seed that does not fit torch's 64-bit generator, a frame rate that would resample a clip into billions
+of frames, a path with a NUL byte that the operating system refuses with a traceback.
+"""
+import os
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+# torch.Generator.manual_seed takes an unsigned 64-bit integer.
+MAX_SEED = 2 ** 64 - 1
+# Frames of one clip (4k+1): 64 s at Wan's 16 fps. Wan trains on 81; the bound only stops absurd values.
+MAX_FRAMES = 1025
+# A frame rate a video file can have (high-speed cameras record 240 fps).
+MAX_FPS = 240
+# Pixels on a side: bucket resolution, E2V resolutions, sample sizes (Wan 720p is 1280 x 720).
+MAX_SIDE = 4096
+# Width / height of a training bucket: from 1:16 to 16:1.
+MIN_ASPECT_RATIO, MAX_ASPECT_RATIO = 1 / 16, 16.0
+# Items per concept and epoch (balancing), and the multiplier (repeats): an epoch's item list is built in memory.
+MAX_BALANCING = 1_000_000
+MAX_REPEATS = 1000.0
+# Adapter rank before the model is known (the model's narrowest targeted layer bounds it again, in validation.py).
+MAX_RANK = 65536
+# A list of numbers (aspect ratios, frame buckets): more entries than this is a copy-paste accident.
+MAX_LIST = 256
+
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"0..2^64-1")]
+
+
+def _usable_path(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("a path cannot contain a NUL character")
+    try:
+        os.fsencode(value)
+    except UnicodeError:
+        raise ValueError("a path must be text the file system can store (it holds an unpaired surrogate)") from None
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("required, but empty (an empty folder name would write into the current folder)")
+    return value
+
+
+# A path (or an empty string where the field allows "none").
+PathText = Annotated[str, AfterValidator(_usable_path)]
+# A folder or file the run writes to: empty is refused.
+WritePath = Annotated[str, AfterValidator(_usable_path), AfterValidator(_not_blank)]

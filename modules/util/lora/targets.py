@@ -1,0 +1,50 @@
+"""Which Linear modules of a Wan transformer a LoRA (LoHa, LoKr) adapter wraps, from `lora.targets` and
+`lora.custom_targets`, on diffusers module names. Works on names alone, so the config check (validation.py) can run
+it on a transformer built on the meta device, before any weight loads, and training on the loaded one."""
+import re
+
+_ATTENTION = r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+_MLP = r"blocks\.\d+\.ffn\.(net\.0\.proj|net\.2)"
+TARGET_PRESETS = {
+    "attn-only": f"{_ATTENTION}",
+    "attn-mlp": f"({_ATTENTION}|{_MLP})",
+    "blocks-full": r"blocks\.\d+\..+",
+}
+# Characters that make a single custom target a regex rather than a module-name suffix.
+REGEX_CHARACTERS = "\\()[]|*+?"
+
+
+class LoraTargetError(ValueError):
+    pass
+
+
+def custom_target_regex(custom: list[str]) -> re.Pattern | None:
+    """The compiled regex when `custom` is one regex; None when it lists module-name suffixes.
+    Raises LoraTargetError when the regex does not compile."""
+    if len(custom) != 1 or not any(c in custom[0] for c in REGEX_CHARACTERS):
+        return None
+    try:
+        return re.compile(custom[0])
+    except (re.error, OverflowError, RecursionError) as e:
+        raise LoraTargetError(f"lora.custom_targets: {custom[0]!r} is not a regular expression ({e})") from None
+
+
+def lora_target_names(linear_names: list[str], targets: str, custom: list[str]) -> list[str]:
+    """The names among `linear_names` (the transformer's Linear modules) the adapter wraps. Custom targets are
+    module-name suffixes, or one regex matched against the whole name."""
+    if targets == "custom":
+        if not custom:
+            raise LoraTargetError("lora.custom_targets: empty, but lora.targets is 'custom'")
+        pattern = custom_target_regex(custom)
+        if pattern is None:
+            chosen = [n for n in linear_names if any(n == c or n.endswith("." + c) for c in custom)]
+        else:
+            chosen = [n for n in linear_names if pattern.fullmatch(n)]
+    else:
+        pattern = re.compile(TARGET_PRESETS[targets])
+        chosen = [n for n in linear_names if pattern.fullmatch(n)]
+    if not chosen:
+        what = f"lora.custom_targets: {custom!r}" if targets == "custom" else f"lora.targets: {targets!r}"
+        raise LoraTargetError(f"{what} matches no Linear module of the transformer; examples of names: "
+                              f"{linear_names[-4:]}")
+    return chosen
