@@ -56,7 +56,9 @@ class TrainConfig(BaseConfig):
     def _device_name(cls, value: str) -> str:
         # the spelling only; whether this machine has the device is checked in validation.check_devices
         if not DEVICE_PATTERN.fullmatch(value):
-            raise ValueError("a device is auto, cpu, cuda, cuda:N or mps")
+            from modules.util.devices import available_devices
+            raise ValueError(f"a device is auto, cpu, cuda, cuda:N or mps; devices here: "
+                             f"{', '.join(available_devices())}")
         return value
 
     @field_validator("train_dtype")

@@ -138,7 +138,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError([f"--config-value {text!r}: {key!r} is not a dotted key"])
-    return parts, parse_json_text(raw, f"--config-value {key.strip()}", not_json_as_text=True)
+    try:
+        return parts, parse_json_text(raw, key.strip(), not_json_as_text=True)
+    except ConfigError as error:
+        raise ConfigError([f"{key.strip()}: {problem}" for problem in error.problems]) from None
 
 
 def _list_index(node: list, part: str, dotted: str) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from modules.util.config.config_io import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
+from modules.util.devices import available_devices
 from modules.util.lora.targets import LoraTargetError, lora_target_names
 
 log = logging.getLogger(__name__)
@@ -63,15 +64,6 @@ def path_problems(config: TrainConfig) -> list[str]:
 
 
 # ---- the device ----------------------------------------------------------------------------------------------------
-
-def available_devices() -> list[str]:
-    devices = ["cpu"]
-    if torch.cuda.is_available():
-        devices += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
-    if torch.backends.mps.is_available():
-        devices.append("mps")
-    return devices
-
 
 def device_problems(device: str) -> list[str]:
     """The schema has checked the spelling (auto, cpu, cuda, cuda:N, mps); this checks the machine has it."""
