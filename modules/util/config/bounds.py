@@ -27,16 +27,23 @@ MAX_RANK = 65536
 # A list of numbers (aspect ratios, frame buckets): more entries than this is a copy-paste accident.
 MAX_LIST = 256
 
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"0..2^64-1")]
+# Linux's PATH_MAX and NAME_MAX (most file systems), in bytes of the encoded path.
+MAX_PATH_BYTES, MAX_NAME_BYTES = 4096, 255
+
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="0..2^64-1")]
 
 
 def _usable_path(value: str) -> str:
     if "\x00" in value:
         raise ValueError("a path cannot contain a NUL character")
     try:
-        os.fsencode(value)
+        encoded = os.fsencode(value)
     except UnicodeError:
         raise ValueError("a path must be text the file system can store (it holds an unpaired surrogate)") from None
+    # the operating system refuses longer names with an OSError from the first stat()
+    if len(encoded) > MAX_PATH_BYTES or any(len(name) > MAX_NAME_BYTES for name in encoded.split(b"/")):
+        raise ValueError(f"a path is at most {MAX_PATH_BYTES} bytes, each folder or file name at most "
+                         f"{MAX_NAME_BYTES}")
     return value
 
 
