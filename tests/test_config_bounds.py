@@ -210,3 +210,40 @@ def test_all_problems_in_one_error(judge):
     fields = sorted(p.split(":")[0] for p in problems)
     assert fields == ["data.concepts.0.fps", "data.concepts.x.path", "device", "optimizer.learning_rate", "seed"], \
         problems
+
+
+def bounded_fields(model) -> list[str]:
+    """Dotted paths (list items as N) of every schema field with a bound, tuple/list items folded into their field."""
+    schema = model.model_json_schema()
+    defs, found = schema.get("$defs", {}), []
+
+    def walk(node, path):
+        if "$ref" in node:
+            return walk(defs[node["$ref"].rsplit("/", 1)[-1]], path)
+        for member in node.get("anyOf", []):
+            walk(member, path)
+        for key, value in node.get("properties", {}).items():
+            walk(value, path + [key])
+        if "items" in node:
+            walk(node["items"], path + ["N"])
+        for item in node.get("prefixItems", []):
+            walk(item, path)
+        if any(key in node for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems",
+                                       "maxItems", "minLength")):
+            found.append(".".join(path[:-1] if path[-1:] == ["N"] else path))
+    walk(schema, [])
+    return sorted(set(found))
+
+
+def test_docs_list_every_bound():
+    import fnmatch
+    import re
+    from modules.util.config.E2VConfig import E2VDatasetConfig
+    from modules.util.config.SampleConfig import SampleConfig
+    from modules.util.config.TrainConfig import TrainConfig
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    section = text[text.index("## Bounds"):text.index("\n## ", text.index("## Bounds") + 1)]
+    names = set(re.findall(r"`([^`]+)`", section))
+    fields = bounded_fields(TrainConfig) + bounded_fields(E2VDatasetConfig) + bounded_fields(SampleConfig)
+    missing = [f for f in fields if not any(fnmatch.fnmatchcase(f, name) for name in names)]
+    assert not missing, f"docs/configuration.md's Bounds table lacks {missing}"
