@@ -65,10 +65,24 @@ class BaseWanSetup:
         return {"high": ["transformer"], "low": ["transformer_2"], "both": ["transformer", "transformer_2"]}[
             self.config.expert]
 
-    def enable_checkpointing(self) -> None:
-        if self.config.gradient_checkpointing:
-            for name in self.experts_in_training():
-                getattr(self.model, name).enable_gradient_checkpointing()
+    def apply_performance(self) -> None:
+        """Checkpointing, block swap, activation offload, attention kernel and compilation of the trained
+        experts (config.performance); call at the end of setup_model, once what trains is decided."""
+        from modules.modelSetup.memory.PerformanceSetup import PerformanceSetup
+        self.performance = {}
+        for name in self.experts_in_training():
+            self.performance[name] = PerformanceSetup(getattr(self.model, name), self.config.performance,
+                                                      self.config.gradient_checkpointing, self.device).apply()
+
+    def move_experts_to_device(self) -> None:
+        """Moves the trained experts to the device (swapped blocks stay on the host) in training mode."""
+        for name in self.experts_in_training():
+            setup = getattr(self, "performance", {}).get(name)
+            if setup is not None:
+                setup.move_to_device()
+            else:
+                getattr(self.model, name).to(self.device)
+            getattr(self.model, name).train()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = self.config.train_dtype.torch_dtype()

@@ -139,8 +139,7 @@ class GenericTrainer:
         self._load()
         self.data.cache()
         self.setup.setup_model()
-        for name in self.setup.experts_in_training():
-            getattr(self.model, name).to(self.device).train()
+        self.setup.move_experts_to_device()
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
