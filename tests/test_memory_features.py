@@ -138,3 +138,70 @@ def test_bf16_fp8_storage_with_block_swap_and_offload():
     # compared, against a bf16 step without any switch
     bf16 = one_step(dtype="BFLOAT_16")
     torch.testing.assert_close(result[0], bf16[0], atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("kernel", ["math", "flash"])
+def test_attention_kernels_that_run_on_the_cpu(plain, kernel):
+    result = one_step(performance={"attention": kernel})
+    assert result[2].model.transformer.blocks[0].attn1.processor._attention_backend is not None
+    assert_same_step(result, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_gpu_only_settings_on_a_cpu_are_config_errors_before_loading(tiny_model, monkeypatch):
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.trainer.GenericTrainer import prepare_config
+    from modules.util.config.config_io import ConfigError, load_config
+
+    monkeypatch.setattr(WanBaseModelLoader, "load", lambda *a: pytest.fail("a model loaded"))
+    config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}", "device=cpu",
+                                    "model.transformer.weight_dtype=NF4", "model.vae.weight_dtype=INT8",
+                                    "performance.attention=cudnn", "gradient_checkpointing=false",
+                                    "performance.activation_offload=true", "performance.block_swap=2"])
+    with pytest.raises(ConfigError) as error:
+        prepare_config(config)
+    problems = error.value.problems
+    assert any(p.startswith("model.transformer.weight_dtype: NF4") and "CUDA GPU only" in p for p in problems)
+    assert any(p.startswith("model.vae.weight_dtype: INT8") and "transformer weights only" in p for p in problems)
+    assert any(p.startswith("performance.attention: 'cudnn'") for p in problems)
+    assert any(p.startswith("performance.activation_offload:") for p in problems)
+    assert any(p.startswith("performance.block_swap: 2 swaps every one of the model's 2 blocks") for p in problems)
+    assert len(problems) == 5
+
+
+def test_losses_read_back_every_n_steps_and_a_nan_is_still_caught(tiny_model, squares_dataset, tmp_path,
+                                                                  monkeypatch):
+    from learning import train
+    from modules.modelSetup.BaseWanSetup import BaseWanSetup
+    from modules.trainer.backup_io import list_backups
+    from modules.trainer.GenericTrainer import GenericTrainer, TrainingError
+
+    base = tiny_model("wan2.1-t2v")
+    cache = f"cache_dir={tmp_path / 'cache'}"
+    reads = []
+    read_losses = GenericTrainer.read_losses
+
+    def counting(self):
+        reads.append(len(self.pending_losses))
+        read_losses(self)
+
+    monkeypatch.setattr(GenericTrainer, "read_losses", counting)
+    every_third = train(tmp_path / "a", base, squares_dataset, steps=6,
+                        overrides=[cache, "performance.loss_readback_steps=3"])
+    assert [n for n in reads if n] == [3, 3]   # two reads of three steps each, not one per step
+    every_step = train(tmp_path / "b", base, squares_dataset, steps=6,
+                       overrides=[cache, "performance.loss_readback_steps=1"])
+    assert len(every_third.step_losses) == 6 and every_third.step_losses == every_step.step_losses
+
+    calculate_loss, calls = BaseWanSetup.calculate_loss, []
+
+    def poisoned(self, batch, prediction):
+        calls.append(1)
+        loss = calculate_loss(self, batch, prediction)
+        return loss * float("nan") if len(calls) == 4 else loss
+
+    monkeypatch.setattr(BaseWanSetup, "calculate_loss", poisoned)
+    # read every 5 steps, backups every 3: the NaN of step 4 is found at step 5's read, and named as step 4
+    with pytest.raises(TrainingError, match=r"at step 4 .*step-00000003"):
+        train(tmp_path / "c", base, squares_dataset, steps=8,
+              overrides=[cache, "performance.loss_readback_steps=5", "backup.every_n_steps=3"])
+    assert [b.name for b in list_backups(tmp_path / "c" / "run" / "backup")] == ["step-00000003"]

@@ -33,6 +33,10 @@ def prepare_config(config: TrainConfig) -> list:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
     check_paths(config)
+    from modules.util.config.performance_checks import performance_problems
+    problems = performance_problems(config, resolve_device(config.device))
+    if problems:
+        raise ConfigError(problems)
     base = Path(config.model.base_model_name)
     if base.is_dir():
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder

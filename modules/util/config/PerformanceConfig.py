@@ -21,7 +21,8 @@ class PerformanceConfig(BaseConfig):
                                                         "gradient_checkpointing)")
     attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field(
         "auto", description="scaled-dot-product attention kernel: auto lets torch pick the fastest available; flash "
-                            "(AOTriton on ROCm), cudnn and efficient are GPU kernels; math is the reference")
+                            "(AOTriton on ROCm; also on the CPU), cudnn and efficient are GPU kernels; math is the "
+                            "reference")
     compile_blocks: bool = Field(False, description="torch.compile each (non-swapped) transformer block: one compiled "
                                                     "region reused by every block, so compiling takes seconds")
     vae_tiling: bool = Field(False, description="encode and decode with the VAE in spatial tiles: high resolutions "
