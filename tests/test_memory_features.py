@@ -205,3 +205,20 @@ def test_losses_read_back_every_n_steps_and_a_nan_is_still_caught(tiny_model, sq
         train(tmp_path / "c", base, squares_dataset, steps=8,
               overrides=[cache, "performance.loss_readback_steps=5", "backup.every_n_steps=3"])
     assert [b.name for b in list_backups(tmp_path / "c" / "run" / "backup")] == ["step-00000003"]
+
+
+def test_regional_compilation_of_the_blocks(plain, monkeypatch):
+    """performance.compile_blocks compiles each block in place (parameter names, and so LoRA keys, unchanged). On
+    the CPU the graphs are captured with dynamo's eager backend (the same tracing, no C++ code generation)."""
+    from modules.modelSetup.memory.PerformanceSetup import PerformanceSetup
+    init = PerformanceSetup.__init__
+
+    def eager(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "compile_backend": "eager"})
+
+    monkeypatch.setattr(PerformanceSetup, "__init__", eager)
+    torch._dynamo.reset()
+    result = one_step(checkpointing=True, performance={"compile_blocks": True, "checkpoint_every": 2})
+    assert result[2].performance["transformer"].compiled == [0, 1]
+    assert result[1].keys() == plain[1].keys()
+    assert_same_step(result, plain)
