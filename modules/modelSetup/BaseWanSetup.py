@@ -71,8 +71,9 @@ class BaseWanSetup:
         from modules.modelSetup.memory.PerformanceSetup import PerformanceSetup
         self.performance = {}
         for name in self.experts_in_training():
-            self.performance[name] = PerformanceSetup(getattr(self.model, name), self.config.performance,
-                                                      self.config.gradient_checkpointing, self.device).apply()
+            self.performance[name] = PerformanceSetup(
+                getattr(self.model, name), self.config.performance, self.config.gradient_checkpointing, self.device,
+                fine_tune=self.config.training_method.value == "FINE_TUNE").apply()
 
     def move_experts_to_device(self) -> None:
         """Moves the trained experts to the device (swapped blocks stay on the host) in training mode."""

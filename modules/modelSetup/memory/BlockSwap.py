@@ -56,11 +56,10 @@ class BlockSwap:
         return {id(parameter) for pairs in self.host.values() for parameter, _ in pairs}
 
     def check_frozen(self) -> None:
-        """Raises when a swapped block has trainable parameters other than adapters (a fine-tune must train the
-        non-swapped blocks only)."""
+        """For a fine-tune: raises when a swapped block trains (its weights would stay on the device, and the swap
+        would quietly save nothing); a fine-tune with block swap trains the other blocks only."""
         for index in self.indices:
-            trained = [name for name, p in self.blocks[index].named_parameters()
-                       if p.requires_grad and "lora_" not in name and "hada_" not in name and "lokr_" not in name]
+            trained = [name for name, p in self.blocks[index].named_parameters() if p.requires_grad]
             if trained:
                 raise ValueError(f"performance.block_swap: block {index} is swapped but trains {trained[:3]}; swap "
                                  f"fewer blocks or train only blocks 0..{self.indices[0] - 1} "

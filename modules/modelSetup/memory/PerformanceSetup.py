@@ -26,11 +26,13 @@ ATTENTION_BACKENDS = {"flash": "_native_flash", "cudnn": "_native_cudnn", "effic
 
 class PerformanceSetup:
     def __init__(self, transformer: torch.nn.Module, performance: PerformanceConfig, gradient_checkpointing: bool,
-                 device: torch.device, compile_backend: str = "inductor"):
+                 device: torch.device, fine_tune: bool = False, compile_backend: str = "inductor"):
+        """`fine_tune`: the transformer's own weights train, so the swapped blocks must be frozen."""
         self.transformer = transformer
         self.performance = performance
         self.gradient_checkpointing = gradient_checkpointing
         self.device = torch.device(device)
+        self.fine_tune = fine_tune
         self.compile_backend = compile_backend
         self.block_swap: BlockSwap | None = None
         self.offload: ActivationOffload | None = None
@@ -44,7 +46,8 @@ class PerformanceSetup:
             transformer.set_attention_backend(ATTENTION_BACKENDS[performance.attention])
         if performance.block_swap:
             self.block_swap = BlockSwap(blocks, performance.block_swap, self.device)
-            self.block_swap.check_frozen()
+            if self.fine_tune:
+                self.block_swap.check_frozen()
         if performance.activation_offload and self.gradient_checkpointing:
             self.offload = ActivationOffload(self.device)
             # a forward pass that never reached its backward pass (an exception) must not keep its host copies
@@ -66,9 +69,7 @@ class PerformanceSetup:
     def move_to_device(self) -> None:
         if self.block_swap is not None:
             self.block_swap.move_to_device(self.transformer)
-        elif not getattr(self.transformer, "is_loaded_in_4bit", False) and \
-                not getattr(self.transformer, "is_loaded_in_8bit", False):
-            # bitsandbytes models are placed on the GPU when they load and refuse .to()
+        else:
             self.transformer.to(self.device)
 
     def describe(self) -> str:
