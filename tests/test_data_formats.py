@@ -355,3 +355,26 @@ def test_dataset_config_flag_does_not_take_the_e2v_flag():
     assert (args.dataset_config, args.dataset_configs) == (None, "e2v.json")
     assert "data.dataset_config=d.toml" in train_script.seed_options_as_overrides(
         train_script.parse_args(["--dataset-config", "d.toml"]))
+
+
+def test_each_extraction_mode_reports_the_rate_it_really_yields(tmp_path):
+    """docs/data.md's table: a 40-frame clip at 16 fps cut at 33 frames; uniform spreads the 33 frames over all
+    40, so its frames are 39/32 source frames apart and the real rate is 16 x 32 / 39."""
+    from modules.dataLoader.pipeline.ListSource import ListSource
+    from modules.dataLoader.pipeline.ProbeMedia import ProbeMedia
+    clip = video(tmp_path / "clip.mp4", 40)
+    np.savez(tmp_path / "nofps.npz", frames=np.zeros((40, 16, 16, 3), np.uint8))
+    rates = {}
+    for name, path, concept in [
+            ("head", clip, ConceptConfig(path=".")), ("uniform", clip, ConceptConfig(path=".", extraction="uniform")),
+            ("fps 8", clip, ConceptConfig(path=".", fps=8)), ("source", clip, ConceptConfig(path=".", fps="source")),
+            ("npz", tmp_path / "nofps.npz", ConceptConfig(path="."))]:
+        pipeline = Pipeline([ListSource([{"path": str(path), "concept": concept}], ["path", "concept"]), ProbeMedia(),
+                             FrameWindow([1, 9, 17, 33], model_fps=16)], seed=0,
+                            outputs=["frame_indices", "frame_bucket", "frame_fps"])
+        pipeline.start_epoch(0)
+        row = pipeline.get_item(0)
+        rates[name] = (row["frame_bucket"], row["frame_indices"][-1], round(row["frame_fps"], 3))
+    assert rates == {"head": (33, 32, 16.0), "uniform": (33, 39, round(16 * 32 / 39, 3)),
+                     "fps 8": (17, 32, 8.0),  # 40 frames at 16 fps = 2.5 s = 20 frames at 8 fps: bucket 17
+                     "source": (33, 32, 16.0), "npz": (33, 32, 16.0)}  # an npz without fps is at the target rate

@@ -90,7 +90,7 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
             if not path.is_file():
                 result.skip(path, "file does not exist")
             elif caption is None and concept.caption_required:
-                result.skip(path, f"no caption ({path.with_suffix('.txt').name} is missing)")
+                result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
             else:
                 result.records.append({"path": str(path), "concept": concept, "caption": caption or ""})
     return result

@@ -31,7 +31,7 @@ class FrameWindow(IndexMapModule):
     It is an IndexMapModule: item i is window w of upstream clip u. A file whose probe failed, or whose N is
     shorter than every frame count it could be cut at, gets no item: it is skipped with one warning and listed in
     `skipped`. Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps'
-    (the rate of the extracted clip).
+    (the real rate of the extracted clip: fps x (F-1) / (N-1) for uniform, the concept's fps otherwise).
     """
 
     def __init__(self, frame_buckets: list[int], model_fps: int | float, name: str | None = None, *,
@@ -173,4 +173,6 @@ class FrameWindow(IndexMapModule):
         else:
             raise ValueError(f"unknown extraction mode {extraction!r}")
         fps = float(target) if target is not None else (info.fps or float(self.model_fps))
+        if extraction == "uniform" and f > 1 and n > f:
+            fps *= (f - 1) / (n - 1)  # F frames span the whole clip: its real rate is lower (motion plays faster)
         return {"frame_indices": [resampled[p] for p in positions], "frame_bucket": f, "frame_fps": fps}
