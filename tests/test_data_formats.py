@@ -378,3 +378,17 @@ def test_each_extraction_mode_reports_the_rate_it_really_yields(tmp_path):
     assert rates == {"head": (33, 32, 16.0), "uniform": (33, 39, round(16 * 32 / 39, 3)),
                      "fps 8": (17, 32, 8.0),  # 40 frames at 16 fps = 2.5 s = 20 frames at 8 fps: bucket 17
                      "source": (33, 32, 16.0), "npz": (33, 32, 16.0)}  # an npz without fps is at the target rate
+
+
+def test_a_dataset_config_that_is_not_a_peer_toml_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "broken.toml").write_text("[[datasets]\nvideo_directory = 'clips'\n")
+    (tmp_path / "other.toml").write_text("[training]\nepochs = 3\n")
+    expected = {"clips": "is a folder, not a dataset TOML; give it as a concept instead",
+                "broken.toml": "not valid TOML", "missing.toml": "does not exist (relative paths are read from",
+                "other.toml": "neither a musubi-tuner dataset config ([[datasets]] tables) nor a diffusion-pipe one"}
+    for name, message in expected.items():
+        with pytest.raises(ConfigError) as caught:
+            load_config(overrides=[f"data.dataset_config={name}"])
+        assert message in str(caught.value) and name in str(caught.value)

@@ -27,8 +27,13 @@ log = logging.getLogger(__name__)
 
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() == ".jsonl":
+        raise ConfigError([f"data.dataset_config: {str(path)!r} is a {'folder' if path.is_dir() else 'manifest'}, "
+                           f"not a dataset TOML; give it as a concept instead: "
+                           f"--config-value 'data.concepts=[{{\"path\": \"{path}\"}}]'"], str(path))
     if not path.is_file():
-        raise ConfigError([f"dataset config {str(path)!r} does not exist"], str(path))
+        raise ConfigError([f"data.dataset_config: {str(path)!r} does not exist (relative paths are read from the "
+                           f"current directory, {Path.cwd()})"], str(path))
     try:
         return tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as error:
