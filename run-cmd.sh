@@ -3,7 +3,12 @@
 # The script runs in the directory you ran this from, so relative paths in ARGS (and in your config files) mean
 # what they mean in your shell; install.sh changes into the project folder in its own process only.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+self="${BASH_SOURCE[0]}"
+while [ -L "$self" ]; do  # called through a link (e.g. ~/bin/wan-train): the project is where the link points
+    target="$(readlink "$self")"
+    case "$target" in /*) self="$target" ;; *) self="$(dirname "$self")/$target" ;; esac
+done
+root="$(cd "$(dirname "$self")" && pwd)"
 if [ $# -lt 1 ]; then
     echo "usage: $0 SCRIPT [ARGS...]; scripts: $(cd "$root/scripts" && ls [a-z]*.py | sed 's/\.py$//' | tr '\n' ' ')" >&2
     exit 2

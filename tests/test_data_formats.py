@@ -101,6 +101,14 @@ def test_seed_004_layout_trains_through_run_cmd_from_the_users_folder(tiny_model
     assert not (project / "outputs").exists() and not (project / "data").exists()
 
 
+def test_run_cmd_called_through_a_link_finds_the_project(tmp_path):
+    project = fake_install(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "wan").symlink_to(Path("..") / "project" / "run-cmd.sh")
+    result = subprocess.run([str(tmp_path / "bin" / "wan")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "scripts:" in result.stderr and " train " in result.stderr, result.stderr
+
+
 def test_shipped_demo_preset_works_from_another_folder(tmp_path, monkeypatch):
     """The demo preset's project-relative paths (workspace/demo/...) resolve against the directory the command
     runs from, like every relative path in a config: from another folder the demo assets are made there."""
