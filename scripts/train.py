@@ -97,10 +97,27 @@ def main(argv: list[str] | None = None) -> int:
             trainer.cache_only()
         else:
             trainer.train()
+    except ConfigError as e:  # found once the model is known (a preview it cannot sample), before any step
+        print(f"train: {e}", file=sys.stderr)
+        return 2
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+    if trainer.stop_requested.is_set():
+        print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
     return 0
+
+
+def resume_command(argv: list[str] | None, workspace_dir: str) -> str:
+    """The command line that continues this run from its last backup, runnable from any folder."""
+    import os
+    import shlex
+    from pathlib import Path
+    args = list(sys.argv[1:] if argv is None else argv)
+    args += ["--config-value", "backup.continue_last_backup=true", "--config-value",
+             f"workspace_dir={Path(workspace_dir).resolve()}"]
+    command = [sys.executable, str(Path(__file__).resolve()), *args]
+    return f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}"
 
 
 if __name__ == "__main__":
