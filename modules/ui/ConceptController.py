@@ -32,7 +32,9 @@ class ConceptController:
         return list(self.state.get(CONCEPTS) or [])
 
     def add(self, path: str = "") -> int:
-        return self.state.list_append(CONCEPTS, {"name": Path(path).name if path else "", "path": path})
+        from modules.util.config.DataConfig import ConceptConfig
+        concept = ConceptConfig(name=Path(path).name if path else "", path=path)
+        return self.state.list_append(CONCEPTS, concept.model_dump(mode="json"))
 
     def remove(self, index: int) -> None:
         self.state.list_remove(CONCEPTS, index)

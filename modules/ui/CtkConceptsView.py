@@ -16,7 +16,7 @@ CARD_FIELDS = ["enabled", "name", "path", "caption_source", "repeats", "fps", "e
 
 class CtkConceptsView:
     def __init__(self, frame, app):
-        self.app, self.state, self.controller = app, app.state, app.concepts
+        self.app, self.state, self.controller = app, app.config_state, app.concepts
         row = render_section(frame, self.state, "data", skip=["dataloader_threads", "ti2v_image_probability"],
                              fields=app.fields, title="data")
         bar = ctk.CTkFrame(frame, fg_color="transparent")

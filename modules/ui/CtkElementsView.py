@@ -19,7 +19,7 @@ CELL = 22
 
 class CtkElementsView:
     def __init__(self, frame, app):
-        self.app, self.state, self.controller = app, app.state, app.elements
+        self.app, self.state, self.controller = app, app.config_state, app.elements
         self.frame = frame
         row = render_section(frame, self.state, "e2v", fields=app.fields, title="Elements-to-Video")
         bar = ctk.CTkFrame(frame, fg_color="transparent")
@@ -162,8 +162,8 @@ class CtkElementsView:
         self.draw()
 
     def on_config_change(self, path: str) -> None:
-        if path.startswith("e2v") or path == "data.frame_buckets":
-            if path.endswith((".position", ".name", ".required")) or path in ("e2v.datasets",):
+        if path.startswith("e2v") or path in ("", "data.frame_buckets"):
+            if path.endswith((".position", ".name", ".required")) or path in ("", "e2v.datasets"):
                 self._present_toggles()
             self.check()
             self.draw()

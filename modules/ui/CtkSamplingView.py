@@ -20,7 +20,7 @@ COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 
 
 class CtkSamplingView:
     def __init__(self, frame, app):
-        self.app, self.state, self.controller = app, app.state, app.sampling
+        self.app, self.state, self.controller = app, app.config_state, app.sampling
         self.player = PreviewPlayer()
         self.series: list[PreviewSeries] = []
         self.current: PreviewSeries | None = None

@@ -24,15 +24,16 @@ TABS = ("general", "model", "concepts", "elements", "training", "LoRA / embeddin
 
 class CtkTrainView(ctk.CTk):
     def __init__(self, controller: TrainController | None = None, restore_last_used: bool = True):
+        ctk.set_appearance_mode("dark")  # the plots are drawn on dark canvases
         super().__init__()
         self.title("Wan trainer")
         self.geometry("1280x900")
         self.minsize(1000, 700)
         self.controller = controller or TrainController()
-        self.state = self.controller.state
-        self.concepts = ConceptController(self.state)
-        self.elements = ElementsController(self.state)
-        self.sampling = SamplingController(self.state)
+        self.config_state = self.controller.state
+        self.concepts = ConceptController(self.config_state)
+        self.elements = ElementsController(self.config_state)
+        self.sampling = SamplingController(self.config_state)
         self.fields: dict[str, BoundField] = {}
         self.dialogs: list[ctk.CTkToplevel] = []
         self._drawn_losses = 0
@@ -43,7 +44,7 @@ class CtkTrainView(ctk.CTk):
         self._build_top_bar()
         self._build_tabs()
         self._build_bottom_bar()
-        self.state.on_change(self._on_config_change)
+        self.config_state.on_change(self._on_config_change)
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._update_variant()
         self.after(POLL_MS, self._poll)
@@ -64,9 +65,9 @@ class CtkTrainView(ctk.CTk):
         self.preset_menu.grid(row=0, column=0, padx=4, pady=4)
         button(bar, "Load…", self._ask_load, width=70).grid(row=0, column=1, padx=2)
         button(bar, "Save as…", self._ask_save, width=80).grid(row=0, column=2, padx=2)
-        self.fields["model_type"] = BoundField(bar, self.state, "model_type", 0, label="model type", width=130,
+        self.fields["model_type"] = BoundField(bar, self.config_state, "model_type", 0, label="model type", width=130,
                                                column=3, label_width=70)
-        self.fields["training_method"] = BoundField(bar, self.state, "training_method", 0, label="method",
+        self.fields["training_method"] = BoundField(bar, self.config_state, "training_method", 0, label="method",
                                                     width=120, column=6, label_width=50)
         self.variant_label = ctk.CTkLabel(bar, text="", anchor="w")
         self.variant_label.grid(row=0, column=9, padx=8, sticky="w")
@@ -82,6 +83,7 @@ class CtkTrainView(ctk.CTk):
             self.show_dialog("Cannot load", str(error))
             return
         self.log(f"loaded {path}")
+        self.preset_menu.set(Path(path).stem)
         self.refresh_lists()
         self._update_variant()
 
@@ -99,8 +101,8 @@ class CtkTrainView(ctk.CTk):
 
     def save_as(self, path: str | Path) -> None:
         self.controller.save_as(path)
-        self.log(f"saved {path}" + ("" if not self.state.problems else
-                                    f" (with {len(self.state.problems)} problem(s) still to fix)"))
+        self.log(f"saved {path}" + ("" if not self.config_state.problems else
+                                    f" (with {len(self.config_state.problems)} problem(s) still to fix)"))
 
     def _update_variant(self) -> None:
         self.variant_label.configure(text=f"variant: {self.controller.detect_variant()}")
@@ -119,9 +121,9 @@ class CtkTrainView(ctk.CTk):
         self.tabs = {name: scrollable_tab(self.tabview, name) for name in TABS}
 
         general = self.tabs["general"]
-        row = render_section(general, self.state, "", only=["workspace_dir", "cache_dir", "device", "seed",
+        row = render_section(general, self.config_state, "", only=["workspace_dir", "cache_dir", "device", "seed",
                                                                "tensorboard", "demo_assets"], fields=self.fields)
-        row = render_section(general, self.state, "data", only=["dataloader_threads"], start_row=row,
+        row = render_section(general, self.config_state, "data", only=["dataloader_threads"], start_row=row,
                              fields=self.fields)
         button(general, "Start TensorBoard", self.start_tensorboard, width=160).grid(row=row, column=1, sticky="w",
                                                                                     padx=4, pady=8)
@@ -129,12 +131,12 @@ class CtkTrainView(ctk.CTk):
         self.tensorboard_label.grid(row=row, column=2, sticky="w")
 
         model = self.tabs["model"]
-        row = render_section(model, self.state, "model", only=["base_model_name", "allow_download"],
+        row = render_section(model, self.config_state, "model", only=["base_model_name", "allow_download"],
                              fields=self.fields, title="base model")
         for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
-            row = render_section(model, self.state, f"model.{part}", start_row=row, fields=self.fields,
+            row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))
-        render_section(model, self.state, "output", start_row=row, fields=self.fields, title="output")
+        render_section(model, self.config_state, "output", start_row=row, fields=self.fields, title="output")
 
         self.concepts_view = CtkConceptsView(self.tabs["concepts"], self)
         self.elements_view = CtkElementsView(self.tabs["elements"], self)
@@ -144,7 +146,7 @@ class CtkTrainView(ctk.CTk):
         self.sampling_view = CtkSamplingView(self.tabs["sampling"], self)
 
         backup = self.tabs["backup"]
-        row = render_section(backup, self.state, "backup", fields=self.fields)
+        row = render_section(backup, self.config_state, "backup", fields=self.fields)
         buttons = ctk.CTkFrame(backup, fg_color="transparent")
         buttons.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=10)
         button(buttons, "Backup now", lambda: self.request("backup")).grid(row=0, column=0, padx=4)
@@ -156,11 +158,11 @@ class CtkTrainView(ctk.CTk):
         for child in frame.winfo_children():
             child.destroy()
         for section in ("lora", "embedding", "fine_tune"):
-            self.state.unbind_prefix(f"{section}.")
-        method = self.state.get("training_method")
+            self.config_state.unbind_prefix(f"{section}.")
+        method = self.config_state.get("training_method")
         section = {"LORA": "lora", "EMBEDDING": "embedding", "FINE_TUNE": "fine_tune"}.get(method, "lora")
         title = {"lora": "LoRA", "embedding": "embedding", "fine_tune": "fine-tune"}[section]
-        render_section(frame, self.state, section, fields=self.fields, title=title)
+        render_section(frame, self.config_state, section, fields=self.fields, title=title)
         self._method_shown = method
 
     def refresh_lists(self) -> None:
@@ -168,13 +170,13 @@ class CtkTrainView(ctk.CTk):
         self.concepts_view.refresh()
         self.elements_view.refresh()
         self.sampling_view.reload_samples()
-        if self.state.get("training_method") != self._method_shown:
+        if self.config_state.get("training_method") != self._method_shown:
             self._render_method_tab()
 
     def _on_config_change(self, path: str) -> None:
-        if path == "training_method" and self.state.get("training_method") != self._method_shown:
+        if path == "training_method" and self.config_state.get("training_method") != self._method_shown:
             self._render_method_tab()
-        if path.startswith("model.") or path in ("demo_assets", "model_type"):
+        if path.startswith("model.") or path in ("", "demo_assets", "model_type"):
             self._update_variant()
         self.elements_view.on_config_change(path)
         self.training_view.on_config_change(path)
@@ -182,7 +184,7 @@ class CtkTrainView(ctk.CTk):
     def start_tensorboard(self) -> None:
         import subprocess
         import sys
-        logdir = Path(self.state.get("workspace_dir") or "workspace") / "tensorboard"
+        logdir = Path(self.config_state.get("workspace_dir") or "workspace") / "tensorboard"
         try:
             self._tensorboard = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                                                   "--port", "6006"], stdout=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspa
 
 class CtkTrainingTabView:
     def __init__(self, frame, app):
-        self.app, self.state = app, app.state
+        self.app, self.state = app, app.config_state
         left = ctk.CTkFrame(frame, fg_color="transparent")
         left.grid(row=0, column=0, sticky="nw")
         right = ctk.CTkFrame(frame, fg_color="transparent")
@@ -55,7 +55,7 @@ class CtkTrainingTabView:
         frame.after_idle(self.draw_density)
 
     def on_config_change(self, path: str) -> None:
-        if path.startswith("timestep.") or path in ("expert", "model.base_model_name"):
+        if path.startswith("timestep.") or path in ("", "expert", "model.base_model_name"):
             self.draw_density()
 
     def _boundary(self) -> float | None:

@@ -56,9 +56,14 @@ class UIState:
         defaults.pop(VERSION_KEY)
         self.data = deep_merge(defaults, migrate(data, source))
         self.external = {}
-        self.validate()
+        if not self.validate():
+            # valid: hold the CLI's full form (list items, e.g. sparse concepts, get every field)
+            self.data = config_to_dict(self.config())
+            self.data.pop(VERSION_KEY)
         for path in list(self._bindings):
             self._show(path)
+        for listener in list(self._listeners):
+            listener("")  # "": everything changed
 
     def spec(self, path: str) -> FieldSpec:
         return field_spec(path)
