@@ -21,20 +21,20 @@ class CtkElementsView:
     def __init__(self, frame, app):
         self.app, self.state, self.controller = app, app.config_state, app.elements
         self.frame = frame
-        row = render_section(frame, self.state, "e2v", fields=app.fields, title="Elements-to-Video")
+        overrides = ctk.CTkFrame(frame, fg_color="transparent")
+        overrides.grid(row=0, column=0, columnspan=3, sticky="w")
+        row = render_section(overrides, self.state, "e2v", fields=app.fields, title="Elements-to-Video")
         bar = ctk.CTkFrame(frame, fg_color="transparent")
-        bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
+        bar.grid(row=1, column=0, columnspan=3, sticky="w", padx=8, pady=6)
         button(bar, "Import JSON…", self.ask_import).grid(row=0, column=0, padx=3)
         button(bar, "Export JSON…", self.ask_export).grid(row=0, column=1, padx=3)
         button(bar, "New dataset", self.new_dataset).grid(row=0, column=2, padx=3)
         button(bar, "Add element", self.add_element).grid(row=0, column=3, padx=3)
         self.problem_label = ctk.CTkLabel(frame, text="", text_color=ERROR_COLOR, anchor="w", justify="left",
                                           wraplength=1100)
-        self.problem_label.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8)
-        self.dataset_frame = ctk.CTkFrame(frame, fg_color="transparent")
-        self.dataset_frame.grid(row=row + 2, column=0, columnspan=3, sticky="nw")
+        self.problem_label.grid(row=2, column=0, columnspan=3, sticky="w", padx=8)
         drawing = ctk.CTkFrame(frame)
-        drawing.grid(row=row + 3, column=0, columnspan=3, sticky="nw", padx=8, pady=8)
+        drawing.grid(row=3, column=0, columnspan=3, sticky="nw", padx=8, pady=8)
         controls = ctk.CTkFrame(drawing, fg_color="transparent")
         controls.grid(row=0, column=0, sticky="w", padx=4, pady=4)
         ctk.CTkLabel(controls, text="drawing for").grid(row=0, column=0, padx=4)
@@ -47,6 +47,8 @@ class CtkElementsView:
         self.present_vars: list[tk.BooleanVar] = []
         self.canvas = tk.Canvas(drawing, width=1100, height=170, background="#1d1d1d", highlightthickness=0)
         self.canvas.grid(row=1, column=0, padx=4, pady=4)
+        self.dataset_frame = ctk.CTkFrame(frame, fg_color="transparent")
+        self.dataset_frame.grid(row=4, column=0, columnspan=3, sticky="nw")
         self.last_drawing = None
         self.refresh()
 
@@ -57,22 +59,26 @@ class CtkElementsView:
         for child in self.dataset_frame.winfo_children():
             child.destroy()
         if self.controller.has_dataset():
-            frame = self.dataset_frame
-            row = render_section(frame, self.state, DATASET, fields=self.app.fields, title="dataset 0 (inline)")
-            row = self._elements_table(frame, row)
-            row = render_section(frame, self.state, f"{DATASET}.processors.vae", start_row=row, fields=self.app.fields,
-                                 title="VAE processor")
-            render_section(frame, self.state, f"{DATASET}.processors.clip", start_row=row, fields=self.app.fields,
-                           title="CLIP processor")
+            self._elements_table(self.dataset_frame)
+            settings = ctk.CTkFrame(self.dataset_frame, fg_color="transparent")
+            settings.grid(row=2, column=0, sticky="nw")
+            render_section(settings, self.state, DATASET, fields=self.app.fields, title="dataset 0 (inline)",
+                           width=200)
+            processors = ctk.CTkFrame(self.dataset_frame, fg_color="transparent")
+            processors.grid(row=2, column=1, sticky="nw", padx=10)
+            row = render_section(processors, self.state, f"{DATASET}.processors.vae", fields=self.app.fields,
+                                 title="VAE processor", width=160)
+            render_section(processors, self.state, f"{DATASET}.processors.clip", start_row=row,
+                           fields=self.app.fields, title="CLIP processor", width=160)
         self._present_toggles()
         self.check()
         self.draw()
 
-    def _elements_table(self, master, row: int) -> int:
-        ctk.CTkLabel(master, text="elements", font=ctk.CTkFont(weight="bold")).grid(row=row, column=0, sticky="w",
+    def _elements_table(self, master) -> None:
+        ctk.CTkLabel(master, text="elements", font=ctk.CTkFont(weight="bold")).grid(row=0, column=0, sticky="w",
                                                                                    padx=8, pady=(10, 2))
         table = ctk.CTkFrame(master)
-        table.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8)
+        table.grid(row=1, column=0, columnspan=2, sticky="w", padx=8)
         for column, title in enumerate(("", "name", "suffixes", "required", "position", "repeat", "VAE preprocess",
                                         "CLIP preprocess", "")):
             ctk.CTkLabel(table, text=title, font=ctk.CTkFont(size=12, weight="bold")).grid(row=0, column=column,
@@ -98,7 +104,6 @@ class CtkElementsView:
             menu.grid(row=index + 1, column=7, padx=2)
             button(table, "✕", lambda i=index: self.remove_element(i), width=28, fg_color="#7f3030").grid(
                 row=index + 1, column=8, padx=2)
-        return row + 2
 
     def _set_clip(self, index: int, value: str) -> None:
         clip = False if value == "off" else {"preprocess": None if value == "default" else value}
@@ -180,13 +185,18 @@ class CtkElementsView:
         canvas.delete("all")
         choices = [str(f) for f in self.controller.frame_choices()] or ["17"]
         self.frames_menu.configure(values=choices)
-        if self.frames_menu.get() not in choices:
-            self.frames_menu.set(next((c for c in choices if int(c) > 1), choices[-1]))
         if not self.controller.enabled():
             canvas.create_text(10, 10, anchor="nw", fill="#aaaaaa",
                                text="no E2V dataset: import a JSON config or press New dataset")
             return
         present = [v.get() for v in self.present_vars] or None
+        if self.frames_menu.get() not in choices:
+            # the smallest frame bucket that holds the reference frames
+            try:
+                needed = self.controller.dataset_config().num_reference_frames
+            except ConfigError:
+                needed = 1
+            self.frames_menu.set(next((c for c in choices if int(c) >= needed), choices[-1]))
         try:
             drawing = self.controller.drawing(int(self.frames_menu.get()), present)
         except (ConfigError, ValueError) as error:

@@ -13,7 +13,7 @@ from PIL import Image
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
 from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries
 
-PLAYER_SIZE = 320
+PLAYER_SIZE = 300
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
                  "seed": 50, "steps": 45, "guidance": 50, "image": 110, "elements": 150}
 
@@ -32,7 +32,7 @@ class CtkSamplingView:
         left.grid(row=0, column=0, sticky="nw")
         right = ctk.CTkFrame(frame)
         right.grid(row=0, column=1, sticky="nw", padx=8)
-        row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=200)
+        row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160)
         bar = ctk.CTkFrame(left, fg_color="transparent")
         bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
         button(bar, "Sample now", lambda: app.request("sample")).grid(row=0, column=0, padx=3)
@@ -40,7 +40,7 @@ class CtkSamplingView:
         button(bar, "Save samples", self.save_samples).grid(row=0, column=2, padx=3)
         self.samples_label = ctk.CTkLabel(left, text="", anchor="w", justify="left", wraplength=700)
         self.samples_label.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8)
-        self.table = ctk.CTkScrollableFrame(left, width=720, height=260, orientation="horizontal")
+        self.table = ctk.CTkScrollableFrame(left, width=620, height=260, orientation="horizontal")
         self.table.grid(row=row + 2, column=0, columnspan=3, sticky="w", padx=8, pady=4)
         self._build_player(right)
         self.reload_samples()
@@ -55,8 +55,8 @@ class CtkSamplingView:
         for child in self.table.winfo_children():
             child.destroy()
         for column, name in enumerate(EDITOR_FIELDS):
-            ctk.CTkLabel(self.table, text=name.replace("_", " "), font=ctk.CTkFont(size=12, weight="bold")).grid(
-                row=0, column=column, padx=2)
+            ctk.CTkLabel(self.table, text=name.replace("_", " "), font=ctk.CTkFont(size=12, weight="bold"),
+                         width=COLUMN_WIDTHS[name], anchor="w").grid(row=0, column=column, padx=2)
         for index, sample in enumerate(self.controller.samples):
             for column, name in enumerate(EDITOR_FIELDS):
                 self._cell(index, column, name, sample.get(name))

@@ -204,7 +204,7 @@ class UIState:
     def _show(self, path: str, origin: Show | None = None) -> None:
         text = self.text(path)
         for show, _ in self._bindings.get(path, []):
-            if show is not origin:
+            if show != origin:  # bound methods: equal, never identical
                 show(text)
 
 
