@@ -89,6 +89,8 @@ class GenericTrainer:
         self.workspace = Path(config.workspace_dir)
         self.backup_root = self.workspace / "backup"
         self.stop_requested = threading.Event()
+        self._requests: set[str] = set()   # REQUESTS made from another thread (the GUI), served between steps
+        self._requests_lock = threading.Lock()
         self.step_losses: list[float] = []
         self.progress = TrainProgress()
         self.device = resolve_device(config.device)
@@ -161,6 +163,30 @@ class GenericTrainer:
     def request_stop(self) -> None:
         self.stop_requested.set()
 
+    REQUESTS = ("sample", "backup", "save")
+
+    def request(self, action: str) -> None:
+        """'sample', 'backup' or 'save' now: done at the next safe point, after the current optimizer step.
+        Thread-safe (the GUI calls it from its main thread while the loop runs in a worker)."""
+        if action not in self.REQUESTS:
+            raise ValueError(f"unknown request {action!r}; one of {', '.join(self.REQUESTS)}")
+        with self._requests_lock:
+            self._requests.add(action)
+
+    def _serve_requests(self) -> None:
+        with self._requests_lock:
+            actions, self._requests = self._requests, set()
+        if "sample" in actions:
+            if self.hooks.sampler is None:
+                log.warning("sample now: no samples file is configured (sampling.samples_file)")
+            else:
+                self.hooks.sampler.sample_all()
+        if "backup" in actions:
+            self.backup()
+        if "save" in actions:
+            self.save_result(str(self.workspace / "save" /
+                                 f"step-{self.progress.global_step:08d}{Path(self.config.output.destination).suffix}"))
+
     def train(self) -> list[Path]:
         config = self.config
         torch.manual_seed(config.seed)
@@ -178,7 +204,7 @@ class GenericTrainer:
 
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
-        batches_per_epoch = self.data.batches_per_epoch()
+        batches_per_epoch = self.batches_per_epoch = self.data.batches_per_epoch()
         accumulation = config.optimizer.gradient_accumulation_steps
         self.total_steps = config.max_steps or config.epochs * math.ceil(batches_per_epoch / accumulation)
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
@@ -240,6 +266,7 @@ class GenericTrainer:
                     step_time = time.perf_counter() - step_started
                     step_started = time.perf_counter()
                     self.hooks.after_step(step_loss, grad_norm, step_time)
+                    self._serve_requests()
                     step_bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
