@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from modules.trainer.backup_io import list_backups, verify_backup
+from modules.trainer.backup_io import list_backups
 from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
 from modules.util.config.config_io import load_config
 from modules.util.demo_assets import make_t2v_dataset
@@ -62,6 +62,7 @@ def demo(tiny_model, tmp_path_factory):
 
 
 def assert_every_file_loads(run: Path) -> None:
+    from modules.trainer.backup_io import verify_backup
     leftovers = [p for p in run.rglob(".*") if p.name.endswith(".tmp") or p.name.endswith(".old")]
     assert not leftovers, leftovers
     for path in run.rglob("*.safetensors"):
