@@ -10,6 +10,7 @@ from modules.util.config.E2VTrainConfig import E2VTrainConfig
 from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, LoraConfig
 from modules.util.config.ModelConfig import ModelConfig, OutputConfig
 from modules.util.config.OptimizerConfig import OptimizerConfig, TimestepConfig
+from modules.util.config.PerformanceConfig import PerformanceConfig
 from modules.util.config.SchedulingConfig import BackupConfig, SamplingConfig
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelType import ModelType
@@ -35,7 +36,8 @@ class TrainConfig(BaseConfig):
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N, mps; checked against this machine's devices "
                                             "before the model loads")
     train_dtype: DataType = Field(DataType.BFLOAT_16, description="the compute type: FLOAT_32, BFLOAT_16 or FLOAT_16")
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = Field(True, description="recompute block activations in the backward pass; "
+                                         "performance.checkpoint_every sets how many blocks")
     epochs: int = Field(10, ge=1, le=1_000_000)
     max_steps: int = Field(0, ge=0, le=10 ** 12, description="stop after this many optimizer steps; 0: run all epochs")
     batch_size: int = Field(1, ge=1, le=4096)
@@ -50,11 +52,12 @@ class TrainConfig(BaseConfig):
     sampling: SamplingConfig = SamplingConfig()
     backup: BackupConfig = BackupConfig()
     e2v: E2VTrainConfig = E2VTrainConfig()
+    performance: PerformanceConfig = PerformanceConfig()
 
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
-        # the spelling only; whether this machine has the device is checked in validation.check_devices
+        # the spelling only; whether this machine has the device is checked in validation.device_problems
         if not DEVICE_PATTERN.fullmatch(value):
             from modules.util.devices import available_devices
             raise ValueError(f"a device is auto, cpu, cuda, cuda:N or mps; devices here: "
@@ -64,7 +67,7 @@ class TrainConfig(BaseConfig):
     @field_validator("train_dtype")
     @classmethod
     def _compute_dtype(cls, value: DataType) -> DataType:
-        if value == DataType.FLOAT_8:
-            raise ValueError("FLOAT_8 is a storage type for base weights (model.<part>.weight_dtype), not a compute "
-                             "type; train_dtype is FLOAT_32, BFLOAT_16 or FLOAT_16")
+        if value == DataType.FLOAT_8 or value.is_quantized:
+            raise ValueError(f"{value} is a storage type for base weights (model.<part>.weight_dtype), not a compute "
+                             f"type; train_dtype is FLOAT_32, BFLOAT_16 or FLOAT_16")
         return value

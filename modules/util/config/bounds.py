@@ -33,7 +33,7 @@ MAX_PATH_BYTES, MAX_NAME_BYTES = 4096, 255
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="0..2^64-1")]
 
 
-def _usable_path(value: str) -> str:
+def check_usable_path(value: str) -> str:
     if "\x00" in value:
         raise ValueError("a path cannot contain a NUL character")
     try:
@@ -54,6 +54,6 @@ def _not_blank(value: str) -> str:
 
 
 # A path (or an empty string where the field allows "none").
-PathText = Annotated[str, AfterValidator(_usable_path)]
+PathText = Annotated[str, AfterValidator(check_usable_path)]
 # A folder or file the run writes to: empty is refused.
-WritePath = Annotated[str, AfterValidator(_usable_path), AfterValidator(_not_blank)]
+WritePath = Annotated[str, AfterValidator(check_usable_path), AfterValidator(_not_blank)]

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from modules.util.atomic import atomic_write_text
+from modules.util.config.bounds import check_usable_path
 from modules.util.config.TrainConfig import TrainConfig
 
 CONFIG_VERSION = 1
@@ -204,8 +205,29 @@ def format_validation_error(error: ValidationError) -> list[str]:
     return problems
 
 
-def config_from_dict(data: dict, source: str = "") -> TrainConfig:
+def with_dataset_config(data: dict, overrides: list[tuple[list[str], Any]] = ()) -> dict:
+    """The config dict with its data.dataset_config (a peer's dataset TOML, docs/data.md) read in: the file's
+    settings replace the data section's, its datasets join the concepts; `overrides` are applied again after it,
+    so that a --config-value still wins."""
+    section = data.get("data")
+    dataset_file = section.get("dataset_config") if isinstance(section, dict) else None
+    if not dataset_file or not isinstance(dataset_file, str):
+        return data  # a value of the wrong type is the schema's to report
+    try:
+        check_usable_path(dataset_file)
+    except ValueError as error:
+        raise ConfigError([f"data.dataset_config: {error}"]) from None
+    from modules.util.config.dataset_toml import merge_dataset_settings, read_dataset_toml
+    data = merge_dataset_settings(data, read_dataset_toml(dataset_file))
+    for parts, value in overrides:
+        apply_override(data, parts, value)
+    return data
+
+
+def config_from_dict(data: dict, source: str = "", read_dataset_config: bool = True) -> TrainConfig:
     data = migrate(data, source)
+    if read_dataset_config:
+        data = with_dataset_config(data)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
@@ -214,23 +236,31 @@ def config_from_dict(data: dict, source: str = "") -> TrainConfig:
 
 def load_config(config_path: str | None = None, preset_path: str | None = None,
                 overrides: Iterable[str] = ()) -> TrainConfig:
-    """defaults < preset (sparse) < config file < --config-value overrides."""
+    """defaults < preset (sparse) < config file < data.dataset_config's settings < --config-value overrides."""
     data: dict = {}
     sources = []
     for path in (preset_path, config_path):
         if path:
             data = deep_merge(data, migrate(read_json_object(path), path))
             sources.append(path)
-    problems = []
+    problems, applied = [], []
     for text in overrides:  # every bad override and every schema problem are reported together
         try:
-            apply_override(data, *parse_override(text))
+            parts, value = parse_override(text)
+            apply_override(data, parts, value)
+            applied.append((parts, value))
         except ConfigError as error:
             problems += error.problems
+    try:
+        data = with_dataset_config(data, applied)
+    except ConfigError as error:
+        raise ConfigError(problems + error.problems, error.source) from None
+    if isinstance(data.get("data"), dict) and data["data"].get("dataset_config"):
+        sources.append(str(data["data"]["dataset_config"]))
     data[VERSION_KEY] = CONFIG_VERSION
     source = " + ".join(sources) or "defaults"
     try:
-        config = config_from_dict(data, source)
+        config = config_from_dict(data, source, read_dataset_config=False)
     except ConfigError as error:
         raise ConfigError(problems + error.problems, source) from None
     if problems:

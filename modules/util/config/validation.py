@@ -18,6 +18,7 @@ from modules.util.config.config_io import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.devices import available_devices
 from modules.util.lora.targets import LoraTargetError, lora_target_names
+from modules.util.safetensors_only import NotSafetensorsError, require_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,14 @@ def path_problems(config: TrainConfig) -> list[str]:
         problems.append(f"sampling.samples_file: {config.sampling.samples_file!r} does not exist")
     if config.lora.init_from and not Path(config.lora.init_from).is_file():
         problems.append(f"lora.init_from: {config.lora.init_from!r} does not exist")
+    weight_files = [("lora.init_from", config.lora.init_from)] + [
+        (f"model.{part}.path", getattr(config.model, part).path) for part in ("transformer", "transformer_2")]
+    for field, path in weight_files:
+        if path and not Path(path).is_dir():
+            try:
+                require_safetensors(path, field)
+            except NotSafetensorsError as error:
+                problems.append(str(error))
     allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
                "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
@@ -60,6 +69,10 @@ def path_problems(config: TrainConfig) -> list[str]:
             and config.output.format.value == "DIFFUSERS_LORA":
         problems.append(f"output.format: DIFFUSERS_LORA has no key names for {config.lora.type} (lora.type); "
                         f"use COMFY_LORA or KOHYA_LORA")
+    destination = Path(config.output.destination)
+    if config.output.format.value != "DIFFUSERS" and destination.is_dir():
+        problems.append(f"output.destination: {str(destination)!r} is an existing folder; {config.output.format.value} "
+                        f"writes a file: name the file (e.g. {str(destination / 'lora.safetensors')!r})")
     return problems
 
 
