@@ -144,6 +144,16 @@ def test_the_users_e2v_options_read_like_every_config_error(tiny_model, squares_
     assert "Traceback" not in err and "pydantic" not in err
 
 
+def test_an_e2v_target_resolution_that_makes_a_refused_bucket(judge, tmp_path):
+    """Found by the property test: [1, 32] made data.resolution 6, refused on assignment with a raw traceback."""
+    document = json.loads((FIXTURES / "e2v_nested.json").read_text(encoding="utf-8"))
+    document["datasets"][0]["target_resolution"] = [1, 32]
+    (tmp_path / "e2v-data").mkdir()
+    (tmp_path / "e2v.json").write_text(json.dumps(document))
+    problems = judge(f"e2v.dataset_config={tmp_path / 'e2v.json'}")
+    assert problems and all(p.startswith("e2v datasets.0.target_resolution: [1, 32]") for p in problems), problems
+
+
 # ---- failures that came after minutes of loading -------------------------------------------------------------------
 
 def test_sampling_scheduler(judge):

@@ -3,7 +3,9 @@ applied, and the data settings they imply (resolution, frame buckets)."""
 import math
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from pydantic import ValidationError
+
+from modules.util.config.config_io import ConfigError, format_validation_error
 from modules.util.config.E2VConfig import _DEFER_CHECKS as DEFER_CHECKS
 from modules.util.config.E2VConfig import E2VDatasetConfig, dataset_problems, load_e2v_dataset_configs
 from modules.util.config.TrainConfig import TrainConfig
@@ -61,7 +63,11 @@ def apply_e2v_data_settings(config: TrainConfig, dataset: E2VDatasetConfig) -> N
     """The target resolution becomes the only resolution bucket. auto_frame_buckets: each clip goes to the largest
     frame bucket it fills; without it only the largest bucket is used (shorter clips are skipped and counted)."""
     height, width = dataset.target_resolution
-    config.data.resolution = round(math.sqrt(height * width))
-    config.data.aspect_ratios = [width / height]
+    try:  # the data section's bounds hold for the values derived here too
+        config.data.resolution = round(math.sqrt(height * width))
+        config.data.aspect_ratios = [width / height]
+    except ValidationError as error:
+        raise ConfigError([f"e2v datasets.0.target_resolution: {[height, width]} makes a training bucket the data "
+                           f"section refuses ({problem})" for problem in format_validation_error(error)]) from None
     if not dataset.auto_frame_buckets:
         config.data.frame_buckets = [max(config.data.frame_buckets)]
