@@ -140,9 +140,9 @@ def same_kind(value) -> st.SearchStrategy:
     if isinstance(value, bool):
         return st.booleans()
     if isinstance(value, int):
-        return st.integers(min_value=-2, max_value=2 * value + 2) | huge_ints
+        return st.integers(min_value=-2 * abs(value) - 2, max_value=2 * abs(value) + 2) | huge_ints
     if isinstance(value, float):
-        return numbers | st.floats(min_value=0, max_value=2 * value + 1)
+        return numbers | st.floats(min_value=0, max_value=2 * abs(value) + 1)
     if isinstance(value, str):
         return strings | st.just(value.lower())
     if isinstance(value, list):
