@@ -154,11 +154,11 @@ class WanBaseDataLoader:
         if self.config.training_method is not TrainingMethod.EMBEDDING:
             self.model.text_encoder.to(device)
 
-    def cache(self) -> None:
-        """Encodes every item of the first epoch (and every epoch when windows or crops are random) into the disk
-        cache, with the encoders on the training device only for the duration. Items whose media fail to decode
-        are skipped, counted and left out of training."""
-        epochs = range(self.config.epochs) if self._varies_per_epoch() else range(1)
+    def cache(self, epochs: int | None = None) -> None:
+        """Encodes every item of the first epoch (and of each of `epochs` epochs, default `config.epochs`, when
+        windows or crops are random) into the disk cache, with the encoders on the training device only for the
+        duration. Items whose media fail to decode are skipped, counted and left out of training."""
+        epochs = range(epochs or self.config.epochs) if self._varies_per_epoch() else range(1)
         self._move_encoders(self.device)
         try:
             for epoch in epochs:
