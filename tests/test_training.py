@@ -153,9 +153,10 @@ def test_a14b_expert_sigma_ranges(expert, tiny_model, squares_dataset, tmp_path,
                      "both": ["out_high_noise.safetensors", "out_low_noise.safetensors"]}[expert]
 
 
-PRESET_FOR = {"wan2.1-i2v": "#wan 2.1 I2V 14B LoRA.json", "wan2.1-flf2v": "#wan 2.1 I2V 14B LoRA.json",
+# each variant with the preset made for it (presets declare their variant and training refuses another one)
+PRESET_FOR = {"wan2.1-i2v": "#wan 2.1 I2V 14B LoRA.json", "wan2.1-flf2v": "#wan 2.1 FLF2V 14B LoRA.json",
               "wan2.2-ti2v-5b": "#wan 2.2 TI2V-5B LoRA.json", "wan2.2-t2v-a14b": "#wan 2.2 T2V-A14B LoRA high.json",
-              "wan2.2-i2v-a14b": "#wan 2.2 T2V-A14B LoRA low.json"}
+              "wan2.2-i2v-a14b": "#wan 2.2 I2V-A14B LoRA low.json"}
 
 
 @pytest.mark.parametrize("variant", list(PRESET_FOR))

@@ -211,7 +211,8 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
 # ---- the end ---------------------------------------------------------------------------------------------------
 
 def _quote(path) -> str:
-    return shlex.quote(str(path))
+    """A path for a command line, absolute when it exists (the user may run the command from elsewhere)."""
+    return shlex.quote(str(Path(path).resolve()) if Path(path).exists() else str(path))
 
 
 def tensorboard_command(logdir: Path) -> str:
@@ -234,16 +235,21 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
         lines.append(f"  newest backup: {backups[-1]}")
     lines.append("next:")
     method = config.training_method.value
+    inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
+    e2v_options = ""
+    if config.e2v.enabled:
+        e2v_options = (f" --e2v-config {_quote(config.e2v.dataset_config)} --element NAME=IMAGE ..."
+                       if config.e2v.dataset_config else " --e2v-config E2V_CONFIG.json --element NAME=IMAGE ...")
     if method == "LORA" and written:
         lora = written[0] if len(written) == 1 else Path(str(written[0]).replace("_high_noise", "")
                                                           .replace("_low_noise", ""))
         lines.append(f"  sample with the LoRA:  {run_cmd} sample --base-model-name "
                      f"{_quote(config.model.base_model_name)} --lora {_quote(lora)} --prompt \"...\" "
-                     f"--output-dir {_quote(Path(config.workspace_dir) / 'inference')}")
+                     f"--output-dir {inference}" + e2v_options)
     elif method == "FINE_TUNE" and written and config.output.format.value == "DIFFUSERS":
         lines.append(f"  sample the model:  {run_cmd} sample --base-model-name {_quote(written[0])} "
-                     f"--prompt \"...\" --output-dir {_quote(Path(config.workspace_dir) / 'inference')}")
-    if config_path is not None:
+                     f"--prompt \"...\" --output-dir {inference}")
+    if config_path is not None and backups:
         lines.append(f"  train on from the newest backup (raise max_steps or epochs to go further):  {run_cmd} train "
                      f"--config-path {_quote(config_path)} --config-value backup.continue_last_backup=true")
     if config.tensorboard:

@@ -7,6 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def current_umask() -> int:
+    umask = os.umask(0)  # reading the umask means setting it: set it straight back
+    os.umask(umask)
+    return umask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary file path in the target's folder; renames it onto `path` if the block succeeds."""
@@ -17,9 +23,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield Path(tmp)
         # mkstemp creates the file private (0600); give it the permissions a plain open() would have
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -34,6 +38,8 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        # mkdtemp creates the folder private (0700); give it the permissions a plain mkdir() would have
+        os.chmod(tmp, 0o777 & ~current_umask())
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

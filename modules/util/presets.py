@@ -41,7 +41,7 @@ def intended_variant(path: Path) -> WanVariant | None:
         value = json.loads(path.read_text(encoding="utf-8")).get("model", {}).get("intended_variant")
     except (OSError, ValueError, AttributeError):
         return None
-    return WanVariant(value) if value in WanVariant._value_member_map_ else None
+    return WanVariant(value) if value in WanVariant._value2member_map_ else None
 
 
 def presets_for_variant(variant: WanVariant) -> list[str]:
