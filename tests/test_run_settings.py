@@ -292,3 +292,13 @@ def test_written_folders_keep_the_umask(tmp_path):
         os.umask(previous)
     assert (tmp_path / "merged").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "file.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_cpu_fallback_with_a_gpu_config_warns():
+    from modules.trainer.run_report import device_warning
+    gpu_preset = load_config(preset_path=str(PRESETS / "#wan 2.1 1.3B LoRA 24GB.json"))
+    warning = device_warning(gpu_preset, torch.device("cpu"), transformer_parameters=1_400_000_000)
+    assert "no CUDA GPU was found" in warning and "train_dtype BFLOAT_16" in warning and "ADAMW_8BIT" in warning
+    assert device_warning(gpu_preset, torch.device("cuda"), 1_400_000_000) is None
+    on_purpose = load_config(preset_path=str(PRESETS / "#demo tiny CPU.json"))  # device: cpu, float32
+    assert device_warning(on_purpose, torch.device("cpu"), 200_000) is None

@@ -96,7 +96,9 @@ class TrainingSampler:
 
     @property
     def samples_dir(self) -> Path:
-        return self.trainer.samples_dir
+        # GenericTrainer gives each run its own folder; a caller without runs gets <workspace>/samples
+        run_folder = getattr(self.trainer, "samples_dir", None)
+        return run_folder if run_folder is not None else Path(self.trainer.config.workspace_dir) / "samples"
 
     def load_samples(self) -> list[TrainingSample]:
         """The enabled samples of the samples file, with the sampling section's steps / guidance / scheduler as

@@ -161,7 +161,7 @@ class GenericTrainer:
 
     def cache_only(self) -> None:
         self._load()
-        self.data.cache()
+        self.data.cache(epochs=self._plan().epochs)
 
     # ---- training ------------------------------------------------------------------------------------------
 
@@ -187,33 +187,30 @@ class GenericTrainer:
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
         backups = list_backups(self.backup_root)
         self.run_name = resolve_run_name(config, self.workspace, backups[-1] if backups else None)
+        config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
         config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
-        user_run_name, config.run_name = config.run_name, self.run_name  # backups record it: a resume continues it
-        try:
-            save_config(config, config_path)
-            if config.backup.continue_last_backup:
-                self._resume()
-            print(start_report(self, parameters), flush=True)
+        save_config(config, config_path)
+        if config.backup.continue_last_backup:
+            self._resume()
+        print(start_report(self, parameters), flush=True)
 
-            from modules.trainer.TrainingHooks import TrainingHooks
-            self.hooks = TrainingHooks(self)
-            previous_handler = self._install_sigint()
-            try:
-                self.hooks.before_training()
-                self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
-            finally:
-                if previous_handler is not None:
-                    signal.signal(signal.SIGINT, previous_handler)
-                self.hooks.close()
-            if self.stop_requested.is_set():
-                return []
-            if self.ema is not None:
-                self.ema.copy_to_parameters()
-            written = self.save_result(config.output.destination)
-            print(end_report(self, written, config_path), flush=True)
-            return written
+        from modules.trainer.TrainingHooks import TrainingHooks
+        self.hooks = TrainingHooks(self)
+        previous_handler = self._install_sigint()
+        try:
+            self.hooks.before_training()
+            self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
         finally:
-            config.run_name = user_run_name
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+            self.hooks.close()
+        if self.stop_requested.is_set():
+            return []
+        if self.ema is not None:
+            self.ema.copy_to_parameters()
+        written = self.save_result(config.output.destination)
+        print(end_report(self, written, config_path), flush=True)
+        return written
 
     def _plan(self):
         try:

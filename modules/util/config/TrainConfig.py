@@ -24,7 +24,8 @@ class TrainConfig(BaseConfig):
     workspace_dir: str = Field("workspace/run", description="backups (shared by its runs, so a resume finds the "
                                "newest), and per run the TensorBoard log and previews")
     run_name: str = Field("", description="names this run's TensorBoard and samples folders in the workspace; empty: "
-                          "the start time (a resume continues the name of the run it resumes)")
+                          "the start time (a resume continues the name of the run it resumes). The trainer fills "
+                          "it in when empty: set it back to '' to reuse the config object for a new run")
     cache_dir: str = "workspace/cache"
     tensorboard: bool = True
     demo_assets: bool = Field(False, description="create the tiny demo model and dataset at the configured "
