@@ -137,7 +137,7 @@ def test_a14b_expert_sigma_ranges(expert, tiny_model, squares_dataset, tmp_path,
 
     monkeypatch.setattr(BaseWanSetup, "predict", recording)
     trainer = train(tmp_path, tiny_model("wan2.2-t2v-a14b"), squares_dataset, steps=12,
-                    overrides=[f"expert={expert}", "timestep.distribution=shift", "timestep.shift=3.0"])
+                    overrides=[f"expert={expert}", "timestep.distribution=uniform_shift", "timestep.shift=3.0"])
     boundary = trainer.model.boundary_ratio
     assert boundary == 0.875
     for name, sigmas in seen:
