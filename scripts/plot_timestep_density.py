@@ -1,5 +1,5 @@
 """Plots the density of the training timestep (sigma) distributions, drawn with the trainer's own sampler
-(modules/modelSetup/timestep_sampling.py), as a PNG line chart (docs/configuration.md shows it).
+(modules/modelSetup/timestep_sampling.py, through modules/ui/plot_data.py), as a PNG line chart (docs/configuration.md shows it).
 
   plot_timestep_density.py [--output docs/images/timestep_density.png] [--shift 3.0] [--count 200000]
 """
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=200_000, help="draws per distribution")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    from modules.modelSetup.timestep_sampling import density
+    from modules.ui.plot_data import timestep_density
     from modules.util.atomic import atomic_path
     from modules.util.config.OptimizerConfig import TimestepConfig
-    curves = [(label, density(TimestepConfig(shift=args.shift, **settings), BINS, args.count), colour)
+    curves = [(label, timestep_density(TimestepConfig(shift=args.shift, **settings), BINS, args.count), colour)
               for label, settings, colour in CURVES]
     image = draw(curves, f"training sigma density, shift {args.shift:g} ({args.count} draws each, {BINS} bins)")
     with atomic_path(args.output) as tmp:

@@ -67,6 +67,8 @@ def test_sigint_writes_a_loadable_backup(tiny_model, squares_dataset, tmp_path):
                str(ROOT / "training_presets" / "#demo tiny CPU.json"),
                "--config-value", "demo_assets=false", "--config-value", f"model.base_model_name={tiny_model('wan2.1-t2v')}",
                "--config-value", f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+               # demo_assets=false: the demo's samples file is not created, and previews are not what this tests
+               "--config-value", "sampling.samples_file=",
                "--config-value", f"workspace_dir={workspace}", "--config-value", f"cache_dir={tmp_path / 'cache'}",
                "--config-value", "max_steps=1000000", "--config-value", "epochs=100000",
                "--config-value", "backup.every_n_steps=0", "--config-value", "tensorboard=true"]

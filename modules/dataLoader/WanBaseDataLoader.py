@@ -6,6 +6,7 @@ added once the model is there (`attach_model`)."""
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +37,14 @@ from modules.util.enum.WanVariant import WanVariant
 from modules.util.video_io import UnreadableMediaError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class DataStatistics:
+    per_concept: dict[str, Counter] = field(default_factory=dict)   # concept -> {"clips": n, "images": n}
+    buckets: Counter = field(default_factory=Counter)                # (frames, height, width) -> items
+    skipped: list[tuple[str, str]] = field(default_factory=list)     # (file, reason)
+    paths: list[str] = field(default_factory=list)                   # the usable media files, in item order
 
 
 class DataError(Exception):
@@ -190,27 +199,32 @@ class WanBaseDataLoader:
                 raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
             self.rebuild()
 
-    def report(self) -> str:
+    def statistics(self) -> DataStatistics:
         """Per concept the clip and image items, the bucket histogram and the skipped files (probe-level names
-        only: nothing is decoded)."""
-        names = ["frame_bucket", "resolution_bucket", "concept"]
+        only: nothing is decoded). Needs `scan()` first; no model."""
+        names = ["frame_bucket", "resolution_bucket", "concept", "path"]
         items = Pipeline(self._item_modules(), self.config.seed, outputs=names)
         items.start_epoch(0)
-        buckets: Counter = Counter()
-        per_concept: dict[str, Counter] = {}
+        stats = DataStatistics()
         for index in range(len(items)):
             row = items.get_item(index)
             height, width = row["resolution_bucket"]
-            buckets[(row["frame_bucket"], height, width)] += 1
+            stats.buckets[(row["frame_bucket"], height, width)] += 1
             kind = "images" if row["frame_bucket"] == 1 else "clips"
-            per_concept.setdefault(row["concept"].name or row["concept"].path, Counter())[kind] += 1
-        skipped = self.scan_result.skipped + list(items.skipped)
+            stats.per_concept.setdefault(row["concept"].name or row["concept"].path, Counter())[kind] += 1
+            if row["path"] not in stats.paths:
+                stats.paths.append(row["path"])
+        stats.skipped = self.scan_result.skipped + list(items.skipped)
+        return stats
+
+    def report(self) -> str:
+        stats = self.statistics()
         lines = ["data:"]
-        for concept, counts in per_concept.items():
+        for concept, counts in stats.per_concept.items():
             lines.append(f"  concept {concept}: {counts['clips']} clip items, {counts['images']} image items")
-        for (frames, height, width), count in sorted(buckets.items()):
+        for (frames, height, width), count in sorted(stats.buckets.items()):
             lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
-        lines.append(f"  skipped files: {len(skipped)}")
+        lines.append(f"  skipped files: {len(stats.skipped)}")
         text = "\n".join(lines)
         print(text, flush=True)
         return text

@@ -44,10 +44,3 @@ def sample_sigmas(config: TimestepConfig, batch_size: int, generator: torch.Gene
             return torch.cat(accepted)[:batch_size]
     raise ValueError(f"the {config.distribution} distribution almost never falls in [{low}, {high}]")
 
-
-def density(config: TimestepConfig, bins: int = 50, count: int = 200_000, seed: int = 0) -> list[float]:
-    """The probability density of the configured distribution (min/max sigma applied) on `bins` equal bins of
-    [0, 1], estimated from `count` draws of the trainer's own sampler (docs plot, GUI)."""
-    sigmas = sample_sigmas(config, count, torch.Generator().manual_seed(seed))
-    histogram = torch.histc(sigmas, bins=bins, min=0.0, max=1.0)
-    return (histogram / count * bins).tolist()

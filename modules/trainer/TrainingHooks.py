@@ -88,8 +88,7 @@ class TrainingHooks:
             trainer.backup()
             self.backup_every.mark()
         if self.save_every.due_after_step(step):
-            trainer.save_result(str(Path(trainer.config.workspace_dir) / "save" /
-                                    f"step-{step:08d}{Path(trainer.config.output.destination).suffix}"))
+            self._intermediate_save(f"step-{step:08d}")
 
     def after_epoch(self, epoch: int) -> None:
         trainer = self.trainer
@@ -98,8 +97,14 @@ class TrainingHooks:
         if self.backup_every.due_after_epoch(epoch):
             trainer.backup()
         if self.save_every.due_after_epoch(epoch):
-            trainer.save_result(str(Path(trainer.config.workspace_dir) / "save" /
-                                    f"epoch-{epoch:04d}{Path(trainer.config.output.destination).suffix}"))
+            self._intermediate_save(f"epoch-{epoch:04d}")
+
+    def _intermediate_save(self, name: str) -> None:
+        """workspace/save/<name><the output's suffix>, keeping the newest backup.save_rolling_count of them."""
+        from modules.trainer.workspace_files import prune_saves, save_folder
+        config = self.trainer.config
+        self.trainer.save_result(str(save_folder(config) / f"{name}{Path(config.output.destination).suffix}"))
+        prune_saves(save_folder(config), config.backup.save_rolling_count)
 
     def close(self) -> None:
         if self.writer is not None:

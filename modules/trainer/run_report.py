@@ -189,9 +189,10 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
     lines.append(f"  buckets: resolution {config.data.resolution!s} -> "
                  f"{', '.join(f'{w}x{h}' for h, w in buckets)} (width x height); frames {config.data.frame_buckets}")
     backup = config.backup
-    lines.append(f"  backups: {trainer.backup_root} "
-                 f"({describe_schedule(plan, backup.every_n_steps, backup.every_n_epochs, backup.every_n_minutes)}"
-                 f"; Ctrl-C also writes one)")
+    when = describe_schedule(plan, backup.every_n_steps, backup.every_n_epochs, backup.every_n_minutes)
+    if backup.backup_before_save:
+        when = "before the final save" if when == "never" else f"{when}; before the final save"
+    lines.append(f"  backups: {trainer.backup_root} ({when}; Ctrl-C also writes one)")
     if backup.save_every_n_steps or backup.save_every_n_epochs:
         lines.append(f"  intermediate saves: {Path(config.workspace_dir) / 'save'} "
                      f"({describe_schedule(plan, backup.save_every_n_steps, backup.save_every_n_epochs)})")
@@ -221,7 +222,7 @@ def tensorboard_command(logdir: Path) -> str:
 
 
 def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
-    from modules.trainer.backup_io import list_backups
+    from modules.trainer.backup_io import newest_usable_backup
     config = trainer.config
     run_cmd = _quote(ROOT / "run-cmd.sh")
     lines = ["run finished:"]
@@ -230,9 +231,9 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     samples = sorted(trainer.samples_dir.rglob("*.mp4")) if trainer.samples_dir.is_dir() else []
     if samples:
         lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {samples[-1]}")
-    backups = list_backups(trainer.backup_root)
-    if backups:
-        lines.append(f"  newest backup: {backups[-1]}")
+    newest_backup = newest_usable_backup(trainer.backup_root)[0]
+    if newest_backup is not None:
+        lines.append(f"  newest backup: {newest_backup}")
     lines.append("next:")
     method = config.training_method.value
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
@@ -249,7 +250,7 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     elif method == "FINE_TUNE" and written and config.output.format.value == "DIFFUSERS":
         lines.append(f"  sample the model:  {run_cmd} sample --base-model-name {_quote(written[0])} "
                      f"--prompt \"...\" --output-dir {inference}")
-    if config_path is not None and backups:
+    if config_path is not None and newest_backup is not None:
         lines.append(f"  train on from the newest backup (raise max_steps or epochs to go further):  {run_cmd} train "
                      f"--config-path {_quote(config_path)} --config-value backup.continue_last_backup=true")
     if config.tensorboard:

@@ -39,7 +39,7 @@ class EncodeVideo(PipelineModule):
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         key = self.key(ctx, index)
-        cached = self.cache.get(key)
+        cached = self.cache.get(key, required=self.produces())
         if cached is None:
             cached = self._encode(ctx.get("video", index))
             self.cache.put(key, cached)

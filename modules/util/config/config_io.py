@@ -142,15 +142,25 @@ def config_from_dict(data: dict, source: str = "") -> TrainConfig:
 
 def load_config(config_path: str | None = None, preset_path: str | None = None,
                 overrides: Iterable[str] = ()) -> TrainConfig:
-    """defaults < preset (sparse) < config file < --config-value overrides."""
+    """defaults < preset (sparse) < config file < data.dataset_config's settings < --config-value overrides."""
     data: dict = {}
     sources = []
     for path in (preset_path, config_path):
         if path:
             data = deep_merge(data, migrate(read_json_object(path), path))
             sources.append(path)
-    for text in overrides:
-        apply_override(data, *parse_override(text))
+    overrides = [parse_override(text) for text in overrides]
+    for parts, value in overrides:
+        apply_override(data, parts, value)
+    dataset_file = data.get("data", {}).get("dataset_config") if isinstance(data.get("data"), dict) else None
+    if dataset_file:
+        # a peer's dataset TOML (docs/data.md): its settings replace the data section's, its datasets are added to
+        # the concepts; the overrides are applied again so that a --config-value still wins
+        from modules.util.config.dataset_toml import merge_dataset_settings, read_dataset_toml
+        data = merge_dataset_settings(data, read_dataset_toml(dataset_file))
+        for parts, value in overrides:
+            apply_override(data, parts, value)
+        sources.append(str(dataset_file))
     data[VERSION_KEY] = CONFIG_VERSION
     return config_from_dict(data, " + ".join(sources) or "defaults")
 
