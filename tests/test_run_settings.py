@@ -17,7 +17,6 @@ import torch
 from learning import train
 from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
 from modules.modelSetup.timestep_sampling import sample_sigmas
-from modules.trainer.backup_io import list_backups
 from modules.util.config.config_io import ConfigError, config_from_dict, load_config
 from modules.util.config.OptimizerConfig import TimestepConfig
 
@@ -219,7 +218,8 @@ def test_each_run_has_its_own_log_and_samples_and_a_resume_continues_its_run(tin
     resumed = train(tmp_path, base, squares_dataset, steps=4,
                     overrides=common + ["backup.continue_last_backup=true"])
     out = capsys.readouterr().out
-    assert f"resumed from {list_backups(tmp_path / 'run' / 'backup')[0]}" in out
+    # the newest backup is the first run's, at step 2 (the second run's final backup is at step 1)
+    assert f"resumed from {tmp_path / 'run' / 'backup' / 'step-00000002'} at step 2" in out
     assert resumed.run_name == first.run_name  # the run whose backup it resumed
     assert len(list(first.tensorboard_dir.glob("events.*"))) == 2
     assert list(first.samples_dir.rglob("4-*.mp4"))
