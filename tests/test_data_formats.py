@@ -356,6 +356,16 @@ def test_dataset_config_combines_with_the_config_and_overrides_win(tmp_path, mon
     assert [c.path for c in load_config(str(tmp_path / "saved.json")).data.concepts] == ["own", "v"]
 
 
+def test_a_config_built_from_a_dict_reads_its_dataset_config_too(tmp_path, monkeypatch):
+    """The GUI builds its config with config_from_dict: a dataset file named there is read as well."""
+    from modules.util.config.config_io import config_from_dict
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dirs").mkdir()
+    (tmp_path / "d.toml").write_text("resolutions = [256]\n[[directory]]\npath = 'dirs'\nnum_repeats = 5\n")
+    config = config_from_dict({"data": {"dataset_config": "d.toml"}})
+    assert [(c.path, c.repeats) for c in config.data.concepts] == [("dirs", 5)] and config.data.resolution == 256
+
+
 def test_dataset_config_flag_does_not_take_the_e2v_flag():
     args = train_script.parse_args(["--dataset_config", "d.toml"])
     assert (args.dataset_config, args.dataset_configs) == ("d.toml", None)

@@ -67,7 +67,7 @@ def app(display, tmp_path_factory):
 
     controller = TrainController(last_used=tmp_path_factory.mktemp("ui") / "last-used.json")
     window = train_ui.create_app(str(DEMO), controller=controller)
-    run_until(window, lambda: window.winfo_ismapped(), 20)
+    assert run_until(window, lambda: window.winfo_ismapped() and window.preloaded, 120)
     yield window
     window.destroy()
 
@@ -292,11 +292,12 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
                        "sampling.sample_before_training": "true", "backup.every_n_steps": "0"}.items():
         app.fields[path].set_text(text)
     app.tabview.set("sampling")
-    gaps, last = [], [time.perf_counter()]
+    gaps, last, paused = [], [time.perf_counter()], [False]
 
     def timer():
         now = time.perf_counter()
-        gaps.append(now - last[0])
+        if not paused[0]:
+            gaps.append((now - last[0], app.controller.run.status, app.controller.run.step))
         last[0] = now
         app.after(20, timer)
 
@@ -310,17 +311,22 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     first_index = app.sampling_view.player.index
     assert run_until(app, lambda: app.sampling_view.frames_shown >= shown + 3, 10)
     assert app.sampling_view.player.index != first_index or app.sampling_view.frames_shown > shown
+    paused[0] = True  # the screenshot runs outside the main loop (the test blocks it, not the app)
     screenshot(app, "training-sampling")
+    settle(app, 0.1)
+    paused[0] = False
     assert app.step_bar.get() > 0 and app.controller.run.step >= 6
     assert app.loss_canvas.find_all()
     app.stop()
     assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("stopped"),
                      60), app.controller.run.status
     training_gaps = gaps[2:]
-    largest = max(training_gaps)
-    (ARTEFACTS / "timer-gap.txt").write_text(f"largest Tk timer gap during training: {largest * 1000:.0f} ms over "
-                                             f"{len(training_gaps)} ticks of 20 ms\n")
-    print(f"largest Tk timer gap during training: {largest * 1000:.0f} ms ({len(training_gaps)} ticks)")
+    largest, status, step = max(training_gaps)
+    report = (f"largest Tk timer gap from Start to Stop: {largest * 1000:.0f} ms over {len(training_gaps)} ticks of "
+              f"20 ms (at status {status!r}, step {step})\n")
+    (ARTEFACTS / "timer-gap.txt").write_text(report + "".join(
+        f"  {g * 1000:.0f} ms: {s} (step {n})\n" for g, s, n in sorted(training_gaps, reverse=True)[:10]))
+    print(report)
     assert largest < GAP_LIMIT_S, f"the main loop stalled for {largest * 1000:.0f} ms"
     backups = list_backups(tmp_path / "run" / "backup")
     assert backups and read_backup(backups[-1])["progress"].global_step == app.controller.run.step

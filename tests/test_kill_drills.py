@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from modules.trainer.backup_io import list_backups, verify_backup
+from modules.trainer.backup_io import list_backups
 from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
 from modules.util.config.config_io import load_config
 from modules.util.demo_assets import make_t2v_dataset
@@ -62,6 +62,7 @@ def demo(tiny_model, tmp_path_factory):
 
 
 def assert_every_file_loads(run: Path) -> None:
+    from modules.trainer.backup_io import verify_backup
     leftovers = [p for p in run.rglob(".*") if p.name.endswith(".tmp") or p.name.endswith(".old")]
     assert not leftovers, leftovers
     for path in run.rglob("*.safetensors"):
@@ -90,8 +91,10 @@ def test_killed_demo_run_resumes_to_the_same_weights(kill_at, resumes_from, demo
     assert_every_file_loads(run)
     final = load_file(str(run / "output" / "demo_lora.safetensors"))
     assert final.keys() == expected.keys()
-    for key in expected:
-        torch.testing.assert_close(final[key], expected[key], atol=1e-6, rtol=0, msg=f"{kill_at}: {key}")
+    difference = max(float((final[key] - expected[key]).abs().max()) for key in expected)
+    print(f"drill {kill_at}: {len(resumed.step_losses)} step(s) trained after the resume, largest weight "
+          f"difference from the uninterrupted run {difference:g}")
+    assert difference <= 1e-6, kill_at
     # the resumed run trained exactly the steps the killed one had not finished
     assert resumed.step_losses == pytest.approx(reference.step_losses[-len(resumed.step_losses):], abs=1e-6) \
         if resumed.step_losses else kill_at == "save:1"

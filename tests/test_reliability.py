@@ -19,14 +19,15 @@ from safetensors.torch import load_file
 
 from learning import train
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
-from modules.trainer.backup_io import list_backups, newest_usable_backup, read_backup, verify_backup
+from modules.trainer.backup_io import list_backups, read_backup
 from modules.trainer.GenericTrainer import TrainingError
-from modules.util import atomic, kill_points
+from modules.util import atomic
 from modules.util.config.config_io import ConfigError, load_config
 from modules.util.config.validation import check_paths
 from modules.util.demo_assets import make_t2v_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
+KILL_AT = "WAN_TRAINER_KILL_AT"  # the test hook of modules/util/kill_points.py
 SAMPLE = {"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9, "steps": 2, "seed": 1}
 
 
@@ -126,6 +127,7 @@ def full_disk(tmp_path):
 
 
 def check_failed_save(error: str, destination: Path, tmp_path: Path) -> None:
+    from modules.trainer.backup_io import verify_backup
     assert f"saving {destination} failed" in error, error
     backup = tmp_path / "run" / "backup" / "step-00000002"
     assert f"kept in the backup {backup}" in error and "backup.continue_last_backup=true" in error, error
@@ -194,7 +196,7 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tiny_model, six_clips, tmp
                                                                                 six_clips, steps=3)
     # Ctrl-C in step 2, sent by the test hook so that it lands at the same point every time
     stopped = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                             env={**os.environ, kill_points.ENVIRONMENT_VARIABLE: "step:2:INT"})
+                             env={**os.environ, KILL_AT: "step:2:INT"})
     assert stopped.returncode == 0, stopped.stderr[-2000:]
     assert "Traceback" not in stopped.stderr
     lines = stopped.stdout.splitlines()
@@ -211,7 +213,8 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tiny_model, six_clips, tmp
 
 def test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache(tiny_model, six_clips, tmp_path, monkeypatch,
                                                                  capsys):
-    monkeypatch.setenv(kill_points.ENVIRONMENT_VARIABLE, "caching:3:INT")
+    from modules.util import kill_points
+    monkeypatch.setenv(KILL_AT, "caching:3:INT")
     monkeypatch.setattr(kill_points, "_counts", {})
     trainer = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2)
     assert trainer.stop_requested.is_set() and trainer.progress.global_step == 0
@@ -241,6 +244,7 @@ DAMAGES = {
 @pytest.mark.parametrize("name", ["trainable.safetensors", "optimizer.json", "progress.json", "rng.safetensors"])
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_damaged_backup_is_found_and_the_newest_complete_one_chosen(name, damage, two_backups, tmp_path):
+    from modules.trainer.backup_io import newest_usable_backup
     root = tmp_path / "backup"
     shutil.copytree(two_backups[0] / "run" / "backup", root)
     DAMAGES[damage](root / "step-00000002" / name)

@@ -1,8 +1,8 @@
 """A folder of safetensors files, one per encoded item, keyed by a hash of everything that changes the result.
 Each file is written atomically, so a killed caching run leaves only complete entries and resumes where it
-stopped. Each entry's metadata holds a checksum of its tensors (names, dtypes, shapes, bytes): an entry that no
-longer reads, lacks a tensor, or whose content changed (bit rot, a file copied over another) is reported once,
-deleted and encoded again instead of training on wrong latents."""
+stopped. Each entry's metadata holds a checksum of its key and its tensors (names, dtypes, shapes, bytes): an
+entry that no longer reads, lacks a tensor, or whose content changed (bit rot, another entry copied over it) is
+reported, deleted and encoded again instead of training on wrong latents."""
 import hashlib
 import json
 import logging
@@ -16,7 +16,7 @@ from modules.util.atomic import save_safetensors_atomic
 
 log = logging.getLogger(__name__)
 
-CHECKSUM_KEY = "tensors_sha256"
+CHECKSUM_KEY = "entry_sha256"
 
 
 def cache_key(*parts) -> str:
@@ -28,8 +28,9 @@ def file_identity(path: str) -> list:
     return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
 
 
-def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
+def entry_checksum(key: str, tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of the entry's key (so an entry copied over another does not match) and its tensors."""
+    digest = hashlib.sha256(key.encode())
     for name in sorted(tensors):
         value = tensors[name].detach().cpu().contiguous()
         digest.update(json.dumps([name, str(value.dtype), list(value.shape)]).encode())
@@ -52,7 +53,7 @@ class DiskCache:
         path = self._path(key)
         if not path.is_file():
             return None
-        problem, tensors = self._read(path)
+        problem, tensors = self._read(path, key)
         if problem is None:
             missing = sorted(set(required) - set(tensors))
             if missing:
@@ -65,19 +66,20 @@ class DiskCache:
         return None
 
     @staticmethod
-    def _read(path: Path) -> tuple[str | None, dict[str, torch.Tensor]]:
+    def _read(path: Path, key: str) -> tuple[str | None, dict[str, torch.Tensor]]:
         try:
             with safe_open(str(path), framework="pt") as file:
                 metadata = file.metadata() or {}
-                tensors = {name: file.get_tensor(name) for name in file.keys()}
+                # copies: a mapped file changed in place later (truncated) would crash whoever holds its tensors
+                tensors = {name: file.get_tensor(name).clone() for name in file.keys()}
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error types for damaged files)
             return f"unreadable: {error}", {}
         if CHECKSUM_KEY not in metadata:
             return "it has no checksum (written by an older version, or not by this trainer)", {}
-        if tensors_checksum(tensors) != metadata[CHECKSUM_KEY]:
+        if entry_checksum(key, tensors) != metadata[CHECKSUM_KEY]:
             return "its tensors do not match their checksum: the content changed after it was written", {}
         return None, tensors
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_safetensors_atomic(tensors, self._path(key), {CHECKSUM_KEY: tensors_checksum(tensors)})
+        save_safetensors_atomic(tensors, self._path(key), {CHECKSUM_KEY: entry_checksum(key, tensors)})

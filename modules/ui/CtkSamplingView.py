@@ -4,6 +4,7 @@ across the training steps at which samples were made, and an E2V sample's refere
 from __future__ import annotations
 
 import json
+import threading
 import time
 import tkinter as tk
 
@@ -175,19 +176,34 @@ class CtkSamplingView:
             self._open(self.current.videos[min(int(round(value)), len(self.current.videos) - 1)])
 
     def _open(self, video) -> None:
+        """Decodes in a thread (a long clip takes a while) and shows the result from the main loop."""
         if video is None:
             return
-        try:
-            self.player.open(video.path)
-        except Exception as error:  # a half-written or broken file must not break the tab
-            self.step_label.configure(text=f"cannot play {video.path}: {error}")
-            return
-        self.player.loop = self.loop_var.get()
-        self.step_label.configure(text=f"step {video.step}, epoch {video.epoch}: {video.path.name} "
-                                       f"({len(self.player.frames)} frames at {self.player.fps:.0f} fps)")
-        self._render_frame()
-        if self._tick_job is None:
-            self._tick_job = self.video_label.after(self.player.interval_ms, self._tick)
+        result: list = []
+
+        def decode():  # no Tk call here
+            try:
+                result.append(PreviewPlayer.read(video.path))
+            except Exception as error:  # a half-written or broken file must not break the tab
+                result.append(error)
+
+        def show():
+            if not result:
+                self.video_label.after(30, show)
+                return
+            if isinstance(result[0], Exception):
+                self.step_label.configure(text=f"cannot play {video.path}: {result[0]}")
+                return
+            self.player.show(video.path, *result[0])
+            self.player.loop = self.loop_var.get()
+            self.step_label.configure(text=f"step {video.step}, epoch {video.epoch}: {video.path.name} "
+                                           f"({len(self.player.frames)} frames at {self.player.fps:.0f} fps)")
+            self._render_frame()
+            if self._tick_job is None:
+                self._tick_job = self.video_label.after(self.player.interval_ms, self._tick)
+
+        threading.Thread(target=decode, name="preview-decode", daemon=True).start()
+        self.video_label.after(30, show)
 
     def _render_frame(self) -> None:
         frame = self.player.frame

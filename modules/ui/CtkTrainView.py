@@ -47,7 +47,16 @@ class CtkTrainView(ctk.CTk):
         self.config_state.on_change(self._on_config_change)
         self.protocol("WM_DELETE_WINDOW", self.close)
         self._update_variant()
+        self.preloaded = False
+        self.after(200, self._preload)
         self.after(POLL_MS, self._poll)
+
+    def _preload(self) -> None:
+        self.status_label.configure(text="loading the trainer's libraries…")
+        self.update_idletasks()
+        self.controller.preload()
+        self.preloaded = True
+        self.status_label.configure(text="idle")
 
     # ---- top bar ------------------------------------------------------------------------------------------------
 

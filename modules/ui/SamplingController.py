@@ -52,14 +52,19 @@ class PreviewPlayer:
         self.loop = True
         self.path: Path | None = None
 
-    def open(self, path: str | Path) -> None:
+    @staticmethod
+    def read(path: str | Path) -> tuple[np.ndarray, float]:
+        """(frames uint8 (F, H, W, 3), fps); thread-safe, so a view can decode off its main loop."""
         from modules.util.video_io import probe_media, read_media
 
         info = probe_media(path)
-        self.frames = read_media(path)
-        self.fps = info.fps or 16.0
-        self.path = Path(path)
-        self.index = 0
+        return read_media(path), info.fps or 16.0
+
+    def show(self, path: str | Path, frames: np.ndarray, fps: float) -> None:
+        self.frames, self.fps, self.path, self.index = frames, fps, Path(path), 0
+
+    def open(self, path: str | Path) -> None:
+        self.show(path, *self.read(path))
 
     @property
     def frame(self) -> np.ndarray | None:

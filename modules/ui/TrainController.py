@@ -73,6 +73,22 @@ class _QueueLogHandler(logging.Handler):
         self.events.put(("log", self.format(record)))
 
 
+def _warm_video_codecs() -> None:
+    """The first encode / probe / decode of a process initialises FFmpeg's codecs while holding the interpreter:
+    done once here on a 2-frame clip, not in the worker's first probe or preview."""
+    import tempfile
+
+    import numpy as np
+
+    from modules.util.video_io import probe_media, read_media, write_video
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "warm.mp4"
+        write_video(path, np.zeros((2, 16, 16, 3), dtype=np.uint8), 16)
+        probe_media(path)
+        read_media(path)
+
+
 class TrainController:
     def __init__(self, state: UIState | None = None, presets_dir: Path = PRESETS_DIR, last_used: Path = LAST_USED):
         self.state = state or UIState()
@@ -141,6 +157,30 @@ class TrainController:
         return f"{variant.value} ({variant.model_type.value})"
 
     # ---- training ----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def preload() -> None:
+        """Imports what a run imports, on the calling (main) thread, once. Importing a big library in the worker
+        holds the interpreter for up to a second at a time (module initialisation), which would freeze the window
+        while a run starts; paid here, it happens once before the window is used."""
+        import modules.modelLoader.WanModelLoader  # noqa: F401  (registers; imports diffusers and transformers)
+        import modules.modelSampler.TrainingSampler  # noqa: F401
+        import modules.modelSetup.WanEmbeddingSetup  # noqa: F401
+        import modules.modelSetup.WanFineTuneSetup  # noqa: F401
+        import modules.modelSetup.WanLoRASetup  # noqa: F401
+        import modules.trainer.GenericTrainer  # noqa: F401
+        import modules.trainer.TrainingHooks  # noqa: F401
+        import modules.dataLoader.WanBaseDataLoader  # noqa: F401
+        import peft  # noqa: F401
+        from diffusers import AutoencoderKLWan, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel  # noqa
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        from transformers import CLIPVisionModel, UMT5EncoderModel  # noqa: F401
+        _warm_video_codecs()
+        try:  # transformers builds its checkpoint key-renaming table (many regexes) on the first from_pretrained
+            from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+            get_checkpoint_conversion_mapping("umt5")
+        except ImportError:
+            pass
 
     @property
     def running(self) -> bool:
@@ -234,7 +274,8 @@ class TrainController:
             run.step, run.total_steps = payload["step"], payload["total_steps"]
             run.epoch, run.epochs = payload["epoch"], payload["epochs"]
             run.epoch_fraction = payload["epoch_fraction"]
-            run.losses.append(payload["loss"])
+            # every step's loss, read back from the device every few steps (performance.loss_readback_steps)
+            run.losses.extend(payload.get("losses", []))
             run.step_times.append(payload["step_time"])
         elif kind == "refused":
             run.running, run.status = False, "refused: the config has problems"
