@@ -2,6 +2,7 @@
 
   train.py --preset-path "training_presets/#demo tiny CPU.json"
   train.py --config-path my.json --config-value lora.rank=16 --config-value optimizer.learning_rate=2e-4
+  torchrun --nproc-per-node 2 scripts/train.py --config-path my.json   (several GPUs: docs/multi-gpu.md)
 """
 import argparse
 import sys
@@ -76,15 +77,25 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     try:
         config = load_config(args.config_path, args.preset_path,
                              seed_options_as_overrides(args) + args.config_value)
         from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
         e2v_datasets = prepare_config(config)
+        from modules.trainer.distributed import launched_by_torchrun, process_count, relaunch
+        if config.multi_gpu and not launched_by_torchrun() and process_count(config) == 0:
+            raise ConfigError(["multi_gpu: no GPU is visible; set distributed.processes to run several CPU "
+                               "processes, or turn multi_gpu off"])
     except ConfigError as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
+    if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:
+        # every process re-reads the same arguments; under torchrun's environment they join one job
+        return relaunch(config, __file__, argv)
+    import torch.distributed
+    from modules.trainer.distributed import leave_process_group
     from modules.trainer.GenericTrainer import TrainingError
     try:
         trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
@@ -95,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+    except torch.distributed.DistBackendError as e:
+        # a collective failed: another rank died or timed out; its own message names the cause
+        print(f"train: the multi-process job broke off (another rank failed or a collective timed out): "
+              f"{str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    finally:
+        leave_process_group()
     return 0
 
 

@@ -18,7 +18,7 @@ from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
 from modules.util.config.DataConfig import ConceptConfig
 from modules.dataLoader.DiskCache import DiskCache, cache_key
 from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
-from modules.dataLoader.pipeline.BucketBatch import BucketBatch
+from modules.dataLoader.pipeline.RankBucketBatch import RankBucketBatch
 from modules.dataLoader.pipeline.EncodeText import EncodeText
 from modules.dataLoader.pipeline.EncodeVideo import EncodeVideo
 from modules.dataLoader.pipeline.FrameWindow import FrameWindow
@@ -33,6 +33,7 @@ from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.enum.WanVariant import WanVariant
+from modules.util.ranks import all_gather_json, is_main, rank_and_world
 from modules.util.video_io import UnreadableMediaError
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,10 @@ class WanBaseDataLoader:
         batch_names += ["loss_weight", "prompt"]
         # E2V items with different elements present carry different numbers of CLIP tokens: batch them apart
         keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ())
-        modules = self._item_modules() + encoders + [BucketBatch(batch_names, self.config.batch_size,
-                                                                 key_names=keys)]
+        # several ranks: each draws its share of the single-process global batches (RankBucketBatch)
+        rank, world = rank_and_world()
+        modules = self._item_modules() + encoders + [RankBucketBatch(batch_names, self.config.batch_size, rank, world,
+                                                                     key_names=keys)]
         self.pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)
 
     def encode_calls(self) -> int:
@@ -176,19 +179,42 @@ class WanBaseDataLoader:
                          threads=self.config.data.dataloader_threads,
                          outputs=[n for m in self.encoders.values() for n in m.produces()])
         items.start_epoch(epoch)
-        newly_failed = set()
-        for index in tqdm(range(len(items)), desc=f"caching epoch {epoch}", unit="item"):
+        newly_failed: dict[str, str] = {}
+        share = self._rank_share(epoch, len(items))
+        for index in tqdm(share, desc=f"caching epoch {epoch}", unit="item", disable=not is_main()):
             try:
                 items.get_item(index)
             except UnreadableMediaError as error:
                 log.warning("skipping %s: %s", error.path, error.reason)
-                newly_failed.add(str(error.path))
-                self.scan_result.skipped.append((str(error.path), error.reason))
+                newly_failed[str(error.path)] = error.reason
+        # the gather waits for every rank's share, so after it each rank reads the entries the others wrote; and
+        # each learns what the others could not decode
+        for rank_failed in all_gather_json(newly_failed):
+            newly_failed.update(rank_failed)
+        self.scan_result.skipped.extend(newly_failed.items())
         if newly_failed:
-            self.failed |= newly_failed
+            self.failed |= set(newly_failed)
             if not self._records():
                 raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
             self.rebuild()
+
+    def _rank_share(self, epoch: int, count: int) -> list[int]:
+        """The item indices of `epoch` this rank encodes. Items of one media file stay on one rank (repeats and
+        windows of a clip share cache entries), and the files are dealt out in order: each rank encodes about
+        1/world of them and no entry is encoded twice."""
+        rank, world = rank_and_world()
+        if world == 1:
+            return list(range(count))
+        paths = Pipeline(self._item_modules(), self.config.seed, outputs=["path"])
+        paths.start_epoch(epoch)
+        owner: dict[str, int] = {}
+        share = []
+        for index in range(len(paths)):
+            path = str(paths.get_item(index)["path"])
+            owner.setdefault(path, len(owner) % world)
+            if owner[path] == rank:
+                share.append(index)
+        return share
 
     def report(self) -> str:
         """Per concept the clip and image items, the bucket histogram and the skipped files (probe-level names
@@ -212,7 +238,8 @@ class WanBaseDataLoader:
             lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
         lines.append(f"  skipped files: {len(skipped)}")
         text = "\n".join(lines)
-        print(text, flush=True)
+        if is_main():
+            print(text, flush=True)
         return text
 
     def target_latents_by_path(self) -> dict[str, torch.Tensor]:

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import torch
 
-from modules.trainer.backup_io import (TrainProgress, list_backups, prune_backups, read_backup, restore_rng_state,
-                                       write_backup)
+from modules.trainer.backup_io import TrainProgress, list_backups, prune_backups, read_backup, write_backup
+from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
+from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
+                                                    restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.util.config.config_io import ConfigError, config_to_dict
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
+from modules.util.ranks import any_rank, barrier
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -90,7 +93,9 @@ class GenericTrainer:
         self.stop_requested = threading.Event()
         self.step_losses: list[float] = []
         self.progress = TrainProgress()
-        self.device = resolve_device(config.device)
+        # under torchrun: this rank's device, in the process group
+        self.device = join_process_group(config) or resolve_device(config.device)
+        self.parallel = Parallel(config)
         self.model = self.setup = self.data = None
 
     # ---- construction --------------------------------------------------------------------------------------
@@ -144,8 +149,17 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
+        try:
+            self.parallel.wrap(self.setup, self.model, self.device)
+        except ValueError as error:
+            raise TrainingError(str(error)) from None
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
+        if config.backup.continue_last_backup:
+            try:
+                keep_global_batch(self)
+            except ValueError as error:
+                raise TrainingError(str(error)) from None
         batches_per_epoch = self.data.batches_per_epoch()
         accumulation = config.optimizer.gradient_accumulation_steps
         self.total_steps = config.max_steps or config.epochs * math.ceil(batches_per_epoch / accumulation)
@@ -173,7 +187,8 @@ class GenericTrainer:
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
         from tqdm import tqdm
         config, progress = self.config, self.progress
-        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step")
+        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step",
+                        disable=not self.parallel.is_main)
         micro_losses: list[float] = []
         step_started = time.perf_counter()
         try:
@@ -182,12 +197,13 @@ class GenericTrainer:
                 progress.epoch, progress.epoch_batch = epoch, start
                 for batch in self.data.batches(epoch, start):
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
-                    prediction = self.setup.predict(batch, generator)
-                    loss = self.setup.calculate_loss(batch, prediction)
-                    if not torch.isfinite(loss):
-                        raise TrainingError(self._nan_message(loss))
+                    self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
+                    loss, prediction = self.parallel.forward(self.setup, batch, generator)
+                    loss_value = self.parallel.mean_loss(loss)  # of the global batch: every rank stops on a NaN
+                    if not math.isfinite(loss_value):
+                        raise TrainingError(self._nan_message(loss_value))
                     (loss / accumulation).backward()
-                    micro_losses.append(loss.item())
+                    micro_losses.append(loss_value)
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
@@ -205,7 +221,7 @@ class GenericTrainer:
                     step_bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
-                    if self.stop_requested.is_set():
+                    if any_rank(self.stop_requested.is_set()):
                         self.backup()
                         return
                     if config.max_steps and progress.global_step >= config.max_steps:
@@ -217,11 +233,7 @@ class GenericTrainer:
 
     def _optimizer_step(self, parameters) -> float:
         clip = self.config.optimizer.clip_grad_norm
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if clip:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
-        else:
-            grad_norm = float(torch.norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+        grad_norm = gradient_norm(parameters, clip)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -230,10 +242,10 @@ class GenericTrainer:
             self.ema.update()
         return grad_norm
 
-    def _nan_message(self, loss: torch.Tensor) -> str:
+    def _nan_message(self, loss: float) -> str:
         backups = list_backups(self.backup_root)
         kept = f"the last good backup is {backups[-1]}" if backups else "no backup was written yet"
-        return (f"the loss became {loss.item()} at step {self.progress.global_step + 1} (epoch "
+        return (f"the loss became {loss} at step {self.progress.global_step + 1} (epoch "
                 f"{self.progress.epoch}); training stopped and {kept}. Lower the learning rate or check the data.")
 
     # ---- SIGINT --------------------------------------------------------------------------------------------
@@ -254,10 +266,13 @@ class GenericTrainer:
 
     def backup(self) -> Path:
         folder = self.backup_root / f"step-{self.progress.global_step:08d}"
-        write_backup(folder, self.progress, self.setup.trainable_state_dict(), self.optimizer, self.scheduler,
-                     self.ema, config_to_dict(self.config))
-        prune_backups(self.backup_root, self.config.backup.rolling_count)
-        log.info("backup written to %s", folder)
+        trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
+        if self.parallel.is_main:
+            write_backup(folder, self.progress, trainable, optimizer_state, self.scheduler, self.ema,
+                         config_to_dict(self.config), rng=rng, extra_json={RANKS_FILE: layout})
+            prune_backups(self.backup_root, self.config.backup.rolling_count)
+            log.info("backup written to %s", folder)
+        barrier()
         return folder
 
     def _resume(self) -> None:
@@ -267,19 +282,22 @@ class GenericTrainer:
                         self.backup_root)
             return
         state = read_backup(backups[-1])
-        self.setup.load_trainable_state_dict(state["trainable"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        restore_backup_state(self, state)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
-        restore_rng_state(state["rng"])
         self.progress = state["progress"]
-        print(f"resumed from {backups[-1]} at step {self.progress.global_step}", flush=True)
+        if self.parallel.is_main:
+            print(f"resumed from {backups[-1]} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
         output = self.config.output
-        written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
-                                         config_to_dict(self.config))
+        written = []
+        with self.parallel.gathered(self.model):  # a sharded fine-tune: the whole transformer on rank 0
+            if self.parallel.is_main:
+                written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
+                                                 config_to_dict(self.config))
+        barrier()
         for path in written:
             print(f"saved {path}", flush=True)
         return written
