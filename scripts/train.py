@@ -6,6 +6,7 @@
 """
 import argparse
 import sys
+import traceback
 
 import _bootstrap  # noqa: F401
 
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:
         # every process re-reads the same arguments; under torchrun's environment they join one job
         return relaunch(config, __file__, argv)
-    import torch.distributed
     from modules.trainer.distributed import leave_process_group
+    from modules.util.ranks import rank_and_world
     from modules.trainer.GenericTrainer import TrainingError
     try:
         trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
@@ -106,10 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
-    except torch.distributed.DistBackendError as e:
-        # a collective failed: another rank died or timed out; its own message names the cause
-        print(f"train: the multi-process job broke off (another rank failed or a collective timed out): "
-              f"{str(e).splitlines()[0]}", file=sys.stderr)
+    except Exception as e:
+        if not launched_by_torchrun():
+            raise
+        # one line naming the rank after the traceback: a collective that broke off means another rank failed (its
+        # own output names the cause) or timed out
+        traceback.print_exc()
+        rank, world = rank_and_world()
+        print(f"train: rank {rank} of {world} stopped: {(str(e).splitlines() or [type(e).__name__])[0]}",
+              file=sys.stderr)
         return 1
     finally:
         leave_process_group()

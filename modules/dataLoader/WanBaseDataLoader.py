@@ -175,22 +175,29 @@ class WanBaseDataLoader:
         return data.crop_jitter or data.flip or any(c.extraction == "random" for c in data.concepts)
 
     def _cache_epoch(self, epoch: int) -> None:
-        items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
-                         threads=self.config.data.dataloader_threads,
-                         outputs=[n for m in self.encoders.values() for n in m.produces()])
-        items.start_epoch(epoch)
         newly_failed: dict[str, str] = {}
-        share = self._rank_share(epoch, len(items))
-        for index in tqdm(share, desc=f"caching epoch {epoch}", unit="item", disable=not is_main()):
-            try:
-                items.get_item(index)
-            except UnreadableMediaError as error:
-                log.warning("skipping %s: %s", error.path, error.reason)
-                newly_failed[str(error.path)] = error.reason
-        # the gather waits for every rank's share, so after it each rank reads the entries the others wrote; and
-        # each learns what the others could not decode
-        for rank_failed in all_gather_json(newly_failed):
-            newly_failed.update(rank_failed)
+        # several ranks split the work by what a cache entry depends on: media entries by file, text entries by
+        # prompt, so each entry has one owner and nothing is encoded twice (one rank alone does it all)
+        text = [m for m in self.encoders.values() if isinstance(m, EncodeText)]
+        media = [m for m in self.encoders.values() if not isinstance(m, EncodeText)]
+        for group, encoders in (("path", media), ("prompt", text)):
+            if not encoders:
+                continue
+            items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
+                             threads=self.config.data.dataloader_threads,
+                             outputs=[n for m in encoders for n in m.produces()])
+            items.start_epoch(epoch)
+            share = self._rank_share(epoch, group, len(items))
+            for index in tqdm(share, desc=f"caching epoch {epoch} ({group}s)", unit="item", disable=not is_main()):
+                try:
+                    items.get_item(index)
+                except UnreadableMediaError as error:
+                    log.warning("skipping %s: %s", error.path, error.reason)
+                    newly_failed[str(error.path)] = error.reason
+            # the gather waits for every rank's share: after it each rank reads the entries the others wrote, and
+            # knows what they could not decode
+            for rank_failed in all_gather_json(newly_failed):
+                newly_failed.update(rank_failed)
         self.scan_result.skipped.extend(newly_failed.items())
         if newly_failed:
             self.failed |= set(newly_failed)
@@ -198,21 +205,21 @@ class WanBaseDataLoader:
                 raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
             self.rebuild()
 
-    def _rank_share(self, epoch: int, count: int) -> list[int]:
-        """The item indices of `epoch` this rank encodes. Items of one media file stay on one rank (repeats and
-        windows of a clip share cache entries), and the files are dealt out in order: each rank encodes about
-        1/world of them and no entry is encoded twice."""
+    def _rank_share(self, epoch: int, group: str, count: int) -> list[int]:
+        """The item indices of `epoch` this rank encodes: the distinct values of `group` (path or prompt) are
+        dealt out in order, and every item with a value goes to that value's rank (repeats, windows of one clip and
+        clips of one caption share entries)."""
         rank, world = rank_and_world()
         if world == 1:
             return list(range(count))
-        paths = Pipeline(self._item_modules(), self.config.seed, outputs=["path"])
-        paths.start_epoch(epoch)
+        values = Pipeline(self._item_modules(), self.config.seed, outputs=[group])
+        values.start_epoch(epoch)
         owner: dict[str, int] = {}
         share = []
-        for index in range(len(paths)):
-            path = str(paths.get_item(index)["path"])
-            owner.setdefault(path, len(owner) % world)
-            if owner[path] == rank:
+        for index in range(len(values)):
+            value = str(values.get_item(index)[group])
+            owner.setdefault(value, len(owner) % world)
+            if owner[value] == rank:
                 share.append(index)
         return share
 

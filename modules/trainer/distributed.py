@@ -74,10 +74,8 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     try:
         elastic_launch(launch, entrypoint=sys.executable)(script, *argv)
     except ChildFailedError as error:
-        failures = error.failures
-        first = min(failures.values(), key=lambda failure: failure.timestamp)
-        print(f"train: rank {first.global_rank} failed with exit code {first.exitcode}; the job was stopped",
-              file=sys.stderr)
+        rank, first = min(error.failures.items(), key=lambda item: item[1].timestamp)  # {global rank: failure}
+        print(f"train: rank {rank} failed with exit code {first.exitcode}; the job was stopped", file=sys.stderr)
         return 1
     return 0
 

@@ -79,8 +79,8 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     trainable, names = {}, _names_and_parameters(trainer)
     for expert, transformer in trainer.parallel.sharded.items():
-        full = get_model_state_dict(transformer, options=options)
-        trainable.update({f"{expert}.{n}": full[n] for e, n, _ in names if e == expert})
+        full = get_model_state_dict(transformer, options=options)  # whole on rank 0, empty elsewhere
+        trainable.update({f"{expert}.{n}": full[n] for e, n, _ in names if e == expert and rank == 0})
     # (single expert for fine-tunes) optimizer keys by parameter name -> by position, as optimizer.state_dict()
     expert = next(iter(trainer.parallel.sharded))
     full_optimizer = get_optimizer_state_dict(trainer.parallel.sharded[expert], trainer.optimizer, options=options)
