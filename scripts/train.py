@@ -83,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config_path, args.preset_path,
                              seed_options_as_overrides(args) + args.config_value)
+        from modules.trainer.distributed import config_problems, launched_by_torchrun, process_count, relaunch
         from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
-        e2v_datasets = prepare_config(config)
-        from modules.trainer.distributed import launched_by_torchrun, process_count, relaunch
-        if config.multi_gpu and not launched_by_torchrun() and process_count(config) == 0:
-            raise ConfigError(["multi_gpu: no GPU is visible; set distributed.processes to run several CPU "
-                               "processes, or turn multi_gpu off"])
+        problems = config_problems(config)
+        try:
+            e2v_datasets = prepare_config(config)
+        except ConfigError as e:
+            raise ConfigError(e.problems + problems, e.source) from None
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as e:
         print(f"train: {e}", file=sys.stderr)
         return 2

@@ -159,11 +159,13 @@ def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squ
     assert backup.keys() == single.setup.trainable_state_dict().keys()
 
 
-def test_a_failing_rank_stops_every_rank(tiny_model, squares_dataset, tmp_path):
+def test_a_failing_rank_stops_every_rank(lora_runs, squares_dataset, tmp_path):
+    # the filled cache of the runs above: the ranks reach training quickly
+    cache = lora_runs["tmp"] / "single" / "cache"
     argv = ["--preset-path", str(ROOT / "training_presets" / "#demo tiny CPU.json"),
-            "--config-value", "demo_assets=false", "--config-value", f"model.base_model_name={tiny_model('wan2.1-t2v')}",
+            "--config-value", "demo_assets=false", "--config-value", f"model.base_model_name={lora_runs['base']}",
             "--config-value", f'data.concepts=[{{"path": "{squares_dataset}"}}]',
-            "--config-value", f"workspace_dir={tmp_path / 'run'}", "--config-value", f"cache_dir={tmp_path / 'cache'}",
+            "--config-value", f"workspace_dir={tmp_path / 'run'}", "--config-value", f"cache_dir={cache}",
             "--config-value", "max_steps=1000", "--config-value", "tensorboard=false",
             "--config-value", f"output.destination={tmp_path / 'out.safetensors'}"]
     processes = start_ranks({"argv": argv, "fail_rank": 1}, tmp_path)

@@ -149,17 +149,14 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
-        try:
-            self.parallel.wrap(self.setup, self.model, self.device)
-        except ValueError as error:
-            raise TrainingError(str(error)) from None
-        parameters = self.setup.trainable_parameters()
-        self.optimizer = create_optimizer(config.optimizer, parameters)
         if config.backup.continue_last_backup:
             try:
                 keep_global_batch(self)
             except ValueError as error:
                 raise TrainingError(str(error)) from None
+        self.parallel.wrap(self.setup, self.model, self.device)
+        parameters = self.setup.trainable_parameters()
+        self.optimizer = create_optimizer(config.optimizer, parameters)
         batches_per_epoch = self.data.batches_per_epoch()
         accumulation = config.optimizer.gradient_accumulation_steps
         self.total_steps = config.max_steps or config.epochs * math.ceil(batches_per_epoch / accumulation)

@@ -60,6 +60,19 @@ def process_count(config: TrainConfig) -> int:
     return config.distributed.processes or torch.cuda.device_count()
 
 
+def config_problems(config: TrainConfig) -> list[str]:
+    """What stops a multi-process run before any model loads (for ConfigError)."""
+    several = launched_by_torchrun() or (config.multi_gpu and process_count(config) > 1)
+    problems = []
+    if config.multi_gpu and not launched_by_torchrun() and process_count(config) == 0:
+        problems.append("multi_gpu: no GPU is visible; set distributed.processes to run several CPU processes, or "
+                        "turn multi_gpu off")
+    if several and config.training_method is TrainingMethod.FINE_TUNE and config.optimizer.ema:
+        problems.append("optimizer.ema: not supported with a sharded (FSDP2) multi-GPU fine-tune yet; turn it off "
+                        "or train on one GPU")
+    return problems
+
+
 def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     """`multi_gpu: true`: runs `script argv` in `process_count` processes on this machine through torchrun's
     launcher (the same agent as the `torchrun` command) and returns the exit code. A failing rank makes the agent
@@ -115,6 +128,10 @@ class Parallel:
         """DDP or FSDP2 around the parts that train; before the optimizer is made (FSDP2 replaces parameters)."""
         if not self.enabled:
             return
+        if self.is_main:
+            batch = self.config.batch_size
+            print(f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}",
+                  flush=True)
         experts = setup.experts_in_training()
         if self.config.training_method is TrainingMethod.FINE_TUNE:
             self._shard(model, experts, device)
@@ -143,9 +160,6 @@ class Parallel:
     def _shard(self, model, experts: list[str], device: torch.device) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        if self.config.optimizer.ema:
-            raise ValueError("optimizer.ema is not supported with a sharded (FSDP2) multi-GPU fine-tune yet: "
-                             "turn it off or train on one GPU")
         reduce = torch.bfloat16 if self.config.distributed.reduce_dtype == "BFLOAT_16" else torch.float32
         policy = MixedPrecisionPolicy(param_dtype=self.config.train_dtype.torch_dtype(), reduce_dtype=reduce)
         for name in experts:
