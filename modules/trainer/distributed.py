@@ -70,6 +70,10 @@ def config_problems(config: TrainConfig) -> list[str]:
     if several and config.training_method is TrainingMethod.FINE_TUNE and config.optimizer.ema:
         problems.append("optimizer.ema: not supported with a sharded (FSDP2) multi-GPU fine-tune yet; turn it off "
                         "or train on one GPU")
+    if several and config.training_method is TrainingMethod.FINE_TUNE and config.sampling.samples_file:
+        # rank 0 alone would run the sharded transformer, whose forward needs every rank: a deadlock
+        problems.append("sampling.samples_file: previews during a sharded (FSDP2) multi-GPU fine-tune are not "
+                        "supported yet; sample the saved model with scripts/sample.py, or train on one GPU")
     return problems
 
 
@@ -77,6 +81,7 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     """`multi_gpu: true`: runs `script argv` in `process_count` processes on this machine through torchrun's
     launcher (the same agent as the `torchrun` command) and returns the exit code. A failing rank makes the agent
     stop the others; its error is printed by the rank itself."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -89,6 +94,11 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     except ChildFailedError as error:
         rank, first = min(error.failures.items(), key=lambda item: item[1].timestamp)  # {global rank: failure}
         print(f"train: rank {rank} failed with exit code {first.exitcode}; the job was stopped", file=sys.stderr)
+        return 1
+    except SignalException as signal_received:
+        # Ctrl-C: the launcher passed the signal on; the ranks stop after their step and rank 0 writes a backup,
+        # within the 30 s the launcher grants before it kills them
+        print(f"train: stopped by {signal_received.sigval.name}", file=sys.stderr)
         return 1
     return 0
 
