@@ -161,7 +161,7 @@ class Parallel:
         frozen += [name for name, _ in step.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step, frozen)
         self.step_module = DistributedDataParallel(
-            step, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+            step, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False,
             # two experts: each step routes to one, the other's adapter gets no gradient that step
             find_unused_parameters=unused)
         if self.config.distributed.reduce_dtype == "BFLOAT_16":
