@@ -20,7 +20,7 @@ from torch import nn
 
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
-from modules.util.ranks import all_mean, rank_and_world
+from modules.util.ranks import rank_and_world
 
 
 def launched_by_torchrun() -> bool:
@@ -227,13 +227,20 @@ class Parallel:
             for name, transformer in self.sharded.items():
                 setattr(model, name, transformer)
 
-    def mean_loss(self, loss: torch.Tensor) -> float:
-        """The global batch's loss: the mean of the ranks' losses (each rank's is weighted for padding)."""
-        return all_mean(loss.item()) if self.enabled else loss.item()
+    def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The global batch's loss, detached and left on the device: the mean of the ranks' losses (each rank's is
+        weighted for padding)."""
+        loss = loss.detach()
+        if not self.enabled:
+            return loss
+        total = loss.float().clone()
+        dist.all_reduce(total)
+        return total / self.world_size
 
 
-def gradient_norm(parameters: list[nn.Parameter], clip: float) -> float:
-    """The total gradient norm (after clipping to `clip` when set); sharded gradients give the global norm."""
+def gradient_norm(parameters: list[nn.Parameter], clip: float) -> torch.Tensor:
+    """The total gradient norm (after clipping to `clip` when set), left on the device; sharded gradients give the
+    global norm."""
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -242,7 +249,5 @@ def gradient_norm(parameters: list[nn.Parameter], clip: float) -> float:
     elif grads:
         norm = torch.nn.utils.get_total_norm(grads)
     else:
-        return 0.0
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
+        return torch.zeros(())
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

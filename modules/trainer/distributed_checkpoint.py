@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
-from modules.trainer.backup_io import list_backups, restore_rng_state, rng_state
+from modules.trainer.backup_io import newest_usable_backup, restore_rng_state, rng_state
 from modules.util.ranks import all_gather_json, rank_and_world
 
 RANKS_FILE = "ranks.json"
@@ -34,16 +34,16 @@ def backup_layout(folder: Path) -> dict:
 def keep_global_batch(trainer) -> None:
     """Before the data order is set up for a resume: makes this run's global batch the backup's, changing the
     per-rank batch when the world size changed (2 ranks x 1 -> 1 rank x 2), so the same batches follow."""
-    backups = list_backups(trainer.backup_root)
-    if not backups:
+    folder, _ = newest_usable_backup(trainer.backup_root)  # the one _resume will take
+    if folder is None:
         return
-    layout = backup_layout(backups[-1])
+    layout = backup_layout(folder)
     saved = layout["world_size"] * layout["batch_size"]
     _, world = rank_and_world()
     if trainer.config.batch_size * world == saved:
         return
     if saved % world:
-        raise ValueError(f"{backups[-1]} was written with a global batch of {saved} ({layout['world_size']} "
+        raise ValueError(f"{folder} was written with a global batch of {saved} ({layout['world_size']} "
                          f"processes x batch_size {layout['batch_size']}); {world} processes cannot share it evenly: "
                          f"resume on a world size that divides {saved}")
     trainer.config.batch_size = saved // world

@@ -49,16 +49,6 @@ def broadcast_json(value):
     return all_gather_json(value if is_main() else None)[0]
 
 
-def all_mean(value: float) -> float:
-    """The mean of a number over the ranks."""
-    world = rank_and_world()[1]
-    if world == 1:
-        return float(value)
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=_device())
-    dist.all_reduce(tensor)
-    return float(tensor.item()) / world
-
-
 def any_rank(flag: bool) -> bool:
     """True on every rank when it is true on one (a stop request that reached one process)."""
     if rank_and_world()[1] == 1:
