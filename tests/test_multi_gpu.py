@@ -184,3 +184,23 @@ def test_a_failing_rank_stops_every_rank(lora_runs, squares_dataset, tmp_path):
     assert "train: rank 1 of 2 stopped: injected failure on this rank" in outputs[1]
     assert "train: rank 0 of 2 stopped" in outputs[0], outputs[0]
     assert ended[0] - ended[1] < 60
+
+
+def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    common = cli_arguments(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path, tmp_path / "cache",
+                           ["training_method=FINE_TUNE", "output.format=ORIGINAL"])
+    # no GPU here: multi_gpu needs distributed.processes
+    assert train_script.main(common + ["--config-value", "multi_gpu=true"]) == 2
+    assert "multi_gpu: no GPU is visible; set distributed.processes" in capsys.readouterr().err
+    # a sharded fine-tune: EMA, block swap and previews are refused together
+    samples = tmp_path / "samples.json"
+    samples.write_text('[{"prompt": "a red square"}]')
+    code = train_script.main(common + [argument for value in (
+        "multi_gpu=true", "distributed.processes=2", "optimizer.ema=true", "performance.block_swap=1",
+        f"sampling.samples_file={samples}") for argument in ("--config-value", value)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "optimizer.ema: not supported" in err and "performance.block_swap:" in err
+    assert "sampling.samples_file: previews during a sharded (FSDP2)" in err

@@ -70,6 +70,9 @@ def config_problems(config: TrainConfig) -> list[str]:
     if several and config.training_method is TrainingMethod.FINE_TUNE and config.optimizer.ema:
         problems.append("optimizer.ema: not supported with a sharded (FSDP2) multi-GPU fine-tune yet; turn it off "
                         "or train on one GPU")
+    if several and config.training_method is TrainingMethod.FINE_TUNE and config.performance.block_swap:
+        problems.append("performance.block_swap: a sharded (FSDP2) multi-GPU fine-tune already splits the weights "
+                        "across the GPUs; block swap cannot move sharded blocks: set it to 0")
     if several and config.training_method is TrainingMethod.FINE_TUNE and config.sampling.samples_file:
         # rank 0 alone would run the sharded transformer, whose forward needs every rank: a deadlock
         problems.append("sampling.samples_file: previews during a sharded (FSDP2) multi-GPU fine-tune are not "
