@@ -52,7 +52,7 @@ class TrainingHooks:
         self.writer = None
         if config.tensorboard and is_main():
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(Path(config.workspace_dir) / "tensorboard"))
+            self.writer = SummaryWriter(str(trainer.tensorboard_dir))
         self.sampling = bool(config.sampling.samples_file)
         self.sampler = None
         if self.sampling and is_main():
