@@ -13,13 +13,17 @@ from pathlib import Path
 import torch
 
 from modules.trainer.backup_io import (TrainProgress, newest_usable_backup, non_finite_tensors, prune_backups,
-                                       read_backup, restore_rng_state, write_backup)
+                                       read_backup, write_backup)
+from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
+from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
+                                                    restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.kill_points import kill_point, phase
+from modules.util.ranks import any_rank, barrier
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -123,7 +127,9 @@ class GenericTrainer:
         # (step, loss, grad norm) still on the device: read back every performance.loss_readback_steps steps
         self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.progress = TrainProgress()
-        self.device = resolve_device(config.device)
+        # under torchrun: this rank's device, in the process group
+        self.device = join_process_group(config) or resolve_device(config.device)
+        self.parallel = Parallel(config)
         self.model = self.setup = self.data = None
         self.plan = None
         self.run_name = config.run_name
@@ -243,6 +249,12 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
+        if config.backup.continue_last_backup:
+            try:
+                keep_global_batch(self)
+            except ValueError as error:
+                raise TrainingError(str(error)) from None
+        self.parallel.wrap(self.setup, self.model, self.device)
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
         self.plan = self._plan()  # again: caching may have left out files that failed to decode
@@ -286,7 +298,8 @@ class GenericTrainer:
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
         from tqdm import tqdm
         config, progress = self.config, self.progress
-        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step")
+        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step",
+                        disable=not self.parallel.is_main)
         micro_losses: list[torch.Tensor] = []
         readback = config.performance.loss_readback_steps
         step_started = time.perf_counter()
@@ -305,11 +318,12 @@ class GenericTrainer:
                     raise TrainingError(f"epoch {epoch} has no batch: the data gave out before max_steps")
                 for batch in self.data.batches(epoch, start):
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
-                    prediction = self.setup.predict(batch, generator)
-                    loss = self.setup.calculate_loss(batch, prediction)
+                    self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
+                    loss, prediction = self.parallel.forward(self.setup, batch, generator)
                     (loss / accumulation).backward()
-                    # no .item() here: reading a value waits for the device (see read_losses)
-                    micro_losses.append(loss.detach())
+                    # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
+                    # global batch's loss, so every rank stops alike on a non-finite one
+                    micro_losses.append(self.parallel.global_loss(loss))
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
@@ -332,7 +346,7 @@ class GenericTrainer:
                     step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
-                    if self.stop_requested.is_set():
+                    if any_rank(self.stop_requested.is_set()):
                         self.backup()
                         return
                     if config.max_steps and progress.global_step >= config.max_steps:
@@ -364,11 +378,7 @@ class GenericTrainer:
     def _optimizer_step(self, parameters) -> torch.Tensor:
         """The gradient norm stays on the device (read back with the loss)."""
         clip = self.config.optimizer.clip_grad_norm
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip)
-        else:
-            grad_norm = torch.norm(torch.stack([g.norm() for g in grads])) if grads else torch.zeros(())
+        grad_norm = gradient_norm(parameters, clip)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -406,22 +416,24 @@ class GenericTrainer:
     def backup(self) -> Path:
         self.read_losses()  # never back up weights a non-finite loss has touched
         folder = self.backup_root / f"step-{self.progress.global_step:08d}"
-        trainable = self.setup.trainable_state_dict()
-        broken = non_finite_tensors(trainable)
-        if broken:
-            raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
-                                f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
-                                f"written from them, training stopped and {self._last_backup_text()}. Lower the "
-                                f"learning rate or check the data.")
-        try:
-            with phase("backup"):
-                write_backup(folder, self.progress, trainable, self.optimizer, self.scheduler, self.ema,
-                             config_to_dict(self.config))
-        except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
-            raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
-                                f"{self._last_backup_text()}") from error
-        prune_backups(self.backup_root, self.config.backup.rolling_count)
-        log.info("backup written to %s", folder)
+        trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
+        if self.parallel.is_main:
+            broken = non_finite_tensors(trainable)
+            if broken:
+                raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
+                                    f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
+                                    f"written from them, training stopped and {self._last_backup_text()}. Lower the "
+                                    f"learning rate or check the data.")
+            try:
+                with phase("backup"):
+                    write_backup(folder, self.progress, trainable, optimizer_state, self.scheduler, self.ema,
+                                 config_to_dict(self.config), rng=rng, extra_json={RANKS_FILE: layout})
+            except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
+                raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
+                                    f"{self._last_backup_text()}") from error
+            prune_backups(self.backup_root, self.config.backup.rolling_count)
+            log.info("backup written to %s", folder)
+        barrier()
         return folder
 
     def _resume(self) -> None:
@@ -438,24 +450,26 @@ class GenericTrainer:
             state = read_backup(folder)
         except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
             raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
-        self.setup.load_trainable_state_dict(state["trainable"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
-        restore_rng_state(state["rng"])
         self.progress = state["progress"]
-        print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
+        if self.parallel.is_main:
+            print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
         self.read_losses()
         output = self.config.output
+        written = []
         try:
-            with phase("save"):
-                written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
-                                                 config_to_dict(self.config))
+            with phase("save"), self.parallel.gathered(self.model):  # sharded: the whole transformer on rank 0
+                if self.parallel.is_main:
+                    written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
+                                                     config_to_dict(self.config))
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
             raise TrainingError(self._save_failed_message(destination, error)) from error
+        barrier()
         for path in written:
             print(f"saved {path}", flush=True)
         return written
