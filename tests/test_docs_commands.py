@@ -43,7 +43,7 @@ def shell_commands(markdown: str) -> list[str]:
     for language, body in re.findall(r"^```(\w*)[^\n]*\n(.*?)^```", markdown, re.S | re.M):
         if language.lower() not in SHELL_LANGUAGES:
             continue
-        joined = re.sub(r"\\\n\s*", " ", body)
+        joined = re.sub(r"[ \t]*\\\n\s*", " ", body)
         for line in joined.splitlines():
             line = line.strip().removeprefix("$ ")
             if line and not line.startswith("#"):
@@ -94,7 +94,7 @@ def run_documented(commands: list[str], cwd: Path) -> list[tuple[str, str]]:
 def test_the_extractor_reads_fenced_shell_blocks_only():
     markdown = ("# T\n## Quick start\n```bash\n./run-cmd.sh train --a \"x y\"  # note\n./run-tests.sh\n```\n"
                 "```json\n{\"a\": 1}\n```\n```\ndataset/\n```\n## Next\n```sh\n./run-cmd.sh sample --b 1 \\\n"
-                "--c 2\n```\n")
+                "    --c 2\n```\n")
     assert shell_commands(section(markdown, "Quick start")) == ['./run-cmd.sh train --a "x y"  # note',
                                                                "./run-tests.sh"]
     assert shell_commands(markdown)[-1] == "./run-cmd.sh sample --b 1 --c 2"

@@ -24,14 +24,16 @@ class FrameWindow(IndexMapModule):
     - full:    frames 0 .. F-1 with F the largest 4k+1 <= min(N, max_frames) (not limited to the bucket list)
 
     It is an IndexMapModule: item i is window w of upstream clip u. A file whose probe failed, or whose N is
-    shorter than the smallest frame bucket, gets no item: it is skipped with one warning and listed in `skipped`.
+    shorter than the smallest frame bucket, gets no item: it is skipped with one warning and listed in `skipped`. A
+    video shorter than the smallest video bucket (> 1) trains as a still image only when 1 is a bucket, with one
+    notice. `warned` (shared by every FrameWindow of a run) keeps each warning to once per run.
     Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps' (the rate
     of the extracted clip).
     """
 
     def __init__(self, frame_buckets: list[int], model_fps: int | float, name: str | None = None, *,
                  path_name: str = "path", concept_name: str = "concept", info_name: str = "media_info",
-                 error_name: str = "media_error"):
+                 error_name: str = "media_error", warned: set | None = None):
         super().__init__(name)
         buckets = sorted(set(int(b) for b in frame_buckets))
         bad = [b for b in buckets if b < 1 or (b - 1) % 4]
@@ -45,7 +47,7 @@ class FrameWindow(IndexMapModule):
         self.error_name = error_name
         self._map: list[tuple[int, int]] = []
         self.skipped: list[tuple[str, str]] = []
-        self._warned: set[tuple[str, str]] = set()
+        self._warned: set = warned if warned is not None else set()
 
     def needs(self) -> list[str]:
         return [self.path_name, self.concept_name, self.info_name, self.error_name]
@@ -101,9 +103,19 @@ class FrameWindow(IndexMapModule):
                 return 0, (f"{n} frame(s) {rate} is shorter than the smallest frame bucket "
                            f"({self.frame_buckets[0]})")
             return 0, f"max_frames {max_frames} is below the smallest frame bucket ({self.frame_buckets[0]})"
+        if f == 1 and n > 1 and info.kind != "image":
+            videos = [b for b in self.frame_buckets if b > 1]
+            shortest = f"the smallest video bucket ({videos[0]})" if videos else "every video bucket (there is none)"
+            self._warn_once(str(row[self.path_name]), f"{n} frames is shorter than {shortest}: it trains as a still "
+                                                     f"image (its first frame, frame bucket 1)", "notice: %s: %s")
         if extraction == "slide":
             return len(self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))), None
         return 1, None
+
+    def _warn_once(self, path: str, reason: str, form: str = "skipping %s: %s") -> None:
+        if (path, reason) not in self._warned:
+            self._warned.add((path, reason))
+            logger.warning(form, path, reason)
 
     def start_epoch(self, ctx) -> None:
         mapping: list[tuple[int, int]] = []
@@ -111,11 +123,8 @@ class FrameWindow(IndexMapModule):
         for upstream, row in enumerate(ctx.get_all(self.needs())):
             count, reason = self._plan(row)
             if reason is not None:
-                entry = (str(row[self.path_name]), reason)
-                skipped.append(entry)
-                if entry not in self._warned:
-                    self._warned.add(entry)
-                    logger.warning("skipping %s: %s", entry[0], entry[1])
+                skipped.append((str(row[self.path_name]), reason))
+                self._warn_once(str(row[self.path_name]), reason)
             mapping.extend((upstream, window) for window in range(count))
         self._map = mapping
         self.skipped = skipped
