@@ -17,3 +17,7 @@ class DataType(str, Enum):
         """The dtype computations run in (FLOAT_8 weights compute in bfloat16)."""
         return {"FLOAT_32": torch.float32, "FLOAT_16": torch.float16, "BFLOAT_16": torch.bfloat16,
                 "FLOAT_8": torch.bfloat16}[self.value]
+
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype weights are written in (FLOAT_8: float8_e4m3fn, the fp8 ComfyUI loads)."""
+        return torch.float8_e4m3fn if self is DataType.FLOAT_8 else self.torch_dtype()
