@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from modules.model.WanModel import WanModel
+from modules.modelSaver.wan.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.modelspec import modelspec_metadata
@@ -80,6 +81,7 @@ class WanBaseModelSaver:
                         config = json.loads(config_path.read_text())
                         config["dtype"] = str(dtype).removeprefix("torch.")
                         config_path.write_text(json.dumps(config, indent=2))
+            make_portable(tmp)
 
     @staticmethod
     def _save_original(model: WanModel, destination: Path, dtype: torch.dtype | None,

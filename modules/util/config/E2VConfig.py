@@ -32,7 +32,8 @@ from modules.util.config.BaseConfig import BaseConfig
 
 logger = logging.getLogger(__name__)
 
-PreprocessMode = Literal["resize", "center_crop", "pad_white", "letterbox"]
+# a2 / a2_pad / a2_crop: SkyReels-A2's own inference preprocessing (modules/model/e2v_condition.py)
+PreprocessMode = Literal["resize", "center_crop", "pad_white", "letterbox", "a2", "a2_pad", "a2_crop"]
 ReshapeMode = Literal["bicubic", "bilinear", "area", "nearest"]
 FrameConditioning = Literal["full", "index", "prefix", "random", "first_and_last"]
 CombineMode = Literal["before", "after"]
