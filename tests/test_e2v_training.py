@@ -61,11 +61,12 @@ def test_seed_001_trains_as_written(source, tiny_model, e2v_dataset, tmp_path):
              "--config-value", "device=cpu",          # no GPU in the test
              "--config-value", "max_steps=2",         # two steps show that it trains; the seed sets no step count
              # 480x854 (rounded to 480x848) is too large for a CPU test; the tiny model runs at 32x32
-             "--config-value", "e2v.resolution=[32, 32]",
-             "--config-value", f"cache_dir={tmp_path / 'cache'}"]   # where the test's caches go, not the user's
-    result = subprocess.run(train, capture_output=True, text=True, timeout=600, env=ENV)
+             "--config-value", "e2v.resolution=[32, 32]"]
+    # run from the test's folder: the default cache (workspace/cache, relative) lands there, not in the checkout
+    result = subprocess.run(train, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "bucket 17 frames x 32x32: 6" in result.stdout
+    assert (tmp_path / "workspace" / "cache").is_dir()
     assert "skipped files: 1" in result.stdout
     assert str(data / "short.mp4") in result.stderr and "shorter than the smallest frame bucket (13)" in result.stderr
     with safe_open(str(output / "e2v_lora.safetensors"), "pt") as file:
