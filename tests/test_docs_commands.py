@@ -23,6 +23,9 @@ NOT_RUN = {
     "./run-tests.sh": "runs this very suite",
     "./start-ui.sh": "opens a window (the GUI has its own tests)",
     "./install.sh": "installs the venv this test already runs in",
+    "git": "the test runs in a copy of this checkout already",
+    "cd": "the test runs every command in its copy of the project folder",
+    "tensorboard": "a viewer that serves until it is stopped",
 }
 
 
