@@ -288,8 +288,8 @@ def _npz_frames_key(path: str, names: Sequence[str]) -> str | None:
     for name in names:
         if name == "fps":
             continue
-        shape, _ = _npz_array_header(path, name)
-        if shape is not None and len(shape) == 4 and shape[3] == 3:
+        shape, _, header_end, _ = _npy_header(path, name)
+        if header_end is not None and len(shape) == 4 and shape[3] == 3:
             shaped.append(name)
     if len(shaped) == 1:
         return shaped[0]
@@ -342,9 +342,9 @@ def _npz_fps(path: str, data) -> Fraction | None:
 MAX_NPZ_FRAME_BYTES = 16 * 2 ** 30  # far above any clip a Wan model trains on (81 x 1280x720x3 is 224 MB)
 
 
-def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
-    """The frame array's shape, from its .npy header alone: a forged header (a billion frames, a shape of terabytes,
-    an object array that would need unpickling) is refused before anything is allocated."""
+def _npy_header(path: str, key: str) -> tuple:
+    """(shape, dtype, end of the header, stored size) of one array of the archive, from its .npy header alone; for
+    a header version other than 1.0 / 2.0: (major, minor, None, None)."""
     with zipfile.ZipFile(path) as archive:
         stored = archive.getinfo(f"{key}.npy").file_size  # the member's uncompressed size
         with archive.open(f"{key}.npy") as member:
@@ -353,10 +353,18 @@ def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
                 shape, _, dtype = np.lib.format.read_array_header_1_0(member)
             elif version == (2, 0):
                 shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-            else:  # numpy writes 3.0 only for structured dtypes: never a frame array
-                raise UnreadableMediaError(path, f"its '{key}' array has a .npy header version {version} that frame "
-                                                 f"arrays never have")
-            header_end = member.tell()
+            else:
+                return version[0], version[1], None, None
+            return tuple(shape), dtype, member.tell(), stored
+
+
+def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
+    """The frame array's shape, from its .npy header alone: a forged header (a billion frames, a shape of terabytes,
+    an object array that would need unpickling) is refused before anything is allocated."""
+    shape, dtype, header_end, stored = _npy_header(path, key)
+    if header_end is None:  # numpy writes 3.0 only for structured dtypes: never a frame array
+        raise UnreadableMediaError(path, f"its '{key}' array has a .npy header version {(shape, dtype)} that frame "
+                                         f"arrays never have")
     _check_frame_array(path, key, shape, dtype)
     needed = math.prod(shape) * np.dtype(dtype).itemsize
     if needed > MAX_NPZ_FRAME_BYTES:
