@@ -97,12 +97,7 @@ class GenericTrainer:
         self.config = config
         if e2v_datasets is None and config.e2v.enabled:
             from modules.util.config.e2v_setup import resolve_e2v_datasets
-            base = Path(config.model.base_model_name)
-            unit = 16
-            if base.is_dir():
-                from modules.util.wan_detection import detect_variant_from_folder
-                unit = detect_variant_from_folder(base).spatial_unit
-            e2v_datasets = resolve_e2v_datasets(config, unit)
+            e2v_datasets = resolve_e2v_datasets(config)   # E2V bases (Wan 2.1) have the default unit, 16
         self.e2v_datasets = e2v_datasets or []
         self.on_update = on_update or (lambda _info: None)
         self.workspace = Path(config.workspace_dir)
