@@ -24,6 +24,14 @@ def seed_json(name: str) -> dict:
     return json.loads(user_seed_text(name) if user_seed_path(name) else fixture_text(name))
 
 
+def seed_001_command(model, output, dataset_config, mixed_precision: str = "bf16", rank: int = 64) -> list[str]:
+    """Seed 001's example command (its flags and values) with the test's model and paths."""
+    return [sys.executable, str(ROOT / "scripts" / "train.py"), "--model_name", str(model),
+            "--training_type", "e2v-lora", "--output_dir", str(output), "--dataset_configs", str(dataset_config),
+            "--e2v_type", "dual", "--frame_conditioning_type", "full", "--frame_conditioning_concatenate_mask",
+            "--mixed_precision", mixed_precision, "--rank", str(rank), "--lora_alpha", str(rank)]
+
+
 @pytest.fixture(scope="module")
 def e2v_dataset(tmp_path_factory):
     return make_e2v_dataset(tmp_path_factory.mktemp("e2v") / "data", clips_per_class=1, frames=17)
@@ -51,13 +59,9 @@ def test_seed_001_trains_as_written(source, tiny_model, e2v_dataset, tmp_path):
     (data / "short_person.png").symlink_to(e2v_dataset / "000_person.png")
     (tmp_path / "seed001.json").write_text(with_data_root(text, data), encoding="utf-8")
     output = tmp_path / "output"
-    train = [sys.executable, str(ROOT / "scripts" / "train.py"),
-             # seed 001's flags; its model, a hub id, becomes the tiny Wan 2.1 I2V model: it holds the CLIP vision
-             # model that e2v_type dual needs (a T2V base would need model.image_encoder.path as well)
-             "--model_name", str(tiny_model("wan2.1-i2v")), "--training_type", "e2v-lora",
-             "--output_dir", str(output), "--dataset_configs", str(tmp_path / "seed001.json"),
-             "--e2v_type", "dual", "--frame_conditioning_type", "full", "--frame_conditioning_concatenate_mask",
-             "--mixed_precision", "bf16", "--rank", "64", "--lora_alpha", "64",
+    # seed 001's model, a hub id, becomes the tiny Wan 2.1 I2V model: it holds the CLIP vision model that e2v_type
+    # dual needs (a T2V base would need model.image_encoder.path as well)
+    train = seed_001_command(tiny_model("wan2.1-i2v"), output, tmp_path / "seed001.json") + [
              "--config-value", "device=cpu",          # no GPU in the test
              "--config-value", "max_steps=2",         # two steps show that it trains; the seed sets no step count
              # 480x854 (rounded to 480x848) is too large for a CPU test; the tiny model runs at 32x32
@@ -107,11 +111,7 @@ def test_seed_001_run_through_the_cli(tiny_model, e2v_dataset, tmp_path):
         "prompt": "a square moving left", "width": 32, "height": 32, "frames": 17, "steps": 2,
         "elements": {"main_subject": element}}]))
     output = tmp_path / "output"
-    train = [sys.executable, str(ROOT / "scripts" / "train.py"),
-             "--model_name", str(tiny_model("wan2.1-t2v")), "--training_type", "e2v-lora",
-             "--output_dir", str(output), "--dataset_configs", str(tmp_path / "config.json"),
-             "--e2v_type", "dual", "--frame_conditioning_type", "full", "--frame_conditioning_concatenate_mask",
-             "--mixed_precision", "no", "--rank", "8", "--lora_alpha", "8",
+    train = seed_001_command(tiny_model("wan2.1-t2v"), output, tmp_path / "config.json", "no", 8) + [
              "--config-value", f"model.image_encoder.path={tiny_model('wan2.1-i2v')}",
              "--config-value", "device=cpu",
              "--config-value", "max_steps=4", "--config-value", f"cache_dir={tmp_path / 'cache'}",
