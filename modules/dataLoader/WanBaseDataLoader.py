@@ -68,6 +68,8 @@ class WanBaseDataLoader:
         # one probe for every pipeline this loader builds (scan, caching, report, training): its results depend only
         # on the file, so each file is probed once
         self.probe = ProbeMedia()
+        # every pipeline this loader builds shares one record of what was warned: each file is warned once per run
+        self.warned: set = set()
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
 
@@ -104,7 +106,7 @@ class WanBaseDataLoader:
         return [
             ListSource(self._records(), record_names),
             self.probe,
-            FrameWindow(data.frame_buckets, self.fps),
+            FrameWindow(data.frame_buckets, self.fps, warned=self.warned),
             RepeatConcepts(),
             ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale),
             LoadVideo(),

@@ -35,43 +35,58 @@ class TrainingError(Exception):
 
 def prepare_config(config: TrainConfig) -> list:
     """Everything that must hold before a model loads: demo assets created when asked, paths exist, the model is
-    the configured type, the E2V datasets are valid (returned, resolved, for the trainer)."""
+    the configured type, the E2V datasets are valid (returned, resolved, for the trainer). Every problem found is
+    reported in one ConfigError."""
     if config.demo_assets:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
-    check_paths(config)
+    problems: list[str] = []
+    try:
+        check_paths(config)
+    except ConfigError as error:
+        problems += error.problems
     from modules.util.config.performance_checks import performance_problems
-    problems = performance_problems(config, resolve_device(config.device))
-    if problems:
-        raise ConfigError(problems)
+    problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
+    spatial_unit = 16
     if base.is_dir():
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
         try:
             variant = detect_variant_from_folder(base)
+            spatial_unit = variant.spatial_unit
+            if variant.model_type is not config.model_type:
+                problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
+                                f"({variant.model_type})")
         except NotAWanModelError as error:
-            raise ConfigError([f"model.base_model_name: {error}"]) from None
-        if variant.model_type is not config.model_type:
-            raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
-                               f"({variant.model_type})"])
-        check_model_variant(config, variant, str(base))
+            problems.append(f"model.base_model_name: {error}")
+            variant = None
+        if variant is not None:
+            try:
+                check_model_variant(config, variant, str(base))
+            except ConfigError as error:
+                problems += error.problems
     datasets = []
     if config.e2v.enabled:
-        from modules.util.config.E2VConfig import check_against_frames, check_against_model
+        from modules.util.config.E2VConfig import check_against_frames
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
-        datasets = resolve_e2v_datasets(config)
-        apply_e2v_data_settings(config, datasets[0])
-        for index, dataset in enumerate(datasets):
-            prefix = f"e2v datasets.{index}."
-            check_against_frames(dataset, min(config.data.frame_buckets), prefix)
-            if base.is_dir():
-                check_against_model(dataset, variant.spatial_unit, prefix)
-    if config.sampling.samples_file:
+        try:
+            datasets = resolve_e2v_datasets(config, spatial_unit)
+            apply_e2v_data_settings(config, datasets[0])
+            for index, dataset in enumerate(datasets):
+                try:
+                    check_against_frames(dataset, min(config.data.frame_buckets), f"e2v datasets.{index}.")
+                except ConfigError as error:
+                    problems += error.problems
+        except ConfigError as error:
+            problems += error.problems
+    if config.sampling.samples_file and Path(config.sampling.samples_file).is_file():
         from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
         try:
             load_sample_definitions(config.sampling.samples_file)
         except SampleDefinitionError as error:
-            raise ConfigError([f"sampling.samples_file: {error}"]) from None
+            problems.append(f"sampling.samples_file: {error}")
+    if problems:
+        raise ConfigError(problems)
     return datasets
 
 
@@ -115,7 +130,7 @@ class GenericTrainer:
         self.config = config
         if e2v_datasets is None and config.e2v.enabled:
             from modules.util.config.e2v_setup import resolve_e2v_datasets
-            e2v_datasets = resolve_e2v_datasets(config)
+            e2v_datasets = resolve_e2v_datasets(config)   # E2V bases (Wan 2.1) have the default unit, 16
         self.e2v_datasets = e2v_datasets or []
         self.on_update = on_update or (lambda _info: None)
         self.workspace = Path(config.workspace_dir)
