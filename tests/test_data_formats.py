@@ -351,7 +351,7 @@ def test_dataset_config_combines_with_the_config_and_overrides_win(tmp_path, mon
     config = load_config("c.json", overrides=["batch_size=1"])
     assert [c.path for c in config.data.concepts] == ["own", "v"]
     assert config.batch_size == 1                     # --config-value wins over the dataset file
-    assert (config.data.resolution, config.data.aspect_ratios) == (632, [832 / 480])  # the file's over the config's
+    assert (config.data.resolution, config.data.aspect_ratios) == ("832x480", [832 / 480])  # the file's, not 256
     save_config(config, tmp_path / "saved.json")      # a saved config reloads without doubling the file's concepts
     assert [c.path for c in load_config(str(tmp_path / "saved.json")).data.concepts] == ["own", "v"]
 
