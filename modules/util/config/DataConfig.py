@@ -5,6 +5,7 @@ from pydantic import Field, field_validator
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.bounds import (MAX_ASPECT_RATIO, MAX_BALANCING, MAX_FPS, MAX_FRAMES, MAX_LIST,
                                          MAX_REPEATS, MAX_SIDE, MIN_ASPECT_RATIO, PathText, Seed)
+from modules.util.resolution import parse_resolution
 
 
 class ConceptConfig(BaseConfig):
@@ -24,6 +25,8 @@ class ConceptConfig(BaseConfig):
     prompt_path: PathText = ""
     caption_required: bool = True
     caption_dropout: float = Field(0.0, ge=0, le=1)
+    remove_common_llm_caption_prefixes: bool = Field(False, description="drop captioning LLMs' openings (\"The "
+                                                     "video shows\", \"In this video,\") from the captions")
     fps: int | Literal["model", "source"] = Field(
         "model", description=f"frames per second to resample to (1..{MAX_FPS}), 'model' or 'source'")
     extraction: Literal["head", "uniform", "random", "slide", "chunk", "spaced", "full"] = "head"
@@ -59,7 +62,9 @@ class DataConfig(BaseConfig):
                                      "are added to the concepts and its settings replace the data section's "
                                      "(docs/data.md)")
     frame_buckets: list[int] = Field([1, 17, 33, 49, 81], max_length=MAX_LIST)
-    resolution: int = Field(480, ge=16, le=MAX_SIDE, description="the side of the square whose area the buckets target")
+    resolution: int | str = Field("480p", description="'480p' (832x480) or '720p' (1280x720): 16:9 clips train at "
+                                  "exactly that size; 'WxH' likewise; an integer N: every bucket has the area N x N "
+                                  f"(docs/configuration.md has the table); sides at most {MAX_SIDE}")
     aspect_ratios: list[Annotated[float, Field(ge=MIN_ASPECT_RATIO, le=MAX_ASPECT_RATIO)]] = Field(
         [16 / 9, 4 / 3, 1.0, 3 / 4, 9 / 16], min_length=1, max_length=MAX_LIST,
         description="width / height of the buckets, each 1/16..16")
@@ -69,6 +74,14 @@ class DataConfig(BaseConfig):
     dataloader_threads: int = Field(2, ge=0, le=256)
     ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
                                           "image-to-video (first latent frame clean)")
+
+    @field_validator("resolution")
+    @classmethod
+    def _known_resolution(cls, value: int | str) -> int | str:
+        size = parse_resolution(value)
+        if max(size or (int(value),)) > MAX_SIDE:
+            raise ValueError(f"{value!r}: a side (or an integer resolution) is at most {MAX_SIDE}")
+        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
 
     @field_validator("frame_buckets")
     @classmethod

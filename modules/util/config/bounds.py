@@ -25,7 +25,7 @@ MAX_REPEATS = 1000.0
 # Adapter rank before the model is known (the model's narrowest targeted layer bounds it again, in validation.py).
 MAX_RANK = 65536
 # A list of numbers (aspect ratios, frame buckets): more entries than this is a copy-paste accident.
-MAX_LIST = 256
+MAX_LIST = 1024
 
 # Linux's PATH_MAX and NAME_MAX (most file systems), in bytes of the encoded path.
 MAX_PATH_BYTES, MAX_NAME_BYTES = 4096, 255
