@@ -137,7 +137,8 @@ def test_the_users_e2v_options_read_like_every_config_error(tiny_model, squares_
     code = train.main(["--preset-path", str(PRESET), "--dataset_configs", str(FIXTURES / "e2v_nested.json"),
                        "--e2v_type", "dual", "--frame_conditioning_type", "prefix", "--frame_conditioning_index", "5",
                        "--config-value", f"model.base_model_name={tiny_model('wan2.1-t2v')}",
-                       "--config-value", f"data.concepts.0.path={squares_dataset}"])
+                       "--config-value", f"data.concepts.0.path={squares_dataset}",
+                       "--config-value", "data.frame_buckets=[17]"])  # the demo's 9 cannot hold 1 + 4 + 4 + 1
     err = capsys.readouterr().err
     assert code == 2, err
     assert "processors.vae.frame_index: 5 is not a slot of 3 element" in err
@@ -145,13 +146,15 @@ def test_the_users_e2v_options_read_like_every_config_error(tiny_model, squares_
 
 
 def test_an_e2v_target_resolution_that_makes_a_refused_bucket(judge, tmp_path):
-    """Found by the property test: [1, 32] made data.resolution 6, refused on assignment with a raw traceback."""
+    """Found by the property test ([1, 32] made data.resolution 6; now rounded up to the spatial unit): a derived
+    value the data section refuses raised a raw pydantic traceback on assignment. [16, 4096]: aspect ratio 256."""
     document = json.loads((FIXTURES / "e2v_nested.json").read_text(encoding="utf-8"))
-    document["datasets"][0]["target_resolution"] = [1, 32]
+    document["datasets"][0]["target_resolution"] = [16, 4096]
     (tmp_path / "e2v-data").mkdir()
     (tmp_path / "e2v.json").write_text(json.dumps(document))
-    problems = judge(f"e2v.dataset_config={tmp_path / 'e2v.json'}")
-    assert problems and all(p.startswith("e2v datasets.0.target_resolution: [1, 32]") for p in problems), problems
+    # 17 frames: the demo preset's 9 cannot hold the fixture's 1 + 4 + 4 reference frames and a frame of the clip
+    problems = judge(f"e2v.dataset_config={tmp_path / 'e2v.json'}", "data.frame_buckets=[17]")
+    assert problems and all(p.startswith("e2v datasets.0.target_resolution: [16, 4096]") for p in problems), problems
 
 
 # ---- failures that came after minutes of loading -------------------------------------------------------------------

@@ -295,7 +295,7 @@ def test_preset_mutations(scratch, bounded):
 def test_e2v_forms(scratch, bounded):
     nested = json.loads((FIXTURES / "e2v_nested.json").read_text(encoding="utf-8"))
     flat = json.loads((FIXTURES / "e2v_flat.json").read_text(encoding="utf-8"))
-    demo = {"model": {"base_model_name": "model"}, "data": {"concepts": [], "frame_buckets": [9]},
+    demo = {"model": {"base_model_name": "model"}, "data": {"concepts": [], "frame_buckets": [17]},
             "sampling": {"samples_file": "samples.txt"}}
     forms = mutated(nested) | mutated(flat) | st.just(nested) | st.just(flat) \
         | st.fixed_dictionaries({"datasets": st.lists(schema_documents(E2VDatasetConfig), min_size=1, max_size=2)})

@@ -1,9 +1,10 @@
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.bounds import PathText
+from modules.util.config.E2VConfig import Side
 
 
 class E2VTrainConfig(BaseConfig):
@@ -17,7 +18,7 @@ class E2VTrainConfig(BaseConfig):
     frame_conditioning: Literal["", "full", "index", "prefix", "random", "first_and_last"] = ""
     frame_index: int | None = Field(None, ge=0, le=1024)
     concatenate_mask: bool | None = None
-    resolution: tuple[PositiveInt, PositiveInt] | None = Field(
+    resolution: tuple[Side, Side] | None = Field(
         None, description="[height, width]: overrides every dataset's target_resolution and processors.vae.resolution")
 
     @property
