@@ -91,6 +91,7 @@ class GenericTrainer:
         self.stop_requested = threading.Event()
         self.step_losses: list[float] = []
         self.progress = TrainProgress()
+        self.backed_up_step: int | None = None  # the step this run last wrote (or resumed from) a backup of
         self.device = resolve_device(config.device)
         self.model = self.setup = self.data = None
 
@@ -198,10 +199,10 @@ class GenericTrainer:
             self.hooks.close()
         if self.stop_requested.is_set():
             return []
+        if config.backup.backup_before_save and self.backed_up_step != self.progress.global_step:
+            self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
         if self.ema is not None:
             self.ema.copy_to_parameters()
-        if config.backup.backup_before_save:
-            self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
         return self.save_result(config.output.destination)
 
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
@@ -311,6 +312,7 @@ class GenericTrainer:
             raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
                                 f"{self._last_backup_text()}") from error
         prune_backups(self.backup_root, self.config.backup.rolling_count)
+        self.backed_up_step = self.progress.global_step
         log.info("backup written to %s", folder)
         return folder
 
@@ -335,6 +337,7 @@ class GenericTrainer:
             self.ema.load_state_dict(state["ema"])
         restore_rng_state(state["rng"])
         self.progress = state["progress"]
+        self.backed_up_step = self.progress.global_step
         print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
