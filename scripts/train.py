@@ -17,6 +17,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--preset-path", help="a preset from training_presets/ (sparse JSON over the defaults)")
     parser.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE",
                         help="override one value (JSON values parse: numbers, true/false, lists); repeatable")
+    parser.add_argument("--dataset-config", "--dataset_config", dest="dataset_config", metavar="TOML",
+                        help="a musubi-tuner or diffusion-pipe dataset config (TOML): its datasets become the concepts "
+                             "(data.dataset_config; docs/data.md)")
     parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
     e2v = parser.add_argument_group("Elements-to-Video, as in the user's notes (seed 001); --config-value wins")
     e2v.add_argument("--dataset_configs", "--dataset-configs", help="an E2V dataset config JSON")
@@ -43,6 +46,8 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
     """The finetrainers-style options of the user's notes, as dotted overrides (applied before --config-value)."""
     from pathlib import Path
     values = []
+    if args.dataset_config:
+        values.append(f"data.dataset_config={args.dataset_config}")
     if args.dataset_configs:
         values.append(f"e2v.dataset_config={args.dataset_configs}")
     if args.e2v_type:

@@ -6,6 +6,7 @@ added once the model is there (`attach_model`)."""
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +37,14 @@ from modules.util.enum.WanVariant import WanVariant
 from modules.util.video_io import UnreadableMediaError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class DataStatistics:
+    per_concept: dict[str, Counter] = field(default_factory=dict)   # concept -> {"clips": n, "images": n}
+    buckets: Counter = field(default_factory=Counter)                # (frames, height, width) -> items
+    skipped: list[tuple[str, str]] = field(default_factory=list)     # (file, reason)
+    paths: list[str] = field(default_factory=list)                   # the usable media files, in item order
 
 
 class DataError(Exception):
@@ -125,7 +134,8 @@ class WanBaseDataLoader:
                        ApplyFrameConditioning(model, self.e2v)]
         else:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
-                               clip=model.image_encoder is not None and condition is not None, augmented=augmented)]
+                               clip=model.image_encoder is not None and condition is not None, augmented=augmented,
+                               latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
         if config.training_method is not TrainingMethod.EMBEDDING:
             text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
                                       str(model.text_encoder.dtype))
@@ -147,37 +157,50 @@ class WanBaseDataLoader:
     def encode_calls(self) -> int:
         return sum(getattr(m, "encode_calls", 0) for m in self.encoders.values())
 
-    def _move_encoders(self, device: torch.device) -> None:
-        for part in (self.model.vae, self.model.image_encoder):
-            if part is not None:
-                part.to(device)
-        if self.config.training_method is not TrainingMethod.EMBEDDING:
-            self.model.text_encoder.to(device)
+    def _encoder_parts(self, encoder) -> list[torch.nn.Module]:
+        """The model parts an encoder module runs."""
+        if isinstance(encoder, EncodeText):
+            return [self.model.text_encoder]
+        if isinstance(encoder, (EncodeVideo, EncodeE2V)):
+            return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
+        return []
 
     def cache(self) -> None:
         """Encodes every item of the first epoch (and every epoch when windows or crops are random) into the disk
-        cache, with the encoders on the training device only for the duration. Items whose media fail to decode
-        are skipped, counted and left out of training."""
+        cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
+        training device only for its pass, so a 24 GB card never holds UMT5 and the VAE together, nor either with
+        the transformer (which moves there after caching). Items whose media fail to decode are skipped, counted
+        and left out of training."""
         epochs = range(self.config.epochs) if self._varies_per_epoch() else range(1)
-        self._move_encoders(self.device)
-        try:
-            for epoch in epochs:
-                self._cache_epoch(epoch)
-        finally:
-            self._move_encoders(torch.device("cpu"))
+        if self.config.performance.vae_tiling:
+            self.model.vae.enable_tiling()
+        for encoder in list(self.encoders.values()):
+            parts = self._encoder_parts(encoder)
+            if not parts:
+                continue
+            for part in parts:
+                part.to(self.device)
+            try:
+                for epoch in epochs:
+                    self._cache_epoch(epoch, encoder)
+            finally:
+                for part in parts:
+                    part.to("cpu")
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
         self.report()
 
     def _varies_per_epoch(self) -> bool:
         data = self.config.data
         return data.crop_jitter or data.flip or any(c.extraction == "random" for c in data.concepts)
 
-    def _cache_epoch(self, epoch: int) -> None:
+    def _cache_epoch(self, epoch: int, encoder) -> None:
+        """Fills the cache of one encoder module for one epoch (the pipeline computes only what it outputs)."""
         items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
-                         threads=self.config.data.dataloader_threads,
-                         outputs=[n for m in self.encoders.values() for n in m.produces()])
+                         threads=self.config.data.dataloader_threads, outputs=list(encoder.produces()))
         items.start_epoch(epoch)
         newly_failed = set()
-        for index in tqdm(range(len(items)), desc=f"caching epoch {epoch}", unit="item"):
+        for index in tqdm(range(len(items)), desc=f"caching {type(encoder).__name__} epoch {epoch}", unit="item"):
             try:
                 items.get_item(index)
             except UnreadableMediaError as error:
@@ -190,27 +213,32 @@ class WanBaseDataLoader:
                 raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
             self.rebuild()
 
-    def report(self) -> str:
+    def statistics(self) -> DataStatistics:
         """Per concept the clip and image items, the bucket histogram and the skipped files (probe-level names
-        only: nothing is decoded)."""
-        names = ["frame_bucket", "resolution_bucket", "concept"]
+        only: nothing is decoded). Needs `scan()` first; no model."""
+        names = ["frame_bucket", "resolution_bucket", "concept", "path"]
         items = Pipeline(self._item_modules(), self.config.seed, outputs=names)
         items.start_epoch(0)
-        buckets: Counter = Counter()
-        per_concept: dict[str, Counter] = {}
+        stats = DataStatistics()
         for index in range(len(items)):
             row = items.get_item(index)
             height, width = row["resolution_bucket"]
-            buckets[(row["frame_bucket"], height, width)] += 1
+            stats.buckets[(row["frame_bucket"], height, width)] += 1
             kind = "images" if row["frame_bucket"] == 1 else "clips"
-            per_concept.setdefault(row["concept"].name or row["concept"].path, Counter())[kind] += 1
-        skipped = self.scan_result.skipped + list(items.skipped)
+            stats.per_concept.setdefault(row["concept"].name or row["concept"].path, Counter())[kind] += 1
+            if row["path"] not in stats.paths:
+                stats.paths.append(row["path"])
+        stats.skipped = self.scan_result.skipped + list(items.skipped)
+        return stats
+
+    def report(self) -> str:
+        stats = self.statistics()
         lines = ["data:"]
-        for concept, counts in per_concept.items():
+        for concept, counts in stats.per_concept.items():
             lines.append(f"  concept {concept}: {counts['clips']} clip items, {counts['images']} image items")
-        for (frames, height, width), count in sorted(buckets.items()):
+        for (frames, height, width), count in sorted(stats.buckets.items()):
             lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
-        lines.append(f"  skipped files: {len(skipped)}")
+        lines.append(f"  skipped files: {len(stats.skipped)}")
         text = "\n".join(lines)
         print(text, flush=True)
         return text
@@ -230,8 +258,12 @@ class WanBaseDataLoader:
 
     def batches(self, epoch: int, start_batch: int = 0) -> Iterator[dict]:
         probability = self.config.data.ti2v_image_probability
+        pin = self.device.type == "cuda"
         for number, batch in enumerate(self.pipeline.iterate(epoch, start_batch), start=start_batch):
             batch["loss_weight"] = torch.tensor(batch["loss_weight"], dtype=torch.float32)
+            if pin:
+                # page-locked batches let the training step copy them with non_blocking=True
+                batch = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             if self.model is not None and self.model.expand_timesteps and probability > 0:
                 draw = derive_seed(self.config.seed, epoch, number, "ti2v_image_mode") / 2 ** 64
                 batch["clean_first_frame"] = draw < probability

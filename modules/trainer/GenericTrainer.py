@@ -34,6 +34,10 @@ def prepare_config(config: TrainConfig) -> list:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
     check_paths(config)
+    from modules.util.config.performance_checks import performance_problems
+    problems = performance_problems(config, resolve_device(config.device))
+    if problems:
+        raise ConfigError(problems)
     base = Path(config.model.base_model_name)
     if base.is_dir():
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
@@ -89,7 +93,11 @@ class GenericTrainer:
         self.workspace = Path(config.workspace_dir)
         self.backup_root = self.workspace / "backup"
         self.stop_requested = threading.Event()
+        self._requests: set[str] = set()   # REQUESTS made from another thread (the GUI), served between steps
+        self._requests_lock = threading.Lock()
         self.step_losses: list[float] = []
+        # (step, loss, grad norm) still on the device: read back every performance.loss_readback_steps steps
+        self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.progress = TrainProgress()
         self.backed_up_step: int | None = None  # the step this run last wrote (or resumed from) a backup of
         self.device = resolve_device(config.device)
@@ -162,6 +170,30 @@ class GenericTrainer:
     def request_stop(self) -> None:
         self.stop_requested.set()
 
+    REQUESTS = ("sample", "backup", "save")
+
+    def request(self, action: str) -> None:
+        """'sample', 'backup' or 'save' now: done at the next safe point, after the current optimizer step.
+        Thread-safe (the GUI calls it from its main thread while the loop runs in a worker)."""
+        if action not in self.REQUESTS:
+            raise ValueError(f"unknown request {action!r}; one of {', '.join(self.REQUESTS)}")
+        with self._requests_lock:
+            self._requests.add(action)
+
+    def _serve_requests(self) -> None:
+        with self._requests_lock:
+            actions, self._requests = self._requests, set()
+        if "sample" in actions:
+            if self.hooks.sampler is None:
+                log.warning("sample now: no samples file is configured (sampling.samples_file)")
+            else:
+                self.hooks.sampler.sample_all()
+        if "backup" in actions:
+            self.backup()
+        if "save" in actions:
+            self.save_result(str(self.workspace / "save" /
+                                 f"step-{self.progress.global_step:08d}{Path(self.config.output.destination).suffix}"))
+
     def train(self) -> list[Path]:
         config = self.config
         torch.manual_seed(config.seed)
@@ -172,14 +204,13 @@ class GenericTrainer:
         if not self._cache():
             return []
         self.setup.setup_model()
-        for name in self.setup.experts_in_training():
-            getattr(self.model, name).to(self.device).train()
+        self.setup.move_experts_to_device()
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
-        batches_per_epoch = self.data.batches_per_epoch()
+        batches_per_epoch = self.batches_per_epoch = self.data.batches_per_epoch()
         accumulation = config.optimizer.gradient_accumulation_steps
         self.total_steps = config.max_steps or config.epochs * math.ceil(batches_per_epoch / accumulation)
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
@@ -209,7 +240,8 @@ class GenericTrainer:
         from tqdm import tqdm
         config, progress = self.config, self.progress
         step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step")
-        micro_losses: list[float] = []
+        micro_losses: list[torch.Tensor] = []
+        readback = config.performance.loss_readback_steps
         step_started = time.perf_counter()
         if self.total_steps and progress.global_step >= self.total_steps:
             step_bar.close()
@@ -222,10 +254,9 @@ class GenericTrainer:
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
                     prediction = self.setup.predict(batch, generator)
                     loss = self.setup.calculate_loss(batch, prediction)
-                    if not torch.isfinite(loss):
-                        raise TrainingError(self._nan_message(loss))
                     (loss / accumulation).backward()
-                    micro_losses.append(loss.item())
+                    # no .item() here: reading a value waits for the device (see read_losses)
+                    micro_losses.append(loss.detach())
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
@@ -235,13 +266,17 @@ class GenericTrainer:
                     kill_point("step")
                     grad_norm = self._optimizer_step(parameters)
                     progress.global_step += 1
-                    step_loss = sum(micro_losses) / len(micro_losses)
+                    self.pending_losses.append((progress.global_step, torch.stack(micro_losses).mean(), grad_norm))
                     micro_losses.clear()
-                    self.step_losses.append(step_loss)
+                    last = config.max_steps and progress.global_step >= config.max_steps
+                    if progress.global_step % readback == 0 or last or self.stop_requested.is_set():
+                        self.read_losses()
                     step_time = time.perf_counter() - step_started
                     step_started = time.perf_counter()
-                    self.hooks.after_step(step_loss, grad_norm, step_time)
-                    step_bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}",
+                    step_loss = self.hooks.last_loss
+                    self.hooks.after_step(step_loss, None, step_time)
+                    self._serve_requests()
+                    step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
                     if self.stop_requested.is_set():
@@ -250,17 +285,37 @@ class GenericTrainer:
                     if config.max_steps and progress.global_step >= config.max_steps:
                         return
                 progress.epoch, progress.epoch_batch = epoch + 1, 0
+                self.read_losses()
                 self.hooks.after_epoch(epoch)
+            self.read_losses()
         finally:
             step_bar.close()
 
-    def _optimizer_step(self, parameters) -> float:
+    def read_losses(self) -> None:
+        """Reads the pending steps' losses and gradient norms back from the device in one transfer (the only place
+        the loop waits for the device), logs them, and raises TrainingError at the first non-finite loss. Runs
+        every performance.loss_readback_steps steps and before every backup and save, so nothing non-finite is
+        ever written."""
+        if not self.pending_losses:
+            return
+        steps = [step for step, _, _ in self.pending_losses]
+        values = torch.stack([torch.stack([loss.float(), norm.float().to(loss.device)])
+                              for _, loss, norm in self.pending_losses]).tolist()
+        self.pending_losses.clear()
+        for step, (loss, grad_norm) in zip(steps, values):
+            if not math.isfinite(loss):
+                raise TrainingError(self._nan_message(step, loss))
+            self.step_losses.append(loss)
+            self.hooks.log_loss(step, loss, grad_norm)
+
+    def _optimizer_step(self, parameters) -> torch.Tensor:
+        """The gradient norm stays on the device (read back with the loss)."""
         clip = self.config.optimizer.clip_grad_norm
         grads = [p.grad for p in parameters if p.grad is not None]
         if clip:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip)
         else:
-            grad_norm = float(torch.norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+            grad_norm = torch.norm(torch.stack([g.norm() for g in grads])) if grads else torch.zeros(())
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -269,10 +324,10 @@ class GenericTrainer:
             self.ema.update()
         return grad_norm
 
-    def _nan_message(self, loss: torch.Tensor) -> str:
+    def _nan_message(self, step: int, loss: float) -> str:
         kept = self._last_backup_text()
-        return (f"the loss became {loss.item()} at step {self.progress.global_step + 1} (epoch "
-                f"{self.progress.epoch}); training stopped and {kept}. Lower the learning rate or check the data.")
+        return (f"the loss became {loss} at step {step} (epoch {self.progress.epoch}); training stopped and "
+                f"{kept}. Lower the learning rate or check the data.")
 
     # ---- SIGINT --------------------------------------------------------------------------------------------
 
@@ -296,6 +351,7 @@ class GenericTrainer:
         return f"the last good backup is {folder}" if folder else "no backup was written yet"
 
     def backup(self) -> Path:
+        self.read_losses()  # never back up weights a non-finite loss has touched
         folder = self.backup_root / f"step-{self.progress.global_step:08d}"
         trainable = self.setup.trainable_state_dict()
         broken = non_finite_tensors(trainable)
@@ -341,6 +397,7 @@ class GenericTrainer:
         print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
+        self.read_losses()
         output = self.config.output
         try:
             with phase("save"):

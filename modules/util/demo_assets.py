@@ -42,6 +42,12 @@ def make_t2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int =
     return output
 
 
+# the demo's preview prompts: two of the training captions, at the training size, so the previews show the
+# squares appear as the LoRA learns
+DEMO_SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9, "seed": 1},
+                {"prompt": "a blue square moving right", "width": 32, "height": 32, "frames": 9, "seed": 2}]
+
+
 def ensure_demo_assets(config) -> None:
     from modules.util.tiny_models import make_tiny_model
     base = Path(config.model.base_model_name)
@@ -53,3 +59,10 @@ def ensure_demo_assets(config) -> None:
         if not folder.is_dir() or not any(folder.iterdir()):
             log.warning("creating the demo dataset at %s", folder)
             make_t2v_dataset(folder)
+    samples_file = Path(config.sampling.samples_file) if config.sampling.samples_file else None
+    if samples_file is not None and not samples_file.is_file():
+        from modules.util.config.SampleConfig import SampleConfig
+        from modules.util.sample_definitions import save_samples_json
+        log.warning("creating the demo samples file at %s", samples_file)
+        samples_file.parent.mkdir(parents=True, exist_ok=True)
+        save_samples_json([SampleConfig(**sample) for sample in DEMO_SAMPLES], samples_file)

@@ -156,6 +156,8 @@ class WanBaseModelLoader:
         return cls.from_pretrained(base, subfolder=subfolder, torch_dtype=dtype, **common)
 
     def _load_transformer(self, part: PartConfig, base: str, subfolder: str, common: dict) -> WanTransformer3DModel:
+        if part.weight_dtype.is_quantized:
+            return self._load_quantized_transformer(part, base, subfolder, common)
         if part.path and Path(part.path).is_file():
             config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
             transformer = load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
@@ -167,3 +169,23 @@ class WanBaseModelLoader:
             # frozen base weights stored in fp8 and upcast per layer for compute: a 14B model fits in 24 GB
             transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
         return transformer
+
+    @staticmethod
+    def _load_quantized_transformer(part: PartConfig, base: str, subfolder: str,
+                                    common: dict) -> WanTransformer3DModel:
+        """nf4 or int8 frozen weights through bitsandbytes (QLoRA), computed in bfloat16; the model lands on the GPU
+        as it loads (performance_checks refused this on a CPU before anything loaded)."""
+        from diffusers import BitsAndBytesConfig
+        if part.path and Path(part.path).is_file():
+            raise ModelLoadError(f"model.{subfolder}.path: {part.weight_dtype} weights load from a diffusers folder, "
+                                 f"not a single file")
+        if part.weight_dtype is DataType.NF4:
+            quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_compute_dtype=torch.bfloat16)
+        else:
+            quantization = BitsAndBytesConfig(load_in_8bit=True)
+        source, extra = (part.path, {}) if part.path else (base, dict(subfolder=subfolder, **common))
+        if part.path and not (Path(part.path) / "config.json").is_file():
+            extra = dict(subfolder=subfolder, local_files_only=True)
+        return WanTransformer3DModel.from_pretrained(source, quantization_config=quantization,
+                                                     torch_dtype=torch.bfloat16, **extra)

@@ -1,0 +1,153 @@
+"""The tools tab: convert a model, convert or merge a LoRA, sample a model outside training (then play the result).
+Each form builds the command line of scripts/convert_model.py or scripts/sample.py and runs that script
+(ToolsController), showing its output here and the command to repeat it in a terminal."""
+from __future__ import annotations
+
+import json
+import tkinter as tk
+
+import customtkinter as ctk
+from PIL import Image
+
+from modules.ui import ToolsController as tools
+from modules.ui.ctk_components import button
+from modules.ui.SamplingController import PreviewPlayer
+
+MODEL_FORMATS = ["DIFFUSERS", "ORIGINAL"]
+LORA_FORMATS = ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"]
+DTYPES = ["", "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
+
+
+class CtkToolsView:
+    def __init__(self, frame, app):
+        self.app = app
+        self.controller = tools.ToolsController()
+        self.values: dict[str, tk.StringVar] = {}
+        self.player = PreviewPlayer()
+        self._image = None
+        forms = ctk.CTkFrame(frame, fg_color="transparent")
+        forms.grid(row=0, column=0, sticky="nw")
+        out = ctk.CTkFrame(frame, fg_color="transparent")
+        out.grid(row=0, column=1, sticky="nw", padx=8)
+        row = self._form(forms, 0, "convert a model", "model", [("input", "a diffusers folder or a .safetensors file"),
+                         ("base model", "with a single file: the diffusers folder with the other parts"),
+                         ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.convert_model)
+        row = self._form(forms, row, "convert a LoRA", "lora", [("input", "a LoRA file (any layout the trainer reads)"),
+                         ("format", LORA_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.convert_lora)
+        row = self._form(forms, row, "merge LoRA files into a model", "merge", [
+                         ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
+                         ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.merge_lora)
+        self._form(forms, row, "sample a model", "sample", [
+                   ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
+                   ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"), ("height", "480"),
+                   ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
+                   ("elements", "E2V: {\"name\": \"image path\"}"), ("e2v config", "E2V: the dataset config JSON"),
+                   ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
+        self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
+        self.output.grid(row=0, column=0, sticky="nw", pady=4)
+        self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
+                                        fg_color="#111111")
+        self.video_label.grid(row=1, column=0, sticky="nw", pady=4)
+
+    def _form(self, master, row: int, title: str, key: str, fields: list, action) -> int:
+        ctk.CTkLabel(master, text=title, font=ctk.CTkFont(weight="bold")).grid(row=row, column=0, columnspan=2,
+                                                                              sticky="w", padx=8, pady=(10, 2))
+        row += 1
+        for name, hint in fields:
+            ctk.CTkLabel(master, text=name, anchor="w", width=120).grid(row=row, column=0, sticky="w", padx=8)
+            variable = tk.StringVar()
+            self.values[f"{key}.{name}"] = variable
+            if isinstance(hint, list):
+                variable.set(hint[0])
+                widget = ctk.CTkOptionMenu(master, values=hint, variable=variable, width=300)
+            else:
+                widget = ctk.CTkEntry(master, textvariable=variable, width=300, placeholder_text=hint)
+                if hint and name in ("width", "height", "frames", "steps", "guidance", "seed", "device",
+                                     "output dir"):
+                    variable.set(hint)
+            widget.grid(row=row, column=1, sticky="w", padx=4, pady=1)
+            row += 1
+        button(master, "Run", action, width=80).grid(row=row, column=1, sticky="w", padx=4, pady=4)
+        return row + 1
+
+    def _get(self, key: str) -> str:
+        return self.values[key].get().strip()
+
+    def _loras(self, key: str) -> list[str]:
+        return [part.strip() for part in self._get(key).split(",") if part.strip()]
+
+    def _run(self, command: list[str]) -> None:
+        if not self.controller.run(command):
+            self.app.show_dialog("Tools", "a tool is already running")
+
+    def convert_model(self) -> None:
+        self._run(tools.convert_model_command(self._get("model.input"), self._get("model.format"),
+                                              self._get("model.destination"), self._get("model.base model"),
+                                              self._get("model.dtype")))
+
+    def convert_lora(self) -> None:
+        self._run(tools.convert_lora_command(self._get("lora.input"), self._get("lora.format"),
+                                             self._get("lora.destination"), self._get("lora.dtype")))
+
+    def merge_lora(self) -> None:
+        self._run(tools.merge_lora_command(self._get("merge.base model"), self._loras("merge.loras"),
+                                           self._get("merge.format"), self._get("merge.destination"),
+                                           self._get("merge.dtype")))
+
+    def sample(self) -> None:
+        def number(name: str, kind=int):
+            text = self._get(f"sample.{name}")
+            try:
+                return kind(text) if text else 0
+            except ValueError:
+                return None
+
+        values = {name: number(name) for name in ("width", "height", "frames", "steps", "seed")}
+        guidance = number("guidance", float)
+        bad = [name for name, value in {**values, "guidance": guidance}.items() if value is None]
+        elements_text = self._get("sample.elements")
+        try:
+            elements = json.loads(elements_text) if elements_text else {}
+        except json.JSONDecodeError:
+            bad.append("elements (a JSON object: name -> image path)")
+            elements = {}
+        if bad:
+            self.app.show_dialog("Sample", "not a number: " + ", ".join(bad))
+            return
+        self._run(tools.sample_command(
+            self._get("sample.base model"), self._get("sample.prompt"), self._get("sample.output dir"),
+            loras=self._loras("sample.loras"), guidance=guidance if self._get("sample.guidance") else None,
+            seed=values.pop("seed") if self._get("sample.seed") else -1,
+            negative_prompt=self._get("sample.negative prompt"), elements=elements,
+            e2v_config=self._get("sample.e2v config"), device=self._get("sample.device") or "auto", **values))
+
+    def poll(self) -> None:
+        for kind, payload in self.controller.poll_events():
+            if kind == "log":
+                self.output.insert("end", f"{payload}\n")
+                self.output.see("end")
+            elif kind == "done":
+                code, written = payload
+                self.output.insert("end", f"exit status {code}\n")
+                self.output.see("end")
+                if code:
+                    self.app.show_dialog("Tool failed", f"exit status {code}; see the output on the tools tab")
+                videos = [path for path in written if path.endswith(".mp4")]
+                if videos:
+                    self.play(videos[0])
+
+    def play(self, path: str) -> None:
+        self.player.open(path)
+        self._tick()
+
+    def _tick(self) -> None:
+        frame = self.player.frame
+        if frame is None or not self.video_label.winfo_exists():
+            return
+        image = Image.fromarray(frame)
+        scale = 320 / max(image.size)
+        self._image = ctk.CTkImage(light_image=image, dark_image=image,
+                                   size=(round(image.size[0] * scale), round(image.size[1] * scale)))
+        self.video_label.configure(image=self._image, text="")
+        if self.player.tick():
+            self.video_label.after(self.player.interval_ms, self._tick)

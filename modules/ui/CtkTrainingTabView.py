@@ -1,0 +1,80 @@
+"""The training tab: run length, batch, dtype and memory settings, the optimizer, the timestep distribution with a
+plot of its density (drawn from the project's own sampler), and every config field no other tab places (so a new
+setting is never hidden)."""
+from __future__ import annotations
+
+import json
+import tkinter as tk
+from pathlib import Path
+
+import customtkinter as ctk
+
+from modules.ui.config_fields import section_fields
+from modules.ui.ctk_components import draw_bars, render_section
+from modules.ui.plot_data import timestep_density
+from modules.util.config.config_io import ConfigError
+
+RUN_FIELDS = ["epochs", "max_steps", "batch_size", "train_dtype", "gradient_checkpointing", "expert"]
+# top-level fields and sections that other tabs (or the top bar) show
+PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspace_dir", "cache_dir", "tensorboard",
+                    "demo_assets", "seed", "device", "data", "lora", "fine_tune", "embedding", "sampling", "backup",
+                    "e2v", "optimizer", "timestep"} | set(RUN_FIELDS)
+
+
+class CtkTrainingTabView:
+    def __init__(self, frame, app):
+        self.app, self.state = app, app.config_state
+        left = ctk.CTkFrame(frame, fg_color="transparent")
+        left.grid(row=0, column=0, sticky="nw")
+        right = ctk.CTkFrame(frame, fg_color="transparent")
+        right.grid(row=0, column=1, sticky="nw", padx=10)
+        row = render_section(left, self.state, "", only=RUN_FIELDS, fields=app.fields, title="run", width=180)
+        row = render_section(left, self.state, "data", only=["ti2v_image_probability"], start_row=row,
+                             fields=app.fields, width=180)
+        row = render_section(left, self.state, "optimizer", start_row=row, fields=app.fields, title="optimizer",
+                             width=180)
+        others = [spec for spec in section_fields("") if spec.name not in PLACED_ELSEWHERE]
+        simple = [spec.name for spec in others if spec.simple]
+        if simple:
+            row = render_section(left, self.state, "", only=simple, start_row=row, fields=app.fields,
+                                 title="more settings", width=180)
+        for spec in others:
+            if spec.kind == "section":
+                row = render_section(left, self.state, spec.path, start_row=row, fields=app.fields,
+                                     title=spec.name.replace("_", " "), width=180)
+
+        row = render_section(right, self.state, "timestep", fields=app.fields, title="timestep distribution",
+                             width=160)
+        ctk.CTkLabel(right, text="density of training sigmas (20000 draws of the trainer's sampler)",
+                     anchor="w").grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(8, 0))
+        self.density_canvas = tk.Canvas(right, width=420, height=160, background="#1d1d1d", highlightthickness=0)
+        self.density_canvas.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8, pady=4)
+        self.density_note = ctk.CTkLabel(right, text="", anchor="w")
+        self.density_note.grid(row=row + 2, column=0, columnspan=3, sticky="w", padx=8)
+        self.density: list[float] = []
+        frame.after_idle(self.draw_density)
+
+    def on_config_change(self, path: str) -> None:
+        if path.startswith("timestep.") or path in ("", "expert", "model.base_model_name"):
+            self.draw_density()
+
+    def _boundary(self) -> float | None:
+        index = Path(self.state.get("model.base_model_name") or "") / "model_index.json"
+        try:
+            return json.loads(index.read_text(encoding="utf-8")).get("boundary_ratio") if index.is_file() else None
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def draw_density(self) -> None:
+        try:
+            config = self.state.config()
+        except ConfigError:
+            self.density_note.configure(text="(fix the timestep fields to see the density)")
+            return
+        try:
+            self.density = timestep_density(config.timestep, expert=config.expert, boundary=self._boundary())
+        except ValueError as error:
+            self.density_note.configure(text=str(error))
+            return
+        self.density_note.configure(text=f"{config.timestep.distribution}; sigma 0 (clean) to 1 (noise)")
+        draw_bars(self.density_canvas, self.density, x_range=("0", "1"))

@@ -1,0 +1,180 @@
+"""The sampling tab: the sample list editor (the samples file of `sampling.samples_file`) and the preview player's
+model: which preview videos exist per prompt and at which steps, and their frames decoded with PyAV
+(modules/util/video_io). Imports no toolkit.
+
+Previews are the files TrainingSampler writes: <workspace>/samples/<index>-<slug>/<step>-<epoch>.mp4.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from modules.ui.UIState import UIState
+from modules.util.config.SampleConfig import SampleConfig
+from modules.util.sample_definitions import (SampleDefinitionError, is_samples_json, load_sample_definitions,
+                                             save_samples_json)
+
+PREVIEW_NAME = re.compile(r"^(\d+)-(\d+)\.mp4$")
+# the columns of the sample list editor; the rest of SampleConfig's fields keep their values
+EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "frames", "seed", "steps", "guidance",
+                 "image", "elements")
+
+
+@dataclass
+class PreviewVideo:
+    path: Path
+    step: int
+    epoch: int
+
+
+@dataclass
+class PreviewSeries:
+    folder: Path                        # <index>-<slug>
+    index: int
+    videos: list[PreviewVideo] = field(default_factory=list)   # by step
+
+    @property
+    def newest(self) -> PreviewVideo:
+        return self.videos[-1]
+
+
+class PreviewPlayer:
+    """Frames of one video and a play position; the view calls `tick()` every 1/fps seconds."""
+
+    def __init__(self):
+        self.frames: np.ndarray | None = None
+        self.fps = 16.0
+        self.index = 0
+        self.playing = True
+        self.loop = True
+        self.path: Path | None = None
+
+    @staticmethod
+    def read(path: str | Path) -> tuple[np.ndarray, float]:
+        """(frames uint8 (F, H, W, 3), fps); thread-safe, so a view can decode off its main loop."""
+        from modules.util.video_io import probe_media, read_media
+
+        info = probe_media(path)
+        return read_media(path), info.fps or 16.0
+
+    def show(self, path: str | Path, frames: np.ndarray, fps: float) -> None:
+        self.frames, self.fps, self.path, self.index = frames, fps, Path(path), 0
+
+    def open(self, path: str | Path) -> None:
+        self.show(path, *self.read(path))
+
+    @property
+    def frame(self) -> np.ndarray | None:
+        return None if self.frames is None else self.frames[self.index]
+
+    def tick(self) -> bool:
+        """Advances one frame when playing; False when nothing changed (paused, or at the end without loop)."""
+        if self.frames is None or not self.playing:
+            return False
+        if self.index + 1 < len(self.frames):
+            self.index += 1
+        elif self.loop:
+            self.index = 0
+        else:
+            self.playing = False
+            return False
+        return True
+
+    @property
+    def interval_ms(self) -> int:
+        return max(15, round(1000 / self.fps))
+
+
+class SamplingController:
+    def __init__(self, state: UIState):
+        self.state = state
+        self.samples: list[dict] = []
+        self.problem = ""
+
+    # ---- the sample list -----------------------------------------------------------------------------------------
+
+    def samples_file(self) -> Path:
+        """The configured samples file; when none is set, <workspace>/samples.json (set on the first save)."""
+        configured = self.state.get("sampling.samples_file") or ""
+        return Path(configured) if configured else Path(self.state.get("workspace_dir") or "workspace") / \
+            "samples.json"
+
+    def load_samples(self) -> list[dict]:
+        self.problem = ""
+        path = self.samples_file()
+        self.samples = []
+        if path.is_file():
+            try:
+                self.samples = [s.model_dump(mode="json") for s in load_sample_definitions(path)]
+            except SampleDefinitionError as error:
+                self.problem = str(error)
+        return self.samples
+
+    def add_sample(self) -> int:
+        self.samples.append(SampleConfig(prompt="", width=832, height=480).model_dump(mode="json"))
+        return len(self.samples) - 1
+
+    def remove_sample(self, index: int) -> None:
+        del self.samples[index]
+
+    def set_field(self, index: int, name: str, value) -> str | None:
+        """Sets one field of sample `index`; the message when the value is not allowed (nothing is changed)."""
+        from pydantic import ValidationError
+
+        candidate = dict(self.samples[index], **{name: value})
+        try:
+            SampleConfig(**candidate)
+        except ValidationError as error:
+            return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        self.samples[index] = candidate
+        return None
+
+    def save_samples(self) -> Path:
+        """Writes the list as a samples JSON file (a musubi-style .txt prompt file becomes the .json beside it) and
+        points sampling.samples_file at it."""
+        path = self.samples_file()
+        if path.is_file() and not is_samples_json(path, path.read_text(encoding="utf-8-sig")):
+            path = path.with_suffix(".json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_samples_json([SampleConfig(**sample) for sample in self.samples], path)
+        if self.state.get("sampling.samples_file") != str(path):
+            self.state.set("sampling.samples_file", str(path))
+        return path
+
+    # ---- previews ------------------------------------------------------------------------------------------------
+
+    def samples_dir(self) -> Path:
+        return Path(self.state.get("workspace_dir") or "workspace") / "samples"
+
+    def previews(self) -> list[PreviewSeries]:
+        """Every prompt folder with its preview videos sorted by training step."""
+        root = self.samples_dir()
+        if not root.is_dir():
+            return []
+        series = []
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            head = folder.name.split("-", 1)[0]
+            if not head.isdigit():
+                continue
+            videos = []
+            for video in folder.glob("*.mp4"):
+                match = PREVIEW_NAME.match(video.name)
+                if match:
+                    videos.append(PreviewVideo(video, int(match[1]), int(match[2])))
+            if videos:
+                series.append(PreviewSeries(folder, int(head), sorted(videos, key=lambda v: (v.step, v.epoch))))
+        return series
+
+    def references(self, series: PreviewSeries) -> dict[str, str]:
+        """E2V: the element images of the sample that made these previews (name -> path), from the samples
+        file; empty for other samples."""
+        try:
+            samples = load_sample_definitions(self.samples_file())
+        except SampleDefinitionError:
+            return {}
+        if series.index >= len(samples):
+            return {}
+        return {name: path for name, path in samples[series.index].elements.items() if Path(path).is_file()}

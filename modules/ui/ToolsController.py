@@ -1,0 +1,121 @@
+"""The tools tab: convert a model, convert or merge a LoRA, sample a model outside training. Each runs the script
+the command line runs (scripts/convert_model.py, scripts/sample.py) in a child process with the same arguments, so
+the GUI and the CLI cannot drift apart, and a crash in a tool cannot take the window down. Imports no toolkit.
+
+`run()` streams the child's output lines to a queue (drained from the Tk loop) and ends with ("done", exit code,
+[the lines it printed on stdout: the files written])."""
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def convert_model_command(input_name: str, output_format: str, destination: str, base_model: str = "",
+                          dtype: str = "") -> list[str]:
+    command = ["convert_model", "--input-name", input_name, "--output-model-format", output_format,
+               "--output-model-destination", destination]
+    if base_model:
+        command += ["--base-model-name", base_model]
+    if dtype:
+        command += ["--output-dtype", dtype]
+    return command
+
+
+def convert_lora_command(lora: str, output_format: str, destination: str, dtype: str = "") -> list[str]:
+    command = ["convert_model", "--training-method", "LORA", "--input-name", lora, "--output-model-format",
+               output_format, "--output-model-destination", destination]
+    return command + (["--output-dtype", dtype] if dtype else [])
+
+
+def merge_lora_command(base_model: str, loras: list[str], output_format: str, destination: str,
+                       dtype: str = "") -> list[str]:
+    command = ["convert_model", "--base-model-name", base_model]
+    for lora in loras:
+        command += ["--merge-lora", lora]
+    command += ["--output-model-format", output_format, "--output-model-destination", destination]
+    return command + (["--output-dtype", dtype] if dtype else [])
+
+
+def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list[str] = (), width: int = 0,
+                   height: int = 0, frames: int = 0, steps: int = 0, guidance: float | None = None, seed: int = -1,
+                   negative_prompt: str = "", image: str = "", elements: dict[str, str] | None = None,
+                   e2v_config: str = "", device: str = "auto") -> list[str]:
+    command = ["sample", "--base-model-name", base_model, "--prompt", prompt, "--output-dir", output_dir,
+               "--device", device]
+    for lora in loras:
+        command += ["--lora", lora]
+    for option, value in (("--width", width), ("--height", height), ("--frames", frames), ("--steps", steps)):
+        if value:
+            command += [option, str(value)]
+    if guidance is not None:
+        command += ["--guidance", str(guidance)]
+    if seed >= 0:
+        command += ["--seed", str(seed)]
+    if negative_prompt:
+        command += ["--negative-prompt", negative_prompt]
+    if image:
+        command += ["--image", image]
+    for name, path in (elements or {}).items():
+        command += ["--element", f"{name}={path}"]
+    if e2v_config:
+        command += ["--e2v-config", e2v_config]
+    return command
+
+
+class ToolsController:
+    def __init__(self, python: str = sys.executable):
+        self.python = python
+        self.events: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shell_line(self, command: list[str]) -> str:
+        """What the user would type: ./run-cmd.sh SCRIPT ARGS."""
+        import shlex
+        return "./run-cmd.sh " + " ".join(shlex.quote(part) for part in command)
+
+    def run(self, command: list[str]) -> bool:
+        """Starts `scripts/<command[0]>.py command[1:]`; False when a tool is already running."""
+        if self.running:
+            return False
+        self._thread = threading.Thread(target=self._work, args=(command,), name="tool", daemon=True)
+        self._thread.start()
+        return True
+
+    def _work(self, command: list[str]) -> None:
+        script = ROOT / "scripts" / f"{command[0]}.py"
+        self.events.put(("log", self.shell_line(command)))
+        written = []
+        try:
+            process = subprocess.Popen([self.python, str(script), *command[1:]], cwd=Path.cwd(),
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        except OSError as error:
+            self.events.put(("done", (1, [f"cannot start {script}: {error}"])))
+            return
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            self.events.put(("log", line))
+            if line and not line.startswith(" ") and Path(line).exists():
+                written.append(line)
+        self.events.put(("done", (process.wait(), written)))
+
+    def poll_events(self) -> list[tuple[str, object]]:
+        drained = []
+        while True:
+            try:
+                drained.append(self.events.get_nowait())
+            except queue.Empty:
+                return drained
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running

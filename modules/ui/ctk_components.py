@@ -1,0 +1,202 @@
+"""customtkinter building blocks shared by the views: tooltips, one bound widget per config field, the generic
+section renderer, and Canvas plots (line and bars; no plotting library)."""
+from __future__ import annotations
+
+import tkinter as tk
+from collections.abc import Callable, Iterable, Sequence
+
+import customtkinter as ctk
+
+from modules.ui.config_fields import FieldSpec, section_fields
+from modules.ui.UIState import UIState
+
+ERROR_COLOR = "#d9534f"
+LABEL_WIDTH = 190
+
+
+class ToolTip:
+    """A small window with `text` under the pointer while it rests on `widget`."""
+
+    def __init__(self, widget, text: str, delay_ms: int = 500):
+        self.widget, self.text, self.delay_ms = widget, text, delay_ms
+        self._job = None
+        self._window: tk.Toplevel | None = None
+        widget.bind("<Enter>", self._schedule, add="+")
+        widget.bind("<Leave>", self._hide, add="+")
+        widget.bind("<ButtonPress>", self._hide, add="+")
+
+    def _schedule(self, _event=None):
+        self._hide()
+        self._job = self.widget.after(self.delay_ms, self._show)
+
+    def _show(self):
+        if not self.text or not self.widget.winfo_exists():
+            return
+        x, y = self.widget.winfo_rootx() + 12, self.widget.winfo_rooty() + self.widget.winfo_height() + 4
+        self._window = window = tk.Toplevel(self.widget)
+        window.wm_overrideredirect(True)
+        window.wm_geometry(f"+{x}+{y}")
+        tk.Label(window, text=self.text, justify="left", background="#ffffe0", foreground="#000000",
+                 relief="solid", borderwidth=1, wraplength=420, padx=6, pady=3).pack()
+
+    def _hide(self, _event=None):
+        if self._job is not None:
+            self.widget.after_cancel(self._job)
+            self._job = None
+        if self._window is not None:
+            self._window.destroy()
+            self._window = None
+
+
+def label_text(spec: FieldSpec) -> str:
+    return spec.name.replace("_", " ")
+
+
+class BoundField:
+    """One config field: its label, its widget (by the field's kind) and its error line, bound through UIState."""
+
+    def __init__(self, master, state: UIState, path: str, row: int, label: str | None = None, width: int = 260,
+                 column: int = 0, label_width: int = LABEL_WIDTH):
+        self.state, self.path = state, path
+        self.spec = spec = state.spec(path)
+        self.label = ctk.CTkLabel(master, text=label or label_text(spec), anchor="w", width=label_width)
+        self.label.grid(row=row, column=column, sticky="w", padx=(8, 4), pady=2)
+        self.variable = tk.StringVar(master)
+        if spec.kind == "bool":
+            self.widget = ctk.CTkSwitch(master, text="", variable=self.variable, onvalue="true", offvalue="false",
+                                        command=self._commit)
+        elif spec.kind == "choice":
+            values = list(spec.choices) + ([""] if spec.optional else [])
+            self.widget = ctk.CTkOptionMenu(master, values=values, variable=self.variable, width=width,
+                                            command=lambda _value: self._commit())
+        elif spec.choices:
+            self.widget = ctk.CTkComboBox(master, values=list(spec.choices), variable=self.variable, width=width,
+                                          command=lambda _value: self._commit())
+            self.widget.bind("<KeyRelease>", lambda _e: self._commit(), add="+")
+        else:
+            self.widget = ctk.CTkEntry(master, textvariable=self.variable, width=width)
+            self.widget.bind("<KeyRelease>", lambda _e: self._commit(), add="+")
+        self.widget.grid(row=row, column=column + 1, sticky="w", padx=4, pady=2)
+        self.error = ctk.CTkLabel(master, text="", text_color=ERROR_COLOR, anchor="w", justify="left",
+                                  wraplength=520)
+        self.error.grid(row=row, column=column + 2, sticky="w", padx=4)
+        tip = spec.description or ""
+        if tip:
+            ToolTip(self.label, tip)
+            ToolTip(self.widget, tip)
+        state.bind(path, self.show, self.show_error)
+
+    def show(self, text: str) -> None:
+        if self.variable.get() != text:
+            self.variable.set(text)
+
+    def show_error(self, message: str | None) -> None:
+        # the message starts with the dotted field, as the CLI prints it
+        self.error.configure(text=message or "")
+        if isinstance(self.widget, (ctk.CTkEntry, ctk.CTkComboBox)):
+            self.widget.configure(border_color=ERROR_COLOR if message else ctk.ThemeManager.theme["CTkEntry"][
+                "border_color"])
+
+    def _commit(self) -> None:
+        self.state.set_text(self.path, self.variable.get(), origin=self.show)
+
+    def set_text(self, text: str) -> None:
+        """As if the user typed `text` (tests drive widgets through this as well as through xdotool)."""
+        self.variable.set(text)
+        self._commit()
+
+
+def render_section(master, state: UIState, section_path: str, *, only: Iterable[str] | None = None,
+                   skip: Iterable[str] = (), start_row: int = 0, fields: dict[str, BoundField] | None = None,
+                   title: str | None = None, width: int = 260) -> int:
+    """One row per simple field of `section_path` (declaration order), or of `only` in that order; a new simple
+    config field shows up here with no view code. Returns the next free row. `fields` collects the widgets by
+    path."""
+    row = start_row
+    if title:
+        ctk.CTkLabel(master, text=title, font=ctk.CTkFont(weight="bold")).grid(row=row, column=0, columnspan=3,
+                                                                               sticky="w", padx=8, pady=(10, 2))
+        row += 1
+    specs = section_fields(section_path)
+    if only is not None:
+        by_name = {spec.name: spec for spec in specs}
+        specs = [by_name[name] for name in only if name in by_name]
+    skip = set(skip)
+    for spec in specs:
+        if not spec.simple or spec.name in skip:
+            continue
+        field = BoundField(master, state, spec.path, row, width=width)
+        if fields is not None:
+            fields[spec.path] = field
+        row += 1
+    return row
+
+
+def scrollable_tab(tabview: ctk.CTkTabview, name: str) -> ctk.CTkScrollableFrame:
+    tab = tabview.add(name)
+    tab.grid_columnconfigure(0, weight=1)
+    tab.grid_rowconfigure(0, weight=1)
+    frame = ctk.CTkScrollableFrame(tab, fg_color="transparent")
+    frame.grid(row=0, column=0, sticky="nsew")
+    frame.grid_columnconfigure(2, weight=1)
+    return frame
+
+
+def button(master, text: str, command: Callable[[], None], width: int = 120, **kwargs) -> ctk.CTkButton:
+    return ctk.CTkButton(master, text=text, command=command, width=width, **kwargs)
+
+
+# --- plots on a Canvas -----------------------------------------------------------------------------------------
+
+def _plot_frame(canvas: tk.Canvas, margin: int = 28) -> tuple[int, int, int, int]:
+    canvas.delete("all")
+    width = int(canvas.winfo_width()) if canvas.winfo_width() > 1 else int(canvas["width"])
+    height = int(canvas.winfo_height()) if canvas.winfo_height() > 1 else int(canvas["height"])
+    left, top, right, bottom = margin, 8, width - 8, height - 18
+    canvas.create_rectangle(left, top, right, bottom, outline="#666666")
+    return left, top, right, bottom
+
+
+def draw_line_plot(canvas: tk.Canvas, values: Sequence[float], color: str = "#4aa3df", smooth: float = 0.9,
+                   label: str = "") -> None:
+    """The raw values faintly and an exponential moving average on top; y from min to max of the values."""
+    left, top, right, bottom = _plot_frame(canvas)
+    if label:
+        canvas.create_text(left + 4, top + 2, text=label, anchor="nw", fill="#aaaaaa", font=("TkDefaultFont", 8))
+    if len(values) < 2:
+        return
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+
+    def point(i: int, v: float) -> tuple[float, float]:
+        return (left + (right - left) * i / (len(values) - 1), bottom - (bottom - top) * (v - low) / span)
+
+    canvas.create_line(*[c for i, v in enumerate(values) for c in point(i, v)], fill="#335f7f")
+    averaged, ema = [], values[0]
+    for v in values:
+        ema = smooth * ema + (1 - smooth) * v
+        averaged.append(ema)
+    canvas.create_line(*[c for i, v in enumerate(averaged) for c in point(i, v)], fill=color, width=2)
+    canvas.create_text(2, top, text=f"{high:.3g}", anchor="nw", fill="#aaaaaa", font=("TkDefaultFont", 7))
+    canvas.create_text(2, bottom, text=f"{low:.3g}", anchor="sw", fill="#aaaaaa", font=("TkDefaultFont", 7))
+
+
+def draw_bars(canvas: tk.Canvas, values: Sequence[float], labels: Sequence[str] = (), color: str = "#4aa3df",
+              x_range: tuple[str, str] | None = None) -> None:
+    """A histogram: one bar per value (scaled to the largest), labels under the bars or the range's two ends."""
+    left, top, right, bottom = _plot_frame(canvas, margin=8)
+    if not values:
+        return
+    highest = max(values) or 1.0
+    width = (right - left) / len(values)
+    for i, value in enumerate(values):
+        x0 = left + i * width
+        canvas.create_rectangle(x0 + 1, bottom - (bottom - top) * value / highest, x0 + width - 1, bottom,
+                                fill=color, outline="")
+        if labels and len(labels) == len(values):
+            canvas.create_text(x0 + width / 2, bottom + 2, text=labels[i], anchor="n", fill="#aaaaaa",
+                               font=("TkDefaultFont", 7))
+    if x_range:
+        canvas.create_text(left, bottom + 2, text=x_range[0], anchor="nw", fill="#aaaaaa", font=("TkDefaultFont", 7))
+        canvas.create_text(right, bottom + 2, text=x_range[1], anchor="ne", fill="#aaaaaa",
+                           font=("TkDefaultFont", 7))
