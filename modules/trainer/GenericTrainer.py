@@ -412,7 +412,8 @@ class GenericTrainer:
     def _save_failed_message(self, destination: str, error: Exception) -> str:
         folder, _ = newest_usable_backup(self.backup_root)
         if folder is None:
-            where = "no backup exists (backup.backup_before_save was off): the trained weights are lost"
+            where = ("no backup exists (backup.backup_before_save is off, or this save came before the first "
+                     "backup)")
         else:
             where = (f"the trained weights are kept in the backup {folder}. To save from it, free space (or choose "
                      f"another output.destination) and run the same command with --config-value "
