@@ -3,14 +3,14 @@ files between formats, and merges LoRA files into a base model.
 
 Base model:
   convert_model.py --input-name DIR --output-model-format ORIGINAL --output-model-destination out.safetensors
-  convert_model.py --input-name file.safetensors --base-model-name DIR --output-model-format DIFFUSERS \
+  convert_model.py --input-name file.safetensors --base-model-name DIR --output-model-format DIFFUSERS \\
       --output-model-destination out_dir
 LoRA file (reads every layout the trainer reads; A14B: x_high_noise / x_low_noise, or x whose pair exists, convert
 both into the destination's _high_noise / _low_noise names; the input's metadata is kept):
-  convert_model.py --training-method LORA --input-name lora.safetensors \
+  convert_model.py --training-method LORA --input-name lora.safetensors \\
       --output-model-format {COMFY_LORA,KOHYA_LORA,DIFFUSERS_LORA} --output-model-destination out.safetensors
 Merge LoRA files (PATH[:STRENGTH], repeatable; A14B: _high_noise into transformer, _low_noise into transformer_2):
-  convert_model.py --merge-lora lora.safetensors:0.8 --base-model-name DIR --output-model-format DIFFUSERS \
+  convert_model.py --merge-lora lora.safetensors:0.8 --base-model-name DIR --output-model-format DIFFUSERS \\
       --output-model-destination merged_dir [--output-dtype BFLOAT_16]
 """
 import argparse

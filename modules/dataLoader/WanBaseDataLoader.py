@@ -165,13 +165,13 @@ class WanBaseDataLoader:
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 
-    def cache(self) -> None:
-        """Encodes every item of the first epoch (and every epoch when windows or crops are random) into the disk
-        cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
+    def cache(self, epochs: int | None = None) -> None:
+        """Encodes every item of the first epoch (and of each of `epochs` epochs, default `config.epochs`, when
+        windows or crops are random) into the disk cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
         training device only for its pass, so a 24 GB card never holds UMT5 and the VAE together, nor either with
         the transformer (which moves there after caching). Items whose media fail to decode are skipped, counted
         and left out of training."""
-        epochs = range(self.config.epochs) if self._varies_per_epoch() else range(1)
+        epochs = range(epochs or self.config.epochs) if self._varies_per_epoch() else range(1)
         if self.config.performance.vae_tiling:
             self.model.vae.enable_tiling()
         for encoder in list(self.encoders.values()):

@@ -1,6 +1,7 @@
 """The training loop: cache, then per batch predict -> loss -> backward -> (every accumulation) optimizer step,
 with samples, backups and saves between optimizer steps. Resume restores the exact data position and RNG."""
 import hashlib
+import itertools
 import logging
 import math
 import signal
@@ -14,7 +15,8 @@ import torch
 from modules.trainer.backup_io import (TrainProgress, newest_usable_backup, non_finite_tensors, prune_backups,
                                        read_backup, restore_rng_state, write_backup)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
-from modules.util.config.config_io import ConfigError, config_to_dict
+from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
+from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.kill_points import kill_point, phase
@@ -48,6 +50,7 @@ def prepare_config(config: TrainConfig) -> list:
         if variant.model_type is not config.model_type:
             raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
                                f"({variant.model_type})"])
+        check_model_variant(config, variant, str(base))
     datasets = []
     if config.e2v.enabled:
         from modules.util.config.E2VConfig import check_against_frames, check_against_model
@@ -66,6 +69,27 @@ def prepare_config(config: TrainConfig) -> list:
         except SampleDefinitionError as error:
             raise ConfigError([f"sampling.samples_file: {error}"]) from None
     return datasets
+
+
+def check_model_variant(config: TrainConfig, variant, source: str) -> None:
+    """Refuses a model of another variant than the config (preset) is made for, and a `lora.init_from` file made
+    for another variant, naming both (ConfigError)."""
+    from modules.util.modelspec import architecture, describe_architecture, lora_model_mismatch
+    intended = config.model.intended_variant
+    if intended is not None and intended is not variant:
+        from modules.util.presets import presets_for_variant
+        fitting = presets_for_variant(variant)
+        advice = f"use a preset made for {variant} ({', '.join(fitting)})" if fitting else \
+            f"use a config made for {variant}"
+        raise ConfigError([f"model.intended_variant: the config (preset) is made for {intended} models, "
+                           f"{describe_architecture(architecture(intended))}, but {source!r} is a {variant} model, "
+                           f"{describe_architecture(architecture(variant))}: it would train a {variant} LoRA with "
+                           f"settings meant for {intended}. {advice[0].upper() + advice[1:]}, or set "
+                           f"model.intended_variant={variant.value} if this is what you want"])
+    if config.lora.init_from and config.training_method.value == "LORA" and not config.e2v.enabled:
+        mismatch = lora_model_mismatch(config.lora.init_from, variant)
+        if mismatch:
+            raise ConfigError([f"lora.init_from: {mismatch}"])
 
 
 def step_seed(seed: int, micro_step: int) -> int:
@@ -102,6 +126,16 @@ class GenericTrainer:
         self.backed_up_step: int | None = None  # the step this run last wrote (or resumed from) a backup of
         self.device = resolve_device(config.device)
         self.model = self.setup = self.data = None
+        self.plan = None
+        self.run_name = config.run_name
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.workspace / "tensorboard" / self.run_name
+
+    @property
+    def samples_dir(self) -> Path:
+        return self.workspace / "samples" / self.run_name
 
     # ---- construction --------------------------------------------------------------------------------------
 
@@ -127,6 +161,8 @@ class GenericTrainer:
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
         except (DataError, ModelLoadError, NotAWanModelError) as error:
             raise TrainingError(str(error)) from None
+        if not base.is_dir():  # a hub id: its variant is known only now
+            check_model_variant(config, self.model.variant, config.model.base_model_name)
         if e2v_datasets:
             from modules.model.e2v_model import prepare_e2v_model
             prepare_e2v_model(self.model, e2v_datasets[0])
@@ -144,7 +180,7 @@ class GenericTrainer:
         """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
         try:
             with phase("caching"):
-                self.data.cache()
+                self.data.cache(epochs=self._plan().epochs)  # random windows / crops: every epoch
         except KeyboardInterrupt:
             print("\ncaching stopped by Ctrl-C; the entries cached so far are kept, and the next run continues "
                   "from them", flush=True)
@@ -210,20 +246,24 @@ class GenericTrainer:
 
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
-        batches_per_epoch = self.batches_per_epoch = self.data.batches_per_epoch()
-        accumulation = config.optimizer.gradient_accumulation_steps
-        self.total_steps = config.max_steps or config.epochs * math.ceil(batches_per_epoch / accumulation)
+        self.plan = self._plan()  # again: caching may have left out files that failed to decode
+        self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
+        self.run_name = resolve_run_name(config, self.workspace, newest_usable_backup(self.backup_root)[0])
+        config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
+        config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
+        save_config(config, config_path)
         if config.backup.continue_last_backup:
             self._resume()
+        print(start_report(self, parameters), flush=True)
 
         from modules.trainer.TrainingHooks import TrainingHooks
         self.hooks = TrainingHooks(self)
         previous_handler = self._install_sigint()
         try:
             self.hooks.before_training()
-            self._run_epochs(parameters, batches_per_epoch, accumulation)
+            self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
@@ -234,7 +274,15 @@ class GenericTrainer:
             self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
         if self.ema is not None:
             self.ema.copy_to_parameters()
-        return self.save_result(config.output.destination)
+        written = self.save_result(config.output.destination)
+        print(end_report(self, written, config_path), flush=True)
+        return written
+
+    def _plan(self):
+        try:
+            return plan_run(self.config, self.data.batches_per_epoch())
+        except PlanError as error:
+            raise TrainingError(str(error)) from None
 
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
         from tqdm import tqdm
@@ -247,9 +295,15 @@ class GenericTrainer:
             step_bar.close()
             return  # resumed from a backup written at the end (a final save that did not finish): only save
         try:
-            for epoch in range(progress.epoch, config.epochs):
+            # max_steps, when set, wins over epochs: the epochs repeat until it is reached
+            epochs = itertools.count(progress.epoch) if config.max_steps else range(progress.epoch, self.plan.epochs)
+            for epoch in epochs:
+                if config.max_steps and progress.global_step >= config.max_steps:
+                    return
                 start = progress.epoch_batch if epoch == progress.epoch else 0
                 progress.epoch, progress.epoch_batch = epoch, start
+                if start == 0 and self.data.batches_per_epoch(epoch) == 0:
+                    raise TrainingError(f"epoch {epoch} has no batch: the data gave out before max_steps")
                 for batch in self.data.batches(epoch, start):
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
                     prediction = self.setup.predict(batch, generator)

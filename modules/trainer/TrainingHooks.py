@@ -49,7 +49,7 @@ class TrainingHooks:
         self.writer = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(Path(config.workspace_dir) / "tensorboard"))
+            self.writer = SummaryWriter(str(trainer.tensorboard_dir))
         self.sampler = None
         if config.sampling.samples_file:
             from modules.modelSampler.TrainingSampler import TrainingSampler

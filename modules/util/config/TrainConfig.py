@@ -22,7 +22,11 @@ class TrainConfig(BaseConfig):
     training_method: TrainingMethod = TrainingMethod.LORA
     model: ModelConfig = ModelConfig()
     output: OutputConfig = OutputConfig()
-    workspace_dir: str = "workspace/run"
+    workspace_dir: str = Field("workspace/run", description="backups (shared by its runs, so a resume finds the "
+                               "newest), and per run the TensorBoard log and previews")
+    run_name: str = Field("", description="names this run's TensorBoard and samples folders in the workspace; empty: "
+                          "the start time (a resume continues the name of the run it resumes). The trainer fills "
+                          "it in when empty: set it back to '' to reuse the config object for a new run")
     cache_dir: str = "workspace/cache"
     tensorboard: bool = True
     demo_assets: bool = Field(False, description="create the tiny demo model and dataset at the configured "
