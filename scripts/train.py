@@ -3,9 +3,11 @@
   train.py --preset-path "demo tiny CPU"
   train.py --preset-path "wan 2.1 1.3B LoRA 24GB" --config-path my.json --config-value lora.rank=16
   train.py --list-presets
+  torchrun --nproc-per-node 2 scripts/train.py --config-path my.json   (several GPUs: docs/multi-gpu.md)
 """
 import argparse
 import sys
+import traceback
 
 import _bootstrap  # noqa: F401
 
@@ -105,7 +107,8 @@ def apply_output_dir(config, output_dir: str, overrides: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
-    args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = (parser or build_parser()).parse_args(argv)
     if args.list_presets:
         from modules.util.presets import presets_table
         print(presets_table())
@@ -116,11 +119,24 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         config = load_config(args.config_path, preset, seed_options_as_overrides(args) + args.config_value)
         if args.output_dir:
             apply_output_dir(config, args.output_dir, args.config_value)
+        from modules.trainer.distributed import config_problems, launched_by_torchrun, process_count, relaunch
         from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
-        e2v_datasets = prepare_config(config)
+        problems = config_problems(config)
+        try:
+            e2v_datasets = prepare_config(config)
+        except ConfigError as e:
+            raise ConfigError(e.problems + problems, e.source) from None
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
+    if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:
+        # every process runs the same script (train.py or cache.py) with the same arguments; under torchrun's
+        # environment they join one job
+        return relaunch(config, getattr(sys.modules["__main__"], "__file__", None) or __file__, argv)
+    from modules.trainer.distributed import leave_process_group
+    from modules.util.ranks import rank_and_world
     from modules.trainer.GenericTrainer import TrainingError
     try:
         trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
@@ -134,7 +150,19 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
-    if trainer.stop_requested.is_set():
+    except Exception as e:
+        if not launched_by_torchrun():
+            raise
+        # one line naming the rank after the traceback: a collective that broke off means another rank failed (its
+        # own output names the cause) or timed out
+        traceback.print_exc()
+        rank, world = rank_and_world()
+        print(f"train: rank {rank} of {world} stopped: {(str(e).splitlines() or [type(e).__name__])[0]}",
+              file=sys.stderr)
+        return 1
+    finally:
+        leave_process_group()
+    if trainer.stop_requested.is_set() and trainer.parallel.is_main:
         print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
     return 0
 

@@ -13,13 +13,17 @@ from pathlib import Path
 import torch
 
 from modules.trainer.backup_io import (TrainProgress, newest_usable_backup, non_finite_tensors, prune_backups,
-                                       read_backup, restore_rng_state, write_backup)
+                                       read_backup, write_backup)
+from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
+from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
+                                                    restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.kill_points import kill_point, phase
+from modules.util.ranks import any_rank, barrier
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -31,43 +35,58 @@ class TrainingError(Exception):
 
 def prepare_config(config: TrainConfig) -> list:
     """Everything that must hold before a model loads: demo assets created when asked, paths exist, the model is
-    the configured type, the E2V datasets are valid (returned, resolved, for the trainer)."""
+    the configured type, the E2V datasets are valid (returned, resolved, for the trainer). Every problem found is
+    reported in one ConfigError."""
     if config.demo_assets:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
-    check_paths(config)
+    problems: list[str] = []
+    try:
+        check_paths(config)
+    except ConfigError as error:
+        problems += error.problems
     from modules.util.config.performance_checks import performance_problems
-    problems = performance_problems(config, resolve_device(config.device))
-    if problems:
-        raise ConfigError(problems)
+    problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
+    spatial_unit = 16
     if base.is_dir():
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
         try:
             variant = detect_variant_from_folder(base)
+            spatial_unit = variant.spatial_unit
+            if variant.model_type is not config.model_type:
+                problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
+                                f"({variant.model_type})")
         except NotAWanModelError as error:
-            raise ConfigError([f"model.base_model_name: {error}"]) from None
-        if variant.model_type is not config.model_type:
-            raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
-                               f"({variant.model_type})"])
-        check_model_variant(config, variant, str(base))
+            problems.append(f"model.base_model_name: {error}")
+            variant = None
+        if variant is not None:
+            try:
+                check_model_variant(config, variant, str(base))
+            except ConfigError as error:
+                problems += error.problems
     datasets = []
     if config.e2v.enabled:
-        from modules.util.config.E2VConfig import check_against_frames, check_against_model
+        from modules.util.config.E2VConfig import check_against_frames
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
-        datasets = resolve_e2v_datasets(config)
-        apply_e2v_data_settings(config, datasets[0])
-        for index, dataset in enumerate(datasets):
-            prefix = f"e2v datasets.{index}."
-            check_against_frames(dataset, min(config.data.frame_buckets), prefix)
-            if base.is_dir():
-                check_against_model(dataset, variant.spatial_unit, prefix)
-    if config.sampling.samples_file:
+        try:
+            datasets = resolve_e2v_datasets(config, spatial_unit)
+            apply_e2v_data_settings(config, datasets[0])
+            for index, dataset in enumerate(datasets):
+                try:
+                    check_against_frames(dataset, min(config.data.frame_buckets), f"e2v datasets.{index}.")
+                except ConfigError as error:
+                    problems += error.problems
+        except ConfigError as error:
+            problems += error.problems
+    if config.sampling.samples_file and Path(config.sampling.samples_file).is_file():
         from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
         try:
             load_sample_definitions(config.sampling.samples_file)
         except SampleDefinitionError as error:
-            raise ConfigError([f"sampling.samples_file: {error}"]) from None
+            problems.append(f"sampling.samples_file: {error}")
+    if problems:
+        raise ConfigError(problems)
     return datasets
 
 
@@ -111,7 +130,7 @@ class GenericTrainer:
         self.config = config
         if e2v_datasets is None and config.e2v.enabled:
             from modules.util.config.e2v_setup import resolve_e2v_datasets
-            e2v_datasets = resolve_e2v_datasets(config)
+            e2v_datasets = resolve_e2v_datasets(config)   # E2V bases (Wan 2.1) have the default unit, 16
         self.e2v_datasets = e2v_datasets or []
         self.on_update = on_update or (lambda _info: None)
         self.workspace = Path(config.workspace_dir)
@@ -124,7 +143,9 @@ class GenericTrainer:
         self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.progress = TrainProgress()
         self.backed_up_step: int | None = None  # the step this run last wrote (or resumed from) a backup of
-        self.device = resolve_device(config.device)
+        # under torchrun: this rank's device, in the process group
+        self.device = join_process_group(config) or resolve_device(config.device)
+        self.parallel = Parallel(config)
         self.model = self.setup = self.data = None
         self.plan = None
         self.run_name = config.run_name
@@ -171,10 +192,17 @@ class GenericTrainer:
         self.data.attach_model(self.model, self.device)
 
     def cache_only(self) -> None:
-        from modules.trainer.workspace_files import remove_leftover_temporaries
-        remove_leftover_temporaries(self.config)
+        self._remove_leftovers()
         self._load()
         self._cache()
+
+    def _remove_leftovers(self) -> None:
+        """Temporaries of writes a killed run left; one rank removes them before any rank writes (a concurrent
+        writer's temporary looks the same)."""
+        from modules.trainer.workspace_files import remove_leftover_temporaries
+        if self.parallel.is_main:
+            remove_leftover_temporaries(self.config)
+        barrier()
 
     def _cache(self) -> bool:
         """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
@@ -233,8 +261,7 @@ class GenericTrainer:
     def train(self) -> list[Path]:
         config = self.config
         torch.manual_seed(config.seed)
-        from modules.trainer.workspace_files import remove_leftover_temporaries
-        remove_leftover_temporaries(config)
+        self._remove_leftovers()
         self._load()
         self._check_samples()
         if not self._cache():
@@ -244,6 +271,12 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
+        if config.backup.continue_last_backup:
+            try:
+                keep_global_batch(self)
+            except ValueError as error:
+                raise TrainingError(str(error)) from None
+        self.parallel.wrap(self.setup, self.model, self.device)
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
         self.plan = self._plan()  # again: caching may have left out files that failed to decode
@@ -287,7 +320,8 @@ class GenericTrainer:
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
         from tqdm import tqdm
         config, progress = self.config, self.progress
-        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step")
+        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step",
+                        disable=not self.parallel.is_main)
         micro_losses: list[torch.Tensor] = []
         readback = config.performance.loss_readback_steps
         step_started = time.perf_counter()
@@ -306,11 +340,12 @@ class GenericTrainer:
                     raise TrainingError(f"epoch {epoch} has no batch: the data gave out before max_steps")
                 for batch in self.data.batches(epoch, start):
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
-                    prediction = self.setup.predict(batch, generator)
-                    loss = self.setup.calculate_loss(batch, prediction)
+                    self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
+                    loss, prediction = self.parallel.forward(self.setup, batch, generator)
                     (loss / accumulation).backward()
-                    # no .item() here: reading a value waits for the device (see read_losses)
-                    micro_losses.append(loss.detach())
+                    # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
+                    # global batch's loss, so every rank stops alike on a non-finite one
+                    micro_losses.append(self.parallel.global_loss(loss))
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
@@ -333,7 +368,7 @@ class GenericTrainer:
                     step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
-                    if self.stop_requested.is_set():
+                    if any_rank(self.stop_requested.is_set()):
                         self.backup()
                         return
                     if config.max_steps and progress.global_step >= config.max_steps:
@@ -365,11 +400,7 @@ class GenericTrainer:
     def _optimizer_step(self, parameters) -> torch.Tensor:
         """The gradient norm stays on the device (read back with the loss)."""
         clip = self.config.optimizer.clip_grad_norm
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip)
-        else:
-            grad_norm = torch.norm(torch.stack([g.norm() for g in grads])) if grads else torch.zeros(())
+        grad_norm = gradient_norm(parameters, clip)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -407,23 +438,25 @@ class GenericTrainer:
     def backup(self) -> Path:
         self.read_losses()  # never back up weights a non-finite loss has touched
         folder = self.backup_root / f"step-{self.progress.global_step:08d}"
-        trainable = self.setup.trainable_state_dict()
-        broken = non_finite_tensors(trainable)
-        if broken:
-            raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
-                                f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
-                                f"written from them, training stopped and {self._last_backup_text()}. Lower the "
-                                f"learning rate or check the data.")
-        try:
-            with phase("backup"):
-                write_backup(folder, self.progress, trainable, self.optimizer, self.scheduler, self.ema,
-                             config_to_dict(self.config))
-        except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
-            raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
-                                f"{self._last_backup_text()}") from error
-        prune_backups(self.backup_root, self.config.backup.rolling_count)
+        trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
+        if self.parallel.is_main:
+            broken = non_finite_tensors(trainable)
+            if broken:
+                raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
+                                    f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
+                                    f"written from them, training stopped and {self._last_backup_text()}. Lower the "
+                                    f"learning rate or check the data.")
+            try:
+                with phase("backup"):
+                    write_backup(folder, self.progress, trainable, optimizer_state, self.scheduler, self.ema,
+                                 config_to_dict(self.config), rng=rng, extra_json={RANKS_FILE: layout})
+            except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
+                raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
+                                    f"{self._last_backup_text()}") from error
+            prune_backups(self.backup_root, self.config.backup.rolling_count)
+            log.info("backup written to %s", folder)
+        barrier()
         self.backed_up_step = self.progress.global_step
-        log.info("backup written to %s", folder)
         return folder
 
     def _resume(self) -> None:
@@ -440,25 +473,27 @@ class GenericTrainer:
             state = read_backup(folder)
         except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
             raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
-        self.setup.load_trainable_state_dict(state["trainable"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
-        restore_rng_state(state["rng"])
         self.progress = state["progress"]
         self.backed_up_step = self.progress.global_step
-        print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
+        if self.parallel.is_main:
+            print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
         self.read_losses()
         output = self.config.output
+        written = []
         try:
-            with phase("save"):
-                written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
-                                                 config_to_dict(self.config))
+            with phase("save"), self.parallel.gathered(self.model):  # sharded: the whole transformer on rank 0
+                if self.parallel.is_main:
+                    written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
+                                                     config_to_dict(self.config))
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
             raise TrainingError(self._save_failed_message(destination, error)) from error
+        barrier()
         for path in written:
             print(f"saved {path}", flush=True)
         return written

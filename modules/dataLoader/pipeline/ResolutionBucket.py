@@ -13,9 +13,10 @@ class ResolutionBucket(PipelineModule):
     The buckets are those of `resolution` and `aspect_ratios` (modules/util/resolution.py: "480p" / "WxH" give
     exactly that size for its aspect ratio, an integer N the area N^2 for every ratio), sides multiples of `unit`
     (the VAE stride x patch: 16 for Wan 2.1 and A14B, 32 for TI2V-5B). A clip gets the bucket whose aspect ratio is
-    closest to its own (in log ratio; ties go to the earlier bucket). With `no_upscale`, a bucket larger than the
-    source in either side is scaled down, aspect kept, to the largest multiples of `unit` that fit inside the source
-    (never below one unit).
+    closest to its own (in log ratio; ties go to the earlier bucket). With `no_upscale`, a clip smaller than its
+    bucket in either side keeps its own aspect instead: its size (shrunk to the bucket's area when larger), each side
+    floored to a multiple of `unit` (never below one unit), so it is cropped by less than one unit per side and never
+    enlarged.
     """
 
     def __init__(self, resolution: int | str, aspect_ratios: list[float], unit: int = 16, no_upscale: bool = False,
@@ -42,9 +43,11 @@ class ResolutionBucket(PipelineModule):
         ratio = math.log(width / height)
         bucket_h, bucket_w = min(buckets, key=lambda b: abs(math.log(b[1] / b[0]) - ratio))
         if no_upscale and (bucket_h > height or bucket_w > width):
-            scale = min(width / bucket_w, height / bucket_h)
-            bucket_h = max(unit, math.floor(bucket_h * scale / unit) * unit)
-            bucket_w = max(unit, math.floor(bucket_w * scale / unit) * unit)
+            # a source smaller than its bucket trains at its own aspect (no bucket aspect would fit it without
+            # cropping or enlarging): its size, shrunk to the bucket's area if larger, each side floored to units
+            scale = min(1.0, math.sqrt(bucket_h * bucket_w / (height * width)))
+            bucket_h = max(unit, math.floor(height * scale / unit) * unit)
+            bucket_w = max(unit, math.floor(width * scale / unit) * unit)
         return bucket_h, bucket_w
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:

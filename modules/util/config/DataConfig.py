@@ -23,6 +23,8 @@ class ConceptConfig(BaseConfig):
     prompt_path: str = ""
     caption_required: bool = True
     caption_dropout: float = Field(0.0, ge=0, le=1)
+    remove_common_llm_caption_prefixes: bool = Field(False, description="drop captioning LLMs' openings (\"The "
+                                                     "video shows\", \"In this video,\") from the captions")
     fps: int | Literal["model", "source"] = "model"
     extraction: Literal["head", "uniform", "random", "slide", "chunk", "spaced", "full"] = "head"
     slide_stride: int = Field(16, ge=1, description="pixel frames between windows in slide mode")
