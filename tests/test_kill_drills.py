@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 

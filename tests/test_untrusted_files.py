@@ -2,10 +2,8 @@
 a weight file refuses a planted pickle (one that would write a marker file when unpickled) with a message naming
 the file and saying only safetensors are read; forged .npz clips are skipped with a reason, from their headers."""
 import io
-import pickle
 import shutil
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest

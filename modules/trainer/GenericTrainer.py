@@ -146,6 +146,7 @@ class GenericTrainer:
         # (step, loss, grad norm) still on the device: read back every performance.loss_readback_steps steps
         self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.progress = TrainProgress()
+        self.backed_up_step: int | None = None  # the step this run last wrote (or resumed from) a backup of
         # under torchrun: this rank's device, in the process group
         self.device = join_process_group(config) or resolve_device(config.device)
         self.parallel = Parallel(config)
@@ -195,10 +196,17 @@ class GenericTrainer:
         self.data.attach_model(self.model, self.device)
 
     def cache_only(self) -> None:
-        from modules.trainer.workspace_files import remove_leftover_temporaries
-        remove_leftover_temporaries(self.config)
+        self._remove_leftovers()
         self._load()
         self._cache()
+
+    def _remove_leftovers(self) -> None:
+        """Temporaries of writes a killed run left; one rank removes them before any rank writes (a concurrent
+        writer's temporary looks the same)."""
+        from modules.trainer.workspace_files import remove_leftover_temporaries
+        if self.parallel.is_main:
+            remove_leftover_temporaries(self.config)
+        barrier()
 
     def _cache(self) -> bool:
         """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
@@ -257,8 +265,7 @@ class GenericTrainer:
     def train(self) -> list[Path]:
         config = self.config
         torch.manual_seed(config.seed)
-        from modules.trainer.workspace_files import remove_leftover_temporaries
-        remove_leftover_temporaries(config)
+        self._remove_leftovers()
         self._load()
         self._check_samples()
         if not self._cache():
@@ -300,10 +307,10 @@ class GenericTrainer:
             self.hooks.close()
         if self.stop_requested.is_set():
             return []
+        if config.backup.backup_before_save and self.backed_up_step != self.progress.global_step:
+            self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
         if self.ema is not None:
             self.ema.copy_to_parameters()
-        if config.backup.backup_before_save:
-            self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
         written = self.save_result(config.output.destination)
         print(end_report(self, written, config_path), flush=True)
         return written
@@ -453,6 +460,7 @@ class GenericTrainer:
             prune_backups(self.backup_root, self.config.backup.rolling_count)
             log.info("backup written to %s", folder)
         barrier()
+        self.backed_up_step = self.progress.global_step
         return folder
 
     def _resume(self) -> None:
@@ -474,6 +482,7 @@ class GenericTrainer:
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
         self.progress = state["progress"]
+        self.backed_up_step = self.progress.global_step
         if self.parallel.is_main:
             print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
@@ -496,7 +505,8 @@ class GenericTrainer:
     def _save_failed_message(self, destination: str, error: Exception) -> str:
         folder, _ = newest_usable_backup(self.backup_root)
         if folder is None:
-            where = "no backup exists (backup.backup_before_save was off): the trained weights are lost"
+            where = ("no backup exists (backup.backup_before_save is off, or this save came before the first "
+                     "backup)")
         else:
             where = (f"the trained weights are kept in the backup {folder}. To save from it, free space (or choose "
                      f"another output.destination) and run the same command with --config-value "
