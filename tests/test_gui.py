@@ -305,16 +305,18 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     app.start()
     assert app.controller.running
     # two previews (before training, step 6) and the player showing the newest: the frame on screen changes
-    assert run_until(app, lambda: len(app.sampling_view.current.videos) >= 2 if app.sampling_view.current else
-                     False, 150), app.log_box.get("1.0", "end")[-3000:]
+    view = app.sampling_view
+    assert run_until(app, lambda: view.current is not None and len(view.current.videos) >= 2 and
+                     view.player.path == view.current.newest.path, 150), app.log_box.get("1.0", "end")[-3000:]
     shown = app.sampling_view.frames_shown
     first_index = app.sampling_view.player.index
     assert run_until(app, lambda: app.sampling_view.frames_shown >= shown + 3, 10)
     assert app.sampling_view.player.index != first_index or app.sampling_view.frames_shown > shown
-    paused[0] = True  # the screenshot runs outside the main loop (the test blocks it, not the app)
+    # the screenshot blocks the main loop from the test's side, and X redraws the window after it: not measured
+    paused[0] = True
     screenshot(app, "training-sampling")
-    settle(app, 0.1)
-    paused[0] = False
+    settle(app, 0.5)
+    paused[0], last[0] = False, time.perf_counter()
     assert app.step_bar.get() > 0 and app.controller.run.step >= 6
     assert app.loss_canvas.find_all()
     app.stop()

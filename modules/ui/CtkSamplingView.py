@@ -143,6 +143,7 @@ class CtkSamplingView:
         self.step_label = ctk.CTkLabel(master, text="", anchor="w")
         self.step_label.grid(row=5, column=0, columnspan=2, sticky="w", padx=6)
         self._frame_images: list[ctk.CTkImage] = []
+        self._generation = 0
         self._reference_images = []
 
     def poll(self) -> None:
@@ -188,6 +189,8 @@ class CtkSamplingView:
         """Decodes in a thread (a long clip takes a while) and shows the result from the main loop."""
         if video is None:
             return
+        self._generation += 1
+        generation = self._generation
         result: list = []
 
         def decode():  # no Tk call here: frames decoded and scaled to the player's size as PIL images
@@ -198,6 +201,8 @@ class CtkSamplingView:
                 result.append(error)
 
         def show():
+            if generation != self._generation:
+                return  # a newer video was chosen meanwhile
             if not result:
                 self.video_label.after(30, show)
                 return
