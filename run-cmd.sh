@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Usage: ./run-cmd.sh SCRIPT [ARGS...]  runs scripts/SCRIPT.py inside .venv (installing it first if needed).
+# The script runs in the directory you ran this from, so relative paths in ARGS (and in your config files) mean
+# what they mean in your shell; install.sh changes into the project folder in its own process only.
 set -euo pipefail
-cd "$(dirname "$0")"
+self="${BASH_SOURCE[0]}"
+while [ -L "$self" ]; do  # called through a link (e.g. ~/bin/wan-train): the project is where the link points
+    target="$(readlink "$self")"
+    case "$target" in /*) self="$target" ;; *) self="$(dirname "$self")/$target" ;; esac
+done
+root="$(cd "$(dirname "$self")" && pwd)"
 if [ $# -lt 1 ]; then
-    echo "usage: ./run-cmd.sh SCRIPT [ARGS...]; scripts: $(cd scripts && ls [a-z]*.py | sed 's/\.py$//' | tr '\n' ' ')" >&2
+    echo "usage: $0 SCRIPT [ARGS...]; scripts: $(cd "$root/scripts" && ls [a-z]*.py | sed 's/\.py$//' | tr '\n' ' ')" >&2
     exit 2
 fi
-script="scripts/$1.py"; shift
+script="$root/scripts/$1.py"; shift
 [ -f "$script" ] || { echo "run-cmd.sh: no such script: $script" >&2; exit 2; }
-./install.sh
-exec .venv/bin/python "$script" "$@"
+"$root/install.sh"
+exec "$root/.venv/bin/python" "$script" "$@"

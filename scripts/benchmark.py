@@ -2,7 +2,10 @@
 
   benchmark.py data  [--clips 4 --width 832 --height 480 --frames 81 --source-fps 30 --threads 0] [--json PATH]
   benchmark.py train --variant wan2.1-1.3b --width 128 --height 128 --frames 9 --steps 3 --dtype bf16
-                     [--gradient-checkpointing] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
+                     [--weight-dtype fp32|bf16|fp8] [--gradient-checkpointing [--checkpoint-every K]]
+                     [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]
+                     [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
+  benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH]
 
 Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
 started, or out of CUDA memory during the steps).
@@ -45,8 +48,21 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up step")
     train.add_argument("--batch-size", type=int, default=1)
     train.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16", help="fp32, or bf16 autocast")
-    train.add_argument("--weight-dtype", choices=["fp32", "bf16"], help="frozen base weights (default: --dtype)")
+    train.add_argument("--weight-dtype", choices=["fp32", "bf16", "fp8"],
+                       help="frozen base weights (default: --dtype); fp8: float8 storage, bf16 compute")
     train.add_argument("--gradient-checkpointing", action="store_true")
+    train.add_argument("--checkpoint-every", type=int, default=1, help="with checkpointing: every k-th block")
+    train.add_argument("--block-swap", type=int, default=0, metavar="N",
+                       help="keep N blocks' frozen weights in pinned CPU memory, copied in as they run")
+    train.add_argument("--activation-offload", action="store_true",
+                       help="keep checkpointed blocks' inputs in pinned CPU memory (with --gradient-checkpointing)")
+    train.add_argument("--compile", action="store_true", help="torch.compile each transformer block (regional)")
+    train.add_argument("--attention", default="auto", choices=["auto", "flash", "cudnn", "efficient", "math"])
+    train.add_argument("--memory-cap-gib", type=float, metavar="G",
+                       help="cap the process's CUDA memory (torch.cuda.set_per_process_memory_fraction)")
+    train.add_argument("--baseline", action="store_true",
+                       help="also time the plain diffusers + peft step at the same shape, side by side")
+    train.add_argument("--optimizer", default="ADAMW", help="OptimizerConfig.optimizer (default ADAMW)")
     method = train.add_mutually_exclusive_group()
     method.add_argument("--lora-rank", type=int, default=32)
     method.add_argument("--full", action="store_true", help="full fine-tune instead of LoRA")
@@ -57,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-memory-check", action="store_true", help="run even when the estimate does not fit")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--json", help="write the numbers to this JSON file")
+
+    presets = commands.add_parser("presets", help="each preset for a few steps at its shape under its memory cap")
+    presets.add_argument("--steps", type=int, default=3)
+    presets.add_argument("--preset", help="only the presets whose name contains this")
+    presets.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    presets.add_argument("--dry-run", action="store_true", help="print each preset's command, run nothing")
+    presets.add_argument("--workdir", default="workspace/benchmark-presets", help="where the per-run JSON goes")
+    presets.add_argument("--json", help="write the rows to this JSON file")
     return parser
 
 
@@ -73,6 +97,9 @@ def _train(args) -> int:
     cfg = TrainBenchConfig(variant=args.variant, width=args.width, height=args.height, frames=args.frames,
                            steps=args.steps, dtype=args.dtype, weight_dtype=args.weight_dtype,
                            gradient_checkpointing=args.gradient_checkpointing,
+                           checkpoint_every=args.checkpoint_every, block_swap=args.block_swap,
+                           activation_offload=args.activation_offload, compile=args.compile, attention=args.attention,
+                           memory_cap_gib=args.memory_cap_gib, baseline=args.baseline, optimizer=args.optimizer,
                            lora_rank=None if args.full else args.lora_rank, lora_targets=args.lora_targets,
                            batch_size=args.batch_size, device=args.device, peak_tflops=args.peak_tflops,
                            memory_check=not args.no_memory_check, seed=args.seed)
@@ -106,9 +133,31 @@ def _data(args) -> int:
     return 0
 
 
+def _presets(args) -> int:
+    from pathlib import Path
+
+    from modules.benchmark.common import format_table, write_json
+    from modules.benchmark.preset_bench import preset_runs, run_presets
+
+    runs = preset_runs(args.steps, args.preset)
+    if args.dry_run:
+        for run in runs:
+            print(f"{run.preset}: {run.command() if run.arguments else 'not run: ' + run.reason}")
+        return 0
+    rows = run_presets(runs, Path(args.workdir), args.device, log=lambda text: print(text, flush=True))
+    print(format_table(["preset", "cap GiB", "status", "s / step", "peak GiB"],
+                       [[r["preset"], r.get("cap_gib"), r["status"], r.get("seconds_per_step"),
+                         (r.get("memory") or {}).get("peak_allocated_gib")] for r in rows]))
+    if args.json:
+        write_json(args.json, {"rows": rows})
+    return 0 if all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows) else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "presets":
+            return _presets(args)
         return _train(args) if args.command == "train" else _data(args)
     except ValueError as error:
         print(f"benchmark {args.command}: {error}", file=sys.stderr)

@@ -17,6 +17,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--preset-path", help="a preset from training_presets/ (sparse JSON over the defaults)")
     parser.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE",
                         help="override one value (JSON values parse: numbers, true/false, lists); repeatable")
+    parser.add_argument("--dataset-config", "--dataset_config", dest="dataset_config", metavar="TOML",
+                        help="a musubi-tuner or diffusion-pipe dataset config (TOML): its datasets become the concepts "
+                             "(data.dataset_config; docs/data.md)")
     parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
     e2v = parser.add_argument_group("Elements-to-Video, as in the user's notes (seed 001); --config-value wins")
     e2v.add_argument("--dataset_configs", "--dataset-configs", help="an E2V dataset config JSON")
@@ -43,6 +46,8 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
     """The finetrainers-style options of the user's notes, as dotted overrides (applied before --config-value)."""
     from pathlib import Path
     values = []
+    if args.dataset_config:
+        values.append(f"data.dataset_config={args.dataset_config}")
     if args.dataset_configs:
         values.append(f"e2v.dataset_config={args.dataset_configs}")
     if args.e2v_type:
@@ -92,10 +97,27 @@ def main(argv: list[str] | None = None) -> int:
             trainer.cache_only()
         else:
             trainer.train()
+    except ConfigError as e:  # found once the model is known (a preview it cannot sample), before any step
+        print(f"train: {e}", file=sys.stderr)
+        return 2
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+    if trainer.stop_requested.is_set():
+        print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
     return 0
+
+
+def resume_command(argv: list[str] | None, workspace_dir: str) -> str:
+    """The command line that continues this run from its last backup, runnable from any folder."""
+    import os
+    import shlex
+    from pathlib import Path
+    args = list(sys.argv[1:] if argv is None else argv)
+    args += ["--config-value", "backup.continue_last_backup=true", "--config-value",
+             f"workspace_dir={Path(workspace_dir).resolve()}"]
+    command = [sys.executable, str(Path(__file__).resolve()), *args]
+    return f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from modules.util.wan_detection import detect_variant_from_folder
 from modules.util.config.config_io import load_config
 
 
-def train(tmp_path, base_model, dataset, method="LORA", steps=300, overrides=()):
+def train(tmp_path, base_model, dataset, method="LORA", steps=300, overrides=(), on_update=None):
     config = load_config(overrides=[
         f"model.base_model_name={base_model}", f"training_method={method}",
         f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}",
@@ -18,7 +18,7 @@ def train(tmp_path, base_model, dataset, method="LORA", steps=300, overrides=())
         "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0",
         "optimizer.weight_decay=0", "timestep.distribution=uniform", "tensorboard=false", *overrides])
     config.model_type = detect_variant_from_folder(base_model).model_type
-    trainer = GenericTrainer(config, e2v_datasets=prepare_config(config))
+    trainer = GenericTrainer(config, on_update=on_update, e2v_datasets=prepare_config(config))
     trainer.train()
     return trainer
 

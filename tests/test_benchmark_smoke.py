@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,51 @@ def test_data_subcommand_on_two_tiny_clips(benchmark_main, tmp_path):
     assert cached["encoder_calls_filling"] == 4   # two clips, two distinct captions
     assert cached["encoder_calls_warm"] == 0 and cached["warm_items"] == 2
     assert cached["latent_batch_shape"] == [1, 16, 3, 8, 8]
+
+
+def test_train_memory_and_speed_options_and_the_baseline(benchmark_main, tmp_path):
+    out = tmp_path / "train.json"
+    code = benchmark_main(["train", "--variant", "tiny", "--width", "64", "--height", "64", "--frames", "9",
+                           "--steps", "1", "--dtype", "fp32", "--lora-rank", "4", "--device", "cpu",
+                           "--peak-tflops", "0.5", "--gradient-checkpointing", "--checkpoint-every", "2",
+                           "--block-swap", "1", "--activation-offload", "--attention", "math", "--baseline",
+                           "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok"
+    assert result["features"] == ("checkpointing 2/2 blocks, block swap 1 (blocks 1-1), activation offload, "
+                                  "attention math")
+    assert result["tokens_per_second"] == pytest.approx(48 / result["seconds_per_step"])
+    # block 0 checkpointed by the dial, block 1 because it is swapped: both recomputed
+    assert result["flops"]["hardware"] == 3 * HAND_FORWARD + HAND_BLOCK_LINEAR + HAND_ATTENTION + HAND_LORA
+    assert result["hfu"] == pytest.approx(result["flops"]["hardware"] / result["seconds_per_step"] / 0.5e12)
+    baseline = result["baseline"]
+    assert baseline["status"] == "ok" and baseline["seconds_per_step"] > 0
+    assert baseline["trainable_parameters"] == result["trainable_parameters"]   # the same adapters
+    assert result["speedup_vs_baseline"] == pytest.approx(baseline["seconds_per_step"] / result["seconds_per_step"])
+
+
+def test_memory_cap_is_for_cuda(benchmark_main, capsys):
+    code = benchmark_main(["train", "--variant", "tiny", "--width", "64", "--height", "64", "--frames", "9",
+                           "--device", "cpu", "--memory-cap-gib", "4"])
+    assert code == 2 and "--memory-cap-gib caps CUDA memory" in capsys.readouterr().err
+
+
+def test_presets_run_with_their_switches_under_their_promised_memory(benchmark_main, capsys):
+    assert benchmark_main(["presets", "--dry-run"]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
+    big = lines["#wan 2.1 14B LoRA 24GB"]
+    for switch in ("--variant wan2.1-14b", "--weight-dtype fp8", "--block-swap 16", "--activation-offload",
+                   "--gradient-checkpointing", "--memory-cap-gib 22.0", "--frames 81"):
+        assert switch in big
+    assert "--memory-cap-gib 15.0" in lines["#wan 2.1 1.3B LoRA 16GB"]
+    assert "--checkpoint-every 3" in lines["#wan 2.1 1.3B LoRA 24GB"]
+    assert "--full" in lines["#wan 2.1 1.3B fine-tune"]
+    assert lines["#wan 2.1 I2V 14B LoRA"].startswith("not run:")
+
+
+def test_the_cpu_peak_probe_takes_seconds_not_minutes():
+    from modules.benchmark.common import measure_matmul_tflops
+    started = time.perf_counter()
+    rate = measure_matmul_tflops(torch.device("cpu"), torch.bfloat16, budget_seconds=0.2)
+    assert rate > 0 and time.perf_counter() - started < 3.0

@@ -108,19 +108,30 @@ def available_memory_bytes(device: torch.device) -> int:
 
 # ------------------------------------------------------------------------------------------------ peak rate
 
-def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """The best rate of a square matmul of `size` in `dtype` on `device`, in TFLOP/s: the CPU's "peak"."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    a @ b  # warm-up (thread pool, kernels)
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best / 1e12
+def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10,
+                          budget_seconds: float = 2.0) -> float:
+    """The best rate of a square matmul in `dtype` on `device`, in TFLOP/s: the CPU's "peak". A short probe: the
+    size grows from 256 up to `size` until one product takes long enough to time (20 ms), within `budget_seconds`,
+    so a slow path (bf16 on a CPU without bf16 units) costs seconds, not minutes."""
+    deadline = time.perf_counter() + budget_seconds
+    best_rate, n = 0.0, min(256, size)
+    while True:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        a @ b  # warm-up (thread pool, kernels)
+        best = float("inf")
+        for _ in range(repeats):
+            synchronize(device)
+            start = time.perf_counter()
+            a @ b
+            synchronize(device)
+            best = min(best, time.perf_counter() - start)
+            if time.perf_counter() > deadline:
+                break
+        best_rate = max(best_rate, 2 * n ** 3 / best / 1e12)
+        if n >= size or best >= 0.02 or time.perf_counter() > deadline:
+            return best_rate
+        n = min(2 * n, size)
 
 
 def default_peak_tflops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
@@ -131,7 +142,8 @@ def default_peak_tflops(device: torch.device, dtype: torch.dtype) -> tuple[float
             if key in name:
                 return peak, f"{name} dense bf16 datasheet peak"
     rate = measure_matmul_tflops(device, dtype)
-    return rate, f"measured: best 2048x2048 {str(dtype).removeprefix('torch.')} matmul on {device.type}"
+    name = str(dtype).removeprefix("torch.")
+    return rate, f"measured: best square {name} matmul (a probe up to 2048) on {device.type}"
 
 
 def synchronize(device: torch.device) -> None:

@@ -43,6 +43,7 @@ class FlopCount:
     outer: int               # patch embedding, condition embedder, output projection
     video_tokens: int        # L (per sample)
     checkpointing: bool
+    recomputed_fraction: float = 1.0   # share of the blocks checkpointed (performance.checkpoint_every, block swap)
 
     @property
     def forward(self) -> int:
@@ -60,7 +61,7 @@ class FlopCount:
     @property
     def hardware(self) -> int:
         """`model` plus the blocks' forward recomputed by gradient checkpointing (HFU)."""
-        return self.model + (self.blocks if self.checkpointing else 0)
+        return self.model + (round(self.blocks * self.recomputed_fraction) if self.checkpointing else 0)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "forward": self.forward, "model": self.model, "hardware": self.hardware}
@@ -93,9 +94,10 @@ def lora_pattern(targets: str) -> re.Pattern | None:
 def count_flops(transformer_config: dict, latent_frames: int, latent_height: int, latent_width: int,
                 batch_size: int = 1, text_tokens: int = TEXT_TOKENS, lora_rank: int = 0,
                 lora_targets: str = "attn-mlp", per_token_timesteps: bool = False,
-                checkpointing: bool = False) -> FlopCount:
+                checkpointing: bool = False, recomputed_layers: int | None = None) -> FlopCount:
     """The FLOP count of one training step of a WanTransformer3DModel with `transformer_config` (its kwargs) on
-    latents of (latent_frames, latent_height, latent_width), batch `batch_size`. See the module doc."""
+    latents of (latent_frames, latent_height, latent_width), batch `batch_size`. `recomputed_layers`: how many
+    blocks checkpointing recomputes (default: all of them when `checkpointing`). See the module doc."""
     c = transformer_config
     p_t, p_h, p_w = c["patch_size"]
     dim = c["num_attention_heads"] * c["attention_head_dim"]
@@ -120,4 +122,5 @@ def count_flops(transformer_config: dict, latent_frames: int, latent_height: int
              + 2 * timesteps * (c["freq_dim"] * dim + dim * dim + dim * 6 * dim)     # time embedder + projection
              + 2 * tokens["video"] * dim * c["out_channels"] * p_t * p_h * p_w)      # output projection
     return FlopCount(blocks_linear=layers * linear, blocks_attention=layers * attention, blocks_lora=layers * lora,
-                     outer=outer, video_tokens=video, checkpointing=checkpointing)
+                     outer=outer, video_tokens=video, checkpointing=checkpointing,
+                     recomputed_fraction=1.0 if recomputed_layers is None else recomputed_layers / layers)

@@ -29,6 +29,7 @@ from modules.benchmark.common import (GIB, available_memory_bytes, default_peak_
 from modules.benchmark.flops import block_linears, count_flops, lora_pattern
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WEIGHT_DTYPES = ("fp32", "bf16", "fp8")   # fp8: float8_e4m3fn storage, bf16 compute (layerwise casting)
 
 
 class InsufficientMemory(Exception):
@@ -48,6 +49,14 @@ class TrainBenchConfig:
     weight_dtype: str | None = None     # frozen base weights (default: the compute dtype); a full fine-tune
                                         # holds the trained weights in fp32 whatever this says
     gradient_checkpointing: bool = False
+    checkpoint_every: int = 1           # with checkpointing: every k-th block
+    block_swap: int = 0                 # blocks whose frozen weights live on the host
+    activation_offload: bool = False
+    compile: bool = False               # regional torch.compile of the blocks
+    attention: str = "auto"             # performance.attention
+    memory_cap_gib: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction
+    baseline: bool = False              # also time a plain diffusers + peft step at the same shape
+    optimizer: str = "ADAMW"            # OptimizerConfig.optimizer (the presets use ADAMW_8BIT)
     lora_rank: int | None = 32          # None: full fine-tune
     lora_targets: str = "attn-mlp"
     batch_size: int = 1
@@ -81,7 +90,7 @@ CPU_RUNTIME_BYTES = 3 * GIB // 4
 def estimate_memory(arch: Architecture, cfg: TrainBenchConfig, parameters: int) -> dict:
     """Rough bytes needed: weights, gradients + AdamW state of what trains, activations. An estimate for refusing
     runs that cannot fit, not a prediction."""
-    weight_bytes = 4 if cfg.full else DTYPES[cfg.weight_dtype or cfg.dtype].itemsize
+    weight_bytes = 4 if cfg.full else {"fp32": 4, "bf16": 2, "fp8": 1}[cfg.weight_dtype or cfg.dtype]
     trainable = parameters if cfg.full else lora_parameter_count(arch, cfg.lora_rank, cfg.lora_targets)
     # fp32 gradient + two fp32 AdamW moments (+ the fp32 weight itself for adapters)
     trainable_bytes = trainable * (12 if cfg.full else 16)
@@ -96,8 +105,13 @@ def estimate_memory(arch: Architecture, cfg: TrainBenchConfig, parameters: int) 
     else:
         activations = layers * per_block
     runtime = CPU_RUNTIME_BYTES if cfg.device == "cpu" else 0
-    total = parameters * weight_bytes + trainable_bytes + activations + runtime
-    return {"weights": parameters * weight_bytes, "trainable_state": trainable_bytes, "activations": activations,
+    weights = parameters * weight_bytes
+    if cfg.block_swap:
+        weights = weights * (layers - min(cfg.block_swap, layers - 1)) // layers
+    if cfg.activation_offload and cfg.gradient_checkpointing:
+        activations -= layers * tokens * d * 4 // cfg.checkpoint_every
+    total = weights + trainable_bytes + activations + runtime
+    return {"weights": weights, "trainable_state": trainable_bytes, "activations": activations,
             "runtime": runtime, "total": total, "parameters": parameters, "trainable_parameters": trainable}
 
 
@@ -111,6 +125,10 @@ def _train_config(arch: Architecture, cfg: TrainBenchConfig):
     values = dict(model_type=arch.variant.model_type, seed=cfg.seed, batch_size=cfg.batch_size,
                   train_dtype=DataType.FLOAT_32 if cfg.dtype == "fp32" else DataType.BFLOAT_16,
                   gradient_checkpointing=cfg.gradient_checkpointing, expert=arch.expert,
+                  performance={"checkpoint_every": cfg.checkpoint_every, "block_swap": cfg.block_swap,
+                               "activation_offload": cfg.activation_offload, "compile_blocks": cfg.compile,
+                               "attention": cfg.attention},
+                  optimizer={"optimizer": cfg.optimizer},
                   training_method=TrainingMethod.FINE_TUNE if cfg.full else TrainingMethod.LORA)
     if not cfg.full:
         values["lora"] = {"rank": cfg.lora_rank, "alpha": float(cfg.lora_rank), "targets": cfg.lora_targets}
@@ -128,20 +146,31 @@ def _setup_class(cfg: TrainBenchConfig):
 def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
     """Runs the benchmark; returns the numbers (see the module doc). Raises InsufficientMemory before allocating
     anything when the estimate exceeds the device's memory (unless `memory_check` is off)."""
-    if cfg.dtype not in DTYPES or (cfg.weight_dtype or cfg.dtype) not in DTYPES:
-        raise ValueError(f"dtypes are one of {', '.join(DTYPES)}")
+    if cfg.dtype not in DTYPES or (cfg.weight_dtype or cfg.dtype) not in WEIGHT_DTYPES:
+        raise ValueError(f"--dtype is one of {', '.join(DTYPES)}; --weight-dtype one of {', '.join(WEIGHT_DTYPES)}")
     if cfg.steps < 1:
         raise ValueError("steps must be at least 1")
     device = torch.device(cfg.device)
     arch = get_architecture(cfg.variant)
     latent = arch.latent_shape(cfg.frames, cfg.height, cfg.width)
     compute_dtype = DTYPES[cfg.dtype]
-    weight_dtype = torch.float32 if cfg.full else DTYPES[cfg.weight_dtype or cfg.dtype]
+    fp8 = not cfg.full and cfg.weight_dtype == "fp8"
+    if fp8 and cfg.dtype != "bf16":
+        raise ValueError("--weight-dtype fp8 computes in bf16: use --dtype bf16")
+    weight_dtype = torch.float32 if cfg.full else DTYPES["bf16" if fp8 else cfg.weight_dtype or cfg.dtype]
+    if cfg.memory_cap_gib is not None:
+        if device.type != "cuda":
+            raise ValueError("--memory-cap-gib caps CUDA memory (torch.cuda.set_per_process_memory_fraction); the "
+                             f"device is {device.type}")
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_cap_gib * GIB / total), device)
 
     transformer = build_empty_transformer(arch)
     parameters = parameter_count(transformer)
     estimate = estimate_memory(arch, cfg, parameters)
     available = available_memory_bytes(device)
+    if cfg.memory_cap_gib is not None:
+        available = min(available, int(cfg.memory_cap_gib * GIB))
     result = {"variant": arch.name, "architecture": arch.description, "device": str(device),
               "shape": {"frames": cfg.frames, "height": cfg.height, "width": cfg.width,
                         "batch_size": cfg.batch_size},
@@ -169,14 +198,19 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
     log(f"peak rate for utilisation: {peak:.3g} TFLOP/s ({peak_source})")
 
     started = time.perf_counter()
-    materialize(transformer, weight_dtype, device, seed=cfg.seed)
+    # fp8 and block swap build the weights on the host: the device never holds the whole bf16 model
+    materialize(transformer, weight_dtype, torch.device("cpu") if fp8 or cfg.block_swap else device, seed=cfg.seed)
     transformer.requires_grad_(False).eval()
+    if fp8:
+        transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
     model = make_wan_model(arch, transformer)
     config = _train_config(arch, cfg)
     setup = _setup_class(cfg)(config, model)
     setup.device = device
     setup.setup_model()
-    transformer.to(device).train()
+    setup.move_experts_to_device()
+    performance = setup.performance["transformer"]
+    log(f"memory and speed: {performance.describe()}")
     from modules.trainer.optimizers import create_optimizer
     trainable = setup.trainable_parameters()
     optimizer = create_optimizer(config.optimizer, trainable)
@@ -192,6 +226,7 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     rss_before = rss_bytes()
     times, losses = [], []
+    warmup = None
     status = "ok"
     try:
         for step in range(cfg.steps + 1):
@@ -211,6 +246,8 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
             del prediction, loss
             if step > 0:
                 times.append(elapsed)
+            else:
+                warmup = elapsed   # includes compilation with --compile
             log(f"step {step}{' (warm-up)' if step == 0 else ''}: {elapsed:.2f} s, loss {losses[-1]:.4f}")
     except torch.OutOfMemoryError as error:
         status = f"out of memory at step {len(losses)}: {str(error).splitlines()[0]}"
@@ -228,9 +265,13 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
         if after > peak:
             peak = after
         peak_source += ", the better of readings before and after the steps"
+    layers = arch.transformer["num_layers"]
+    recomputed = sum(performance.checkpointing.checkpointed(i) for i in range(layers)) \
+        if performance.checkpointing is not None else 0
     flops = count_flops(arch.transformer, *latent[1:], batch_size=cfg.batch_size,
                         lora_rank=0 if cfg.full else cfg.lora_rank, lora_targets=cfg.lora_targets,
-                        per_token_timesteps=arch.expand_timesteps, checkpointing=cfg.gradient_checkpointing)
+                        per_token_timesteps=arch.expand_timesteps, checkpointing=recomputed > 0,
+                        recomputed_layers=recomputed)
     seconds = median(times)
     result.update({
         "status": status, "parameters": parameters,
@@ -238,6 +279,8 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
         "video_tokens": flops.video_tokens, "build_seconds": build_seconds,
         "step_seconds": times, "seconds_per_step": seconds, "losses": losses, "memory": memory,
         "flops": flops.as_dict(), "peak_tflops": peak, "peak_source": peak_source,
+        "features": performance.describe(), "warmup_seconds": warmup,
+        "tokens_per_second": flops.video_tokens * cfg.batch_size / seconds if seconds else None,
     })
     if seconds:
         result["model_tflops_per_second"] = flops.model / seconds / 1e12
@@ -246,6 +289,16 @@ def run_train_benchmark(cfg: TrainBenchConfig, log=print) -> dict:
         result["hfu"] = flops.hardware / seconds / 1e12 / peak
     if not all(math.isfinite(v) for v in losses):
         result["warning"] = "a loss was not finite"
+    if cfg.baseline:
+        from modules.benchmark.baseline_bench import run_baseline
+        del setup, optimizer, trainable, transformer, model, performance
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        baseline = run_baseline(arch, cfg, device, torch.bfloat16 if fp8 else weight_dtype, log)
+        result["baseline"] = baseline
+        if seconds and baseline.get("seconds_per_step"):
+            result["speedup_vs_baseline"] = baseline["seconds_per_step"] / seconds
+            result["baseline"]["mfu"] = flops.model / baseline["seconds_per_step"] / 1e12 / peak
     return result
 
 
@@ -271,7 +324,9 @@ def train_table(result: dict) -> str:
         ["seconds / step", f"{result['seconds_per_step']:.3f} (median of {len(result['step_seconds'])} after 1 "
                            f"warm-up; min {min(result['step_seconds']):.3f}, max {max(result['step_seconds']):.3f})"
          if result.get("seconds_per_step") else "-"],
-        ["peak memory", memory_text],
+        ["peak memory", memory_text + (f", {memory['peak_reserved_gib']:.2f} GiB reserved"
+                                       if "peak_reserved_gib" in memory else "")
+         + (f" (cap {cfg['memory_cap_gib']} GiB)" if cfg.get("memory_cap_gib") else "")],
         ["FLOPs / step", f"{si(flops['model'], 'FLOP')} model (3 x forward), {si(flops['hardware'], 'FLOP')} "
                          f"with recompute"],
         ["achieved", f"{si(result['model_tflops_per_second'] * 1e12, 'FLOP/s')} model, "
@@ -279,5 +334,16 @@ def train_table(result: dict) -> str:
          else "-"],
         ["peak", f"{result['peak_tflops']:.3g} TFLOP/s ({result['peak_source']})"],
         ["MFU / HFU", f"{100 * result['mfu']:.2f} % / {100 * result['hfu']:.2f} %" if "mfu" in result else "-"],
+        ["tokens / s", f"{result['tokens_per_second']:,.0f} video tokens per second"
+         if result.get("tokens_per_second") else "-"],
+        ["features", result.get("features", "-")],
     ]
+    baseline = result.get("baseline")
+    if baseline is not None:
+        rows.append(["baseline", f"plain diffusers + peft: {baseline['status']}"
+                     + (f", {baseline['seconds_per_step']:.3f} s / step, {baseline['tokens_per_second']:,.0f} "
+                        f"tokens / s" if baseline.get("seconds_per_step") else "")
+                     + (f", peak {baseline['memory']['peak_allocated_gib']:.2f} GiB" if "memory" in baseline else "")])
+        if result.get("speedup_vs_baseline"):
+            rows.append(["speed-up", f"{result['speedup_vs_baseline']:.2f} x the baseline's steps per second"])
     return format_table(["train benchmark", ""], rows)

@@ -1,14 +1,22 @@
 """A folder of safetensors files, one per encoded item, keyed by a hash of everything that changes the result.
 Each file is written atomically, so a killed caching run leaves only complete entries and resumes where it
-stopped."""
+stopped. Each entry's metadata holds a checksum of its key and its tensors (names, dtypes, shapes, bytes): an
+entry that no longer reads, lacks a tensor, or whose content changed (bit rot, another entry copied over it) is
+reported, deleted and encoded again instead of training on wrong latents."""
 import hashlib
 import json
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from modules.util.atomic import save_safetensors_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKSUM_KEY = "entry_sha256"
 
 
 def cache_key(*parts) -> str:
@@ -20,17 +28,58 @@ def file_identity(path: str) -> list:
     return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
 
 
+def entry_checksum(key: str, tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of the entry's key (so an entry copied over another does not match) and its tensors."""
+    digest = hashlib.sha256(key.encode())
+    for name in sorted(tensors):
+        value = tensors[name].detach().cpu().contiguous()
+        digest.update(json.dumps([name, str(value.dtype), list(value.shape)]).encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 class DiskCache:
     def __init__(self, root: str | Path, namespace: str):
         self.folder = Path(root) / namespace
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.damaged = 0  # entries found unusable and encoded again
 
     def _path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.safetensors"
 
-    def get(self, key: str) -> dict[str, torch.Tensor] | None:
+    def get(self, key: str, required: Iterable[str] = ()) -> dict[str, torch.Tensor] | None:
+        """The entry's tensors; None when there is none, or when it is damaged (then it is deleted, with a notice,
+        and the caller encodes it again). `required`: tensor names the entry must hold."""
         path = self._path(key)
-        return load_file(str(path)) if path.is_file() else None
+        if not path.is_file():
+            return None
+        problem, tensors = self._read(path, key)
+        if problem is None:
+            missing = sorted(set(required) - set(tensors))
+            if missing:
+                problem = f"it lacks the tensor(s) {missing}"
+        if problem is None:
+            return tensors
+        log.warning("cache entry %s is damaged (%s): encoding it again", path, problem)
+        self.damaged += 1
+        path.unlink(missing_ok=True)
+        return None
+
+    @staticmethod
+    def _read(path: Path, key: str) -> tuple[str | None, dict[str, torch.Tensor]]:
+        try:
+            with safe_open(str(path), framework="pt") as file:
+                metadata = file.metadata() or {}
+                # copies: a mapped file changed in place later (truncated) would crash whoever holds its tensors
+                tensors = {name: file.get_tensor(name).clone() for name in file.keys()}
+        except Exception as error:  # noqa: BLE001  (safetensors raises its own error types for damaged files)
+            return f"unreadable: {error}", {}
+        if CHECKSUM_KEY not in metadata:
+            return "it has no checksum (written by an older version, or not by this trainer)", {}
+        if entry_checksum(key, tensors) != metadata[CHECKSUM_KEY]:
+            return "its tensors do not match their checksum: the content changed after it was written", {}
+        return None, tensors
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
-        save_safetensors_atomic({k: v.detach().cpu() for k, v in tensors.items()}, self._path(key))
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_safetensors_atomic(tensors, self._path(key), {CHECKSUM_KEY: entry_checksum(key, tensors)})

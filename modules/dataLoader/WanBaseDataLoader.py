@@ -134,7 +134,8 @@ class WanBaseDataLoader:
                        ApplyFrameConditioning(model, self.e2v)]
         else:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
-                               clip=model.image_encoder is not None and condition is not None, augmented=augmented)]
+                               clip=model.image_encoder is not None and condition is not None, augmented=augmented,
+                               latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
         if config.training_method is not TrainingMethod.EMBEDDING:
             text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
                                       str(model.text_encoder.dtype))
@@ -156,37 +157,50 @@ class WanBaseDataLoader:
     def encode_calls(self) -> int:
         return sum(getattr(m, "encode_calls", 0) for m in self.encoders.values())
 
-    def _move_encoders(self, device: torch.device) -> None:
-        for part in (self.model.vae, self.model.image_encoder):
-            if part is not None:
-                part.to(device)
-        if self.config.training_method is not TrainingMethod.EMBEDDING:
-            self.model.text_encoder.to(device)
+    def _encoder_parts(self, encoder) -> list[torch.nn.Module]:
+        """The model parts an encoder module runs."""
+        if isinstance(encoder, EncodeText):
+            return [self.model.text_encoder]
+        if isinstance(encoder, (EncodeVideo, EncodeE2V)):
+            return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
+        return []
 
     def cache(self) -> None:
         """Encodes every item of the first epoch (and every epoch when windows or crops are random) into the disk
-        cache, with the encoders on the training device only for the duration. Items whose media fail to decode
-        are skipped, counted and left out of training."""
+        cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
+        training device only for its pass, so a 24 GB card never holds UMT5 and the VAE together, nor either with
+        the transformer (which moves there after caching). Items whose media fail to decode are skipped, counted
+        and left out of training."""
         epochs = range(self.config.epochs) if self._varies_per_epoch() else range(1)
-        self._move_encoders(self.device)
-        try:
-            for epoch in epochs:
-                self._cache_epoch(epoch)
-        finally:
-            self._move_encoders(torch.device("cpu"))
+        if self.config.performance.vae_tiling:
+            self.model.vae.enable_tiling()
+        for encoder in list(self.encoders.values()):
+            parts = self._encoder_parts(encoder)
+            if not parts:
+                continue
+            for part in parts:
+                part.to(self.device)
+            try:
+                for epoch in epochs:
+                    self._cache_epoch(epoch, encoder)
+            finally:
+                for part in parts:
+                    part.to("cpu")
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
         self.report()
 
     def _varies_per_epoch(self) -> bool:
         data = self.config.data
         return data.crop_jitter or data.flip or any(c.extraction == "random" for c in data.concepts)
 
-    def _cache_epoch(self, epoch: int) -> None:
+    def _cache_epoch(self, epoch: int, encoder) -> None:
+        """Fills the cache of one encoder module for one epoch (the pipeline computes only what it outputs)."""
         items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
-                         threads=self.config.data.dataloader_threads,
-                         outputs=[n for m in self.encoders.values() for n in m.produces()])
+                         threads=self.config.data.dataloader_threads, outputs=list(encoder.produces()))
         items.start_epoch(epoch)
         newly_failed = set()
-        for index in tqdm(range(len(items)), desc=f"caching epoch {epoch}", unit="item"):
+        for index in tqdm(range(len(items)), desc=f"caching {type(encoder).__name__} epoch {epoch}", unit="item"):
             try:
                 items.get_item(index)
             except UnreadableMediaError as error:
@@ -244,8 +258,12 @@ class WanBaseDataLoader:
 
     def batches(self, epoch: int, start_batch: int = 0) -> Iterator[dict]:
         probability = self.config.data.ti2v_image_probability
+        pin = self.device.type == "cuda"
         for number, batch in enumerate(self.pipeline.iterate(epoch, start_batch), start=start_batch):
             batch["loss_weight"] = torch.tensor(batch["loss_weight"], dtype=torch.float32)
+            if pin:
+                # page-locked batches let the training step copy them with non_blocking=True
+                batch = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             if self.model is not None and self.model.expand_timesteps and probability > 0:
                 draw = derive_seed(self.config.seed, epoch, number, "ti2v_image_mode") / 2 ** 64
                 batch["clean_first_frame"] = draw < probability

@@ -26,7 +26,7 @@ def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | No
         return media.stem.replace("_", " ")
     if concept.caption_source == "prompt_file":
         return prompt_file_text
-    sidecar = media.with_suffix(".txt")
+    sidecar = media.with_suffix(concept.caption_extension)
     if sidecar.is_file():
         return sidecar.read_text(encoding="utf-8").strip()
     return None
@@ -37,8 +37,22 @@ def _folder_media(folder: Path, recursive: bool) -> list[Path]:
     return sorted(p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in MEDIA_EXTENSIONS)
 
 
+MANIFEST_MEDIA_KEYS = ("path", "media", "video", "file", "clip", "video_path", "image_path")
+MANIFEST_CAPTION_KEYS = ("prompt", "caption", "text")
+
+
+def manifest_entry_path(manifest: Path, media: str) -> Path:
+    """A relative path in a manifest names a file beside the manifest; when there is none, the file at that path
+    from the current directory (where a preprocessing script run from the project folder, or musubi-tuner's
+    metadata.jsonl, means it). An absolute path is used as it is."""
+    beside = manifest.parent / media
+    if Path(media).is_absolute() or beside.exists() or not Path(media).exists():
+        return beside
+    return Path(media)
+
+
 def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str | None]]:
-    """jsonl: one object a line with a media path (relative to the manifest) and a prompt or caption."""
+    """jsonl: one object a line with a media path (see manifest_entry_path) and a prompt or caption."""
     entries = []
     for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -48,12 +62,13 @@ def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str 
         except json.JSONDecodeError as e:
             result.skip(f"{manifest}:{number}", f"not a JSON object ({e.msg})")
             continue
-        media = next((entry[k] for k in ("path", "media", "video", "file", "clip") if k in entry), None)
-        if not isinstance(entry, dict) or media is None:
-            result.skip(f"{manifest}:{number}", "no media path (keys: path, media, video, file or clip)")
+        media = next((entry[k] for k in MANIFEST_MEDIA_KEYS if k in entry), None) \
+            if isinstance(entry, dict) else None
+        if media is None:
+            result.skip(f"{manifest}:{number}", f"no media path (keys: {', '.join(MANIFEST_MEDIA_KEYS)})")
             continue
-        caption = next((entry[k] for k in ("prompt", "caption", "text") if k in entry), None)
-        entries.append(((manifest.parent / media), caption))
+        caption = next((entry[k] for k in MANIFEST_CAPTION_KEYS if k in entry), None)
+        entries.append((manifest_entry_path(manifest, str(media)), caption))
     return entries
 
 
@@ -75,7 +90,7 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
             if not path.is_file():
                 result.skip(path, "file does not exist")
             elif caption is None and concept.caption_required:
-                result.skip(path, f"no caption ({path.with_suffix('.txt').name} is missing)")
+                result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
             else:
                 result.records.append({"path": str(path), "concept": concept, "caption": caption or ""})
     return result

@@ -13,6 +13,7 @@ from modules.util.atomic import save_safetensors_atomic
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.lora.formats import LoraWeights, lora_to_state_dict
+from modules.util.safetensors_only import require_safetensors
 
 
 def save_e2v_lora(weights: LoraWeights, output_format: ModelFormat, path: str | Path, metadata: dict[str, str],
@@ -30,6 +31,7 @@ def save_e2v_lora(weights: LoraWeights, output_format: ModelFormat, path: str | 
 def read_e2v_lora(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict | None]:
     """(LoRA tensors, expanded-part tensors by diffusers name, E2V config dict or None) of a LoRA file."""
     lora, parts = {}, {}
+    require_safetensors(path, "LoRA file")
     with safe_open(str(path), framework="pt") as file:
         metadata = file.metadata() or {}
         for key in file.keys():

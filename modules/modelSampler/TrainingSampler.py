@@ -21,6 +21,7 @@ import numpy as np
 from modules.modelSampler.WanModelSampler import SampleResult, WanModelSampler
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.kill_points import phase
 from modules.util.sample_definitions import load_sample_definitions
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class PreviewOutput:
 class TrainingSampler:
     def __init__(self, trainer):
         self.trainer = trainer
+        self.failures = 0  # previews skipped because they failed
 
     @property
     def samples_dir(self) -> Path:
@@ -135,35 +137,65 @@ class TrainingSampler:
         return prompt.replace(config.embedding.placeholder, " ".join(tokens))
 
     def sample_all(self) -> list[PreviewOutput]:
-        """Generates and writes every enabled sample; returns what was written."""
-        from PIL import Image
-
-        from modules.util.video_io import write_video
-
-        items = self.load_samples()
+        """Generates and writes every enabled sample; returns what was written. A preview that fails (out of memory,
+        an element file gone since the start) is logged and skipped: training goes on."""
+        items = self.load_samples_or_warn()
         if not items:
             return []
-        progress = self.trainer.progress
-        step, epoch = int(progress.global_step), int(progress.epoch)
         writer = getattr(getattr(self.trainer, "hooks", None), "writer", None)
         sampler = self._sampler()
         outputs = []
-        for item in items:
-            started = time.perf_counter()
-            sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
-            result: SampleResult = sampler.sample(sample)
-            frames = result.frames_uint8()
-            folder = self.samples_dir / item.folder_name
-            folder.mkdir(parents=True, exist_ok=True)
-            video_path = folder / f"{step}-{epoch}.mp4"
-            strip_path = folder / f"{step}-{epoch}.png"
-            write_video(video_path, frames, result.fps)
-            Image.fromarray(frame_strip(frames)).save(strip_path)
-            if writer is not None:
-                add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
-            seconds = time.perf_counter() - started
-            logger.info("sample %s: %s (%.1f s)", item.folder_name, video_path, seconds)
-            outputs.append(PreviewOutput(item.index, video_path, strip_path, seconds, result.notes))
+        with phase("sample"):
+            for item in items:
+                try:
+                    outputs.append(self._sample_one(sampler, item, writer))
+                except Exception as error:  # noqa: BLE001  (any failure of a preview must not end the run)
+                    self._forget_failed_preview()
+                    logger.warning("preview %s at step %d failed and is skipped (training goes on): %s: %s",
+                                   item.folder_name, self.trainer.progress.global_step, type(error).__name__, error)
+                    self.failures += 1
         if writer is not None:
             writer.flush()
         return outputs
+
+    def load_samples_or_warn(self) -> list[TrainingSample]:
+        """The samples file is read again at every preview (it may be edited while training runs): a file that no
+        longer parses skips this preview with a warning."""
+        try:
+            return self.load_samples()
+        except Exception as error:  # noqa: BLE001
+            logger.warning("previews at step %d skipped: the samples file cannot be read: %s",
+                           self.trainer.progress.global_step, error)
+            self.failures += 1
+            return []
+
+    def _forget_failed_preview(self) -> None:
+        """Frees what a failed preview (typically out of memory) left on the accelerator before training goes on."""
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _sample_one(self, sampler: WanModelSampler, item: TrainingSample, writer) -> PreviewOutput:
+        from PIL import Image
+
+        from modules.util.atomic import atomic_path
+        from modules.util.video_io import write_video
+
+        progress = self.trainer.progress
+        step, epoch = int(progress.global_step), int(progress.epoch)
+        started = time.perf_counter()
+        sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
+        result: SampleResult = sampler.sample(sample)
+        frames = result.frames_uint8()
+        folder = self.samples_dir / item.folder_name
+        folder.mkdir(parents=True, exist_ok=True)
+        video_path = folder / f"{step}-{epoch}.mp4"
+        strip_path = folder / f"{step}-{epoch}.png"
+        write_video(video_path, frames, result.fps)
+        with atomic_path(strip_path) as tmp:
+            Image.fromarray(frame_strip(frames)).save(tmp, format="PNG")
+        if writer is not None:
+            add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
+        seconds = time.perf_counter() - started
+        logger.info("sample %s: %s (%.1f s)", item.folder_name, video_path, seconds)
+        return PreviewOutput(item.index, video_path, strip_path, seconds, result.notes)

@@ -65,10 +65,25 @@ class BaseWanSetup:
         return {"high": ["transformer"], "low": ["transformer_2"], "both": ["transformer", "transformer_2"]}[
             self.config.expert]
 
-    def enable_checkpointing(self) -> None:
-        if self.config.gradient_checkpointing:
-            for name in self.experts_in_training():
-                getattr(self.model, name).enable_gradient_checkpointing()
+    def apply_performance(self) -> None:
+        """Checkpointing, block swap, activation offload, attention kernel and compilation of the trained
+        experts (config.performance); call at the end of setup_model, once what trains is decided."""
+        from modules.modelSetup.memory.PerformanceSetup import PerformanceSetup
+        self.performance = {}
+        for name in self.experts_in_training():
+            self.performance[name] = PerformanceSetup(
+                getattr(self.model, name), self.config.performance, self.config.gradient_checkpointing, self.device,
+                fine_tune=self.config.training_method.value == "FINE_TUNE").apply()
+
+    def move_experts_to_device(self) -> None:
+        """Moves the trained experts to the device (swapped blocks stay on the host) in training mode."""
+        for name in self.experts_in_training():
+            setup = getattr(self, "performance", {}).get(name)
+            if setup is not None:
+                setup.move_to_device()
+            else:
+                getattr(self.model, name).to(self.device)
+            getattr(self.model, name).train()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = self.config.train_dtype.torch_dtype()
@@ -94,13 +109,22 @@ class BaseWanSetup:
 
     def text_embeddings(self, batch: dict) -> Tensor:
         if "text_embeds" in batch:
-            return batch["text_embeds"].to(self.device)
+            return batch["text_embeds"].to(self.device, non_blocking=True)
         return self.model.encode_text(batch["prompt"])
+
+    def _noise(self, x0: Tensor, generator: torch.Generator) -> Tensor:
+        """Standard normal noise like x0, a function of the step's generator seed. On a GPU it is drawn there (no
+        host-side draw and copy of a latent-sized tensor every step); on the CPU from the step's generator."""
+        if self.device.type == "cpu":
+            return torch.randn(x0.shape, generator=generator)
+        device_generator = torch.Generator(self.device).manual_seed(generator.initial_seed())
+        return torch.randn(x0.shape, generator=device_generator, device=self.device)
 
     def predict(self, batch: dict, generator: torch.Generator) -> Prediction:
         model = self.model
-        x0 = model.normalize_latents(batch["latents"].to(self.device, torch.float32))
-        noise = torch.randn(x0.shape, generator=generator).to(self.device)
+        # batches arrive pinned on CUDA (WanBaseDataLoader.batches): the copies do not wait for the device
+        x0 = model.normalize_latents(batch["latents"].to(self.device, non_blocking=True).float())
+        noise = self._noise(x0, generator)
         expert, sigmas = self._choose_expert_and_sigmas(x0.shape[0], generator)
         sigmas = sigmas.to(self.device)
         s = sigmas.view(-1, 1, 1, 1, 1)
@@ -121,7 +145,7 @@ class BaseWanSetup:
 
         model_input = noisy
         if "condition" in batch:
-            model_input = torch.cat([noisy, batch["condition"].to(self.device, noisy.dtype)], dim=1)
+            model_input = torch.cat([noisy, batch["condition"].to(self.device, noisy.dtype, non_blocking=True)], dim=1)
         image_embeds = batch.get("image_embeds")
         text = self.text_embeddings(batch)
         if image_embeds is not None and text.shape[1] != 512:
@@ -136,7 +160,7 @@ class BaseWanSetup:
         with self.autocast():
             predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
                                     encoder_hidden_states_image=None if image_embeds is None
-                                    else image_embeds.to(self.device), return_dict=False)[0]
+                                    else image_embeds.to(self.device, non_blocking=True), return_dict=False)[0]
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
                           expert=expert, loss_mask=loss_mask)
 

@@ -38,6 +38,7 @@ class WanEmbeddingSetup(BaseWanSetup):
             for i, token_id in enumerate(self.token_ids):
                 table.weight[token_id] = table.weight[init_ids[i % len(init_ids)]]
         self.frozen_rows = table.weight.detach().clone()
+        self.apply_performance()
         self.row_mask = torch.zeros(table.weight.shape[0], 1, dtype=torch.bool)
         self.row_mask[self.token_ids] = True
         table.weight.requires_grad_(True)

@@ -25,7 +25,7 @@ class WanFineTuneSetup(BaseWanSetup):
         for parameter in self.trainable_parameters():
             # the trained weights are held in float32 (mixed precision comes from autocast)
             parameter.data = parameter.data.float()
-        self.enable_checkpointing()
+        self.apply_performance()
 
     def _named_transformer_parameters(self):
         for expert in self.experts_in_training():

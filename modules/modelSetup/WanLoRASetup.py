@@ -99,7 +99,7 @@ class WanLoRASetup(BaseWanSetup):
             self._init_from_file(Path(lora.init_from))
         for parameter in self.trainable_parameters():
             parameter.data = parameter.data.float()  # adapters train in float32 whatever the base dtype
-        self.enable_checkpointing()
+        self.apply_performance()
 
     def _init_from_file(self, path: Path) -> None:
         experts = self.experts_in_training()

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
-from modules.trainer.backup_io import (TrainProgress, list_backups, prune_backups, read_backup, restore_rng_state,
-                                       write_backup)
+from modules.trainer.backup_io import (TrainProgress, newest_usable_backup, non_finite_tensors, prune_backups,
+                                       read_backup, restore_rng_state, write_backup)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.util.config.config_io import ConfigError, config_to_dict
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
+from modules.util.kill_points import kill_point, phase
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,10 @@ def prepare_config(config: TrainConfig) -> list:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
     check_paths(config)
+    from modules.util.config.performance_checks import performance_problems
+    problems = performance_problems(config, resolve_device(config.device))
+    if problems:
+        raise ConfigError(problems)
     base = Path(config.model.base_model_name)
     if base.is_dir():
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
@@ -91,6 +96,8 @@ class GenericTrainer:
         self._requests: set[str] = set()   # REQUESTS made from another thread (the GUI), served between steps
         self._requests_lock = threading.Lock()
         self.step_losses: list[float] = []
+        # (step, loss, grad norm) still on the device: read back every performance.loss_readback_steps steps
+        self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.progress = TrainProgress()
         self.device = resolve_device(config.device)
         self.model = self.setup = self.data = None
@@ -127,8 +134,35 @@ class GenericTrainer:
         self.data.attach_model(self.model, self.device)
 
     def cache_only(self) -> None:
+        from modules.trainer.workspace_files import remove_leftover_temporaries
+        remove_leftover_temporaries(self.config)
         self._load()
-        self.data.cache()
+        self._cache()
+
+    def _cache(self) -> bool:
+        """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
+        try:
+            with phase("caching"):
+                self.data.cache()
+        except KeyboardInterrupt:
+            print("\ncaching stopped by Ctrl-C; the entries cached so far are kept, and the next run continues "
+                  "from them", flush=True)
+            self.stop_requested.set()
+            return False
+        return True
+
+    def _check_samples(self) -> None:
+        """Every preview must be able to run on this model: found now, not at the first preview hours in."""
+        if not self.config.sampling.samples_file:
+            return
+        from modules.modelSampler.TrainingSampler import TrainingSampler
+        from modules.modelSampler.WanModelSampler import SampleError
+        from modules.util.sample_definitions import SampleDefinitionError
+        try:
+            for note in TrainingSampler(self).validate():
+                log.warning("%s", note)
+        except (SampleError, SampleDefinitionError) as error:
+            raise ConfigError([f"sampling.samples_file {self.config.sampling.samples_file!r}: {error}"]) from None
 
     # ---- training ------------------------------------------------------------------------------------------
 
@@ -162,11 +196,14 @@ class GenericTrainer:
     def train(self) -> list[Path]:
         config = self.config
         torch.manual_seed(config.seed)
+        from modules.trainer.workspace_files import remove_leftover_temporaries
+        remove_leftover_temporaries(config)
         self._load()
-        self.data.cache()
+        self._check_samples()
+        if not self._cache():
+            return []
         self.setup.setup_model()
-        for name in self.setup.experts_in_training():
-            getattr(self.model, name).to(self.device).train()
+        self.setup.move_experts_to_device()
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
@@ -194,14 +231,20 @@ class GenericTrainer:
             return []
         if self.ema is not None:
             self.ema.copy_to_parameters()
+        if config.backup.backup_before_save:
+            self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
         return self.save_result(config.output.destination)
 
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
         from tqdm import tqdm
         config, progress = self.config, self.progress
         step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step")
-        micro_losses: list[float] = []
+        micro_losses: list[torch.Tensor] = []
+        readback = config.performance.loss_readback_steps
         step_started = time.perf_counter()
+        if self.total_steps and progress.global_step >= self.total_steps:
+            step_bar.close()
+            return  # resumed from a backup written at the end (a final save that did not finish): only save
         try:
             for epoch in range(progress.epoch, config.epochs):
                 start = progress.epoch_batch if epoch == progress.epoch else 0
@@ -210,26 +253,29 @@ class GenericTrainer:
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
                     prediction = self.setup.predict(batch, generator)
                     loss = self.setup.calculate_loss(batch, prediction)
-                    if not torch.isfinite(loss):
-                        raise TrainingError(self._nan_message(loss))
                     (loss / accumulation).backward()
-                    micro_losses.append(loss.item())
+                    # no .item() here: reading a value waits for the device (see read_losses)
+                    micro_losses.append(loss.detach())
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
                     if progress.micro_step % accumulation:
                         continue
 
+                    kill_point("step")
                     grad_norm = self._optimizer_step(parameters)
                     progress.global_step += 1
-                    step_loss = sum(micro_losses) / len(micro_losses)
+                    self.pending_losses.append((progress.global_step, torch.stack(micro_losses).mean(), grad_norm))
                     micro_losses.clear()
-                    self.step_losses.append(step_loss)
+                    last = config.max_steps and progress.global_step >= config.max_steps
+                    if progress.global_step % readback == 0 or last or self.stop_requested.is_set():
+                        self.read_losses()
                     step_time = time.perf_counter() - step_started
                     step_started = time.perf_counter()
-                    self.hooks.after_step(step_loss, grad_norm, step_time)
+                    step_loss = self.hooks.last_loss
+                    self.hooks.after_step(step_loss, None, step_time)
                     self._serve_requests()
-                    step_bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}",
+                    step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
                     if self.stop_requested.is_set():
@@ -238,17 +284,37 @@ class GenericTrainer:
                     if config.max_steps and progress.global_step >= config.max_steps:
                         return
                 progress.epoch, progress.epoch_batch = epoch + 1, 0
+                self.read_losses()
                 self.hooks.after_epoch(epoch)
+            self.read_losses()
         finally:
             step_bar.close()
 
-    def _optimizer_step(self, parameters) -> float:
+    def read_losses(self) -> None:
+        """Reads the pending steps' losses and gradient norms back from the device in one transfer (the only place
+        the loop waits for the device), logs them, and raises TrainingError at the first non-finite loss. Runs
+        every performance.loss_readback_steps steps and before every backup and save, so nothing non-finite is
+        ever written."""
+        if not self.pending_losses:
+            return
+        steps = [step for step, _, _ in self.pending_losses]
+        values = torch.stack([torch.stack([loss.float(), norm.float().to(loss.device)])
+                              for _, loss, norm in self.pending_losses]).tolist()
+        self.pending_losses.clear()
+        for step, (loss, grad_norm) in zip(steps, values):
+            if not math.isfinite(loss):
+                raise TrainingError(self._nan_message(step, loss))
+            self.step_losses.append(loss)
+            self.hooks.log_loss(step, loss, grad_norm)
+
+    def _optimizer_step(self, parameters) -> torch.Tensor:
+        """The gradient norm stays on the device (read back with the loss)."""
         clip = self.config.optimizer.clip_grad_norm
         grads = [p.grad for p in parameters if p.grad is not None]
         if clip:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip)
         else:
-            grad_norm = float(torch.norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+            grad_norm = torch.norm(torch.stack([g.norm() for g in grads])) if grads else torch.zeros(())
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -257,11 +323,10 @@ class GenericTrainer:
             self.ema.update()
         return grad_norm
 
-    def _nan_message(self, loss: torch.Tensor) -> str:
-        backups = list_backups(self.backup_root)
-        kept = f"the last good backup is {backups[-1]}" if backups else "no backup was written yet"
-        return (f"the loss became {loss.item()} at step {self.progress.global_step + 1} (epoch "
-                f"{self.progress.epoch}); training stopped and {kept}. Lower the learning rate or check the data.")
+    def _nan_message(self, step: int, loss: float) -> str:
+        kept = self._last_backup_text()
+        return (f"the loss became {loss} at step {step} (epoch {self.progress.epoch}); training stopped and "
+                f"{kept}. Lower the learning rate or check the data.")
 
     # ---- SIGINT --------------------------------------------------------------------------------------------
 
@@ -279,21 +344,46 @@ class GenericTrainer:
 
     # ---- backup, resume, save ------------------------------------------------------------------------------
 
+    def _last_backup_text(self) -> str:
+        """'the last good backup is <folder>' (every backup written holds finite weights), or that there is none."""
+        folder, _ = newest_usable_backup(self.backup_root)
+        return f"the last good backup is {folder}" if folder else "no backup was written yet"
+
     def backup(self) -> Path:
+        self.read_losses()  # never back up weights a non-finite loss has touched
         folder = self.backup_root / f"step-{self.progress.global_step:08d}"
-        write_backup(folder, self.progress, self.setup.trainable_state_dict(), self.optimizer, self.scheduler,
-                     self.ema, config_to_dict(self.config))
+        trainable = self.setup.trainable_state_dict()
+        broken = non_finite_tensors(trainable)
+        if broken:
+            raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
+                                f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
+                                f"written from them, training stopped and {self._last_backup_text()}. Lower the "
+                                f"learning rate or check the data.")
+        try:
+            with phase("backup"):
+                write_backup(folder, self.progress, trainable, self.optimizer, self.scheduler, self.ema,
+                             config_to_dict(self.config))
+        except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
+            raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
+                                f"{self._last_backup_text()}") from error
         prune_backups(self.backup_root, self.config.backup.rolling_count)
         log.info("backup written to %s", folder)
         return folder
 
     def _resume(self) -> None:
-        backups = list_backups(self.backup_root)
-        if not backups:
-            log.warning("backup.continue_last_backup is set, but %s holds no backup: starting fresh",
+        folder, damaged = newest_usable_backup(self.backup_root)
+        for bad, problems in damaged:
+            log.warning("backup %s is damaged and is skipped: %s", bad, "; ".join(problems))
+            print(f"warning: backup {bad} is damaged ({'; '.join(problems)})"
+                  + (f"; resuming from {folder} instead" if folder else ""), flush=True)
+        if folder is None:
+            log.warning("backup.continue_last_backup is set, but %s holds no usable backup: starting fresh",
                         self.backup_root)
             return
-        state = read_backup(backups[-1])
+        try:
+            state = read_backup(folder)
+        except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
+            raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
         self.setup.load_trainable_state_dict(state["trainable"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -301,12 +391,27 @@ class GenericTrainer:
             self.ema.load_state_dict(state["ema"])
         restore_rng_state(state["rng"])
         self.progress = state["progress"]
-        print(f"resumed from {backups[-1]} at step {self.progress.global_step}", flush=True)
+        print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
+        self.read_losses()
         output = self.config.output
-        written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
-                                         config_to_dict(self.config))
+        try:
+            with phase("save"):
+                written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
+                                                 config_to_dict(self.config))
+        except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
+            raise TrainingError(self._save_failed_message(destination, error)) from error
         for path in written:
             print(f"saved {path}", flush=True)
         return written
+
+    def _save_failed_message(self, destination: str, error: Exception) -> str:
+        folder, _ = newest_usable_backup(self.backup_root)
+        if folder is None:
+            where = "no backup exists (backup.backup_before_save was off): the trained weights are lost"
+        else:
+            where = (f"the trained weights are kept in the backup {folder}. To save from it, free space (or choose "
+                     f"another output.destination) and run the same command with --config-value "
+                     f"backup.continue_last_backup=true: a run resumed at its last step only saves")
+        return f"saving {destination} failed: {error}; every earlier file is intact and {where}"

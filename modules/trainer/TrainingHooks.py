@@ -44,6 +44,8 @@ class TrainingHooks:
         self.sample_every = Every(config.sampling.every_n_steps, config.sampling.every_n_epochs,
                                   config.sampling.every_n_minutes)
         self.smoothed_loss = None
+        self.last_loss = None   # the latest loss read back from the device
+        self.unsent_losses: list[float] = []   # read back since the last on_update
         self.writer = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -66,20 +68,30 @@ class TrainingHooks:
         if self.visualizer is not None:
             self.visualizer.after_batch(batch, prediction)
 
-    def after_step(self, loss: float, grad_norm: float, step_time: float) -> None:
-        trainer = self.trainer
-        step = trainer.progress.global_step
+    def log_loss(self, step: int, loss: float, grad_norm: float) -> None:
+        """A step's loss and gradient norm, once read back from the device (GenericTrainer.read_losses)."""
+        self.last_loss = loss
+        self.unsent_losses.append(loss)
         self.smoothed_loss = loss if self.smoothed_loss is None else 0.95 * self.smoothed_loss + 0.05 * loss
         if self.writer is not None:
             self.writer.add_scalar("loss/step", loss, step)
             self.writer.add_scalar("loss/smoothed", self.smoothed_loss, step)
+            self.writer.add_scalar("grad_norm", grad_norm, step)
+
+    def after_step(self, loss: float | None, grad_norm: float | None, step_time: float) -> None:
+        """`loss`: the latest loss read back (None before the first read); the losses themselves are logged by
+        log_loss, and on_update gets those read since its last call as "losses" (every step's, in order)."""
+        trainer = self.trainer
+        step = trainer.progress.global_step
+        if self.writer is not None:
             for index, lr in enumerate(trainer.scheduler.get_last_lr()):
                 self.writer.add_scalar(f"lr/group_{index}", lr, step)
-            self.writer.add_scalar("grad_norm", grad_norm, step)
             self.writer.add_scalar("time/step_seconds", step_time, step)
             self.writer.add_scalar("memory/peak_gib", peak_memory_bytes(trainer.device) / 2 ** 30, step)
         trainer.on_update({"step": step, "total_steps": trainer.total_steps, "epoch": trainer.progress.epoch,
-                           "loss": loss, "smoothed_loss": self.smoothed_loss, "step_time": step_time})
+                           "loss": loss, "losses": self.unsent_losses, "smoothed_loss": self.smoothed_loss,
+                           "step_time": step_time})
+        self.unsent_losses = []
         if self.sampler is not None and self.sample_every.due_after_step(step) \
                 and step > trainer.config.sampling.skip_first:
             self.sampler.sample_all()
@@ -88,8 +100,7 @@ class TrainingHooks:
             trainer.backup()
             self.backup_every.mark()
         if self.save_every.due_after_step(step):
-            trainer.save_result(str(Path(trainer.config.workspace_dir) / "save" /
-                                    f"step-{step:08d}{Path(trainer.config.output.destination).suffix}"))
+            self._intermediate_save(f"step-{step:08d}")
 
     def after_epoch(self, epoch: int) -> None:
         trainer = self.trainer
@@ -98,8 +109,14 @@ class TrainingHooks:
         if self.backup_every.due_after_epoch(epoch):
             trainer.backup()
         if self.save_every.due_after_epoch(epoch):
-            trainer.save_result(str(Path(trainer.config.workspace_dir) / "save" /
-                                    f"epoch-{epoch:04d}{Path(trainer.config.output.destination).suffix}"))
+            self._intermediate_save(f"epoch-{epoch:04d}")
+
+    def _intermediate_save(self, name: str) -> None:
+        """workspace/save/<name><the output's suffix>, keeping the newest backup.save_rolling_count of them."""
+        from modules.trainer.workspace_files import prune_saves, save_folder
+        config = self.trainer.config
+        self.trainer.save_result(str(save_folder(config) / f"{name}{Path(config.output.destination).suffix}"))
+        prune_saves(save_folder(config), config.backup.save_rolling_count)
 
     def close(self) -> None:
         if self.writer is not None:

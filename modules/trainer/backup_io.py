@@ -1,7 +1,12 @@
 """Backups hold only safetensors and JSON: trainable tensors, optimizer and EMA state, RNG states and the exact
-training position. A backup folder is written under a temporary name and renamed, so it is complete or absent."""
+training position. A backup folder is written under a temporary name, fsynced and renamed, so it is complete or
+absent; its `manifest.json` lists every file with its size, so a backup damaged later (a truncated or emptied file,
+a garbled header) is found by `verify_backup` before a resume uses it. Writers of other backup layouts (distributed
+checkpoints) call `write_manifest` on their folder and get the same verification."""
 import json
+import re
 import shutil
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -11,6 +16,9 @@ from safetensors.torch import load_file, save_file
 from modules.util.atomic import atomic_dir
 
 PROGRESS_FILE = "progress.json"
+MANIFEST_FILE = "manifest.json"
+REQUIRED_FILES = ("trainable.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json",
+                  "rng.safetensors", "rng.json", PROGRESS_FILE)
 
 
 @dataclass
@@ -96,6 +104,7 @@ def write_backup(folder: Path, progress: TrainProgress, trainable: dict[str, tor
         save_nested(rng_state(), tmp, "rng")
         (tmp / "config.json").write_text(json.dumps(config_json, indent=2))
         (tmp / PROGRESS_FILE).write_text(json.dumps(asdict(progress)))
+        write_manifest(tmp)
 
 
 def read_backup(folder: Path) -> dict:
@@ -110,15 +119,101 @@ def read_backup(folder: Path) -> dict:
     }
 
 
+_STEP_FOLDER = re.compile(r"^step-(\d+)$")
+
+
 def list_backups(backup_root: Path) -> list[Path]:
-    """Complete backups (with a progress file), oldest first by step."""
+    """Backup folders (`step-NNNNNNNN`, complete or not: see verify_backup), oldest first by step."""
     if not backup_root.is_dir():
         return []
-    found = [p for p in backup_root.iterdir() if p.is_dir() and not p.name.startswith(".")
-             and (p / PROGRESS_FILE).is_file()]
-    return sorted(found, key=lambda p: json.loads((p / PROGRESS_FILE).read_text())["global_step"])
+    found = [p for p in backup_root.iterdir() if p.is_dir() and _STEP_FOLDER.match(p.name)]
+    return sorted(found, key=lambda p: int(_STEP_FOLDER.match(p.name).group(1)))
 
 
 def prune_backups(backup_root: Path, keep: int) -> None:
     for old in list_backups(backup_root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- verification --------------------------------------------------------------------------------------------
+
+def write_manifest(folder: Path) -> None:
+    """Lists every file of `folder` (recursively) with its size; written last, inside the temporary folder."""
+    sizes = {str(p.relative_to(folder).as_posix()): p.stat().st_size for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != MANIFEST_FILE}
+    (folder / MANIFEST_FILE).write_text(json.dumps({"files": sizes}, indent=1))
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file cannot be read whole (None when it can): its header must parse as JSON and its tensors
+    must end exactly at the end of the file. Reads only the header."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{path.name} is {'empty' if size == 0 else 'truncated'} ({size} bytes)"
+    with open(path, "rb") as file:
+        (header_size,) = struct.unpack("<Q", file.read(8))
+        if header_size > size - 8:
+            return f"{path.name} is truncated or its header is damaged (header of {header_size} bytes, file of {size})"
+        try:
+            header = json.loads(file.read(header_size))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return f"{path.name}: its header is not valid JSON (damaged)"
+    if not isinstance(header, dict):
+        return f"{path.name}: its header is not a JSON object (damaged)"
+    ends = [entry["data_offsets"][1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
+    expected = 8 + header_size + max(ends, default=0)
+    if expected != size:
+        return f"{path.name} is truncated or padded: its tensors need {expected} bytes, the file has {size}"
+    return None
+
+
+def verify_backup(folder: Path) -> list[str]:
+    """Everything wrong with a backup folder, one line each ([] when it can be resumed from). Cheap: sizes and
+    headers are checked, the tensor data is not read."""
+    problems = []
+    manifest_path = folder / MANIFEST_FILE
+    expected: dict[str, int] = {}
+    if manifest_path.is_file():
+        try:
+            expected = json.loads(manifest_path.read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            problems.append(f"{MANIFEST_FILE} is damaged")
+    names = set(expected) | set(REQUIRED_FILES)
+    for name in sorted(names):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        size = path.stat().st_size
+        if name in expected and size != expected[name]:
+            problems.append(f"{name} has {size} bytes, {expected[name]} were written"
+                            + (" (emptied)" if size == 0 else " (truncated or changed)"))
+            continue
+        if name.endswith(".safetensors"):
+            problem = safetensors_problem(path)
+            if problem:
+                problems.append(problem)
+        elif name.endswith(".json"):
+            try:
+                json.loads(path.read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                problems.append(f"{name} is not valid JSON" + (" (empty)" if size == 0 else " (damaged)"))
+    return problems
+
+
+def newest_usable_backup(backup_root: Path) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
+    """(the newest backup that verifies, [(each newer damaged backup, its problems)])."""
+    damaged = []
+    for folder in reversed(list_backups(backup_root)):
+        problems = verify_backup(folder)
+        if not problems:
+            return folder, damaged
+        damaged.append((folder, problems))
+    return None, damaged
+
+
+def non_finite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors holding a NaN or an infinity."""
+    return [name for name, value in tensors.items()
+            if value.is_floating_point() and not bool(torch.isfinite(value).all())]

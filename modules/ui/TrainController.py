@@ -274,7 +274,8 @@ class TrainController:
             run.step, run.total_steps = payload["step"], payload["total_steps"]
             run.epoch, run.epochs = payload["epoch"], payload["epochs"]
             run.epoch_fraction = payload["epoch_fraction"]
-            run.losses.append(payload["loss"])
+            # every step's loss, read back from the device every few steps (performance.loss_readback_steps)
+            run.losses.extend(payload.get("losses", []))
             run.step_times.append(payload["step_time"])
         elif kind == "refused":
             run.running, run.status = False, "refused: the config has problems"

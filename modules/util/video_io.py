@@ -301,11 +301,7 @@ def _open_npz(path: str):
 def _probe_npz(path: str) -> MediaInfo:
     with _open_npz(path) as (data, key):
         fps = _npz_fps(path, data)
-        shape, dtype = _npz_array_header(path, key)
-        if shape is None:  # a header this numpy cannot read without loading: load it
-            array = data[key]
-            shape, dtype = array.shape, array.dtype
-    _check_frame_array(path, key, shape, dtype)
+        shape = _checked_npz_header(path, key)
     count, height, width = shape[0], shape[1], shape[2]
     if fps is None:
         return MediaInfo(path, "clip", width, height, count, None, None)
@@ -317,24 +313,45 @@ def _npz_fps(path: str, data) -> Fraction | None:
     if "fps" not in data.files:
         return None
     value = np.asarray(data["fps"])
-    if value.size != 1 or not np.issubdtype(value.dtype, np.number) or not float(value.reshape(())) > 0:
+    if value.size != 1 or not np.issubdtype(value.dtype, np.number) or not float(value.reshape(())) > 0 \
+            or not math.isfinite(float(value.reshape(()))):
         raise UnreadableMediaError(path, f"its 'fps' entry must be one positive number, got {value!r}")
     return _as_fraction(float(value.reshape(())))
 
 
-def _npz_array_header(path: str, key: str) -> tuple[tuple[int, ...] | None, np.dtype | None]:
-    with zipfile.ZipFile(path) as archive, archive.open(f"{key}.npy") as member:
-        version = np.lib.format.read_magic(member)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-        else:
-            return None, None
-    return shape, dtype
+MAX_NPZ_FRAME_BYTES = 16 * 2 ** 30  # far above any clip a Wan model trains on (81 x 1280x720x3 is 224 MB)
+
+
+def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
+    """The frame array's shape, from its .npy header alone: a forged header (a billion frames, a shape of terabytes,
+    an object array that would need unpickling) is refused before anything is allocated."""
+    with zipfile.ZipFile(path) as archive:
+        stored = archive.getinfo(f"{key}.npy").file_size  # the member's uncompressed size
+        with archive.open(f"{key}.npy") as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+            else:  # numpy writes 3.0 only for structured dtypes: never a frame array
+                raise UnreadableMediaError(path, f"its '{key}' array has a .npy header version {version} that frame "
+                                                 f"arrays never have")
+            header_end = member.tell()
+    _check_frame_array(path, key, shape, dtype)
+    needed = math.prod(shape) * np.dtype(dtype).itemsize
+    if needed > MAX_NPZ_FRAME_BYTES:
+        raise UnreadableMediaError(path, f"its '{key}' array declares {tuple(shape)} ({needed / 2 ** 30:.0f} GiB), "
+                                         f"more than the {MAX_NPZ_FRAME_BYTES // 2 ** 30} GiB a clip may have")
+    if stored != header_end + needed:
+        raise UnreadableMediaError(path, f"its '{key}' array declares {tuple(shape)} ({needed} bytes), but the "
+                                         f"archive stores {max(0, stored - header_end)} bytes of data")
+    return tuple(shape)
 
 
 def _check_frame_array(path: str, key: str, shape: Sequence[int], dtype) -> None:
+    if np.dtype(dtype).hasobject:
+        raise UnreadableMediaError(path, f"its '{key}' array holds pickled Python objects, which are never loaded "
+                                         f"(only a uint8 (T, H, W, 3) frame array is read)")
     if len(shape) != 4 or shape[3] != 3 or np.dtype(dtype) != np.uint8:
         raise UnreadableMediaError(path, f"its '{key}' array must be uint8 (T, H, W, 3), got {np.dtype(dtype)} "
                                          f"{tuple(shape)}")
@@ -403,6 +420,7 @@ def read_media(path: str | os.PathLike, target_fps: float | Fraction | None = No
 
 def _read_npz_frames(path: str, indices: list[int]) -> np.ndarray:
     with _open_npz(path) as (data, key):
+        _checked_npz_header(path, key)
         array = data[key]
     _check_frame_array(path, key, array.shape, array.dtype)
     return np.ascontiguousarray(array[indices])

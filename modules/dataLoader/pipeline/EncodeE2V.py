@@ -33,13 +33,18 @@ class EncodeE2V(PipelineModule):
         names = ["latents", "e2v_condition_cache", "loss_mask", "reference_images"]
         return names + (["image_embeds"] if self.dataset.uses_clip else [])
 
+    def _cached_names(self) -> list[str]:
+        """Tensors every entry holds (the condition tensors, `cond.*`, vary with the settings and are checked by the
+        entry's checksum)."""
+        return ["latents", "loss_mask", "reference_images"] + (["image_embeds"] if self.dataset.uses_clip else [])
+
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         elements = ctx.get("elements", index)
         parts = ["e2v", file_identity(ctx.get("path", index)), [file_identity(p) if p else None for p in elements],
                  list(ctx.get("frame_indices", index)), list(ctx.get("resolution_bucket", index)), self.identity,
                  self.settings]
         key = cache_key(*parts)
-        cached = self.cache.get(key)
+        cached = self.cache.get(key, required=self._cached_names())
         if cached is None:
             cached = self._encode(ctx.get("video", index), elements)
             self.cache.put(key, cached)

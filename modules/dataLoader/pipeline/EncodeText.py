@@ -30,7 +30,7 @@ class EncodeText(PipelineModule):
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         prompt = ctx.get("prompt", index)
         key = self.key(prompt)
-        cached = self.cache.get(key)
+        cached = self.cache.get(key, required=["text_embeds"])
         if cached is None:
             with self.lock, torch.no_grad():
                 self.encode_calls += 1

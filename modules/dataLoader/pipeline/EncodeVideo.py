@@ -15,12 +15,16 @@ class EncodeVideo(PipelineModule):
     frames, with the same WanModel functions the sampler uses."""
 
     def __init__(self, model, cache: DiskCache, identity: str, condition: str | None = None,
-                 clip: bool = False, augmented: bool = False, name: str | None = None):
+                 clip: bool = False, augmented: bool = False, latent_dtype: torch.dtype = torch.float32,
+                 name: str | None = None):
+        """`latent_dtype`: how the latents are stored (bfloat16 halves the cache and the host-to-device copy of
+        every batch; training upcasts them)."""
         super().__init__(name)
         if condition not in (None, "first", "first_last"):
             raise ValueError(f"condition must be None, 'first' or 'first_last', not {condition!r}")
         self.model, self.cache, self.identity = model, cache, identity
         self.condition, self.clip, self.augmented = condition, clip, augmented
+        self.latent_dtype = latent_dtype
         self.lock = threading.Lock()
         self.encode_calls = 0
 
@@ -33,13 +37,15 @@ class EncodeVideo(PipelineModule):
     def key(self, ctx, index: int) -> str:
         parts = ["video", file_identity(ctx.get("path", index)), list(ctx.get("frame_indices", index)),
                  list(ctx.get("resolution_bucket", index)), self.identity, self.condition, self.clip]
+        if self.latent_dtype != torch.float32:
+            parts.append(str(self.latent_dtype))
         if self.augmented:
             parts.append(ctx.get("crop", index))  # random crops and flips are cached per variation
         return cache_key(*parts)
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         key = self.key(ctx, index)
-        cached = self.cache.get(key)
+        cached = self.cache.get(key, required=self.produces())
         if cached is None:
             cached = self._encode(ctx.get("video", index))
             self.cache.put(key, cached)
@@ -49,7 +55,7 @@ class EncodeVideo(PipelineModule):
         model = self.model
         with self.lock, torch.no_grad():
             self.encode_calls += 1
-            result = {"latents": model.encode_video(video[None])[0].float().cpu()}
+            result = {"latents": model.encode_video(video[None])[0].to(self.latent_dtype).cpu()}
             if self.condition:
                 last = video[:, -1][None] if self.condition == "first_last" else None
                 condition_video, mask = model.first_last_condition_video(video[:, 0][None], last, video.shape[1])

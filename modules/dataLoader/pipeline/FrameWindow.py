@@ -13,20 +13,25 @@ class FrameWindow(IndexMapModule):
     """Decides which source frames make each training clip, from the probe alone (nothing is decoded here).
 
     The clip is first resampled to the concept's fps (`fps`: a number, "model" for the model's rate, "source" to
-    keep the file's frames; see video_io.resample_indices), giving N frames. The frame count F is the largest
-    frame bucket <= min(N, max_frames); the extraction mode then picks F of the N resampled frames:
+    keep the file's frames; see video_io.resample_indices), giving N frames. The frame counts F it is cut at: the
+    largest frame bucket <= min(N, max_frames); or, when the concept lists `target_frames`, every listed count
+    <= min(N, max_frames), each making its own items (as musubi-tuner does). Per count, the extraction mode picks
+    F of the N resampled frames:
 
     - head:    frames 0 .. F-1
     - uniform: frames round_half_up(i * (N-1) / (F-1)) for i in 0 .. F-1, spread over the whole clip
     - random:  F consecutive frames from a start drawn uniformly in 0 .. N-F, anew each epoch (module rng)
     - slide:   every window of F consecutive frames starting at 0, stride, 2 x stride, ... (start + F <= N);
                one item per window
-    - full:    frames 0 .. F-1 with F the largest 4k+1 <= min(N, max_frames) (not limited to the bucket list)
+    - chunk:   back-to-back windows of F consecutive frames (slide with stride F)
+    - spaced:  `window_count` windows of F consecutive frames, starts floor(k * (N-F) / (window_count-1)) for
+               k in 0 .. window_count-1 (musubi-tuner's "uniform"); coinciding starts are used once
+    - full:    frames 0 .. F-1 with F the largest 4k+1 <= min(N, max_frames) (buckets and targets not used)
 
     It is an IndexMapModule: item i is window w of upstream clip u. A file whose probe failed, or whose N is
-    shorter than the smallest frame bucket, gets no item: it is skipped with one warning and listed in `skipped`.
-    Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps' (the rate
-    of the extracted clip).
+    shorter than every frame count it could be cut at, gets no item: it is skipped with one warning and listed in
+    `skipped`. Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps'
+    (the real rate of the extracted clip: fps x (F-1) / (N-1) for uniform, the concept's fps otherwise).
     """
 
     def __init__(self, frame_buckets: list[int], model_fps: int | float, name: str | None = None, *,
@@ -43,7 +48,7 @@ class FrameWindow(IndexMapModule):
         self.concept_name = concept_name
         self.info_name = info_name
         self.error_name = error_name
-        self._map: list[tuple[int, int]] = []
+        self._map: list[tuple[int, int, int]] = []  # (upstream clip, F, window start)
         self.skipped: list[tuple[str, str]] = []
         self._warned: set[tuple[str, str]] = set()
 
@@ -63,15 +68,16 @@ class FrameWindow(IndexMapModule):
             fps = self.model_fps
         return Fraction(fps).limit_denominator(1001)
 
-    def frame_count(self, n: int, extraction: str, max_frames: int) -> int | None:
-        """F for a clip of n resampled frames, None when it is too short for every bucket."""
-        if n < self.frame_buckets[0]:
-            return None
-        limit = min(n, max_frames)
-        if extraction == "full":
-            return (limit - 1) // 4 * 4 + 1
+    def frame_counts(self, n: int, concept: Any) -> list[int]:
+        """The counts F a clip of n resampled frames is cut at; empty when it is too short for all of them."""
+        limit = min(n, int(getattr(concept, "max_frames", n)))
+        if getattr(concept, "extraction", "head") == "full":
+            return [(limit - 1) // 4 * 4 + 1] if n >= self.frame_buckets[0] and limit >= 1 else []
+        targets = list(getattr(concept, "target_frames", None) or [])
+        if targets:
+            return [t for t in targets if t <= limit]
         fitting = [b for b in self.frame_buckets if b <= limit]
-        return fitting[-1] if fitting else None
+        return fitting[-1:]
 
     @staticmethod
     def uniform_positions(n: int, f: int) -> list[int]:
@@ -84,39 +90,60 @@ class FrameWindow(IndexMapModule):
     def slide_starts(n: int, f: int, stride: int) -> list[int]:
         return list(range(0, n - f + 1, max(1, stride)))
 
-    def _plan(self, row: dict[str, Any]) -> tuple[int, str | None]:
-        """(number of items, skip reason) for one upstream clip."""
+    @staticmethod
+    def spaced_starts(n: int, f: int, count: int) -> list[int]:
+        if count == 1:
+            return [0]
+        return sorted({k * (n - f) // (count - 1) for k in range(count)})
+
+    def windows(self, n: int, concept: Any) -> list[tuple[int, int]]:
+        """(F, start) of every item one clip of n resampled frames makes (start 0 where the mode has none)."""
+        extraction = getattr(concept, "extraction", "head")
+        result = []
+        for f in self.frame_counts(n, concept):
+            if extraction == "slide":
+                starts = self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))
+            elif extraction == "chunk":
+                starts = self.slide_starts(n, f, f)
+            elif extraction == "spaced":
+                starts = self.spaced_starts(n, f, int(getattr(concept, "window_count", 1)))
+            else:
+                starts = [0]
+            result.extend((f, start) for start in starts)
+        return result
+
+    def _plan(self, row: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
+        """(the windows, skip reason) of one upstream clip."""
         info = row[self.info_name]
         if info is None:
-            return 0, row[self.error_name] or "unreadable"
+            return [], row[self.error_name] or "unreadable"
         concept = row[self.concept_name]
         target = self.target_fps(concept)
         n = len(info.resample(target))
-        extraction = getattr(concept, "extraction", "head")
-        max_frames = int(getattr(concept, "max_frames", n))
-        f = self.frame_count(n, extraction, max_frames)
-        if f is None:
+        windows = self.windows(n, concept)
+        if not windows:
             rate = f"at {float(target):g} fps" if target is not None else "at its own fps"
-            if n < self.frame_buckets[0]:
-                return 0, (f"{n} frame(s) {rate} is shorter than the smallest frame bucket "
-                           f"({self.frame_buckets[0]})")
-            return 0, f"max_frames {max_frames} is below the smallest frame bucket ({self.frame_buckets[0]})"
-        if extraction == "slide":
-            return len(self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))), None
-        return 1, None
+            targets = list(getattr(concept, "target_frames", None) or [])
+            if getattr(concept, "extraction", "head") == "full":
+                targets = []
+            shortest, what = (targets[0], "target frame count") if targets else (self.frame_buckets[0], "frame bucket")
+            if n < shortest:
+                return [], f"{n} frame(s) {rate} is shorter than the smallest {what} ({shortest})"
+            return [], f"max_frames {int(getattr(concept, 'max_frames', n))} is below the smallest {what} ({shortest})"
+        return windows, None
 
     def start_epoch(self, ctx) -> None:
         mapping: list[tuple[int, int]] = []
         skipped: list[tuple[str, str]] = []
         for upstream, row in enumerate(ctx.get_all(self.needs())):
-            count, reason = self._plan(row)
+            windows, reason = self._plan(row)
             if reason is not None:
                 entry = (str(row[self.path_name]), reason)
                 skipped.append(entry)
                 if entry not in self._warned:
                     self._warned.add(entry)
                     logger.warning("skipping %s: %s", entry[0], entry[1])
-            mapping.extend((upstream, window) for window in range(count))
+            mapping.extend((upstream, f, start) for f, start in windows)
         self._map = mapping
         self.skipped = skipped
 
@@ -129,25 +156,23 @@ class FrameWindow(IndexMapModule):
     # ------------------------------------------------------------------------------------------------ items
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
-        upstream, window = self._map[index]
+        upstream, f, start = self._map[index]
         info = ctx.get(self.info_name, upstream)
         concept = ctx.get(self.concept_name, upstream)
         target = self.target_fps(concept)
         resampled = info.resample(target)
         n = len(resampled)
         extraction = getattr(concept, "extraction", "head")
-        f = self.frame_count(n, extraction, int(getattr(concept, "max_frames", n)))
         if extraction == "uniform":
             positions = self.uniform_positions(n, f)
         elif extraction == "random":
             start = self.rng(ctx, index, int(getattr(concept, "seed", 0))).randint(0, n - f)
             positions = list(range(start, start + f))
-        elif extraction == "slide":
-            start = self.slide_starts(n, f, int(getattr(concept, "slide_stride", 1)))[window]
+        elif extraction in ("head", "full", "slide", "chunk", "spaced"):
             positions = list(range(start, start + f))
-        elif extraction in ("head", "full"):
-            positions = list(range(f))
         else:
             raise ValueError(f"unknown extraction mode {extraction!r}")
         fps = float(target) if target is not None else (info.fps or float(self.model_fps))
+        if extraction == "uniform" and f > 1 and n > f:
+            fps *= (f - 1) / (n - 1)  # F frames span the whole clip: its real rate is lower (motion plays faster)
         return {"frame_indices": [resampled[p] for p in positions], "frame_bucket": f, "frame_fps": fps}

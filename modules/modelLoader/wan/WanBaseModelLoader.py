@@ -15,6 +15,7 @@ from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
 from modules.util.lora.keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
+from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder, require_safetensors
 
 
 class ModelLoadError(Exception):
@@ -31,6 +32,10 @@ def load_single_file_transformer(path: Path, config: dict, dtype: torch.dtype) -
     with init_empty_weights():
         model = WanTransformer3DModel.from_config(config)
     keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+    try:
+        require_safetensors(path, "model.transformer.path")
+    except NotSafetensorsError as error:
+        raise ModelLoadError(str(error)) from None
     state = {}
     with safe_open(str(path), framework="pt") as file:
         for key in file.keys():
@@ -51,6 +56,13 @@ def load_single_file_transformer(path: Path, config: dict, dtype: torch.dtype) -
     return model.eval()
 
 
+def _refuse_pickles(folder: Path, what: str) -> None:
+    try:
+        refuse_pickled_folder(folder, what)
+    except NotSafetensorsError as error:
+        raise ModelLoadError(str(error)) from None
+
+
 class WanBaseModelLoader:
     def load(self, config: ModelConfig) -> WanModel:
         base, local_only = self._resolve_base(config)
@@ -64,21 +76,24 @@ class WanBaseModelLoader:
         vae_config = self._read_json(base, "vae/config.json", local_only)
         variant = detect_variant(model_index, transformer_config, vae_config, str(base))
 
-        common = dict(local_files_only=local_only)
+        # never a pickle: without use_safetensors diffusers falls back to .bin files ("unsafe serialization")
+        common = dict(local_files_only=local_only, use_safetensors=True)
         model = WanModel(variant=variant, source=str(base))
-        model.tokenizer = AutoTokenizer.from_pretrained(base, subfolder="tokenizer", **common)
+        model.tokenizer = AutoTokenizer.from_pretrained(base, subfolder="tokenizer", local_files_only=local_only)
         model.text_encoder = self._load_part(config.text_encoder, base, "text_encoder", UMT5EncoderModel, common)
         model.vae = self._load_part(config.vae, base, "vae", AutoencoderKLWan, common)
         for name in expert_names:
             setattr(model, name, self._load_transformer(getattr(config, name), base, name, common))
         if model_index.get("image_encoder") and model_index["image_encoder"][0] is not None:
             model.image_encoder = self._load_part(config.image_encoder, base, "image_encoder", CLIPVisionModel, common)
-            model.image_processor = CLIPImageProcessor.from_pretrained(base, subfolder="image_processor", **common)
+            model.image_processor = CLIPImageProcessor.from_pretrained(base, subfolder="image_processor",
+                                                                       local_files_only=local_only)
         elif config.image_encoder.path:
             # a model without one (T2V) gets a CLIP vision model for E2V's CLIP pathway
             model.image_encoder, model.image_processor = self._load_clip(config.image_encoder)
         scheduler_class = getattr(diffusers, model_index["scheduler"][1])
-        model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler", **common)
+        model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler",
+                                                                local_files_only=local_only)
         model.boundary_ratio = model_index.get("boundary_ratio")
         model.expand_timesteps = bool(model_index.get("expand_timesteps", False))
         for part in model.parts().values():
@@ -93,10 +108,12 @@ class WanBaseModelLoader:
             raise ModelLoadError(f"model.image_encoder.path: {part.path!r} is not a folder")
         dtype = part.weight_dtype.torch_dtype()
         if (path / "image_encoder").is_dir():
+            _refuse_pickles(path / "image_encoder", "model.image_encoder.path")
             return (CLIPVisionModel.from_pretrained(path, subfolder="image_encoder", torch_dtype=dtype,
-                                                    local_files_only=True),
+                                                    local_files_only=True, use_safetensors=True),
                     CLIPImageProcessor.from_pretrained(path, subfolder="image_processor", local_files_only=True))
-        return (CLIPVisionModel.from_pretrained(path, torch_dtype=dtype, local_files_only=True),
+        _refuse_pickles(path, "model.image_encoder.path")
+        return (CLIPVisionModel.from_pretrained(path, torch_dtype=dtype, local_files_only=True, use_safetensors=True),
                 CLIPImageProcessor.from_pretrained(path, local_files_only=True))
 
     @staticmethod
@@ -130,11 +147,17 @@ class WanBaseModelLoader:
                 raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} is not a folder (only the transformer "
                                      f"can be loaded from a single file)")
             if not (path / "config.json").is_file():
-                return cls.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype, local_files_only=True)
-            return cls.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+                _refuse_pickles(path / subfolder, f"model.{subfolder}.path")
+                return cls.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype, local_files_only=True,
+                                           use_safetensors=True)
+            _refuse_pickles(path, f"model.{subfolder}.path")
+            return cls.from_pretrained(path, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
+        _refuse_pickles(Path(base) / subfolder, "model.base_model_name")
         return cls.from_pretrained(base, subfolder=subfolder, torch_dtype=dtype, **common)
 
     def _load_transformer(self, part: PartConfig, base: str, subfolder: str, common: dict) -> WanTransformer3DModel:
+        if part.weight_dtype.is_quantized:
+            return self._load_quantized_transformer(part, base, subfolder, common)
         if part.path and Path(part.path).is_file():
             config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
             transformer = load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
@@ -146,3 +169,23 @@ class WanBaseModelLoader:
             # frozen base weights stored in fp8 and upcast per layer for compute: a 14B model fits in 24 GB
             transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
         return transformer
+
+    @staticmethod
+    def _load_quantized_transformer(part: PartConfig, base: str, subfolder: str,
+                                    common: dict) -> WanTransformer3DModel:
+        """nf4 or int8 frozen weights through bitsandbytes (QLoRA), computed in bfloat16; the model lands on the GPU
+        as it loads (performance_checks refused this on a CPU before anything loaded)."""
+        from diffusers import BitsAndBytesConfig
+        if part.path and Path(part.path).is_file():
+            raise ModelLoadError(f"model.{subfolder}.path: {part.weight_dtype} weights load from a diffusers folder, "
+                                 f"not a single file")
+        if part.weight_dtype is DataType.NF4:
+            quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_compute_dtype=torch.bfloat16)
+        else:
+            quantization = BitsAndBytesConfig(load_in_8bit=True)
+        source, extra = (part.path, {}) if part.path else (base, dict(subfolder=subfolder, **common))
+        if part.path and not (Path(part.path) / "config.json").is_file():
+            extra = dict(subfolder=subfolder, local_files_only=True)
+        return WanTransformer3DModel.from_pretrained(source, quantization_config=quantization,
+                                                     torch_dtype=torch.bfloat16, **extra)

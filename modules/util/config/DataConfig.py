@@ -17,17 +17,33 @@ class ConceptConfig(BaseConfig):
     loss_weight: float = Field(1.0, ge=0)
     seed: int = 0
     caption_source: Literal["sidecar", "filename", "prompt_file"] = "sidecar"
+    caption_extension: str = Field(".txt", pattern=r"^\.[^/\\]+$",
+                                   description="the sidecar caption file's extension (caption_source 'sidecar')")
     prompt_path: str = ""
     caption_required: bool = True
     caption_dropout: float = Field(0.0, ge=0, le=1)
     fps: int | Literal["model", "source"] = "model"
-    extraction: Literal["head", "uniform", "random", "slide", "full"] = "head"
+    extraction: Literal["head", "uniform", "random", "slide", "chunk", "spaced", "full"] = "head"
     slide_stride: int = Field(16, ge=1, description="pixel frames between windows in slide mode")
+    window_count: int = Field(1, ge=1, description="windows per clip in spaced mode")
     max_frames: int = Field(81, ge=1)
+    target_frames: list[int] = Field([], description="every listed frame count that a clip holds makes its own "
+                                     "item(s) (musubi-tuner's target_frames); empty: one count per clip, the largest "
+                                     "data.frame_buckets bucket that fits")
+
+    @field_validator("target_frames")
+    @classmethod
+    def _targets_are_4k_plus_1(cls, value: list[int]) -> list[int]:
+        bad = [f for f in value if f < 1 or (f - 1) % 4 != 0]
+        if bad:
+            raise ValueError(f"every target frame count must be 4k+1 (1, 5, 9, ... 81); got {bad}")
+        return sorted(set(value))
 
 
 class DataConfig(BaseConfig):
     concepts: list[ConceptConfig] = []
+    dataset_config: str = Field("", description="a musubi-tuner or diffusion-pipe dataset TOML: its datasets are "
+                                "added to the concepts and its settings replace the data section's (docs/data.md)")
     frame_buckets: list[int] = [1, 17, 33, 49, 81]
     resolution: int = Field(480, ge=16, description="the side of the square whose area the buckets target")
     aspect_ratios: list[float] = [16 / 9, 4 / 3, 1.0, 3 / 4, 9 / 16]

@@ -20,7 +20,10 @@ class BackupConfig(BaseConfig):
     every_n_epochs: int = Field(0, ge=0)
     every_n_minutes: float = Field(0.0, ge=0)
     rolling_count: int = Field(3, ge=1)
-    backup_before_save: bool = True
+    backup_before_save: bool = Field(True, description="write a backup before the final save, so a failed save "
+                                                       "(a full disk) loses nothing")
     continue_last_backup: bool = False
     save_every_n_steps: int = Field(0, ge=0)
     save_every_n_epochs: int = Field(0, ge=0)
+    save_rolling_count: int = Field(0, ge=0, description="intermediate saves (workspace/save) to keep, newest "
+                                                         "first; 0: keep all")

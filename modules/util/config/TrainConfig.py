@@ -8,6 +8,7 @@ from modules.util.config.E2VTrainConfig import E2VTrainConfig
 from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, LoraConfig
 from modules.util.config.ModelConfig import ModelConfig, OutputConfig
 from modules.util.config.OptimizerConfig import OptimizerConfig, TimestepConfig
+from modules.util.config.PerformanceConfig import PerformanceConfig
 from modules.util.config.SchedulingConfig import BackupConfig, SamplingConfig
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelType import ModelType
@@ -30,7 +31,8 @@ class TrainConfig(BaseConfig):
     seed: int = 42
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
     train_dtype: DataType = DataType.BFLOAT_16
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = Field(True, description="recompute block activations in the backward pass; "
+                                         "performance.checkpoint_every sets how many blocks")
     epochs: int = Field(10, ge=1)
     max_steps: int = Field(0, ge=0, description="stop after this many optimizer steps; 0: run all epochs")
     batch_size: int = Field(1, ge=1)
@@ -45,3 +47,4 @@ class TrainConfig(BaseConfig):
     sampling: SamplingConfig = SamplingConfig()
     backup: BackupConfig = BackupConfig()
     e2v: E2VTrainConfig = E2VTrainConfig()
+    performance: PerformanceConfig = PerformanceConfig()

@@ -118,8 +118,25 @@ def format_validation_error(error: ValidationError) -> list[str]:
     return problems
 
 
-def config_from_dict(data: dict, source: str = "") -> TrainConfig:
+def with_dataset_config(data: dict, overrides: list[tuple[list[str], Any]] = ()) -> dict:
+    """The config dict with its data.dataset_config (a peer's dataset TOML, docs/data.md) read in: the file's
+    settings replace the data section's, its datasets join the concepts; `overrides` are applied again after it,
+    so that a --config-value still wins."""
+    section = data.get("data")
+    dataset_file = section.get("dataset_config") if isinstance(section, dict) else None
+    if not dataset_file:
+        return data
+    from modules.util.config.dataset_toml import merge_dataset_settings, read_dataset_toml
+    data = merge_dataset_settings(data, read_dataset_toml(dataset_file))
+    for parts, value in overrides:
+        apply_override(data, parts, value)
+    return data
+
+
+def config_from_dict(data: dict, source: str = "", read_dataset_config: bool = True) -> TrainConfig:
     data = migrate(data, source)
+    if read_dataset_config:
+        data = with_dataset_config(data)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
@@ -128,17 +145,21 @@ def config_from_dict(data: dict, source: str = "") -> TrainConfig:
 
 def load_config(config_path: str | None = None, preset_path: str | None = None,
                 overrides: Iterable[str] = ()) -> TrainConfig:
-    """defaults < preset (sparse) < config file < --config-value overrides."""
+    """defaults < preset (sparse) < config file < data.dataset_config's settings < --config-value overrides."""
     data: dict = {}
     sources = []
     for path in (preset_path, config_path):
         if path:
             data = deep_merge(data, migrate(read_json_object(path), path))
             sources.append(path)
-    for text in overrides:
-        apply_override(data, *parse_override(text))
+    overrides = [parse_override(text) for text in overrides]
+    for parts, value in overrides:
+        apply_override(data, parts, value)
+    data = with_dataset_config(data, overrides)
+    if isinstance(data.get("data"), dict) and data["data"].get("dataset_config"):
+        sources.append(str(data["data"]["dataset_config"]))
     data[VERSION_KEY] = CONFIG_VERSION
-    return config_from_dict(data, " + ".join(sources) or "defaults")
+    return config_from_dict(data, " + ".join(sources) or "defaults", read_dataset_config=False)
 
 
 def config_to_dict(config: TrainConfig, sparse: bool = False) -> dict:

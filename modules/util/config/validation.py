@@ -3,6 +3,7 @@ from pathlib import Path
 
 from modules.util.config.config_io import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
+from modules.util.safetensors_only import NotSafetensorsError, require_safetensors
 
 
 def check_paths(config: TrainConfig) -> None:
@@ -26,6 +27,14 @@ def check_paths(config: TrainConfig) -> None:
         problems.append(f"sampling.samples_file: {config.sampling.samples_file!r} does not exist")
     if config.lora.init_from and not Path(config.lora.init_from).is_file():
         problems.append(f"lora.init_from: {config.lora.init_from!r} does not exist")
+    weight_files = [("lora.init_from", config.lora.init_from)] + [
+        (f"model.{part}.path", getattr(config.model, part).path) for part in ("transformer", "transformer_2")]
+    for field, path in weight_files:
+        if path and not Path(path).is_dir():
+            try:
+                require_safetensors(path, field)
+            except NotSafetensorsError as error:
+                problems.append(str(error))
     allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
                "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
@@ -35,5 +44,9 @@ def check_paths(config: TrainConfig) -> None:
             and config.output.format.value == "DIFFUSERS_LORA":
         problems.append(f"output.format: DIFFUSERS_LORA has no key names for {config.lora.type} (lora.type); "
                         f"use COMFY_LORA or KOHYA_LORA")
+    destination = Path(config.output.destination)
+    if config.output.format.value != "DIFFUSERS" and destination.is_dir():
+        problems.append(f"output.destination: {str(destination)!r} is an existing folder; {config.output.format.value} "
+                        f"writes a file: name the file (e.g. {str(destination / 'lora.safetensors')!r})")
     if problems:
         raise ConfigError(problems)

@@ -9,6 +9,9 @@ class DataType(str, Enum):
     BFLOAT_16 = "BFLOAT_16"
     # stored as float8_e4m3fn, computed in bfloat16 (diffusers' layerwise casting); base weights only
     FLOAT_8 = "FLOAT_8"
+    # bitsandbytes-quantised frozen transformer weights (CUDA only), computed in bfloat16
+    NF4 = "NF4"
+    INT8 = "INT8"
 
     def __str__(self) -> str:
         return self.value
@@ -16,4 +19,9 @@ class DataType(str, Enum):
     def torch_dtype(self) -> torch.dtype:
         """The dtype computations run in (FLOAT_8 weights compute in bfloat16)."""
         return {"FLOAT_32": torch.float32, "FLOAT_16": torch.float16, "BFLOAT_16": torch.bfloat16,
-                "FLOAT_8": torch.bfloat16}[self.value]
+                "FLOAT_8": torch.bfloat16, "NF4": torch.bfloat16, "INT8": torch.bfloat16}[self.value]
+
+    @property
+    def is_quantized(self) -> bool:
+        """bitsandbytes weights: GPU only, frozen base weights of a transformer only."""
+        return self in (DataType.NF4, DataType.INT8)

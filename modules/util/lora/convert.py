@@ -69,6 +69,9 @@ def expert_lora_pairs(input_path: str | os.PathLike, output_path: str | os.PathL
 
 def _read_metadata(path: Path) -> dict[str, str]:
     from safetensors import safe_open
+
+    from modules.util.safetensors_only import require_safetensors
+    require_safetensors(path, "LoRA file")
     with safe_open(str(path), framework="pt", device="cpu") as f:
         return dict(f.metadata() or {})
 

@@ -394,6 +394,9 @@ def _apply_adapter_metadata(weights: LoraWeights, raw: str) -> None:
 def load_lora_file(path: str | os.PathLike, module_names: Iterable[str] | None = None) -> tuple[LoraWeights, str]:
     """Reads a safetensors LoRA file (never pickle) into `LoraWeights` keyed by diffusers module names."""
     from safetensors import safe_open
+
+    from modules.util.safetensors_only import require_safetensors
+    require_safetensors(path, "LoRA file")
     with safe_open(str(path), framework="pt", device="cpu") as f:
         sd = {key: f.get_tensor(key) for key in f.keys()}
         metadata = f.metadata() or {}

@@ -1,0 +1,38 @@
+"""Per-block gradient checkpointing with a dial: the function diffusers' WanTransformer3DModel calls for every block
+when its gradient checkpointing is on (`enable_gradient_checkpointing(gradient_checkpointing_func=...)`).
+
+A block is checkpointed when its index is a multiple of `every` (1: every block; 0: none) or when it is swapped
+(BlockSwap needs it); the others run plainly and keep their activations. Checkpointed blocks use torch's
+non-reentrant checkpoint, optionally with their input offloaded to the host (ActivationOffload).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+from modules.modelSetup.memory.ActivationOffload import ActivationOffload
+
+
+class BlockCheckpointing:
+    def __init__(self, blocks: nn.ModuleList, every: int, always: set[int] | None = None,
+                 offload: ActivationOffload | None = None):
+        self.position = {id(block): index for index, block in enumerate(blocks)}
+        self.every = every
+        self.always = always or set()
+        self.offload = offload
+
+    def checkpointed(self, index: int) -> bool:
+        return index in self.always or (self.every > 0 and index % self.every == 0)
+
+    def __call__(self, block: nn.Module, *args):
+        index = self.position[id(block)]
+        if not self.checkpointed(index):
+            return block(*args)
+        saving = self.offload.saving(args[0]) if self.offload is not None else contextlib.nullcontext()
+        # a swapped block's recomputation must run to its end, where its forward hook drops the weights again;
+        # torch otherwise stops a recomputation as soon as it has what the backward pass needs
+        with saving, set_checkpoint_early_stop(index not in self.always):
+            return checkpoint(block, *args, use_reentrant=False)

@@ -1,0 +1,35 @@
+from typing import Literal
+
+from pydantic import Field
+
+from modules.util.config.BaseConfig import BaseConfig
+
+
+class PerformanceConfig(BaseConfig):
+    """Memory and speed switches (docs/benchmarks.md). None of them changes what is learned: each leaves the loss and
+    gradients of a fixed-seed step unchanged (exactly in float32, within bf16 noise otherwise); they trade speed for
+    memory or the reverse."""
+
+    checkpoint_every: int = Field(1, ge=1, description="with gradient_checkpointing on: checkpoint every k-th "
+                                                       "transformer block (1: every block, least memory; 2: every "
+                                                       "other block, faster, more memory)")
+    block_swap: int = Field(0, ge=0, description="transformer blocks (the last N) whose frozen weights live in "
+                                                 "pinned CPU memory and are copied to the GPU just before they run, "
+                                                 "forward and backward; these blocks are always checkpointed")
+    activation_offload: bool = Field(False, description="keep the inputs of checkpointed blocks in pinned CPU memory "
+                                                        "and copy them back for the backward pass (needs "
+                                                        "gradient_checkpointing)")
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field(
+        "auto", description="scaled-dot-product attention kernel: auto lets torch pick the fastest available; flash "
+                            "(AOTriton on ROCm; also on the CPU), cudnn and efficient are GPU kernels; math is the "
+                            "reference")
+    compile_blocks: bool = Field(False, description="torch.compile each (non-swapped) transformer block: one compiled "
+                                                    "region reused by every block, so compiling takes seconds")
+    vae_tiling: bool = Field(False, description="encode and decode with the VAE in spatial tiles: high resolutions "
+                                                "fit in less memory, at a small cost in speed")
+    cache_latents_bf16: bool = Field(True, description="store cached latents in bfloat16 (half the disk and "
+                                                       "host-to-device traffic; training upcasts them)")
+    loss_readback_steps: int = Field(10, ge=1, description="read the losses back from the device every N steps "
+                                                           "(a read waits for the device); non-finite losses are "
+                                                           "caught at the next read, and always before a backup "
+                                                           "or a save")
