@@ -335,22 +335,24 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert app.start_button.cget("state") == "normal"
 
 
-def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path):
+def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_model, squares_dataset):
     empty = tmp_path / "empty"
     empty.mkdir()
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset)
     app.fields["data.concepts.0.path"].set_text(str(empty))
-    app.fields["workspace_dir"].set_text(str(tmp_path / "run2"))
     for attempt in range(2):
         dialogs = len(app.dialogs)
         app.start()
-        assert run_until(app, lambda: not app.controller.running and len(app.dialogs) > dialogs, 120)
+        assert run_until(app, lambda: not app.controller.running and len(app.dialogs) > dialogs, 120), \
+            app.log_box.get("1.0", "end")[-2000:]
+        assert app.controller.run.status.startswith("failed")
         assert "no usable training item" in app.dialogs[-1].winfo_children()[0].get("1.0", "end")
         assert "training failed: no usable training item" in app.log_box.get("1.0", "end")
         assert app.start_button.cget("state") == "normal"
         app.dialogs[-1].destroy()
     app.fields["data.concepts.0.path"].set_text(str(tmp_path / "missing"))
     app.start()
-    assert run_until(app, lambda: not app.controller.running, 60)
+    assert run_until(app, lambda: app.controller.run.status.startswith("refused"), 60)  # prepare_config's check
     message = app.fields["data.concepts.0.path"].error.cget("text")
     assert message == f"data.concepts.0.path: {str(tmp_path / 'missing')!r} does not exist"
     app.dialogs[-1].destroy()
