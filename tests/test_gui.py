@@ -231,6 +231,9 @@ def test_typing_into_a_field_changes_the_config_and_shows_the_cli_message(app):
     with pytest.raises(ConfigError) as cli:
         load_config(overrides=["optimizer.learning_rate=-1"])
     assert field.error.cget("text") == cli.value.problems[0]
+    settle(app, 0.2)
+    # the message must not push the tab wider than the window (the density plot beside it would be clipped)
+    assert app.tabs["training"].winfo_reqwidth() <= app.winfo_width()
     screenshot(app, "invalid-value")
     app.start()
     assert app.dialogs and cli.value.problems[0] in app.dialogs[-1].winfo_children()[0].get("1.0", "end")
