@@ -1,6 +1,6 @@
 """Speed and memory benchmarks (DESIGN.md section 8; what the numbers mean: docs/benchmarks.md).
 
-  benchmark.py data  [--clips 4 --width 832 --height 480 --frames 81 --source-fps 30 --threads 0] [--json PATH]
+  benchmark.py data [--clips 4 --width 832 --height 480 --frames 81 --source-fps 30 --threads 0] [--json PATH]
   benchmark.py train --variant wan2.1-1.3b --width 128 --height 128 --frames 9 --steps 3 --dtype bf16
                      [--weight-dtype fp32|bf16|fp8] [--gradient-checkpointing [--checkpoint-every K]]
                      [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]

@@ -3,14 +3,14 @@ files between formats, and merges LoRA files into a base model.
 
 Base model:
   convert_model.py --input-name DIR --output-model-format ORIGINAL --output-model-destination out.safetensors
-  convert_model.py --input-name file.safetensors --base-model-name DIR --output-model-format DIFFUSERS \
+  convert_model.py --input-name file.safetensors --base-model-name DIR --output-model-format DIFFUSERS \\
       --output-model-destination out_dir
 LoRA file (reads every layout the trainer reads; A14B: x_high_noise / x_low_noise, or x whose pair exists, convert
 both into the destination's _high_noise / _low_noise names; the input's metadata is kept):
-  convert_model.py --training-method LORA --input-name lora.safetensors \
+  convert_model.py --training-method LORA --input-name lora.safetensors \\
       --output-model-format {COMFY_LORA,KOHYA_LORA,DIFFUSERS_LORA} --output-model-destination out.safetensors
 Merge LoRA files (PATH[:STRENGTH], repeatable; A14B: _high_noise into transformer, _low_noise into transformer_2):
-  convert_model.py --merge-lora lora.safetensors:0.8 --base-model-name DIR --output-model-format DIFFUSERS \
+  convert_model.py --merge-lora lora.safetensors:0.8 --base-model-name DIR --output-model-format DIFFUSERS \\
       --output-model-destination merged_dir [--output-dtype BFLOAT_16]
 """
 import argparse
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import _bootstrap  # noqa: F401
+import torch
 
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelFormat import ModelFormat
@@ -40,7 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output-model-format", required=True, choices=[f.value for f in ModelFormat])
     parser.add_argument("--output-model-destination", required=True)
     parser.add_argument("--output-dtype", choices=[d.value for d in DataType], default=None,
-                        help="cast the written weights; default: keep each tensor's dtype")
+                        help="cast the written weights; default: keep each tensor's dtype. FLOAT_8 (ORIGINAL "
+                             "only): weight matrices in float8_e4m3fn, the rest in bfloat16, as ComfyUI's fp8 files")
     parser.add_argument("--allow-download", action="store_true")
     return parser.parse_args(argv)
 
@@ -70,7 +72,12 @@ def convert_lora(args: argparse.Namespace, output_format: ModelFormat, dtype) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     output_format = ModelFormat(args.output_model_format)
-    dtype = DataType(args.output_dtype).torch_dtype() if args.output_dtype else None
+    dtype = DataType(args.output_dtype).storage_dtype() if args.output_dtype else None
+    if dtype == torch.float8_e4m3fn and output_format is not ModelFormat.ORIGINAL:
+        print(f"convert_model: --output-dtype FLOAT_8 writes float8_e4m3fn weights into an ORIGINAL single file "
+              f"(ComfyUI loads it); {output_format} is not written in fp8 (diffusers cannot compute in float8, and "
+              f"LoRA factors lose too much); use BFLOAT_16", file=sys.stderr)
+        return 2
     method = TrainingMethod(args.training_method) if args.training_method else None
     if args.merge_lora and (method is TrainingMethod.LORA or output_format.is_lora):
         print("convert_model: --merge-lora writes a base model (DIFFUSERS or ORIGINAL); to convert a LoRA file "

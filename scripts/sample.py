@@ -2,9 +2,11 @@
 
   sample.py --base-model-name DIR --prompt "a red square moving left" --output-dir out
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
-  sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...   (reads my_lora_high_noise / _low_noise)
-  sample.py --base-model-name E2V_DIR --e2v-config e2v.json --element person=me.png --element background=bg.png \
-            --prompt "..." --drop-reference-frames          (Elements-to-Video; the first dataset's layout is used)
+A14B (reads my_lora_high_noise / _low_noise):
+  sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
+Elements-to-Video (the first dataset's layout is used):
+  sample.py --base-model-name E2V_DIR --e2v-config e2v.json --element person=me.png --element background=bg.png \\
+      --prompt "..." --drop-reference-frames
 
 --samples-file takes a samples JSON file or a musubi-tuner style prompt file (one prompt a line with inline options
 --w --h --f --s --g --d --fs --n --i --ei). The size, frame, step, guidance and seed options given here are the

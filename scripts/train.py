@@ -1,26 +1,32 @@
 """Trains a Wan model. Exit codes: 0 success, 2 configuration error (before any model loads), 1 failure.
 
-  train.py --preset-path "training_presets/#demo tiny CPU.json"
-  train.py --config-path my.json --config-value lora.rank=16 --config-value optimizer.learning_rate=2e-4
+  train.py --preset-path "demo tiny CPU"
+  train.py --preset-path "wan 2.1 1.3B LoRA 24GB" --config-path my.json --config-value lora.rank=16
+  train.py --list-presets
+  torchrun --nproc-per-node 2 scripts/train.py --config-path my.json   (several GPUs: docs/multi-gpu.md)
 """
 import argparse
 import sys
+import traceback
 
 import _bootstrap  # noqa: F401
 
 from modules.util.config.config_io import ConfigError, load_config
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description: str = __doc__, only_cache_option: bool = True) -> argparse.ArgumentParser:
+    """The options of train.py; scripts/cache.py shares them with its own description."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config-path", help="a training config JSON")
-    parser.add_argument("--preset-path", help="a preset from training_presets/ (sparse JSON over the defaults)")
+    parser.add_argument("--preset-path", help="a preset: a file, or the name of a shipped one (see --list-presets)")
+    parser.add_argument("--list-presets", action="store_true", help="list the shipped presets and stop")
     parser.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE",
                         help="override one value (JSON values parse: numbers, true/false, lists); repeatable")
     parser.add_argument("--dataset-config", "--dataset_config", dest="dataset_config", metavar="TOML",
                         help="a musubi-tuner or diffusion-pipe dataset config (TOML): its datasets become the concepts "
                              "(data.dataset_config; docs/data.md)")
-    parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
+    if only_cache_option:
+        parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
     e2v = parser.add_argument_group("Elements-to-Video, as in the user's notes (seed 001); --config-value wins")
     e2v.add_argument("--dataset_configs", "--dataset-configs", help="an E2V dataset config JSON")
     e2v.add_argument("--e2v_type", "--e2v-type", choices=["vae", "clip", "dual"])
@@ -32,10 +38,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     e2v.add_argument("--training_type", "--training-type", choices=sorted(TRAINING_TYPES))
     e2v.add_argument("--rank", type=int)
     e2v.add_argument("--lora_alpha", "--lora-alpha", type=float)
-    e2v.add_argument("--output_dir", "--output-dir", help="the adapter (or model) is written here")
+    e2v.add_argument("--output_dir", "--output-dir",
+                     help="the result is written here, named by what it is (lora.safetensors, e2v_lora.safetensors, "
+                          "model/, e2v_model/, embedding.safetensors), and the workspace goes in its workspace/")
     e2v.add_argument("--model_name", "--model-name", help="a diffusers folder or hub id")
     e2v.add_argument("--mixed_precision", "--mixed-precision", choices=sorted(MIXED_PRECISION))
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 TRAINING_TYPES = {"e2v-lora": "LORA", "e2v-sft": "FINE_TUNE", "lora": "LORA", "sft": "FINE_TUNE"}
@@ -66,11 +78,7 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
     if args.lora_alpha is not None:
         values.append(f"lora.alpha={args.lora_alpha}")
     if args.output_dir:
-        out = Path(args.output_dir)
-        name = "e2v_lora.safetensors" if method != "FINE_TUNE" else "model"
-        values += [f"workspace_dir={out / 'workspace'}", f"output.destination={out / name}"]
-        if method == "FINE_TUNE":
-            values.append("output.format=DIFFUSERS")
+        values.append(f"workspace_dir={Path(args.output_dir) / 'workspace'}")  # the output's name: output_dir_name
     if args.model_name:
         values.append(f"model.base_model_name={args.model_name}")
         if not Path(args.model_name).is_dir():
@@ -80,30 +88,81 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
     return values
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def output_dir_name(config) -> str:
+    """What --output_dir names the result: by what it is (a plain LoRA is not an E2V LoRA)."""
+    prefix = "e2v_" if config.e2v.enabled else ""
+    return {"LORA": f"{prefix}lora.safetensors", "FINE_TUNE": f"{prefix}model",
+            "EMBEDDING": "embedding.safetensors"}[config.training_method.value]
+
+
+def apply_output_dir(config, output_dir: str, overrides: list[str]) -> None:
+    """--output_dir sets the output's path (and a fine-tune's format, a diffusers folder) unless a --config-value
+    sets them."""
+    from pathlib import Path
+    keys = {text.split("=", 1)[0].strip() for text in overrides}
+    if "output.destination" not in keys:
+        config.output.destination = str(Path(output_dir) / output_dir_name(config))
+    if config.training_method.value == "FINE_TUNE" and "output.format" not in keys:
+        config.output.format = "DIFFUSERS"
+
+
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = (parser or build_parser()).parse_args(argv)
+    if args.list_presets:
+        from modules.util.presets import presets_table
+        print(presets_table())
+        return 0
     try:
-        config = load_config(args.config_path, args.preset_path,
-                             seed_options_as_overrides(args) + args.config_value)
+        from modules.util.presets import resolve_preset
+        preset = resolve_preset(args.preset_path) if args.preset_path else None
+        config = load_config(args.config_path, preset, seed_options_as_overrides(args) + args.config_value)
+        if args.output_dir:
+            apply_output_dir(config, args.output_dir, args.config_value)
+        from modules.trainer.distributed import config_problems, launched_by_torchrun, process_count, relaunch
         from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
-        e2v_datasets = prepare_config(config)
+        problems = config_problems(config)
+        try:
+            e2v_datasets = prepare_config(config)
+        except ConfigError as e:
+            raise ConfigError(e.problems + problems, e.source) from None
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
+    if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:
+        # every process runs the same script (train.py or cache.py) with the same arguments; under torchrun's
+        # environment they join one job
+        return relaunch(config, getattr(sys.modules["__main__"], "__file__", None) or __file__, argv)
+    from modules.trainer.distributed import leave_process_group
+    from modules.util.ranks import rank_and_world
     from modules.trainer.GenericTrainer import TrainingError
     try:
         trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
-        if args.only_cache:
+        if getattr(args, "only_cache", True):
             trainer.cache_only()
         else:
             trainer.train()
-    except ConfigError as e:  # found once the model is known (a preview it cannot sample), before any step
+    except ConfigError as e:  # found once the model is known (a preview it cannot sample, a hub id's variant)
         print(f"train: {e}", file=sys.stderr)
         return 2
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
-    if trainer.stop_requested.is_set():
+    except Exception as e:
+        if not launched_by_torchrun():
+            raise
+        # one line naming the rank after the traceback: a collective that broke off means another rank failed (its
+        # own output names the cause) or timed out
+        traceback.print_exc()
+        rank, world = rank_and_world()
+        print(f"train: rank {rank} of {world} stopped: {(str(e).splitlines() or [type(e).__name__])[0]}",
+              file=sys.stderr)
+        return 1
+    finally:
+        leave_process_group()
+    if trainer.stop_requested.is_set() and trainer.parallel.is_main:
         print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
     return 0
 

@@ -351,7 +351,7 @@ def test_dataset_config_combines_with_the_config_and_overrides_win(tmp_path, mon
     config = load_config("c.json", overrides=["batch_size=1"])
     assert [c.path for c in config.data.concepts] == ["own", "v"]
     assert config.batch_size == 1                     # --config-value wins over the dataset file
-    assert (config.data.resolution, config.data.aspect_ratios) == (632, [832 / 480])  # the file's over the config's
+    assert (config.data.resolution, config.data.aspect_ratios) == ("832x480", [832 / 480])  # the file's, not 256
     save_config(config, tmp_path / "saved.json")      # a saved config reloads without doubling the file's concepts
     assert [c.path for c in load_config(str(tmp_path / "saved.json")).data.concepts] == ["own", "v"]
 
@@ -410,3 +410,19 @@ def test_a_dataset_config_that_is_not_a_peer_toml_is_a_clear_error(tmp_path, mon
         with pytest.raises(ConfigError) as caught:
             load_config(overrides=[f"data.dataset_config={name}"])
         assert message in str(caught.value) and name in str(caught.value)
+
+
+def test_the_worked_example_config_of_docs_data_md_loads_as_documented(tmp_path, monkeypatch):
+    """docs/data.md's seed 004 config, as printed there, over the preset its command names."""
+    import re
+    text = (ROOT / "docs" / "data.md").read_text()
+    block = re.search(r"`configs/smoke_test\.json`.*?```json\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "smoke_test.json").write_text(block)
+    config = load_config("configs/smoke_test.json",
+                         str(ROOT / "training_presets" / "#wan 2.1 1.3B LoRA 24GB.json"))
+    assert [c.path for c in config.data.concepts] == ["data/processed/train.jsonl"]
+    assert (config.max_steps, config.batch_size, config.optimizer.gradient_accumulation_steps) == (50, 1, 4)
+    assert (config.data.frame_buckets, config.data.resolution) == ([81], "480p")
+    assert config.model.base_model_name == "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"

@@ -1,4 +1,4 @@
-"""E2V dataset configuration: the user's three JSON forms (seeds 000, 001, 002, copied verbatim), validation errors
+"""E2V dataset configuration: the user's three JSON forms (seeds 000, 001, 002, kept verbatim in tests/fixtures/), validation errors
 that name the field, alignment warnings and caption prefix stripping."""
 import json
 import logging
@@ -9,207 +9,15 @@ from pydantic import ValidationError
 from modules.util.config.config_io import ConfigError
 from modules.util.config.E2VConfig import (ClipProcessorConfig, E2VDatasetConfig, E2VElementVaeConfig,
                                            VaeProcessorConfig, aligned_repeats, check_against_frames,
-                                           check_against_model, load_e2v_dataset_configs, strip_llm_caption_prefix)
+                                           load_e2v_dataset_configs, min_clip_frames, round_to_spatial_unit,
+                                           strip_llm_caption_prefix)
+from seed_configs import fixture_text, user_seed_text
 
-# seeds/000 (E2V implementation guide, section 2.1), verbatim
-SEED_000 = """{
-  "datasets": [
-    {
-      "data_root": "path/to/e2v/dataset", 
-      "dataset_type": "e2v",
-      "target_resolution": [480, 854],
-      "auto_frame_buckets": true,
-      "reshape_mode": "bicubic",
-      "remove_common_llm_caption_prefixes": true,
-      
-      "elements": [
-        {
-          "name": "main_subject", 
-          "suffixes": ["_dog.png", "_person.png", "_mask.png"],
-          "required": true,
-          "vae": {
-            "repeat": 4, 
-            "position": 0
-          },
-          "clip": {
-            "preprocess": "center_crop"
-          }
-        },
-        {
-          "name": "secondary",
-          "suffixes": ["_object.png", "_toy.png"],
-          "required": false,
-          "vae": {
-            "repeat": 4, 
-            "position": 1
-          },
-          "clip": {
-            "preprocess": "pad_white"
-          }
-        }
-      ],
-      
-      "processors": {
-        "vae": {
-          "resolution": [480, 854],
-          "combine": "before",
-          "default_preprocess": "resize",
-          "frame_conditioning": "full",
-          "frame_index": 0,
-          "concatenate_mask": true
-        },
-        "clip": {
-          "resolution": [512, 512],
-          "default_preprocess": "center_crop"
-        }
-      },
-      
-      "visualization": {
-        "enabled": true,
-        "output_dir": "visualizations/{run_id}",
-        "frequency": 100,
-        "processors": [
-          {
-            "type": "latent_save",
-            "data": ["input_latents", "predicted_latents"]
-          },
-          {
-            "type": "vae_decode",
-            "data": ["input_latents", "predicted_latents"],
-            "frames": [0, -1]
-          }
-        ]
-      }
-    }
-  ]
-}
-"""
+SEED_000 = fixture_text("000")   # seeds/000 (E2V implementation guide, section 2.1), verbatim
 
-# seeds/001 (E2V user documentation), verbatim
-SEED_001 = """{
-  "datasets": [
-    {
-      "data_root": "path/to/e2v/dataset", 
-      "dataset_type": "e2v",
-      "target_resolution": [480, 854],
-      "auto_frame_buckets": true,
-      "reshape_mode": "bicubic",
-      
-      "elements": [
-        {
-          "name": "main_subject", 
-          "suffixes": ["_dog.png", "_person.png", "_mask.png"],
-          "required": true,
-          "vae": {
-            "repeat": 4, 
-            "position": 0
-          },
-          "clip": {
-            "preprocess": "center_crop"
-          }
-        },
-        {
-          "name": "secondary",
-          "suffixes": ["_object.png", "_toy.png"],
-          "required": false,
-          "vae": {
-            "repeat": 4, 
-            "position": 1
-          },
-          "clip": {
-            "preprocess": "pad_white"
-          }
-        },
-        {
-          "name": "environment",
-          "suffixes": ["_background.png", "_scene.png"],
-          "required": false,
-          "vae": {
-            "repeat": 4, 
-            "position": 2
-          },
-          "clip": {
-            "preprocess": "letterbox"
-          }
-        }
-      ],
-      
-      "processors": {
-        "vae": {
-          "resolution": [480, 854],
-          "combine": "before",
-          "default_preprocess": "resize",
-          "frame_conditioning": "full",
-          "frame_index": 0,
-          "concatenate_mask": true
-        },
-        "clip": {
-          "resolution": [512, 512],
-          "default_preprocess": "center_crop"
-        }
-      }
-    }
-  ]
-}
-"""
+SEED_001 = fixture_text("001")   # seeds/001 (E2V user documentation), verbatim
 
-# seeds/002 (A2 training goals: the flat form), verbatim
-SEED_002 = """{
-  "datasets": [
-    {
-      "data_root": "path/to/e2v/dataset", 
-      "dataset_type": "e2v",
-      "target_resolution": [480, 704],
-      "auto_frame_buckets": true,
-      "clip_resolution": [512, 512],
-      "reshape_mode": "bicubic",
-      "remove_common_llm_caption_prefixes": true,
-      "elements": [
-        {
-          "name": "main_subject", 
-          "suffixes": ["_dog.png", "_person.png", "_mask.png"],
-          "vae_repeat": 1,
-          "position": 0,
-          "clip_process": "center_crop"
-        },
-        {
-          "name": "secondary",
-          "suffixes": ["_object.png", "_toy.png"],
-          "vae_repeat": 4, 
-          "position": 1,
-          "clip_process": "pad_white"
-        },
-        {
-          "name": "environment",
-          "suffixes": ["_background.png", "_scene.png"],
-          "vae_repeat": 4,
-          "position": 2,
-          "clip_process": "letterbox" 
-        }
-      ],
-      "vae_combine": "before",
-      "visualization": {
-        "enabled": true,
-        "output_dir": "visualizations/{run_id}",
-        "frequency": 100,
-        "processors": [
-          {
-            "type": "latent_save",
-            "data": ["input_latents", "predicted_latents"],
-            "format": "pt"
-          },
-          {
-            "type": "vae_decode",
-            "data": ["input_latents", "predicted_latents"],
-            "frames": [0, -1],
-            "format": "png"
-          }
-        ]
-      }
-    }
-  ]
-}
-"""
+SEED_002 = fixture_text("002")   # seeds/002 (A2 training goals: the flat form), verbatim
 
 
 def load(text: str) -> list[E2VDatasetConfig]:
@@ -463,17 +271,54 @@ def test_check_against_frames():
     assert [p.split(":")[0] for p in info.value.problems] == ["elements.2.vae.position"]
 
 
-def test_check_against_model():
-    [config] = load(SEED_000)                      # 480 x 854: 854 is no multiple of 16
-    with pytest.raises(ConfigError) as info:
-        check_against_model(config, 16)
-    assert [p.split(":")[0] for p in info.value.problems] == ["target_resolution", "processors.vae.resolution"]
-    assert "848 or 864" in info.value.problems[0]
-    [flat] = load(SEED_002)                        # 480 x 704
-    check_against_model(flat, 16)
-    check_against_model(flat, 32)
-    with pytest.raises(ConfigError, match="not a multiple of 64"):
-        check_against_model(flat, 64)
+@pytest.mark.parametrize("number", ["000", "001", "002"])
+def test_the_fixtures_are_the_users_json_as_written(number):
+    """tests/fixtures/ hold the seeds' JSON forms so that a clone without ../shared tests them; beside the user's
+    notes they must be the same text."""
+    assert fixture_text(number) == user_seed_text(number)
+
+
+def test_resolutions_are_rounded_to_the_spatial_unit_with_one_notice_per_field():
+    [config] = load(SEED_000)                      # 480 x 854 (16:9 of 480): 854 is no multiple of 16
+    rounded, notices = round_to_spatial_unit(config, 16, "datasets.0.")
+    assert rounded.target_resolution == (480, 848) and rounded.processors.vae.resolution == (480, 848)
+    assert notices == ["datasets.0.target_resolution: [480, 854] is not a multiple of the model's spatial unit (16); "
+                       "using [480, 848]",
+                       "datasets.0.processors.vae.resolution: [480, 854] is not a multiple of the model's spatial "
+                       "unit (16); using [480, 848]"]
+    [flat] = load(SEED_002)                        # 480 x 704: already multiples of 16 and 32
+    assert round_to_spatial_unit(flat, 16) == (flat, [])
+    assert round_to_spatial_unit(flat, 32) == (flat, [])
+    assert round_to_spatial_unit(flat, 64)[0].target_resolution == (512, 704)
+    [tiny] = load_e2v_dataset_configs(edited(SEED_002, lambda d: d.update(target_resolution=[8, 8])))
+    assert round_to_spatial_unit(tiny, 16)[0].target_resolution == (16, 16)   # never below one unit
+
+
+@pytest.mark.parametrize("resolution", [[0, 480], [-480, 854], [480], [480, 854, 3], "480x854", [480.5, 854]])
+def test_a_resolution_that_cannot_be_meant_is_rejected(resolution):
+    [problem] = problems_of(edited(SEED_001, lambda d: d.update(target_resolution=resolution)))
+    assert problem.startswith("datasets.0.target_resolution"), problem
+
+
+def test_frame_buckets_too_short_for_the_references_are_no_candidates(tmp_path):
+    from modules.util.config.config_io import load_config
+    from modules.util.config.e2v_setup import apply_e2v_data_settings, e2v_frame_buckets
+    [seed_001] = load(SEED_001)                    # 4 + 4 + 4 = 12 references, prepended: 13 frames at least
+    assert min_clip_frames(seed_001) == 13
+    assert e2v_frame_buckets(seed_001, [1, 17, 33, 49, 81]) == list(range(13, 82, 4))
+    config = load_config()                         # the default buckets start at 1 (images)
+    apply_e2v_data_settings(config, seed_001)
+    assert config.data.frame_buckets == list(range(13, 82, 4))
+    check_against_frames(seed_001, min(config.data.frame_buckets))
+    [aligned] = load(SEED_002)                     # 1 + 4 + 4 = 9 references and one clip frame: 13
+    assert min_clip_frames(aligned) == 13
+    overlay = E2VDatasetConfig.model_validate(aligned.model_dump() | {"reference_frames": "overlay"})
+    assert min_clip_frames(overlay) == 9
+    fixed = E2VDatasetConfig.model_validate(seed_001.model_dump() | {"auto_frame_buckets": False})
+    assert e2v_frame_buckets(fixed, [1, 17, 33]) == [33]
+    config = load_config(overrides=["data.frame_buckets=[1, 5, 9]"])
+    with pytest.raises(ConfigError, match="shortest usable bucket is 13"):
+        apply_e2v_data_settings(config, seed_001)
 
 
 # --- captions ---------------------------------------------------------------------------------------------------
@@ -501,7 +346,7 @@ def test_auto_frame_buckets_and_target_resolution_set_the_data_buckets(tmp_path)
     from modules.util.config.e2v_setup import apply_e2v_data_settings
     from modules.util.demo_e2v import demo_e2v_config
     raw = demo_e2v_config(tmp_path)["datasets"][0] | {"target_resolution": [480, 832]}
-    for auto, expected in ((True, [17, 33, 49]), (False, [49])):
+    for auto, expected in ((True, list(range(13, 50, 4))), (False, [49])):
         config = load_config(overrides=["data.frame_buckets=[17, 33, 49]"])
         apply_e2v_data_settings(config, load_e2v_dataset_configs({**raw, "auto_frame_buckets": auto})[0])
         assert config.data.frame_buckets == expected

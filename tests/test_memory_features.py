@@ -224,3 +224,10 @@ def test_regional_compilation_of_the_blocks(plain, monkeypatch):
     assert result[2].performance["transformer"].compiled == [0, 1]
     assert result[1].keys() == plain[1].keys()
     assert_same_step(result, plain)
+
+
+def test_an_attention_kernel_is_set_for_the_trained_transformer_only():
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    before = _AttentionBackendRegistry._active_backend
+    one_step(performance={"attention": "math"})
+    assert _AttentionBackendRegistry._active_backend == before

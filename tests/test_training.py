@@ -139,7 +139,7 @@ def test_a14b_expert_sigma_ranges(expert, tiny_model, squares_dataset, tmp_path,
 
     monkeypatch.setattr(BaseWanSetup, "predict", recording)
     trainer = train(tmp_path, tiny_model("wan2.2-t2v-a14b"), squares_dataset, steps=12,
-                    overrides=[f"expert={expert}", "timestep.distribution=shift", "timestep.shift=3.0"])
+                    overrides=[f"expert={expert}", "timestep.distribution=uniform_shift", "timestep.shift=3.0"])
     boundary = trainer.model.boundary_ratio
     assert boundary == 0.875
     for name, sigmas in seen:
@@ -155,9 +155,10 @@ def test_a14b_expert_sigma_ranges(expert, tiny_model, squares_dataset, tmp_path,
                      "both": ["out_high_noise.safetensors", "out_low_noise.safetensors"]}[expert]
 
 
-PRESET_FOR = {"wan2.1-i2v": "#wan 2.1 I2V 14B LoRA.json", "wan2.1-flf2v": "#wan 2.1 I2V 14B LoRA.json",
+# each variant with the preset made for it (presets declare their variant and training refuses another one)
+PRESET_FOR = {"wan2.1-i2v": "#wan 2.1 I2V 14B LoRA.json", "wan2.1-flf2v": "#wan 2.1 FLF2V 14B LoRA.json",
               "wan2.2-ti2v-5b": "#wan 2.2 TI2V-5B LoRA.json", "wan2.2-t2v-a14b": "#wan 2.2 T2V-A14B LoRA high.json",
-              "wan2.2-i2v-a14b": "#wan 2.2 T2V-A14B LoRA low.json"}
+              "wan2.2-i2v-a14b": "#wan 2.2 I2V-A14B LoRA low.json"}
 
 
 @pytest.mark.parametrize("variant", list(PRESET_FOR))

@@ -123,7 +123,7 @@ def test_start_is_refused_with_the_schema_problems(tmp_path):
 def test_timestep_density_comes_from_the_sampler():
     uniform = timestep_density(TimestepConfig(distribution="uniform"), bins=10)
     assert all(0.85 < value < 1.15 for value in uniform)
-    shifted = timestep_density(TimestepConfig(distribution="shift", shift=3.0), bins=10)
+    shifted = timestep_density(TimestepConfig(distribution="uniform_shift", shift=3.0), bins=10)
     assert shifted[-1] > 3 * shifted[0]
     high = timestep_density(TimestepConfig(distribution="uniform"), bins=10, expert="high", boundary=0.5)
     assert sum(high[:5]) == 0
@@ -281,11 +281,11 @@ def test_requests_are_served_at_the_next_safe_point(tiny_model, squares_dataset,
         trainer.request("explode")
     trainer.train()
     assert seen == [1, 2, 3]
-    backups = {b.name: b for b in list_backups(tmp_path / "run" / "backup")}
-    assert "step-00000001" in backups  # the requested one (the trainer also keeps one at the end)
-    assert read_backup(backups["step-00000001"])["progress"].global_step == 1
+    # the requested backup at step 1, and backup.backup_before_save's before the final save
+    assert [b.name for b in list_backups(tmp_path / "run" / "backup")] == ["step-00000001", "step-00000003"]
+    assert read_backup(list_backups(tmp_path / "run" / "backup")[0])["progress"].global_step == 1
     assert (tmp_path / "run" / "save" / "step-00000001.safetensors").is_file()
-    assert [p.name for p in (tmp_path / "run" / "samples").glob("*/*.mp4")] == ["1-0.mp4"]
+    assert [p.name for p in trainer.samples_dir.glob("*/*.mp4")] == ["1-0.mp4"]  # this run's previews
 
 
 def test_field_listing_covers_every_section():

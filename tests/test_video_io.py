@@ -208,8 +208,8 @@ def test_resolution_buckets():
     assert ResolutionBucket.choose(480, 832, buckets, 16) == (640, 368)
     assert ResolutionBucket.choose(500, 520, buckets, 16) == (480, 480)
     assert ResolutionBucket.choose(1000, 740, buckets, 16) == (416, 560)
-    # no_upscale: 320x180 would need 640x368; scaled by min(320/640, 180/368) and floored to units instead
-    assert ResolutionBucket.choose(320, 180, buckets, 16, no_upscale=True) == (176, 304)
+    # no_upscale: 320x180 would need 640x368; it keeps its own size instead, floored to units
+    assert ResolutionBucket.choose(320, 180, buckets, 16, no_upscale=True) == (176, 320)
     assert ResolutionBucket.choose(320, 180, buckets, 16, no_upscale=False) == (368, 640)
     assert ResolutionBucket.choose(1920, 1080, buckets, 16, no_upscale=True) == (368, 640)
     five_b = ResolutionBucket.make_buckets(704, [16 / 9, 1.0], 32)  # TI2V-5B: sides are multiples of 32

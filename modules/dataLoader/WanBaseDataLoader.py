@@ -19,7 +19,7 @@ from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
 from modules.util.config.DataConfig import ConceptConfig
 from modules.dataLoader.DiskCache import DiskCache, cache_key
 from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
-from modules.dataLoader.pipeline.BucketBatch import BucketBatch
+from modules.dataLoader.pipeline.RankBucketBatch import RankBucketBatch
 from modules.dataLoader.pipeline.EncodeText import EncodeText
 from modules.dataLoader.pipeline.EncodeVideo import EncodeVideo
 from modules.dataLoader.pipeline.FrameWindow import FrameWindow
@@ -34,6 +34,7 @@ from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.enum.WanVariant import WanVariant
+from modules.util.ranks import all_gather_json, is_main, rank_and_world
 from modules.util.video_io import UnreadableMediaError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class WanBaseDataLoader:
         # one probe for every pipeline this loader builds (scan, caching, report, training): its results depend only
         # on the file, so each file is probed once
         self.probe = ProbeMedia()
+        # every pipeline this loader builds shares one record of what was warned: each file is warned once per run
+        self.warned: set = set()
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
 
@@ -103,7 +106,7 @@ class WanBaseDataLoader:
         return [
             ListSource(self._records(), record_names),
             self.probe,
-            FrameWindow(data.frame_buckets, self.fps),
+            FrameWindow(data.frame_buckets, self.fps, warned=self.warned),
             RepeatConcepts(),
             ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale),
             LoadVideo(),
@@ -150,8 +153,10 @@ class WanBaseDataLoader:
         batch_names += ["loss_weight", "prompt"]
         # E2V items with different elements present carry different numbers of CLIP tokens: batch them apart
         keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ())
-        modules = self._item_modules() + encoders + [BucketBatch(batch_names, self.config.batch_size,
-                                                                 key_names=keys)]
+        # several ranks: each draws its share of the single-process global batches (RankBucketBatch)
+        rank, world = rank_and_world()
+        modules = self._item_modules() + encoders + [RankBucketBatch(batch_names, self.config.batch_size, rank, world,
+                                                                     key_names=keys)]
         self.pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)
 
     def encode_calls(self) -> int:
@@ -165,13 +170,13 @@ class WanBaseDataLoader:
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 
-    def cache(self) -> None:
-        """Encodes every item of the first epoch (and every epoch when windows or crops are random) into the disk
-        cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
+    def cache(self, epochs: int | None = None) -> None:
+        """Encodes every item of the first epoch (and of each of `epochs` epochs, default `config.epochs`, when
+        windows or crops are random) into the disk cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
         training device only for its pass, so a 24 GB card never holds UMT5 and the VAE together, nor either with
         the transformer (which moves there after caching). Items whose media fail to decode are skipped, counted
         and left out of training."""
-        epochs = range(self.config.epochs) if self._varies_per_epoch() else range(1)
+        epochs = range(epochs or self.config.epochs) if self._varies_per_epoch() else range(1)
         if self.config.performance.vae_tiling:
             self.model.vae.enable_tiling()
         for encoder in list(self.encoders.values()):
@@ -195,23 +200,49 @@ class WanBaseDataLoader:
         return data.crop_jitter or data.flip or any(c.extraction == "random" for c in data.concepts)
 
     def _cache_epoch(self, epoch: int, encoder) -> None:
-        """Fills the cache of one encoder module for one epoch (the pipeline computes only what it outputs)."""
+        """Fills the cache of one encoder module for one epoch (the pipeline computes only what it outputs).
+        Several ranks split the work by what an entry depends on: text entries by prompt, the others by media
+        file, so each entry has one owner and nothing is encoded twice (one rank alone does it all)."""
         items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
                          threads=self.config.data.dataloader_threads, outputs=list(encoder.produces()))
         items.start_epoch(epoch)
-        newly_failed = set()
-        for index in tqdm(range(len(items)), desc=f"caching {type(encoder).__name__} epoch {epoch}", unit="item"):
+        share = self._rank_share(epoch, "prompt" if isinstance(encoder, EncodeText) else "path", len(items))
+        newly_failed: dict[str, str] = {}
+        for index in tqdm(share, desc=f"caching {type(encoder).__name__} epoch {epoch}", unit="item",
+                          disable=not is_main()):
             try:
                 items.get_item(index)
             except UnreadableMediaError as error:
                 log.warning("skipping %s: %s", error.path, error.reason)
-                newly_failed.add(str(error.path))
-                self.scan_result.skipped.append((str(error.path), error.reason))
+                newly_failed[str(error.path)] = error.reason
+        # the gather waits for every rank's share: after it each rank reads the entries the others wrote, and
+        # knows what they could not decode
+        for rank_failed in all_gather_json(newly_failed):
+            newly_failed.update(rank_failed)
+        self.scan_result.skipped.extend(newly_failed.items())
         if newly_failed:
-            self.failed |= newly_failed
+            self.failed |= set(newly_failed)
             if not self._records():
                 raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
             self.rebuild()
+
+    def _rank_share(self, epoch: int, group: str, count: int) -> list[int]:
+        """The item indices of `epoch` this rank encodes: the distinct values of `group` (path or prompt) are
+        dealt out in order, and every item with a value goes to that value's rank (repeats, windows of one clip and
+        clips of one caption share entries)."""
+        rank, world = rank_and_world()
+        if world == 1:
+            return list(range(count))
+        values = Pipeline(self._item_modules(), self.config.seed, outputs=[group])
+        values.start_epoch(epoch)
+        owner: dict[str, int] = {}
+        share = []
+        for index in range(len(values)):
+            value = str(values.get_item(index)[group])
+            owner.setdefault(value, len(owner) % world)
+            if owner[value] == rank:
+                share.append(index)
+        return share
 
     def statistics(self) -> DataStatistics:
         """Per concept the clip and image items, the bucket histogram and the skipped files (probe-level names
@@ -240,7 +271,8 @@ class WanBaseDataLoader:
             lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
         lines.append(f"  skipped files: {len(stats.skipped)}")
         text = "\n".join(lines)
-        print(text, flush=True)
+        if is_main():
+            print(text, flush=True)
         return text
 
     def target_latents_by_path(self) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modules.util.config.DataConfig import ConceptConfig
+from modules.util.config.E2VConfig import strip_llm_caption_prefix
 from modules.util.video_io import MEDIA_EXTENSIONS
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,22 @@ class ScanResult:
         self.skipped.append((str(path), reason))
 
 
+def read_text_file(path: str | Path) -> str:
+    """A caption, prompt or manifest file as text: UTF-8 with its byte-order mark removed; a file that is not UTF-8
+    (a Latin-1 `caf\xe9` from an old tool) is read as Windows-1252 / Latin-1 with one warning naming it."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        try:
+            text = data.decode("cp1252")
+        except UnicodeDecodeError:
+            text = data.decode("latin-1")
+        log.warning("%s is not UTF-8 (byte 0x%02x at offset %d); read as Windows-1252 / Latin-1", path,
+                    data[error.start], error.start)
+        return text.removeprefix("\ufeff")
+
+
 def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | None) -> str | None:
     if concept.caption_source == "filename":
         return media.stem.replace("_", " ")
@@ -28,7 +45,7 @@ def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | No
         return prompt_file_text
     sidecar = media.with_suffix(concept.caption_extension)
     if sidecar.is_file():
-        return sidecar.read_text(encoding="utf-8").strip()
+        return read_text_file(sidecar).strip()
     return None
 
 
@@ -54,7 +71,7 @@ def manifest_entry_path(manifest: Path, media: str) -> Path:
 def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str | None]]:
     """jsonl: one object a line with a media path (see manifest_entry_path) and a prompt or caption."""
     entries = []
-    for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text_file(manifest).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -62,13 +79,19 @@ def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str 
         except json.JSONDecodeError as e:
             result.skip(f"{manifest}:{number}", f"not a JSON object ({e.msg})")
             continue
-        media = next((entry[k] for k in MANIFEST_MEDIA_KEYS if k in entry), None) \
-            if isinstance(entry, dict) else None
-        if media is None:
+        if not isinstance(entry, dict):
+            result.skip(f"{manifest}:{number}", f"not a JSON object but a {type(entry).__name__} ({line.strip()[:40]})")
+            continue
+        media = next((entry[k] for k in MANIFEST_MEDIA_KEYS if k in entry), None)
+        if not isinstance(media, str) or not media:
             result.skip(f"{manifest}:{number}", f"no media path (keys: {', '.join(MANIFEST_MEDIA_KEYS)})")
             continue
         caption = next((entry[k] for k in MANIFEST_CAPTION_KEYS if k in entry), None)
-        entries.append((manifest_entry_path(manifest, str(media)), caption))
+        if caption is not None and not isinstance(caption, str):
+            result.skip(f"{manifest}:{number}", f"its caption is a {type(caption).__name__}, not text")
+            continue
+        caption = caption.removeprefix("\ufeff") if caption is not None else None
+        entries.append((manifest_entry_path(manifest, media), caption))
     return entries
 
 
@@ -78,8 +101,7 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
         if not concept.enabled:
             continue
         root = Path(concept.path)
-        prompt_text = Path(concept.prompt_path).read_text(encoding="utf-8").strip() \
-            if concept.caption_source == "prompt_file" else None
+        prompt_text = read_text_file(concept.prompt_path).strip() if concept.caption_source == "prompt_file" else None
         if root.is_file() and root.suffix == ".jsonl":
             entries = [(path, caption if caption is not None else _caption_for(path, concept, prompt_text))
                        for path, caption in _manifest_media(root, result)]
@@ -92,5 +114,8 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
             elif caption is None and concept.caption_required:
                 result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
             else:
-                result.records.append({"path": str(path), "concept": concept, "caption": caption or ""})
+                caption = caption or ""
+                if concept.remove_common_llm_caption_prefixes:
+                    caption = strip_llm_caption_prefix(caption)
+                result.records.append({"path": str(path), "concept": concept, "caption": caption})
     return result

@@ -27,30 +27,48 @@ from itertools import product
 import cv2
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
-PREPROCESS_MODES = ("resize", "center_crop", "pad_white", "letterbox")
+PREPROCESS_MODES = ("resize", "center_crop", "pad_white", "letterbox", "a2", "a2_pad", "a2_crop")
 FRAME_CONDITIONING_MODES = ("full", "index", "prefix", "random", "first_and_last")
 _INTERPOLATION = {"bicubic": cv2.INTER_CUBIC, "bilinear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA,
                   "nearest": cv2.INTER_NEAREST}
+# part of the element caches' key: bump when the pixels an element becomes change for the same settings
+ELEMENT_PREPROCESS_VERSION = 2   # 2: shrinking averages (INTER_AREA) instead of sampling; the a2 modes
 
 
 # --- element images --------------------------------------------------------------------------------------------
+
+def a2_mode(mode: str, slot: int, pathway: str) -> str:
+    """`a2` is SkyReels-A2's own choice (infer.py): its CLIP images are all padded with white; its VAE images are
+    padded for the first two references (subject, object) and centre-cropped from the third (the background)."""
+    if mode != "a2":
+        return mode
+    return "a2_pad" if pathway == "clip" or slot < 2 else "a2_crop"
+
 
 def preprocess_element(image: np.ndarray, height: int, width: int, mode: str, reshape_mode: str = "bicubic"
                        ) -> np.ndarray:
     """uint8 (H, W, 3) RGB -> uint8 (height, width, 3).
 
     resize: stretch to the size; center_crop: scale to cover, crop the centre; pad_white / letterbox: scale to fit
-    inside, centred on white / black bars."""
+    inside, centred on white / black bars. Shrinking averages over each output pixel's area (cv2.INTER_AREA, no
+    aliasing on large reference photos); enlarging uses `reshape_mode`.
+    a2_pad / a2_crop reproduce SkyReels-A2's inference preprocessing (models/utils.py): white bars added (or the
+    centre cut) at the source size to the target aspect, each bar int()-truncated as A2 does, then PIL's bicubic
+    resize, which is antialiased when shrinking. `a2` must be resolved per slot and pathway first (`a2_mode`)."""
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"expected a uint8 (H, W, 3) image, got {image.dtype} {tuple(image.shape)}")
-    if mode not in PREPROCESS_MODES:
-        raise ValueError(f"unknown preprocess mode {mode!r}; one of {', '.join(PREPROCESS_MODES)}")
+    if mode not in PREPROCESS_MODES or mode == "a2":
+        raise ValueError(f"unknown preprocess mode {mode!r}; one of {', '.join(PREPROCESS_MODES)} ('a2' resolved "
+                         f"by a2_mode)")
     if reshape_mode not in _INTERPOLATION:
         raise ValueError(f"unknown reshape_mode {reshape_mode!r}; one of {', '.join(_INTERPOLATION)}")
     interpolation = _INTERPOLATION[reshape_mode]
     src_h, src_w = image.shape[:2]
+    if mode in ("a2_pad", "a2_crop"):
+        return _a2_preprocess(image, height, width, pad=mode == "a2_pad")
     if mode == "resize":
         return _resize(image, height, width, interpolation)
     if mode == "center_crop":
@@ -68,9 +86,36 @@ def preprocess_element(image: np.ndarray, height: int, width: int, mode: str, re
 
 
 def _resize(image: np.ndarray, height: int, width: int, interpolation: int) -> np.ndarray:
-    if image.shape[:2] == (height, width):
+    src_h, src_w = image.shape[:2]
+    if (src_h, src_w) == (height, width):
         return image.copy()
+    if height <= src_h and width <= src_w:
+        interpolation = cv2.INTER_AREA   # shrinking: sampling (cubic, linear, nearest) aliases fine detail
     return cv2.resize(image, (width, height), interpolation=interpolation)
+
+
+def _a2_preprocess(image: np.ndarray, height: int, width: int, pad: bool) -> np.ndarray:
+    src_h, src_w = image.shape[:2]
+    wider = src_h / src_w < height / width    # the source is wider than the target aspect
+    if pad:
+        if wider:   # white bars above and below
+            bar = int((height / width * src_w - src_h) / 2.0)
+            canvas = np.full((src_h + 2 * bar, src_w, 3), 255, np.uint8)
+            canvas[bar:bar + src_h] = image
+        else:       # white bars left and right
+            bar = int((width / height * src_h - src_w) / 2.0)
+            canvas = np.full((src_h, src_w + 2 * bar, 3), 255, np.uint8)
+            canvas[:, bar:bar + src_w] = image
+    elif wider:     # cut the sides
+        kept = int(src_h / height * width)
+        left = (src_w - kept) // 2
+        canvas = image[:, left:left + kept]
+    else:           # cut top and bottom
+        kept = int(src_w / width * height)
+        top = (src_h - kept) // 2
+        canvas = image[top:top + kept]
+    resized = Image.fromarray(np.ascontiguousarray(canvas)).resize((width, height), Image.Resampling.BICUBIC)
+    return np.asarray(resized).copy()
 
 
 def element_to_tensor(image: np.ndarray) -> Tensor:
@@ -386,10 +431,11 @@ def prepare_element_inputs(dataset, images: Sequence[np.ndarray | None], height:
     each preprocessed with its element's mode. `dataset` is an E2VDatasetConfig."""
     order = dataset.elements_in_position_order()
     vae_elements = [None if image is None else element_to_tensor(preprocess_element(
-        image, height, width, dataset.vae_preprocess(element), dataset.reshape_mode))
-        for element, image in zip(order, images)]
+        image, height, width, a2_mode(dataset.vae_preprocess(element), slot, "vae"), dataset.reshape_mode))
+        for slot, (element, image) in enumerate(zip(order, images))]
     clip_height, clip_width = dataset.processors.clip.resolution
-    clip_images = [preprocess_element(image, clip_height, clip_width, dataset.clip_preprocess(element),
-                                      dataset.reshape_mode)
-                   for element, image in zip(order, images) if image is not None and dataset.clip_preprocess(element)]
+    clip_images = [preprocess_element(image, clip_height, clip_width,
+                                      a2_mode(dataset.clip_preprocess(element), slot, "clip"), dataset.reshape_mode)
+                   for slot, (element, image) in enumerate(zip(order, images))
+                   if image is not None and dataset.clip_preprocess(element)]
     return vae_elements, clip_images

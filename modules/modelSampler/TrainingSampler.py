@@ -1,7 +1,7 @@
 """Preview videos during training: every enabled sample of `config.sampling.samples_file`, written as
 
-    <workspace>/samples/<index>-<prompt slug>/<step>-<epoch>.mp4   H.264 yuv420p at the model's native fps
-    <workspace>/samples/<index>-<prompt slug>/<step>-<epoch>.png   the first, middle and last frames side by side
+    <workspace>/samples/<run>/<index>-<prompt slug>/<step>-<epoch>.mp4   H.264 yuv420p at the model's native fps
+    <workspace>/samples/<run>/<index>-<prompt slug>/<step>-<epoch>.png   the first, middle and last frames side by side
 
 plus an animated GIF per sample in TensorBoard. Called between optimizer steps; WanModelSampler leaves the training
 state as it found it (modes, requires_grad, adapters, devices, RNGs). The samples file is read again at every call,
@@ -98,7 +98,9 @@ class TrainingSampler:
 
     @property
     def samples_dir(self) -> Path:
-        return Path(self.trainer.config.workspace_dir) / "samples"
+        # GenericTrainer gives each run its own folder; a caller without runs gets <workspace>/samples
+        run_folder = getattr(self.trainer, "samples_dir", None)
+        return run_folder if run_folder is not None else Path(self.trainer.config.workspace_dir) / "samples"
 
     def load_samples(self) -> list[TrainingSample]:
         """The enabled samples of the samples file, with the sampling section's steps / guidance / scheduler as
@@ -197,5 +199,5 @@ class TrainingSampler:
         if writer is not None:
             add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
         seconds = time.perf_counter() - started
-        logger.info("sample %s: %s (%.1f s)", item.folder_name, video_path, seconds)
+        print(f"preview {item.folder_name} at step {step}: {video_path} ({seconds:.1f} s)", flush=True)
         return PreviewOutput(item.index, video_path, strip_path, seconds, result.notes)

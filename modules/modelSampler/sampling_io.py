@@ -58,7 +58,8 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
 def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
     """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
     inference. Returns one line per file applied."""
-    from modules.util.lora.formats import load_lora_file, match_to_model, merge_lora
+    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model, merge_lora
+    from modules.util.modelspec import lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
     from modules.util.lora.formats import lora_from_state_dict
@@ -70,13 +71,22 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
             lora_tensors, e2v_parts, e2v_config = read_e2v_lora(file)
             if e2v_parts:
                 # an E2V LoRA: expand the base as training did and load the trained expanded parts first
-                apply_e2v_parts(model, e2v_parts, e2v_config)
+                try:
+                    apply_e2v_parts(model, e2v_parts, e2v_config)
+                except (KeyError, RuntimeError, ValueError) as error:
+                    raise SampleError(lora_shape_message(file, model.variant, error)) from None
                 transformer = getattr(model, expert)
                 weights, layout = lora_from_state_dict(lora_tensors)
             else:
                 weights, layout = load_lora_file(file)
-            weights = match_to_model(weights, [name for name, _ in transformer.named_modules()])
-            merge_lora(transformer, weights, strength)
+            mismatch = lora_model_mismatch(file, model.variant)
+            if mismatch:
+                logger.warning("%s; it is applied anyway, but expect poor or broken output", mismatch)
+            try:
+                weights = match_to_model(weights, [name for name, _ in transformer.named_modules()])
+                merge_lora(transformer, weights, strength)
+            except (LoraMatchError, ValueError) as error:
+                raise SampleError(lora_shape_message(file, model.variant, error)) from None
             applied.append(f"{file} ({layout}, {len(weights)} modules, strength {strength:g}) -> {expert}")
     return applied
 

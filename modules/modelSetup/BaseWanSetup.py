@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.model.WanModel import WanModel
 from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.util.config.TrainConfig import TrainConfig
@@ -91,21 +92,35 @@ class BaseWanSetup:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def _choose_expert_and_sigmas(self, batch_size: int, generator: torch.Generator) -> tuple[str, Tensor]:
+    def _choose_expert_and_sigmas(self, generator: torch.Generator,
+                                  item_generators: list[torch.Generator]) -> tuple[str, Tensor]:
+        """The expert from the step's generator (every rank of a step routes alike), each item's sigma from its
+        own generator."""
         timestep_config = self.config.timestep
         boundary = self.model.boundary_ratio
-        if boundary is None or not self.model.variant.has_two_experts:
-            return "transformer", sample_sigmas(timestep_config, batch_size, generator)
-        experts = self.experts_in_training()
-        if len(experts) == 2:
-            # route the step by a sigma drawn from the whole distribution, so each expert trains as often as the
-            # schedule would use it
-            experts = ["transformer" if sample_sigmas(timestep_config, 1, generator).item() >= boundary
-                       else "transformer_2"]
-        expert = experts[0]
-        if expert == "transformer":
-            return expert, sample_sigmas(timestep_config, batch_size, generator, low=boundary)
-        return expert, sample_sigmas(timestep_config, batch_size, generator, high=boundary, include_high=False)
+        low, high, include_high = 0.0, 1.0, True
+        expert = "transformer"
+        if boundary is not None and self.model.variant.has_two_experts:
+            experts = self.experts_in_training()
+            if len(experts) == 2:
+                # route the step by a sigma drawn from the whole distribution, so each expert trains as often as
+                # the schedule would use it
+                experts = ["transformer" if sample_sigmas(timestep_config, 1, generator).item() >= boundary
+                           else "transformer_2"]
+            expert = experts[0]
+            low, high, include_high = (boundary, 1.0, True) if expert == "transformer" else (0.0, boundary, False)
+        return expert, torch.cat([sample_sigmas(timestep_config, 1, g, low=low, high=high, include_high=include_high)
+                                  for g in item_generators])
+
+    @staticmethod
+    def item_generators(batch: dict, generator: torch.Generator, count: int) -> list[torch.Generator]:
+        """One generator per item, seeded by the step's generator and the item's place in its global batch
+        (`item_index`, from the data loader; 0..B-1 in one process): an item draws the same noise and sigma
+        whether its global batch runs in one process or is dealt out to several ranks."""
+        base = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+        places = batch.get("item_index")
+        places = range(count) if places is None else [int(p) for p in places]
+        return [torch.Generator().manual_seed(derive_seed(base, 0, place, "item_noise")) for place in places]
 
     def text_embeddings(self, batch: dict) -> Tensor:
         if "text_embeds" in batch:
@@ -124,8 +139,10 @@ class BaseWanSetup:
         model = self.model
         # batches arrive pinned on CUDA (WanBaseDataLoader.batches): the copies do not wait for the device
         x0 = model.normalize_latents(batch["latents"].to(self.device, non_blocking=True).float())
-        noise = self._noise(x0, generator)
-        expert, sigmas = self._choose_expert_and_sigmas(x0.shape[0], generator)
+        item_generators = self.item_generators(batch, generator, x0.shape[0])
+        expert, sigmas = self._choose_expert_and_sigmas(generator, item_generators)
+        # (B, z, T, h, w) as B draws of (1, z, T, h, w), each from its item's generator
+        noise = torch.cat([self._noise(x0[i:i + 1], g) for i, g in enumerate(item_generators)])
         sigmas = sigmas.to(self.device)
         s = sigmas.view(-1, 1, 1, 1, 1)
         noisy = (1 - s) * x0 + s * noise

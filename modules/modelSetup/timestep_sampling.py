@@ -5,6 +5,11 @@ from torch import Tensor
 from modules.util.config.OptimizerConfig import TimestepConfig
 
 
+def _shift(sigma: Tensor, shift: float) -> Tensor:
+    # Wan's discrete flow shift, as FlowMatch schedulers apply it at inference
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
 def _draw(config: TimestepConfig, count: int, generator: torch.Generator) -> Tensor:
     if config.distribution == "uniform":
         return torch.rand(count, generator=generator)
@@ -12,10 +17,11 @@ def _draw(config: TimestepConfig, count: int, generator: torch.Generator) -> Ten
         return torch.sigmoid(config.logit_mean + config.logit_std * torch.randn(count, generator=generator))
     if config.distribution == "sigmoid":
         return torch.sigmoid(config.sigmoid_scale * torch.randn(count, generator=generator))
-    if config.distribution == "shift":
-        # Wan's discrete flow shift: sigma' = s*u / (1 + (s-1)*u), as FlowMatch schedulers apply it at inference
-        u = torch.rand(count, generator=generator)
-        return config.shift * u / (1 + (config.shift - 1) * u)
+    if config.distribution == "uniform_shift":
+        return _shift(torch.rand(count, generator=generator), config.shift)
+    if config.distribution == "sigmoid_shift":
+        # musubi-tuner's "shift" (training/trainer_base.py get_noisy_model_input_and_timesteps)
+        return _shift(torch.sigmoid(config.sigmoid_scale * torch.randn(count, generator=generator)), config.shift)
     raise ValueError(f"unknown timestep distribution {config.distribution!r}")
 
 
@@ -37,3 +43,4 @@ def sample_sigmas(config: TimestepConfig, batch_size: int, generator: torch.Gene
         if have >= batch_size:
             return torch.cat(accepted)[:batch_size]
     raise ValueError(f"the {config.distribution} distribution almost never falls in [{low}, {high}]")
+

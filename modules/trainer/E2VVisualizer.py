@@ -2,7 +2,6 @@
 tensors and `vae_decode` decodes the named latents and writes the listed frames as PNG, under `output_dir` with
 `{run_id}` expanded (relative folders live in the workspace)."""
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,7 @@ class E2VVisualizer:
     def __init__(self, trainer, visualization):
         self.trainer = trainer
         self.config = visualization
-        run_id = time.strftime("%Y%m%d-%H%M%S")
-        folder = Path(visualization.resolved_output_dir(run_id))
+        folder = Path(visualization.resolved_output_dir(trainer.run_name))
         self.folder = folder if folder.is_absolute() else Path(trainer.config.workspace_dir) / folder
 
     def _due(self) -> bool:

@@ -1,6 +1,7 @@
 """The training loop: cache, then per batch predict -> loss -> backward -> (every accumulation) optimizer step,
 with samples, backups and saves between optimizer steps. Resume restores the exact data position and RNG."""
 import hashlib
+import itertools
 import logging
 import math
 import signal
@@ -12,12 +13,17 @@ from pathlib import Path
 import torch
 
 from modules.trainer.backup_io import (TrainProgress, newest_usable_backup, non_finite_tensors, prune_backups,
-                                       read_backup, restore_rng_state, write_backup)
+                                       read_backup, write_backup)
+from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
+from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
+                                                    restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
-from modules.util.config.config_io import ConfigError, config_to_dict
+from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
+from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.kill_points import kill_point, phase
+from modules.util.ranks import any_rank, barrier
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -29,43 +35,80 @@ class TrainingError(Exception):
 
 def prepare_config(config: TrainConfig) -> list:
     """Everything that must hold before a model loads: demo assets created when asked, paths exist, the model is
-    the configured type, the E2V datasets are valid (returned, resolved, for the trainer)."""
+    the configured type, the E2V datasets are valid (returned, resolved, for the trainer). Every problem found is
+    reported in one ConfigError."""
     if config.demo_assets:
         from modules.util.demo_assets import ensure_demo_assets
         ensure_demo_assets(config)
-    check_paths(config)
+    problems: list[str] = []
+    try:
+        check_paths(config)
+    except ConfigError as error:
+        problems += error.problems
     from modules.util.config.performance_checks import performance_problems
-    problems = performance_problems(config, resolve_device(config.device))
-    if problems:
-        raise ConfigError(problems)
+    problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
+    spatial_unit = 16
     if base.is_dir():
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
         try:
             variant = detect_variant_from_folder(base)
+            spatial_unit = variant.spatial_unit
+            if variant.model_type is not config.model_type:
+                problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
+                                f"({variant.model_type})")
         except NotAWanModelError as error:
-            raise ConfigError([f"model.base_model_name: {error}"]) from None
-        if variant.model_type is not config.model_type:
-            raise ConfigError([f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
-                               f"({variant.model_type})"])
+            problems.append(f"model.base_model_name: {error}")
+            variant = None
+        if variant is not None:
+            try:
+                check_model_variant(config, variant, str(base))
+            except ConfigError as error:
+                problems += error.problems
     datasets = []
     if config.e2v.enabled:
-        from modules.util.config.E2VConfig import check_against_frames, check_against_model
+        from modules.util.config.E2VConfig import check_against_frames
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
-        datasets = resolve_e2v_datasets(config)
-        apply_e2v_data_settings(config, datasets[0])
-        for index, dataset in enumerate(datasets):
-            prefix = f"e2v datasets.{index}."
-            check_against_frames(dataset, min(config.data.frame_buckets), prefix)
-            if base.is_dir():
-                check_against_model(dataset, variant.spatial_unit, prefix)
-    if config.sampling.samples_file:
+        try:
+            datasets = resolve_e2v_datasets(config, spatial_unit)
+            apply_e2v_data_settings(config, datasets[0])
+            for index, dataset in enumerate(datasets):
+                try:
+                    check_against_frames(dataset, min(config.data.frame_buckets), f"e2v datasets.{index}.")
+                except ConfigError as error:
+                    problems += error.problems
+        except ConfigError as error:
+            problems += error.problems
+    if config.sampling.samples_file and Path(config.sampling.samples_file).is_file():
         from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
         try:
             load_sample_definitions(config.sampling.samples_file)
         except SampleDefinitionError as error:
-            raise ConfigError([f"sampling.samples_file: {error}"]) from None
+            problems.append(f"sampling.samples_file: {error}")
+    if problems:
+        raise ConfigError(problems)
     return datasets
+
+
+def check_model_variant(config: TrainConfig, variant, source: str) -> None:
+    """Refuses a model of another variant than the config (preset) is made for, and a `lora.init_from` file made
+    for another variant, naming both (ConfigError)."""
+    from modules.util.modelspec import architecture, describe_architecture, lora_model_mismatch
+    intended = config.model.intended_variant
+    if intended is not None and intended is not variant:
+        from modules.util.presets import presets_for_variant
+        fitting = presets_for_variant(variant)
+        advice = f"use a preset made for {variant} ({', '.join(fitting)})" if fitting else \
+            f"use a config made for {variant}"
+        raise ConfigError([f"model.intended_variant: the config (preset) is made for {intended} models, "
+                           f"{describe_architecture(architecture(intended))}, but {source!r} is a {variant} model, "
+                           f"{describe_architecture(architecture(variant))}: it would train a {variant} LoRA with "
+                           f"settings meant for {intended}. {advice[0].upper() + advice[1:]}, or set "
+                           f"model.intended_variant={variant.value} if this is what you want"])
+    if config.lora.init_from and config.training_method.value == "LORA" and not config.e2v.enabled:
+        mismatch = lora_model_mismatch(config.lora.init_from, variant)
+        if mismatch:
+            raise ConfigError([f"lora.init_from: {mismatch}"])
 
 
 def step_seed(seed: int, micro_step: int) -> int:
@@ -87,7 +130,7 @@ class GenericTrainer:
         self.config = config
         if e2v_datasets is None and config.e2v.enabled:
             from modules.util.config.e2v_setup import resolve_e2v_datasets
-            e2v_datasets = resolve_e2v_datasets(config)
+            e2v_datasets = resolve_e2v_datasets(config)   # E2V bases (Wan 2.1) have the default unit, 16
         self.e2v_datasets = e2v_datasets or []
         self.on_update = on_update or (lambda _info: None)
         self.workspace = Path(config.workspace_dir)
@@ -99,8 +142,20 @@ class GenericTrainer:
         # (step, loss, grad norm) still on the device: read back every performance.loss_readback_steps steps
         self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.progress = TrainProgress()
-        self.device = resolve_device(config.device)
+        # under torchrun: this rank's device, in the process group
+        self.device = join_process_group(config) or resolve_device(config.device)
+        self.parallel = Parallel(config)
         self.model = self.setup = self.data = None
+        self.plan = None
+        self.run_name = config.run_name
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.workspace / "tensorboard" / self.run_name
+
+    @property
+    def samples_dir(self) -> Path:
+        return self.workspace / "samples" / self.run_name
 
     # ---- construction --------------------------------------------------------------------------------------
 
@@ -126,6 +181,8 @@ class GenericTrainer:
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
         except (DataError, ModelLoadError, NotAWanModelError) as error:
             raise TrainingError(str(error)) from None
+        if not base.is_dir():  # a hub id: its variant is known only now
+            check_model_variant(config, self.model.variant, config.model.base_model_name)
         if e2v_datasets:
             from modules.model.e2v_model import prepare_e2v_model
             prepare_e2v_model(self.model, e2v_datasets[0])
@@ -143,7 +200,7 @@ class GenericTrainer:
         """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
         try:
             with phase("caching"):
-                self.data.cache()
+                self.data.cache(epochs=self._plan().epochs)  # random windows / crops: every epoch
         except KeyboardInterrupt:
             print("\ncaching stopped by Ctrl-C; the entries cached so far are kept, and the next run continues "
                   "from them", flush=True)
@@ -207,22 +264,32 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
+        if config.backup.continue_last_backup:
+            try:
+                keep_global_batch(self)
+            except ValueError as error:
+                raise TrainingError(str(error)) from None
+        self.parallel.wrap(self.setup, self.model, self.device)
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer, parameters)
-        batches_per_epoch = self.batches_per_epoch = self.data.batches_per_epoch()
-        accumulation = config.optimizer.gradient_accumulation_steps
-        self.total_steps = config.max_steps or config.epochs * math.ceil(batches_per_epoch / accumulation)
+        self.plan = self._plan()  # again: caching may have left out files that failed to decode
+        self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
+        self.run_name = resolve_run_name(config, self.workspace, newest_usable_backup(self.backup_root)[0])
+        config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
+        config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
+        save_config(config, config_path)
         if config.backup.continue_last_backup:
             self._resume()
+        print(start_report(self, parameters), flush=True)
 
         from modules.trainer.TrainingHooks import TrainingHooks
         self.hooks = TrainingHooks(self)
         previous_handler = self._install_sigint()
         try:
             self.hooks.before_training()
-            self._run_epochs(parameters, batches_per_epoch, accumulation)
+            self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
@@ -233,12 +300,21 @@ class GenericTrainer:
             self.ema.copy_to_parameters()
         if config.backup.backup_before_save:
             self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
-        return self.save_result(config.output.destination)
+        written = self.save_result(config.output.destination)
+        print(end_report(self, written, config_path), flush=True)
+        return written
+
+    def _plan(self):
+        try:
+            return plan_run(self.config, self.data.batches_per_epoch())
+        except PlanError as error:
+            raise TrainingError(str(error)) from None
 
     def _run_epochs(self, parameters, batches_per_epoch: int, accumulation: int) -> None:
         from tqdm import tqdm
         config, progress = self.config, self.progress
-        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step")
+        step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step",
+                        disable=not self.parallel.is_main)
         micro_losses: list[torch.Tensor] = []
         readback = config.performance.loss_readback_steps
         step_started = time.perf_counter()
@@ -246,16 +322,23 @@ class GenericTrainer:
             step_bar.close()
             return  # resumed from a backup written at the end (a final save that did not finish): only save
         try:
-            for epoch in range(progress.epoch, config.epochs):
+            # max_steps, when set, wins over epochs: the epochs repeat until it is reached
+            epochs = itertools.count(progress.epoch) if config.max_steps else range(progress.epoch, self.plan.epochs)
+            for epoch in epochs:
+                if config.max_steps and progress.global_step >= config.max_steps:
+                    return
                 start = progress.epoch_batch if epoch == progress.epoch else 0
                 progress.epoch, progress.epoch_batch = epoch, start
+                if start == 0 and self.data.batches_per_epoch(epoch) == 0:
+                    raise TrainingError(f"epoch {epoch} has no batch: the data gave out before max_steps")
                 for batch in self.data.batches(epoch, start):
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
-                    prediction = self.setup.predict(batch, generator)
-                    loss = self.setup.calculate_loss(batch, prediction)
+                    self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
+                    loss, prediction = self.parallel.forward(self.setup, batch, generator)
                     (loss / accumulation).backward()
-                    # no .item() here: reading a value waits for the device (see read_losses)
-                    micro_losses.append(loss.detach())
+                    # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
+                    # global batch's loss, so every rank stops alike on a non-finite one
+                    micro_losses.append(self.parallel.global_loss(loss))
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
@@ -278,7 +361,7 @@ class GenericTrainer:
                     step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
                     step_bar.update()
-                    if self.stop_requested.is_set():
+                    if any_rank(self.stop_requested.is_set()):
                         self.backup()
                         return
                     if config.max_steps and progress.global_step >= config.max_steps:
@@ -310,11 +393,7 @@ class GenericTrainer:
     def _optimizer_step(self, parameters) -> torch.Tensor:
         """The gradient norm stays on the device (read back with the loss)."""
         clip = self.config.optimizer.clip_grad_norm
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip)
-        else:
-            grad_norm = torch.norm(torch.stack([g.norm() for g in grads])) if grads else torch.zeros(())
+        grad_norm = gradient_norm(parameters, clip)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -352,22 +431,24 @@ class GenericTrainer:
     def backup(self) -> Path:
         self.read_losses()  # never back up weights a non-finite loss has touched
         folder = self.backup_root / f"step-{self.progress.global_step:08d}"
-        trainable = self.setup.trainable_state_dict()
-        broken = non_finite_tensors(trainable)
-        if broken:
-            raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
-                                f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
-                                f"written from them, training stopped and {self._last_backup_text()}. Lower the "
-                                f"learning rate or check the data.")
-        try:
-            with phase("backup"):
-                write_backup(folder, self.progress, trainable, self.optimizer, self.scheduler, self.ema,
-                             config_to_dict(self.config))
-        except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
-            raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
-                                f"{self._last_backup_text()}") from error
-        prune_backups(self.backup_root, self.config.backup.rolling_count)
-        log.info("backup written to %s", folder)
+        trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
+        if self.parallel.is_main:
+            broken = non_finite_tensors(trainable)
+            if broken:
+                raise TrainingError(f"the trained weights became non-finite by step {self.progress.global_step} "
+                                    f"({len(broken)} of {len(trainable)} tensors, e.g. {broken[0]}); no backup was "
+                                    f"written from them, training stopped and {self._last_backup_text()}. Lower the "
+                                    f"learning rate or check the data.")
+            try:
+                with phase("backup"):
+                    write_backup(folder, self.progress, trainable, optimizer_state, self.scheduler, self.ema,
+                                 config_to_dict(self.config), rng=rng, extra_json={RANKS_FILE: layout})
+            except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
+                raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
+                                    f"{self._last_backup_text()}") from error
+            prune_backups(self.backup_root, self.config.backup.rolling_count)
+            log.info("backup written to %s", folder)
+        barrier()
         return folder
 
     def _resume(self) -> None:
@@ -384,24 +465,26 @@ class GenericTrainer:
             state = read_backup(folder)
         except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
             raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
-        self.setup.load_trainable_state_dict(state["trainable"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
-        restore_rng_state(state["rng"])
         self.progress = state["progress"]
-        print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
+        if self.parallel.is_main:
+            print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
 
     def save_result(self, destination: str) -> list[Path]:
         self.read_losses()
         output = self.config.output
+        written = []
         try:
-            with phase("save"):
-                written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
-                                                 config_to_dict(self.config))
+            with phase("save"), self.parallel.gathered(self.model):  # sharded: the whole transformer on rank 0
+                if self.parallel.is_main:
+                    written = self.setup.save_result(destination, output.format, output.dtype.torch_dtype(),
+                                                     config_to_dict(self.config))
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
             raise TrainingError(self._save_failed_message(destination, error)) from error
+        barrier()
         for path in written:
             print(f"saved {path}", flush=True)
         return written

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from modules.util.ranks import barrier, is_main, main_decides
+
 
 class Every:
     """A schedule: every n steps, every n epochs, or every n minutes (0 disables each)."""
@@ -46,23 +48,30 @@ class TrainingHooks:
         self.smoothed_loss = None
         self.last_loss = None   # the latest loss read back from the device
         self.unsent_losses: list[float] = []   # read back since the last on_update
+        # several ranks: rank 0 alone writes TensorBoard and samples; the others wait for it at a barrier
         self.writer = None
-        if config.tensorboard:
+        if config.tensorboard and is_main():
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(Path(config.workspace_dir) / "tensorboard"))
+            self.writer = SummaryWriter(str(trainer.tensorboard_dir))
+        self.sampling = bool(config.sampling.samples_file)
         self.sampler = None
-        if config.sampling.samples_file:
+        if self.sampling and is_main():
             from modules.modelSampler.TrainingSampler import TrainingSampler
             self.sampler = TrainingSampler(trainer)
         self.visualizer = None
         e2v = trainer.data.e2v
-        if e2v is not None and e2v.visualization.enabled:
+        if e2v is not None and e2v.visualization.enabled and is_main():
             from modules.trainer.E2VVisualizer import E2VVisualizer
             self.visualizer = E2VVisualizer(trainer, e2v.visualization)
 
-    def before_training(self) -> None:
-        if self.sampler is not None and self.trainer.config.sampling.sample_before_training:
+    def _sample(self) -> None:
+        if self.sampler is not None:
             self.sampler.sample_all()
+        barrier()
+
+    def before_training(self) -> None:
+        if self.sampling and self.trainer.config.sampling.sample_before_training:
+            self._sample()
 
     def after_batch(self, batch: dict, prediction) -> None:
         if self.visualizer is not None:
@@ -92,20 +101,21 @@ class TrainingHooks:
                            "loss": loss, "losses": self.unsent_losses, "smoothed_loss": self.smoothed_loss,
                            "step_time": step_time})
         self.unsent_losses = []
-        if self.sampler is not None and self.sample_every.due_after_step(step) \
+        # rank 0's clock decides minute schedules for every rank
+        if self.sampling and main_decides(self.sample_every.due_after_step(step)) \
                 and step > trainer.config.sampling.skip_first:
-            self.sampler.sample_all()
+            self._sample()
             self.sample_every.mark()
-        if self.backup_every.due_after_step(step):
+        if main_decides(self.backup_every.due_after_step(step)):
             trainer.backup()
             self.backup_every.mark()
-        if self.save_every.due_after_step(step):
+        if main_decides(self.save_every.due_after_step(step)):
             self._intermediate_save(f"step-{step:08d}")
 
     def after_epoch(self, epoch: int) -> None:
         trainer = self.trainer
-        if self.sampler is not None and self.sample_every.due_after_epoch(epoch):
-            self.sampler.sample_all()
+        if self.sampling and self.sample_every.due_after_epoch(epoch):
+            self._sample()
         if self.backup_every.due_after_epoch(epoch):
             trainer.backup()
         if self.save_every.due_after_epoch(epoch):
@@ -116,7 +126,8 @@ class TrainingHooks:
         from modules.trainer.workspace_files import prune_saves, save_folder
         config = self.trainer.config
         self.trainer.save_result(str(save_folder(config) / f"{name}{Path(config.output.destination).suffix}"))
-        prune_saves(save_folder(config), config.backup.save_rolling_count)
+        if is_main():
+            prune_saves(save_folder(config), config.backup.save_rolling_count)
 
     def close(self) -> None:
         if self.writer is not None:

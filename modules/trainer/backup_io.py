@@ -94,15 +94,20 @@ def restore_rng_state(state: dict) -> None:
 
 
 def write_backup(folder: Path, progress: TrainProgress, trainable: dict[str, torch.Tensor],
-                 optimizer: torch.optim.Optimizer, scheduler, ema, config_json: dict) -> None:
+                 optimizer: torch.optim.Optimizer | dict, scheduler, ema, config_json: dict,
+                 rng: dict | None = None, extra_json: dict[str, object] | None = None) -> None:
+    """`optimizer`: the optimizer or its state dict (a multi-process run gathers it); `rng`: default this
+    process's states; `extra_json`: more files, name -> JSON value."""
     with atomic_dir(folder) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in trainable.items()}, str(tmp / "trainable.safetensors"))
-        save_nested(optimizer.state_dict(), tmp, "optimizer")
+        save_nested(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp, "optimizer")
         (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict(), default=str))
         if ema is not None:
             save_file(ema.state_dict(), str(tmp / "ema.safetensors"))
-        save_nested(rng_state(), tmp, "rng")
+        save_nested(rng if rng is not None else rng_state(), tmp, "rng")
         (tmp / "config.json").write_text(json.dumps(config_json, indent=2))
+        for name, value in (extra_json or {}).items():
+            (tmp / name).write_text(json.dumps(value))
         (tmp / PROGRESS_FILE).write_text(json.dumps(asdict(progress)))
         write_manifest(tmp)
 

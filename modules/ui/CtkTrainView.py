@@ -140,8 +140,9 @@ class CtkTrainView(ctk.CTk):
         self.tensorboard_label.grid(row=row, column=2, sticky="w")
 
         model = self.tabs["model"]
-        row = render_section(model, self.config_state, "model", only=["base_model_name", "allow_download"],
-                             fields=self.fields, title="base model")
+        row = render_section(model, self.config_state, "model",
+                             only=["base_model_name", "allow_download", "intended_variant"], fields=self.fields,
+                             title="base model")
         for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
             row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))

@@ -147,7 +147,12 @@ class SamplingController:
     # ---- previews ------------------------------------------------------------------------------------------------
 
     def samples_dir(self) -> Path:
-        return Path(self.state.get("workspace_dir") or "workspace") / "samples"
+        """The newest run's previews: GenericTrainer writes each run's into <workspace>/samples/<run>/<prompt>/
+        (a folder that holds only prompt folders of videos is read as it is)."""
+        root = Path(self.state.get("workspace_dir") or "workspace") / "samples"
+        runs = [d for d in root.iterdir() if d.is_dir() and any(c.is_dir() for c in d.iterdir())] \
+            if root.is_dir() else []
+        return max(runs, key=lambda d: d.stat().st_mtime) if runs else root
 
     def previews(self) -> list[PreviewSeries]:
         """Every prompt folder with its preview videos sorted by training step."""

@@ -36,3 +36,52 @@ def modelspec_metadata(variant: WanVariant, lora: bool = False, title: str | Non
     if train_config is not None:
         metadata["training_config"] = json.dumps(_without_secrets(train_config))
     return {k: str(v) for k, v in metadata.items()}
+
+
+# ---- which model a file is for ---------------------------------------------------------------------------------
+
+def _spec(name: str) -> dict:
+    return json.loads((SPEC_DIR / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def architecture(variant: WanVariant) -> str:
+    """The modelspec architecture of a variant's models, e.g. `wan_2_1_t2v` (its LoRAs add `/lora`)."""
+    return _spec(_SPEC_NAMES[variant])["modelspec.architecture"]
+
+
+def describe_architecture(arch: str) -> str:
+    """`wan_2_1_t2v/lora` -> `wan_2_1_t2v (Wan 2.1 T2V)`; an architecture we do not know is named as it is."""
+    base = arch.split("/")[0]
+    for variant, name in _SPEC_NAMES.items():
+        if architecture(variant) == base:
+            return f"{base} ({_spec(name)['modelspec.title']})"
+    return base
+
+
+def file_architecture(path: str | Path) -> str | None:
+    """`modelspec.architecture` from a safetensors header (None when absent or unreadable); reads the header only."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("modelspec.architecture")
+    except Exception:  # noqa: BLE001 - a file we cannot read has no architecture to compare; loading it says why
+        return None
+
+
+def lora_model_mismatch(path: str | Path, variant: WanVariant) -> str | None:
+    """A sentence naming both models when the LoRA's header says it was made for another variant; None when it
+    matches or says nothing."""
+    arch = file_architecture(path)
+    if not arch or arch.split("/")[0] == architecture(variant):
+        return None
+    return (f"the LoRA {path} was made for {describe_architecture(arch)}, but the model is {variant}, "
+            f"{describe_architecture(architecture(variant))}")
+
+
+def lora_shape_message(path: str | Path, variant: WanVariant, error: Exception) -> str:
+    """A LoRA whose tensors do not fit the model: the error, with the LoRA's and the model's architectures."""
+    arch = file_architecture(path)
+    made_for = describe_architecture(arch) if arch else "an unknown model (no modelspec.architecture in its header)"
+    return (f"the LoRA {path} does not fit the model: {error}. The LoRA was made for {made_for}; the model is "
+            f"{variant}, {describe_architecture(architecture(variant))} (a LoRA fits only the architecture and size "
+            f"it was trained on, e.g. not a 1.3B LoRA on a 14B model)")

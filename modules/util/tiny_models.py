@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from modules.modelSaver.wan.portable_folder import make_portable
 from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b")
@@ -399,23 +400,6 @@ def make_tiny_pipeline(variant: str, seed: int = 0):
     return getattr(diffusers, spec.pipeline_class)(**parts)
 
 
-def _patch_model_index(folder: Path) -> None:
-    """Name the library classes in model_index.json as the released repos do.
-
-    Under transformers 5 without torchvision, save_pretrained records T5Tokenizer (T5TokenizerFast is an alias of
-    it) and CLIPImageProcessorPil (what CLIPImageProcessor falls back to); the released repos name T5TokenizerFast
-    and CLIPImageProcessor, which also load under transformers 4 and where torchvision is installed.
-    (preprocessor_config.json already says CLIPImageProcessor.)
-    """
-    path = folder / "model_index.json"
-    index = json.loads(path.read_text(encoding="utf-8"))
-    if index.get("tokenizer", [None])[0] == "transformers":
-        index["tokenizer"] = ["transformers", "T5TokenizerFast"]
-    if index.get("image_processor", [None])[0] == "transformers":
-        index["image_processor"] = ["transformers", "CLIPImageProcessor"]
-    path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def make_tiny_model(variant: str, output_dir: str | Path, seed: int = 0) -> Path:
     """Writes a complete tiny diffusers folder for `variant` to `output_dir` and returns its path.
 
@@ -428,5 +412,5 @@ def make_tiny_model(variant: str, output_dir: str | Path, seed: int = 0) -> Path
     pipeline = make_tiny_pipeline(variant, seed)
     with atomic_dir(output_dir) as tmp:
         pipeline.save_pretrained(tmp, safe_serialization=True)
-        _patch_model_index(tmp)
+        make_portable(tmp)   # loads under transformers 4 too, as the released repos do
     return output_dir

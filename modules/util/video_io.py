@@ -1,7 +1,8 @@
 """Reading and writing videos, images and `.npz` clips as uint8 (T, H, W, 3) RGB frame arrays.
 
 Every medium is a video here: an image is a one-frame video, a GIF is decoded by PyAV like any other video, and an
-`.npz` clip holds a ready-made frame array (key 'frames', or else its first array) with an optional 'fps' key.
+`.npz` clip holds a ready-made frame array (named 'frames', 'video' or 'arr_0', or else the one array shaped
+(T, H, W, 3)) with an optional 'fps' key.
 
 Frame rate resampling (`resample_indices`) works on the real presentation timestamps of the source frames
 (pts * time_base, exact fractions), never on an assumed constant rate:
@@ -274,11 +275,28 @@ def _probe_video_by_decoding(path: str, width: int, height: int) -> MediaInfo:
     return MediaInfo(path, "video", width, height, len(timestamps), timestamps, timestamps[-1] + interval)
 
 
-def _npz_frames_key(names: Sequence[str]) -> str | None:
-    if "frames" in names:
-        return "frames"
-    others = [n for n in names if n != "fps"]
-    return others[0] if others else None
+NPZ_FRAME_NAMES = ("frames", "video", "arr_0")
+
+
+def _npz_frames_key(path: str, names: Sequence[str]) -> str | None:
+    """The frame array of an .npz: by name (frames, video, arr_0: np.savez's name for an unnamed array), else the
+    one array shaped like frames (4-D, 3 channels last), whatever the order of the archive's arrays."""
+    for name in NPZ_FRAME_NAMES:
+        if name in names:
+            return name
+    shaped = []
+    for name in names:
+        if name == "fps":
+            continue
+        shape, _, header_end, _ = _npy_header(path, name)
+        if header_end is not None and len(shape) == 4 and shape[3] == 3:
+            shaped.append(name)
+    if len(shaped) == 1:
+        return shaped[0]
+    if len(shaped) > 1:
+        raise UnreadableMediaError(path, f"several arrays look like frames ({', '.join(shaped)}); name the frame "
+                                         f"array 'frames'")
+    return None
 
 
 @contextlib.contextmanager
@@ -288,9 +306,11 @@ def _open_npz(path: str):
         raise UnreadableMediaError(path, "not an .npz archive (it is not a zip file)")
     try:
         with np.load(path, allow_pickle=False) as data:
-            key = _npz_frames_key(data.files)
+            key = _npz_frames_key(path, data.files)
             if key is None:
-                raise UnreadableMediaError(path, "the .npz holds no frame array")
+                raise UnreadableMediaError(path, f"the .npz holds no frame array (a uint8 (T, H, W, 3) array named "
+                                                 f"{', '.join(NPZ_FRAME_NAMES)}, or the only array of that shape; "
+                                                 f"it has {', '.join(data.files) or 'no arrays'})")
             yield data, key
     except UnreadableMediaError:
         raise
@@ -322,9 +342,9 @@ def _npz_fps(path: str, data) -> Fraction | None:
 MAX_NPZ_FRAME_BYTES = 16 * 2 ** 30  # far above any clip a Wan model trains on (81 x 1280x720x3 is 224 MB)
 
 
-def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
-    """The frame array's shape, from its .npy header alone: a forged header (a billion frames, a shape of terabytes,
-    an object array that would need unpickling) is refused before anything is allocated."""
+def _npy_header(path: str, key: str) -> tuple:
+    """(shape, dtype, end of the header, stored size) of one array of the archive, from its .npy header alone; for
+    a header version other than 1.0 / 2.0: (major, minor, None, None)."""
     with zipfile.ZipFile(path) as archive:
         stored = archive.getinfo(f"{key}.npy").file_size  # the member's uncompressed size
         with archive.open(f"{key}.npy") as member:
@@ -333,10 +353,18 @@ def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
                 shape, _, dtype = np.lib.format.read_array_header_1_0(member)
             elif version == (2, 0):
                 shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-            else:  # numpy writes 3.0 only for structured dtypes: never a frame array
-                raise UnreadableMediaError(path, f"its '{key}' array has a .npy header version {version} that frame "
-                                                 f"arrays never have")
-            header_end = member.tell()
+            else:
+                return version[0], version[1], None, None
+            return tuple(shape), dtype, member.tell(), stored
+
+
+def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
+    """The frame array's shape, from its .npy header alone: a forged header (a billion frames, a shape of terabytes,
+    an object array that would need unpickling) is refused before anything is allocated."""
+    shape, dtype, header_end, stored = _npy_header(path, key)
+    if header_end is None:  # numpy writes 3.0 only for structured dtypes: never a frame array
+        raise UnreadableMediaError(path, f"its '{key}' array has a .npy header version {(shape, dtype)} that frame "
+                                         f"arrays never have")
     _check_frame_array(path, key, shape, dtype)
     needed = math.prod(shape) * np.dtype(dtype).itemsize
     if needed > MAX_NPZ_FRAME_BYTES:

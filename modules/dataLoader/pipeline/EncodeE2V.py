@@ -5,7 +5,8 @@ import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
-from modules.model.e2v_condition import (build_mini_video, clip_tokens, encode_condition_cache, make_e2v_condition,
+from modules.model.e2v_condition import (ELEMENT_PREPROCESS_VERSION, build_mini_video, clip_tokens,
+                                         encode_condition_cache, make_e2v_condition,
                                          prepare_element_inputs, reference_latent_frames, reference_loss_mask,
                                          target_video_with_references)
 from modules.util.config.E2VConfig import E2VDatasetConfig
@@ -42,7 +43,7 @@ class EncodeE2V(PipelineModule):
         elements = ctx.get("elements", index)
         parts = ["e2v", file_identity(ctx.get("path", index)), [file_identity(p) if p else None for p in elements],
                  list(ctx.get("frame_indices", index)), list(ctx.get("resolution_bucket", index)), self.identity,
-                 self.settings]
+                 self.settings, ELEMENT_PREPROCESS_VERSION]
         key = cache_key(*parts)
         cached = self.cache.get(key, required=self._cached_names())
         if cached is None:

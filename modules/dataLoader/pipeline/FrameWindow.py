@@ -31,12 +31,14 @@ class FrameWindow(IndexMapModule):
     It is an IndexMapModule: item i is window w of upstream clip u. A file whose probe failed, or whose N is
     shorter than every frame count it could be cut at, gets no item: it is skipped with one warning and listed in
     `skipped`. Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps'
-    (the real rate of the extracted clip: fps x (F-1) / (N-1) for uniform, the concept's fps otherwise).
+    (the real rate of the extracted clip: fps x (F-1) / (N-1) for uniform, the concept's fps otherwise). A video
+    shorter than the smallest video bucket (> 1) trains as a still image only when 1 is a bucket, with one notice.
+    `warned` (shared by every FrameWindow of a run) keeps each warning to once per run.
     """
 
     def __init__(self, frame_buckets: list[int], model_fps: int | float, name: str | None = None, *,
                  path_name: str = "path", concept_name: str = "concept", info_name: str = "media_info",
-                 error_name: str = "media_error"):
+                 error_name: str = "media_error", warned: set | None = None):
         super().__init__(name)
         buckets = sorted(set(int(b) for b in frame_buckets))
         bad = [b for b in buckets if b < 1 or (b - 1) % 4]
@@ -50,7 +52,7 @@ class FrameWindow(IndexMapModule):
         self.error_name = error_name
         self._map: list[tuple[int, int, int]] = []  # (upstream clip, F, window start)
         self.skipped: list[tuple[str, str]] = []
-        self._warned: set[tuple[str, str]] = set()
+        self._warned: set = warned if warned is not None else set()
 
     def needs(self) -> list[str]:
         return [self.path_name, self.concept_name, self.info_name, self.error_name]
@@ -130,7 +132,17 @@ class FrameWindow(IndexMapModule):
             if n < shortest:
                 return [], f"{n} frame(s) {rate} is shorter than the smallest {what} ({shortest})"
             return [], f"max_frames {int(getattr(concept, 'max_frames', n))} is below the smallest {what} ({shortest})"
+        if n > 1 and info.kind != "image" and any(f == 1 for f, _ in windows):
+            videos = [b for b in self.frame_buckets if b > 1]
+            shortest = f"the smallest video bucket ({videos[0]})" if videos else "every video bucket (there is none)"
+            self._warn_once(str(row[self.path_name]), f"{n} frames is shorter than {shortest}: it trains as a still "
+                                                     f"image (its first frame, frame bucket 1)", "notice: %s: %s")
         return windows, None
+
+    def _warn_once(self, path: str, reason: str, form: str = "skipping %s: %s") -> None:
+        if (path, reason) not in self._warned:
+            self._warned.add((path, reason))
+            logger.warning(form, path, reason)
 
     def start_epoch(self, ctx) -> None:
         mapping: list[tuple[int, int]] = []
@@ -138,11 +150,8 @@ class FrameWindow(IndexMapModule):
         for upstream, row in enumerate(ctx.get_all(self.needs())):
             windows, reason = self._plan(row)
             if reason is not None:
-                entry = (str(row[self.path_name]), reason)
-                skipped.append(entry)
-                if entry not in self._warned:
-                    self._warned.add(entry)
-                    logger.warning("skipping %s: %s", entry[0], entry[1])
+                skipped.append((str(row[self.path_name]), reason))
+                self._warn_once(str(row[self.path_name]), reason)
             mapping.extend((upstream, f, start) for f, start in windows)
         self._map = mapping
         self.skipped = skipped

@@ -7,15 +7,30 @@ import torch
 from safetensors.torch import save_file
 
 from modules.model.WanModel import WanModel
+from modules.modelSaver.wan.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.modelspec import modelspec_metadata
 from modules.util.lora.keys import diffusers_to_original_state_dict
 
 
+FLOAT8 = torch.float8_e4m3fn
+
+
+def _cast_tensor(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    value = value.detach().cpu()
+    if dtype is None or not value.is_floating_point():
+        return value
+    if dtype == FLOAT8:
+        # as the fp8 Wan files ComfyUI loads: the weight matrices in float8_e4m3fn, biases, norms, modulation
+        # tables and embeddings' small vectors in bfloat16 (fp8 would cost them most of their precision)
+        is_matrix = name.endswith(".weight") and value.dim() >= 2
+        return value.to(FLOAT8 if is_matrix else torch.bfloat16)
+    return value.to(dtype)
+
+
 def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    return {k: (v.detach().to("cpu", dtype) if dtype is not None and v.is_floating_point() else v.detach().cpu())
-            for k, v in module.state_dict().items()}
+    return {k: _cast_tensor(k, v, dtype) for k, v in module.state_dict().items()}
 
 
 def expert_file_path(destination: Path, expert: str, model: WanModel) -> Path:
@@ -39,6 +54,10 @@ class WanBaseModelSaver:
 
     @staticmethod
     def _save_diffusers(model: WanModel, destination: Path, dtype: torch.dtype | None) -> None:
+        if dtype == FLOAT8:
+            raise ValueError("a diffusers folder is not written in FLOAT_8: diffusers' from_pretrained would compute "
+                             "in float8, which its layers cannot; write ORIGINAL (a single file ComfyUI loads in "
+                             "fp8) or a diffusers folder in BFLOAT_16")
         with atomic_dir(destination) as tmp:
             # model_index.json exactly as diffusers writes it for this pipeline class
             model.create_pipeline().save_config(tmp)
@@ -62,6 +81,7 @@ class WanBaseModelSaver:
                         config = json.loads(config_path.read_text())
                         config["dtype"] = str(dtype).removeprefix("torch.")
                         config_path.write_text(json.dumps(config, indent=2))
+            make_portable(tmp)
 
     @staticmethod
     def _save_original(model: WanModel, destination: Path, dtype: torch.dtype | None,

@@ -43,7 +43,12 @@ class PerformanceSetup:
         performance, transformer = self.performance, self.transformer
         blocks = transformer.blocks
         if performance.attention != "auto":
+            from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+            default = _AttentionBackendRegistry._active_backend
             transformer.set_attention_backend(ATTENTION_BACKENDS[performance.attention])
+            # diffusers also makes the backend the process-wide default; only this transformer asked for it (the
+            # benchmark's baseline, a second expert and the sampler's other models keep theirs)
+            _AttentionBackendRegistry.set_active_backend(default)
         if performance.block_swap:
             self.block_swap = BlockSwap(blocks, performance.block_swap, self.device)
             if self.fine_tune:

@@ -3,6 +3,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.resolution import parse_resolution
 
 
 class ConceptConfig(BaseConfig):
@@ -22,6 +23,8 @@ class ConceptConfig(BaseConfig):
     prompt_path: str = ""
     caption_required: bool = True
     caption_dropout: float = Field(0.0, ge=0, le=1)
+    remove_common_llm_caption_prefixes: bool = Field(False, description="drop captioning LLMs' openings (\"The "
+                                                     "video shows\", \"In this video,\") from the captions")
     fps: int | Literal["model", "source"] = "model"
     extraction: Literal["head", "uniform", "random", "slide", "chunk", "spaced", "full"] = "head"
     slide_stride: int = Field(16, ge=1, description="pixel frames between windows in slide mode")
@@ -45,7 +48,9 @@ class DataConfig(BaseConfig):
     dataset_config: str = Field("", description="a musubi-tuner or diffusion-pipe dataset TOML: its datasets are "
                                 "added to the concepts and its settings replace the data section's (docs/data.md)")
     frame_buckets: list[int] = [1, 17, 33, 49, 81]
-    resolution: int = Field(480, ge=16, description="the side of the square whose area the buckets target")
+    resolution: int | str = Field("480p", description="'480p' (832x480) or '720p' (1280x720): 16:9 clips train at "
+                                  "exactly that size; 'WxH' likewise; an integer N: every bucket has the area N x N "
+                                  "(docs/configuration.md has the table)")
     aspect_ratios: list[float] = [16 / 9, 4 / 3, 1.0, 3 / 4, 9 / 16]
     no_upscale: bool = False
     crop_jitter: bool = False
@@ -53,6 +58,12 @@ class DataConfig(BaseConfig):
     dataloader_threads: int = Field(2, ge=0)
     ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
                                           "image-to-video (first latent frame clean)")
+
+    @field_validator("resolution")
+    @classmethod
+    def _known_resolution(cls, value: int | str) -> int | str:
+        parse_resolution(value)
+        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
 
     @field_validator("frame_buckets")
     @classmethod

@@ -32,7 +32,8 @@ from modules.util.config.BaseConfig import BaseConfig
 
 logger = logging.getLogger(__name__)
 
-PreprocessMode = Literal["resize", "center_crop", "pad_white", "letterbox"]
+# a2 / a2_pad / a2_crop: SkyReels-A2's own inference preprocessing (modules/model/e2v_condition.py)
+PreprocessMode = Literal["resize", "center_crop", "pad_white", "letterbox", "a2", "a2_pad", "a2_crop"]
 ReshapeMode = Literal["bicubic", "bilinear", "area", "nearest"]
 FrameConditioning = Literal["full", "index", "prefix", "random", "first_and_last"]
 CombineMode = Literal["before", "after"]
@@ -299,19 +300,43 @@ def check_against_frames(config: E2VDatasetConfig, num_frames: int, prefix: str 
         raise _config_error(problems)
 
 
-def check_against_model(config: E2VDatasetConfig, spatial_unit: int, prefix: str = "") -> None:
-    """Raises ConfigError when a resolution is not a multiple of the model's spatial unit (VAE stride x patch:
-    16 for Wan 2.1 and A14B, 32 for TI2V-5B)."""
-    problems = []
-    for field, resolution in (("target_resolution", config.target_resolution),
-                              ("processors.vae.resolution", config.processors.vae.resolution)):
-        for side, value in zip(("height", "width"), resolution):
-            if value % spatial_unit:
-                lower = max(spatial_unit, value // spatial_unit * spatial_unit)
-                problems.append(f"{prefix}{field}: {side} {value} is not a multiple of {spatial_unit} (the model's "
-                                f"spatial unit); use {lower} or {lower + spatial_unit}")
-    if problems:
-        raise _config_error(problems)
+def min_clip_frames(config: E2VDatasetConfig, stride: int = VAE_TEMPORAL_STRIDE) -> int:
+    """The fewest pixel frames (a stride*k+1 count) a training clip needs: room for every reference frame, plus at
+    least one frame of the clip itself when the references are prepended to the target; with combine 'after', one
+    latent frame per element."""
+    if not (config.uses_vae or config.reference_frames == "prepend"):
+        return 1
+    needed = config.num_reference_frames + (1 if config.reference_frames == "prepend" else 0)
+    if config.processors.vae.combine == "after":
+        needed = max(needed, stride * (len(config.elements) - 1) + 1)
+    return -(-(needed - 1) // stride) * stride + 1
+
+
+def round_to_spatial_unit(config: E2VDatasetConfig, spatial_unit: int, prefix: str = ""
+                          ) -> tuple[E2VDatasetConfig, list[str]]:
+    """Rounds each side of target_resolution and processors.vae.resolution to the nearest multiple of the model's
+    spatial unit (VAE stride x patch: 16 for Wan 2.1 and A14B, 32 for TI2V-5B; never below one unit), as a user who
+    writes 480x854 (16:9 of 480) means 480x848. Returns the config and one notice per changed field, naming the
+    field, the value written and the value used."""
+    def rounded(side: int) -> int:
+        return max(spatial_unit, (2 * side + spatial_unit) // (2 * spatial_unit) * spatial_unit)
+
+    data = config.model_dump()
+    notices = []
+    for field, path in (("target_resolution", ("target_resolution",)),
+                        ("processors.vae.resolution", ("processors", "vae", "resolution"))):
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        written = tuple(node[path[-1]])
+        used = tuple(rounded(side) for side in written)
+        if used != written:
+            node[path[-1]] = used
+            notices.append(f"{prefix}{field}: {list(written)} is not a multiple of the model's spatial unit "
+                           f"({spatial_unit}); using {list(used)}")
+    if not notices:
+        return config, []
+    return E2VDatasetConfig.model_validate(data), notices
 
 
 def warn_if_unaligned(config: E2VDatasetConfig, where: str = "") -> bool:

@@ -1,6 +1,6 @@
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
 from modules.util.config.BaseConfig import BaseConfig
 
@@ -16,6 +16,8 @@ class E2VTrainConfig(BaseConfig):
     frame_conditioning: Literal["", "full", "index", "prefix", "random", "first_and_last"] = ""
     frame_index: int | None = Field(None, ge=0)
     concatenate_mask: bool | None = None
+    resolution: tuple[PositiveInt, PositiveInt] | None = Field(
+        None, description="[height, width]: overrides every dataset's target_resolution and processors.vae.resolution")
 
     @property
     def enabled(self) -> bool:

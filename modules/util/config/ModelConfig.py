@@ -3,6 +3,7 @@ from pydantic import Field
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.enum.WanVariant import WanVariant
 
 
 class PartConfig(BaseConfig):
@@ -15,6 +16,9 @@ class PartConfig(BaseConfig):
 class ModelConfig(BaseConfig):
     base_model_name: str = Field("", description="a diffusers folder, or a hub id when allow_download is true")
     allow_download: bool = False
+    intended_variant: WanVariant | None = Field(
+        None, description="the Wan variant this config (preset) is made for: T2V, I2V, FLF2V, TI2V_5B, T2V_A14B, "
+                          "I2V_A14B; training refuses a model of another variant; null: any")
     transformer: PartConfig = PartConfig()
     transformer_2: PartConfig = PartConfig()
     vae: PartConfig = PartConfig()

@@ -1,6 +1,6 @@
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
 
@@ -20,10 +20,26 @@ class OptimizerConfig(BaseConfig):
 
 
 class TimestepConfig(BaseConfig):
-    distribution: Literal["uniform", "logit_normal", "sigmoid", "shift"] = "shift"
-    shift: float = Field(3.0, gt=0, description="discrete flow shift for the 'shift' distribution")
+    """How training draws sigmas (modules/modelSetup/timestep_sampling.py; docs/configuration.md plots them).
+
+    `sigmoid_shift` is musubi-tuner's `--timestep_sampling shift`: sigmoid(sigmoid_scale * N(0, 1)), then the flow
+    shift; `uniform_shift` draws uniformly, then shifts (what this project's `shift` meant before config version 2).
+    The bare name `shift` is refused as ambiguous."""
+
+    distribution: Literal["uniform", "logit_normal", "sigmoid", "uniform_shift", "sigmoid_shift"] = "sigmoid_shift"
+    shift: float = Field(3.0, gt=0, description="the flow shift s of uniform_shift / sigmoid_shift: "
+                                               "sigma' = s*sigma / (1 + (s-1)*sigma)")
     logit_mean: float = 0.0
     logit_std: float = Field(1.0, gt=0)
-    sigmoid_scale: float = Field(1.0, gt=0)
+    sigmoid_scale: float = Field(1.0, gt=0, description="sigmoid and sigmoid_shift: the scale of the normal draw")
     min_sigma: float = Field(0.0, ge=0, le=1)
     max_sigma: float = Field(1.0, ge=0, le=1)
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _not_ambiguous(cls, value):
+        if value == "shift":
+            raise ValueError("'shift' is ambiguous: 'sigmoid_shift' is musubi-tuner's shift (sigmoid of a normal "
+                             "draw, then shifted; the presets' choice), 'uniform_shift' draws uniformly, then "
+                             "shifts (this project's 'shift' before config version 2)")
+        return value

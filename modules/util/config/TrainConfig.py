@@ -4,6 +4,7 @@ from pydantic import Field
 
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.DataConfig import DataConfig
+from modules.util.config.DistributedConfig import DistributedConfig
 from modules.util.config.E2VTrainConfig import E2VTrainConfig
 from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, LoraConfig
 from modules.util.config.ModelConfig import ModelConfig, OutputConfig
@@ -22,7 +23,11 @@ class TrainConfig(BaseConfig):
     training_method: TrainingMethod = TrainingMethod.LORA
     model: ModelConfig = ModelConfig()
     output: OutputConfig = OutputConfig()
-    workspace_dir: str = "workspace/run"
+    workspace_dir: str = Field("workspace/run", description="backups (shared by its runs, so a resume finds the "
+                               "newest), and per run the TensorBoard log and previews")
+    run_name: str = Field("", description="names this run's TensorBoard and samples folders in the workspace; empty: "
+                          "the start time (a resume continues the name of the run it resumes). The trainer fills "
+                          "it in when empty: set it back to '' to reuse the config object for a new run")
     cache_dir: str = "workspace/cache"
     tensorboard: bool = True
     demo_assets: bool = Field(False, description="create the tiny demo model and dataset at the configured "
@@ -36,6 +41,8 @@ class TrainConfig(BaseConfig):
     epochs: int = Field(10, ge=1)
     max_steps: int = Field(0, ge=0, description="stop after this many optimizer steps; 0: run all epochs")
     batch_size: int = Field(1, ge=1)
+    multi_gpu: bool = Field(False, description="re-launch through torchrun on every visible GPU (batch_size is "
+                                               "per GPU; docs/multi-gpu.md)")
     expert: Literal["high", "low", "both"] = Field("both", description="Wan 2.2 A14B: which expert(s) train")
 
     data: DataConfig = DataConfig()
@@ -48,3 +55,4 @@ class TrainConfig(BaseConfig):
     backup: BackupConfig = BackupConfig()
     e2v: E2VTrainConfig = E2VTrainConfig()
     performance: PerformanceConfig = PerformanceConfig()
+    distributed: DistributedConfig = DistributedConfig()

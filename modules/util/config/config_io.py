@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from modules.util.atomic import atomic_write_text
 from modules.util.config.TrainConfig import TrainConfig
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
 VERSION_KEY = "__version"
 
 
@@ -34,7 +34,21 @@ def _migrate_0_to_1(data: dict) -> dict:
     return data
 
 
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {0: _migrate_0_to_1}
+def _migrate_1_to_2(data: dict) -> dict:
+    # Version 2 renamed the ambiguous timestep distribution "shift" (uniform, then shifted; also the default) to
+    # "uniform_shift" and made musubi-tuner's "sigmoid_shift" the default; and "480p" (832x480 for 16:9) became the
+    # default resolution where version 1 meant the area of 480 x 480. A version-1 file keeps its meaning, also where
+    # it relied on the defaults.
+    timestep = data.setdefault("timestep", {})
+    if isinstance(timestep, dict) and timestep.get("distribution", "shift") == "shift":
+        timestep["distribution"] = "uniform_shift"
+    data_section = data.setdefault("data", {})
+    if isinstance(data_section, dict):
+        data_section.setdefault("resolution", 480)
+    return data
+
+
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
 def migrate(data: dict, source: str = "") -> dict:

@@ -10,7 +10,6 @@ Relative paths in the file are used as written, i.e. from the current directory,
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -74,18 +73,6 @@ def round_frames(values, where: str, problems: list[str]) -> list[int]:
     if rounded != sorted(set(values)):
         log.warning("%s: frame counts %s rounded down to 4k+1: %s (Wan takes 4k+1 frames)", where, values, rounded)
     return rounded
-
-
-def resolution_for(width: int, height: int, unit: int = 16) -> int:
-    """The data.resolution whose bucket for the aspect width/height is width x height (sides multiples of
-    `unit`); for other sizes, the one whose area is nearest."""
-    from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
-    ratio = width / height
-    nearest = max(unit, round(math.sqrt(width * height)))
-    for candidate in sorted(range(unit, 2 * max(width, height) + 1), key=lambda r: abs(r - nearest)):
-        if ResolutionBucket.make_buckets(candidate, [ratio], unit) == [(height, width)]:
-            return candidate
-    return nearest
 
 
 def read_dataset_toml(path: str | Path) -> dict:

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from modules.util.config.config_io import ConfigError
-from modules.util.config.dataset_toml import check_exists, check_keys, resolution_for, round_frames
+from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def musubi_settings(table: dict, source: str) -> dict:
         size = _size(shared["resolution"][1], shared["resolution"][0] + "resolution", problems)
         if size is not None:
             width, height = size
-            data["resolution"] = resolution_for(width, height)
+            data["resolution"] = f"{width}x{height}"  # exactly W x H for its aspect, the same area for the others
             bucketed = shared.get("enable_bucket", ("", False))[1] is True
             data["aspect_ratios"] = musubi_buckets_aspects(width, height) if bucketed else [width / height]
     if "bucket_no_upscale" in shared:

@@ -25,3 +25,7 @@ class DataType(str, Enum):
     def is_quantized(self) -> bool:
         """bitsandbytes weights: GPU only, frozen base weights of a transformer only."""
         return self in (DataType.NF4, DataType.INT8)
+
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype weights are written in (FLOAT_8: float8_e4m3fn, the fp8 ComfyUI loads)."""
+        return torch.float8_e4m3fn if self is DataType.FLOAT_8 else self.torch_dtype()

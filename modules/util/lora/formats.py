@@ -142,6 +142,8 @@ def lora_to_state_dict(weights: LoraWeights, fmt: ModelFormat, dtype: torch.dtyp
     cast to `dtype` when given; `.alpha` always float32."""
     fmt = ModelFormat(fmt)
     out: dict[str, Tensor] = {}
+    if fmt == ModelFormat.KOHYA_LORA:
+        warn_what_musubi_ignores(weights)
 
     def cast(t: Tensor) -> Tensor:
         return t if dtype is None else t.to(dtype)
@@ -188,6 +190,24 @@ def _lycoris_to_state_dict(name: str, module: LycorisModule, fmt: ModelFormat, c
     out = {stem + suffix: cast(tensor) for suffix, tensor in lycoris_state_items(module).items()}
     out[stem + ".alpha"] = _alpha_tensor(module.alpha)
     return out
+
+
+def warn_what_musubi_ignores(weights: LoraWeights) -> list[str]:
+    """KOHYA_LORA is musubi-tuner's layout, but musubi-tuner does not apply everything the layout can hold: it ignores
+    `.dora_scale` (the file applies as a plain LoRA there) and LoKr modules whose w1 is factorised too
+    (`decompose_both`: `.lokr_w1_a` / `.lokr_w1_b`). One warning per kind; returns the warnings."""
+    dora = sum(1 for m in weights.values() if getattr(m, "dora_scale", None) is not None)
+    both = sum(1 for m in weights.values() if isinstance(m, LokrModule) and m.lokr_w1_a is not None)
+    warnings = []
+    if dora:
+        warnings.append(f"KOHYA_LORA: {dora} DoRA module(s) carry .dora_scale, which musubi-tuner ignores (it "
+                        f"applies them as plain LoRA); ComfyUI applies them")
+    if both:
+        warnings.append(f"KOHYA_LORA: {both} LoKr module(s) factorise w1 as well (decompose_both: .lokr_w1_a / "
+                        f".lokr_w1_b), which musubi-tuner does not apply; ComfyUI does")
+    for warning in warnings:
+        logger.warning(warning)
+    return warnings
 
 
 def save_lora_file(weights: LoraWeights, fmt: ModelFormat, path: str | os.PathLike,

@@ -1,0 +1,132 @@
+"""Backups of a multi-process run, in the single-process backup format (backup_io: safetensors and JSON only),
+so a backup resumes on any world size.
+
+Why not torch.distributed.checkpoint's own files: its default writer stores `.metadata` as a pickle, and the
+project writes and reads no pickles. Its safetensors writer (HuggingFaceStorageWriter) stores tensors only, not
+the optimizer's nested state. So the full state dicts are gathered on rank 0 with
+`torch.distributed.checkpoint.state_dict` (`full_state_dict=True, cpu_offload=True`) and written by rank 0 through
+backup_io; a sharded (FSDP2) resume loads them on rank 0 and broadcasts (`broadcast_from_rank0=True`). The price:
+rank 0 needs CPU memory for the trained weights and their optimizer state while a backup is written.
+
+What a backup adds over a single-process one: `ranks.json` ({"world_size", "batch_size"}: the global batch is
+their product) and `rng.ranks`, every rank's RNG state. Resuming keeps the global batch, so the data order goes on
+where it stopped: with another world size the per-rank batch becomes global batch / world size.
+"""
+import json
+from pathlib import Path
+
+import torch
+
+from modules.dataLoader.pipeline.PipelineModule import derive_seed
+from modules.trainer.backup_io import newest_usable_backup, restore_rng_state, rng_state
+from modules.util.ranks import all_gather_json, rank_and_world
+
+RANKS_FILE = "ranks.json"
+
+
+def backup_layout(folder: Path) -> dict:
+    """{"world_size", "batch_size"} of the run that wrote the backup (a single-process backup: 1 x its batch)."""
+    if (folder / RANKS_FILE).is_file():
+        return json.loads((folder / RANKS_FILE).read_text())
+    return {"world_size": 1, "batch_size": json.loads((folder / "config.json").read_text())["batch_size"]}
+
+
+def keep_global_batch(trainer) -> None:
+    """Before the data order is set up for a resume: makes this run's global batch the backup's, changing the
+    per-rank batch when the world size changed (2 ranks x 1 -> 1 rank x 2), so the same batches follow."""
+    folder, _ = newest_usable_backup(trainer.backup_root)  # the one _resume will take
+    if folder is None:
+        return
+    layout = backup_layout(folder)
+    saved = layout["world_size"] * layout["batch_size"]
+    _, world = rank_and_world()
+    if trainer.config.batch_size * world == saved:
+        return
+    if saved % world:
+        raise ValueError(f"{folder} was written with a global batch of {saved} ({layout['world_size']} "
+                         f"processes x batch_size {layout['batch_size']}); {world} processes cannot share it evenly: "
+                         f"resume on a world size that divides {saved}")
+    trainer.config.batch_size = saved // world
+    trainer.data.rebuild()
+    if trainer.parallel.is_main:
+        print(f"resuming a backup of {layout['world_size']} processes x batch_size {layout['batch_size']} on {world}: "
+              f"batch_size is {trainer.config.batch_size} per process to keep the global batch of {saved}", flush=True)
+
+
+def _names_and_parameters(trainer) -> list[tuple[str, str, torch.nn.Parameter]]:
+    """(expert, name inside it, parameter) of a sharded fine-tune, in trainable_parameters() order."""
+    return [(expert, name, p) for expert, transformer in trainer.parallel.sharded.items()
+            for name, p in transformer.named_parameters() if p.requires_grad]
+
+
+def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
+    """(trainable tensors, optimizer state, RNG states, layout) for a backup; every rank must call it. Rank 0's
+    values are complete; the others' are partial and not written."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    rank, world = rank_and_world()
+    layout = {"world_size": world, "batch_size": trainer.config.batch_size}
+    rng = rng_state()
+    if world > 1:
+        mine = {"torch": torch.get_rng_state().tolist()}
+        if trainer.device.type == "cuda":
+            mine["cuda"] = torch.cuda.get_rng_state(trainer.device).tolist()
+        rng["ranks"] = [{k: torch.tensor(v, dtype=torch.uint8) for k, v in state.items()}
+                        for state in all_gather_json(mine)]
+    if not trainer.parallel.sharded:
+        # DDP keeps the trainable weights and optimizer state equal on every rank: rank 0's are the whole state
+        return trainer.setup.trainable_state_dict(), trainer.optimizer.state_dict(), rng, layout
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    trainable, names = {}, _names_and_parameters(trainer)
+    for expert, transformer in trainer.parallel.sharded.items():
+        full = get_model_state_dict(transformer, options=options)  # whole on rank 0, empty elsewhere
+        trainable.update({f"{expert}.{n}": full[n] for e, n, _ in names if e == expert and rank == 0})
+    # (single expert for fine-tunes) optimizer keys by parameter name -> by position, as optimizer.state_dict()
+    expert = next(iter(trainer.parallel.sharded))
+    full_optimizer = get_optimizer_state_dict(trainer.parallel.sharded[expert], trainer.optimizer, options=options)
+    if rank != 0:
+        return {}, {}, rng, layout
+    position = {n: i for i, (_, n, _) in enumerate(names)}
+    optimizer_state = {"state": {position[n]: s for n, s in full_optimizer["state"].items()},
+                       "param_groups": [{**g, "params": [position[n] for n in g["params"]]}
+                                        for g in full_optimizer["param_groups"]]}
+    return trainable, optimizer_state, rng, layout
+
+
+def restore_backup_state(trainer, state: dict) -> None:
+    """Loads a backup's trainable weights, optimizer state and this rank's RNG (every rank calls it)."""
+    if trainer.parallel.sharded:
+        _restore_sharded(trainer, state)
+    else:
+        trainer.setup.load_trainable_state_dict(state["trainable"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    rank, world = rank_and_world()
+    ranks = state["rng"].get("ranks")
+    if ranks is not None and rank < len(ranks):
+        torch.set_rng_state(ranks[rank]["torch"])
+        if "cuda" in ranks[rank] and trainer.device.type == "cuda":
+            torch.cuda.set_rng_state(ranks[rank]["cuda"], trainer.device)
+    elif rank == 0:
+        restore_rng_state(state["rng"])
+    else:
+        # a rank the backup did not have (1 -> 2): its own stream, reproducible from the seed and the step
+        torch.manual_seed(derive_seed(trainer.config.seed, state["progress"].global_step, rank, "rank_rng") >> 1)
+
+
+def _restore_sharded(trainer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    main = trainer.parallel.is_main
+    names = _names_and_parameters(trainer)
+    for expert, transformer in trainer.parallel.sharded.items():
+        weights = {n: state["trainable"][f"{expert}.{n}"] for e, n, _ in names if e == expert} if main else {}
+        set_model_state_dict(transformer, weights, options=options)
+    saved = state["optimizer"]
+    full_optimizer = {}
+    if main:
+        full_optimizer = {"state": {names[int(i)][1]: s for i, s in saved["state"].items()},
+                          "param_groups": [{**g, "params": [names[int(i)][1] for i in g["params"]]}
+                                           for g in saved["param_groups"]]}
+    expert = next(iter(trainer.parallel.sharded))
+    set_optimizer_state_dict(trainer.parallel.sharded[expert], trainer.optimizer, full_optimizer, options=options)

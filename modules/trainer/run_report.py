@@ -1,0 +1,259 @@
+"""What a run will do, planned before its first step, and what it did, told to the user at its end.
+
+The plan: `max_steps`, when set, wins over `epochs` (the epochs repeat as often as needed, as in musubi-tuner), and
+the LR schedule, previews, backups and saves are laid out on the optimizer steps that will really run. Gradient
+accumulation counts batches across epoch ends, so a run of E epochs of B batches makes floor(E * B / accumulation)
+optimizer steps.
+
+The run's folders: the workspace (`workspace_dir`) holds the backups, which every run in it shares so that
+`backup.continue_last_backup` finds the newest one; each run writes its TensorBoard log and previews into its own
+folders named after the run (`run_name`, by default the start time): `<workspace>/tensorboard/<run>/` and
+`<workspace>/samples/<run>/`. A resumed run continues under the name of the run that wrote the backup.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from modules.util.config.TrainConfig import TrainConfig
+from modules.util.enum.DataType import DataType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a transformer this large is a real Wan model (the smallest, Wan 2.1 T2V 1.3B, has 1.4 B parameters)
+GPU_SIZED_PARAMETERS = 500_000_000
+
+
+@dataclass
+class RunPlan:
+    batches_per_epoch: int
+    accumulation: int
+    total_steps: int       # optimizer steps the run makes
+    epochs: int            # epochs that start (the last one may end early at max_steps)
+    max_steps_wins: bool   # max_steps was set and needs more epochs than `epochs` says
+
+    def end_of_epoch_step(self, epoch: int) -> int:
+        """The optimizer step count when epoch `epoch` (0-based) ends."""
+        return (epoch + 1) * self.batches_per_epoch // self.accumulation
+
+
+class PlanError(ValueError):
+    pass
+
+
+def plan_run(config: TrainConfig, batches_per_epoch: int) -> RunPlan:
+    accumulation = config.optimizer.gradient_accumulation_steps
+    if batches_per_epoch < 1:
+        raise PlanError("the data gives no batch in an epoch")
+    if config.max_steps:
+        epochs = math.ceil(config.max_steps * accumulation / batches_per_epoch)
+        return RunPlan(batches_per_epoch, accumulation, config.max_steps, epochs, epochs > config.epochs)
+    total = config.epochs * batches_per_epoch // accumulation
+    if total < 1:
+        raise PlanError(f"optimizer.gradient_accumulation_steps {accumulation} is more than the "
+                        f"{config.epochs * batches_per_epoch} batches of the whole run ({config.epochs} epochs of "
+                        f"{batches_per_epoch}): no optimizer step would run")
+    return RunPlan(batches_per_epoch, accumulation, total, config.epochs, False)
+
+
+def scheduled_steps(plan: RunPlan, every_steps: int, every_epochs: int) -> list[int]:
+    """The optimizer steps after which a step / epoch schedule fires in this plan."""
+    steps = set(range(every_steps, plan.total_steps + 1, every_steps)) if every_steps else set()
+    if every_epochs:
+        steps |= {plan.end_of_epoch_step(e) for e in range(plan.epochs) if (e + 1) % every_epochs == 0
+                  and plan.end_of_epoch_step(e) <= plan.total_steps}
+    return sorted(steps)
+
+
+def describe_schedule(plan: RunPlan, every_steps: int, every_epochs: int, every_minutes: float = 0.0) -> str:
+    steps = scheduled_steps(plan, every_steps, every_epochs)
+    parts = []
+    if steps:
+        shown = ", ".join(str(s) for s in steps[:6]) + (f", ... ({len(steps)} in all)" if len(steps) > 6 else "")
+        parts.append(f"after steps {shown}")
+    if every_minutes:
+        parts.append(f"every {every_minutes:g} minutes")
+    return "; ".join(parts) if parts else "never"
+
+
+# ---- the run's name and folders -------------------------------------------------------------------------------
+
+def _backup_run_name(backup: Path) -> str:
+    try:
+        return str(json.loads((backup / "config.json").read_text(encoding="utf-8")).get("run_name") or "")
+    except (OSError, ValueError):
+        return ""
+
+
+def resolve_run_name(config: TrainConfig, workspace: Path, newest_backup: Path | None) -> str:
+    """`run_name` when set; on a resume the name of the run that wrote the backup; else the start time, with a
+    counter when a run of that name already has folders (two runs started in the same second)."""
+    if config.run_name:
+        return config.run_name
+    if config.backup.continue_last_backup and newest_backup is not None:
+        name = _backup_run_name(newest_backup)
+        if name:
+            return name
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    name, number = stamp, 1
+    while any((workspace / kind / name).exists() for kind in ("tensorboard", "samples")):
+        number += 1
+        name = f"{stamp}-{number}"
+    return name
+
+
+# ---- the start -------------------------------------------------------------------------------------------------
+
+def _count(value: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f} {unit}"
+    return str(value)
+
+
+def adapter_layer_count(model, experts: list[str]) -> int:
+    """Modules wrapped by a peft adapter (LoRA, DoRA, LoHa, LoKr) in the experts that train."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    return sum(isinstance(m, BaseTunerLayer) for e in experts for m in getattr(model, e).modules())
+
+
+def gpu_sized_reasons(config: TrainConfig, transformer_parameters: int) -> list[str]:
+    reasons = []
+    if config.train_dtype in (DataType.BFLOAT_16, DataType.FLOAT_16):
+        reasons.append(f"train_dtype {config.train_dtype.value}")
+    if config.optimizer.optimizer.endswith("_8BIT"):
+        reasons.append(f"optimizer {config.optimizer.optimizer}")
+    if any(getattr(config.model, part).weight_dtype is DataType.FLOAT_8 for part in ("transformer", "transformer_2")):
+        reasons.append("FLOAT_8 transformer weights")
+    if transformer_parameters >= GPU_SIZED_PARAMETERS:
+        reasons.append(f"a {_count(transformer_parameters)}-parameter transformer")
+    return reasons
+
+
+def device_warning(config: TrainConfig, device: torch.device, transformer_parameters: int) -> str | None:
+    """A warning when `device: auto` fell back to the CPU for a config made for a GPU."""
+    if config.device != "auto" or device.type != "cpu":
+        return None
+    reasons = gpu_sized_reasons(config, transformer_parameters)
+    if not reasons:
+        return None
+    return (f"WARNING: device is 'auto' and no CUDA GPU was found, so this run trains on the CPU, but the config is "
+            f"made for a GPU ({', '.join(reasons)}): it will be very slow. Check the GPU driver / the CUDA build of "
+            f"torch, or set device=cpu and train_dtype=FLOAT_32 to train on the CPU on purpose.")
+
+
+def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
+    from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
+    config, model, plan = trainer.config, trainer.model, trainer.plan
+    experts = trainer.setup.experts_in_training()
+    transformer_parameters = sum(p.numel() for p in model.transformer.parameters())
+    lines = ["run plan:"]
+    warning = device_warning(config, trainer.device, transformer_parameters)
+    if warning:
+        lines.append("  " + warning)
+    lines.append(f"  model: {model.variant} ({model.variant.model_type.value}) from {config.model.base_model_name}, "
+                 f"transformer {_count(transformer_parameters)} parameters")
+    lines.append(f"  device: {trainer.device} (config: {config.device})")
+    weights = ", ".join(f"{part} {getattr(config.model, part).weight_dtype.value}" for part in
+                        ("transformer", "transformer_2", "text_encoder") if getattr(model, part, None) is not None)
+    lines.append(f"  dtypes: train {config.train_dtype.value}; weights {weights}; output {config.output.dtype.value}")
+    trainable = sum(p.numel() for p in parameters)
+    method = config.training_method.value
+    lines.append(f"  trains: {method} on {', '.join(experts) if method != 'EMBEDDING' else 'the text encoder'}, "
+                 f"{trainable:,} trainable parameters ({_count(trainable)})")
+    if method == "LORA":
+        lora = config.lora
+        targets = lora.targets if lora.targets != "custom" else f"custom {lora.custom_targets}"
+        lines.append(f"  {lora.type}{' + DoRA' if lora.dora else ''} rank {lora.rank} alpha {lora.alpha:g}: targets "
+                     f"{targets}, {adapter_layer_count(model, experts)} modules")
+    lines.append(f"  steps: {plan.total_steps} optimizer steps = {plan.total_steps * plan.accumulation} batches of "
+                 f"{config.batch_size} over {plan.epochs} epoch(s) of {plan.batches_per_epoch} batches"
+                 + (f", accumulation {plan.accumulation}" if plan.accumulation > 1 else ""))
+    if plan.max_steps_wins:
+        lines.append(f"    max_steps {config.max_steps} wins over epochs {config.epochs}: the epochs repeat as needed")
+    optimizer = config.optimizer
+    lines.append(f"  optimizer: {optimizer.optimizer} lr {optimizer.learning_rate:g}, schedule {optimizer.scheduler} "
+                 f"over {plan.total_steps} steps" + (f", warmup {optimizer.warmup_steps}" if optimizer.warmup_steps
+                                                     else ""))
+    timestep = config.timestep
+    shift = f" (shift {timestep.shift:g})" if timestep.distribution.endswith("shift") else ""
+    lines.append(f"  timesteps: {timestep.distribution}{shift}")
+    buckets = ResolutionBucket.make_buckets(config.data.resolution, config.data.aspect_ratios, model.spatial_unit)
+    lines.append(f"  buckets: resolution {config.data.resolution!s} -> "
+                 f"{', '.join(f'{w}x{h}' for h, w in buckets)} (width x height); frames {config.data.frame_buckets}")
+    backup = config.backup
+    when = describe_schedule(plan, backup.every_n_steps, backup.every_n_epochs, backup.every_n_minutes)
+    if backup.backup_before_save:
+        when = "before the final save" if when == "never" else f"{when}; before the final save"
+    lines.append(f"  backups: {trainer.backup_root} ({when}; Ctrl-C also writes one)")
+    if backup.save_every_n_steps or backup.save_every_n_epochs:
+        lines.append(f"  intermediate saves: {Path(config.workspace_dir) / 'save'} "
+                     f"({describe_schedule(plan, backup.save_every_n_steps, backup.save_every_n_epochs)})")
+    if config.sampling.samples_file:
+        sampling = config.sampling
+        when = describe_schedule(plan, sampling.every_n_steps, sampling.every_n_epochs, sampling.every_n_minutes)
+        before = "before training and " if sampling.sample_before_training else ""
+        lines.append(f"  previews: {trainer.samples_dir} ({before}{when})")
+    else:
+        lines.append("  previews: none (sampling.samples_file is empty)")
+    if config.tensorboard:
+        lines.append(f"  TensorBoard: {trainer.tensorboard_dir}")
+    lines.append(f"  output: {config.output.destination} ({config.output.format.value})")
+    return "\n".join(lines)
+
+
+# ---- the end ---------------------------------------------------------------------------------------------------
+
+def _quote(path) -> str:
+    """A path for a command line, absolute when it exists (the user may run the command from elsewhere)."""
+    return shlex.quote(str(Path(path).resolve()) if Path(path).exists() else str(path))
+
+
+def tensorboard_command(logdir: Path) -> str:
+    executable = Path(sys.executable).parent / "tensorboard"
+    return f"{_quote(executable) if executable.exists() else 'tensorboard'} --logdir {_quote(logdir)}"
+
+
+def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
+    from modules.trainer.backup_io import newest_usable_backup
+    config = trainer.config
+    run_cmd = _quote(ROOT / "run-cmd.sh")
+    lines = ["run finished:"]
+    for path in written:
+        lines.append(f"  wrote {path}")
+    samples = sorted(trainer.samples_dir.rglob("*.mp4")) if trainer.samples_dir.is_dir() else []
+    if samples:
+        lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {samples[-1]}")
+    newest_backup = newest_usable_backup(trainer.backup_root)[0]
+    if newest_backup is not None:
+        lines.append(f"  newest backup: {newest_backup}")
+    lines.append("next:")
+    method = config.training_method.value
+    inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
+    e2v_options = ""
+    if config.e2v.enabled:
+        e2v_options = (f" --e2v-config {_quote(config.e2v.dataset_config)} --element NAME=IMAGE ..."
+                       if config.e2v.dataset_config else " --e2v-config E2V_CONFIG.json --element NAME=IMAGE ...")
+    if method == "LORA" and written:
+        lora = written[0] if len(written) == 1 else Path(str(written[0]).replace("_high_noise", "")
+                                                          .replace("_low_noise", ""))
+        lines.append(f"  sample with the LoRA:  {run_cmd} sample --base-model-name "
+                     f"{_quote(config.model.base_model_name)} --lora {_quote(lora)} --prompt \"...\" "
+                     f"--output-dir {inference}" + e2v_options)
+    elif method == "FINE_TUNE" and written and config.output.format.value == "DIFFUSERS":
+        lines.append(f"  sample the model:  {run_cmd} sample --base-model-name {_quote(written[0])} "
+                     f"--prompt \"...\" --output-dir {inference}")
+    if config_path is not None and newest_backup is not None:
+        lines.append(f"  train on from the newest backup (raise max_steps or epochs to go further):  {run_cmd} train "
+                     f"--config-path {_quote(config_path)} --config-value backup.continue_last_backup=true")
+    if config.tensorboard:
+        lines.append(f"  TensorBoard (every run of this workspace):  "
+                     f"{tensorboard_command(Path(config.workspace_dir) / 'tensorboard')}")
+    return "\n".join(lines)

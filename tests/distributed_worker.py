@@ -1,0 +1,51 @@
+"""One rank of a multi-process training run for tests/test_multi_gpu.py, started with torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): `python tests/distributed_worker.py SPEC.json`.
+
+SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
+writes results/rank<R>.json (per-step losses, encode calls); {"argv", "fail_rank"} runs scripts/train.py with
+`argv`, rank `fail_rank` raising in its second batch."""
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def run_training(spec: dict) -> int:
+    import torch
+    torch.set_num_threads(1)
+    from learning import train
+    trainer = train(Path(spec["tmp"]), spec["base"], spec["dataset"], method=spec["method"], steps=spec["steps"],
+                    overrides=spec["overrides"])
+    rank = os.environ["RANK"]
+    result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls()}
+    Path(spec["results"], f"rank{rank}.json").write_text(json.dumps(result))
+    from modules.trainer.distributed import leave_process_group
+    leave_process_group()
+    return 0
+
+
+def run_failing(spec: dict) -> int:
+    import torch
+    torch.set_num_threads(1)
+    from modules.modelSetup.BaseWanSetup import BaseWanSetup
+    if int(os.environ["RANK"]) == spec["fail_rank"]:
+        original, calls = BaseWanSetup.calculate_loss, []
+
+        def failing(self, batch, prediction):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected failure on this rank")
+            return original(self, batch, prediction)
+
+        BaseWanSetup.calculate_loss = failing
+    import train as train_script
+    return train_script.main(spec["argv"])
+
+
+if __name__ == "__main__":
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    sys.exit(run_failing(spec) if "argv" in spec else run_training(spec))

@@ -1,0 +1,206 @@
+"""Issue 13: several processes (gloo on the CPU, 2 ranks) train exactly as one process on the global batch: DDP
+for LoRA, FSDP2 for a full fine-tune; caching is split across ranks; backups resume on another world size; a
+failing rank stops every rank."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from learning import train
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "distributed_worker.py"
+# 24 squares clips: 12 global batches of 2 an epoch; step 3 is mid-epoch, so a resume must find its data position
+STEPS, BACKUP_AT = 5, 3
+# lr 1e-4: in the first steps LoRA's A matrices get near-zero gradients, and Adam's g / sqrt(v) turns the float
+# rounding of a batch of 2 versus two batches of 1 into relative changes of their updates; a small rate keeps that
+# noise well under the 1e-5 the weights are compared at
+COMMON = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}",
+          "backup.rolling_count=5"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(spec: dict, folder: Path, world: int = 2) -> list[subprocess.Popen]:
+    """`world` processes with the environment torchrun gives its workers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    port = free_port()
+    processes = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        processes.append(subprocess.Popen([sys.executable, str(WORKER), str(spec_path)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return processes
+
+
+def run_ranks(tmp: Path, base, dataset, overrides, method="LORA", steps=STEPS) -> list[dict]:
+    results = tmp / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    spec = {"tmp": str(tmp), "base": str(base), "dataset": str(dataset), "method": method, "steps": steps,
+            "overrides": overrides, "results": str(results)}
+    processes = start_ranks(spec, tmp)
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output
+    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def assert_same_tensors(path_a: Path, path_b: Path, atol: float) -> None:
+    a, b = load_file(str(path_a)), load_file(str(path_b))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
+
+
+def cli_arguments(base, dataset, workspace: Path, cache: Path, values: list[str]) -> list[str]:
+    """scripts/train.py arguments for the tiny model on the squares, as tests/learning.py's `train` sets them."""
+    values = [f"model.base_model_name={base}", f"workspace_dir={workspace / 'run'}", f"cache_dir={cache}",
+              f"output.destination={workspace / 'out.safetensors'}", "output.dtype=FLOAT_32", "device=cpu",
+              "train_dtype=FLOAT_32", "gradient_checkpointing=false", "epochs=1000",
+              f'data.concepts=[{{"path": "{dataset}"}}]', "data.frame_buckets=[9]", "data.resolution=32",
+              "data.aspect_ratios=[1.0]", "data.dataloader_threads=0", "optimizer.weight_decay=0",
+              "timestep.distribution=uniform", "tensorboard=false", *values]
+    return [argument for value in values for argument in ("--config-value", value)]
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model, squares_dataset, tmp_path_factory):
+    """The same LoRA training as 1 process x batch 2 and as 2 ranks x batch 1, each with a backup at BACKUP_AT."""
+    base = tiny_model("wan2.1-t2v")
+    tmp = tmp_path_factory.mktemp("lora")
+    single = train(tmp / "single", base, squares_dataset, steps=STEPS, overrides=COMMON + ["batch_size=2"])
+    ranks = run_ranks(tmp / "ranks", base, squares_dataset, COMMON + ["batch_size=1"])
+    return {"tmp": tmp, "base": base, "single": single, "ranks": ranks}
+
+
+def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
+    single, ranks, tmp = lora_runs["single"], lora_runs["ranks"], lora_runs["tmp"]
+    assert len(single.step_losses) == STEPS
+    # every rank reports the global batch's loss
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-5)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    # rank 0 alone saved, in the usual format, the same adapter
+    assert_same_tensors(tmp / "ranks" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+    # and alone wrote the backups, with every rank's RNG and the layout
+    backup = tmp / "ranks" / "run" / "backup" / f"step-{BACKUP_AT:08d}"
+    assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 2, "batch_size": 1}
+
+
+def test_caching_is_split_across_ranks(lora_runs):
+    single, ranks, tmp = lora_runs["single"], lora_runs["ranks"], lora_runs["tmp"]
+    calls = [r["encode_calls"] for r in ranks]
+    entries = [p for p in (tmp / "ranks" / "cache").rglob("*.safetensors")]
+    # one process on an empty cache encodes every latent and text entry once: 24 clips + 6 captions
+    assert single.data.encode_calls() == 30
+    # two ranks: the union is complete, nothing is encoded twice, each encodes about half
+    assert sum(calls) == len(entries) == 30
+    assert all(12 <= c <= 18 for c in calls), calls
+
+
+def copy_backup(source_workspace: Path, target: Path) -> None:
+    backup = source_workspace / "backup" / f"step-{BACKUP_AT:08d}"
+    shutil.copytree(backup, target / "run" / "backup" / backup.name)
+
+
+def test_two_rank_backup_resumes_on_one_process(lora_runs, squares_dataset):
+    tmp, single = lora_runs["tmp"], lora_runs["single"]
+    copy_backup(tmp / "ranks" / "run", tmp / "two_to_one")
+    # the user's per-rank batch_size=1 stays as written: the resume keeps the backup's global batch of 2
+    resumed = train(tmp / "two_to_one", lora_runs["base"], squares_dataset, steps=STEPS,
+                    overrides=COMMON + ["batch_size=1", "backup.continue_last_backup=true"])
+    assert resumed.config.batch_size == 2
+    assert resumed.step_losses == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-5)
+    assert_same_tensors(tmp / "two_to_one" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+
+
+def test_one_process_backup_resumes_on_two_ranks(lora_runs, squares_dataset):
+    tmp, single = lora_runs["tmp"], lora_runs["single"]
+    copy_backup(tmp / "single" / "run", tmp / "one_to_two")
+    ranks = run_ranks(tmp / "one_to_two", lora_runs["base"], squares_dataset,
+                      COMMON + ["batch_size=2", "backup.continue_last_backup=true"])
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-5)
+    assert_same_tensors(tmp / "one_to_two" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+
+
+def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squares_dataset, tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    overrides = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}"]
+    single = train(tmp_path / "single", base, squares_dataset, method="FINE_TUNE", steps=STEPS,
+                   overrides=overrides + ["batch_size=2"])
+    # the user's way: one command with multi_gpu, re-launched through torchrun's launcher as 2 CPU processes
+    workspace = tmp_path / "ranks"
+    command = [sys.executable, str(ROOT / "scripts" / "train.py")] + cli_arguments(
+        base, squares_dataset, workspace, tmp_path / "single" / "cache",
+        ["training_method=FINE_TUNE", "output.format=ORIGINAL", "batch_size=1", f"max_steps={STEPS}",
+         "tensorboard=true", "multi_gpu=true", "distributed.processes=2", *overrides])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = EventAccumulator(str(workspace / "run" / "tensorboard"))
+    events.Reload()
+    losses = [event.value for event in events.Scalars("loss/step")]
+    assert losses == pytest.approx(single.step_losses, abs=1e-5)
+    assert_same_tensors(workspace / "out.safetensors", tmp_path / "single" / "out.safetensors", atol=1e-5)
+    # the sharded weights were gathered for the backup: it holds the whole trained transformer, as one process's
+    backup = load_file(str(workspace / "run" / "backup" / f"step-{BACKUP_AT:08d}" / "trainable.safetensors"))
+    assert backup.keys() == single.setup.trainable_state_dict().keys()
+
+
+def test_a_failing_rank_stops_every_rank(lora_runs, squares_dataset, tmp_path):
+    # the filled cache of the runs above: the ranks reach training quickly
+    cache = lora_runs["tmp"] / "single" / "cache"
+    argv = cli_arguments(lora_runs["base"], squares_dataset, tmp_path, cache, ["max_steps=1000", "batch_size=1"])
+    processes = start_ranks({"argv": argv, "fail_rank": 1}, tmp_path)
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + 240
+    while len(ended) < 2 and time.monotonic() < deadline:
+        for rank, process in enumerate(processes):
+            if rank not in ended and process.poll() is not None:
+                ended[rank] = time.monotonic()
+        time.sleep(0.2)
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    outputs = [p.communicate()[0] for p in processes]
+    assert len(ended) == 2, f"a rank hung:\n{outputs}"
+    assert all(p.returncode != 0 for p in processes), outputs
+    assert "train: rank 1 of 2 stopped: injected failure on this rank" in outputs[1]
+    assert "train: rank 0 of 2 stopped" in outputs[0], outputs[0]
+    assert ended[0] - ended[1] < 60
+
+
+def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    common = cli_arguments(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path, tmp_path / "cache",
+                           ["training_method=FINE_TUNE", "output.format=ORIGINAL"])
+    # no GPU here: multi_gpu needs distributed.processes
+    assert train_script.main(common + ["--config-value", "multi_gpu=true"]) == 2
+    assert "multi_gpu: no GPU is visible; set distributed.processes" in capsys.readouterr().err
+    # a sharded fine-tune: EMA, block swap and previews are refused together
+    samples = tmp_path / "samples.json"
+    samples.write_text('[{"prompt": "a red square"}]')
+    code = train_script.main(common + [argument for value in (
+        "multi_gpu=true", "distributed.processes=2", "optimizer.ema=true", "performance.block_swap=1",
+        f"sampling.samples_file={samples}") for argument in ("--config-value", value)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "optimizer.ema: not supported" in err and "performance.block_swap:" in err
+    assert "sampling.samples_file: previews during a sharded (FSDP2)" in err
