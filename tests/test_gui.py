@@ -295,12 +295,13 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
                        "sampling.sample_before_training": "true", "backup.every_n_steps": "0"}.items():
         app.fields[path].set_text(text)
     app.tabview.set("sampling")
-    gaps, last, paused = [], [time.perf_counter()], [False]
+    gaps, last, paused, fractions = [], [time.perf_counter()], [False], set()
 
     def timer():
         now = time.perf_counter()
         if not paused[0]:
             gaps.append((now - last[0], app.controller.run.status, app.controller.run.step))
+        fractions.add(round(app.epoch_bar.get(), 3))
         last[0] = now
         app.after(20, timer)
 
@@ -322,6 +323,7 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     paused[0], last[0] = False, time.perf_counter()
     assert app.step_bar.get() > 0 and app.controller.run.step >= 6
     assert app.loss_canvas.find_all()
+    assert len(fractions - {0.0, 1.0}) >= 2, fractions  # the epoch bar moves within an epoch
     app.stop()
     assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("stopped"),
                      60), app.controller.run.status
