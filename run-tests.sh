@@ -1,6 +1,25 @@
 #!/usr/bin/env bash
 # Installs the venv with the test tools if needed, then runs pytest; arguments pass through to pytest.
+# The GUI tests need an X server (Xvfb), xdotool and ImageMagick's `import`: installed here with apt-get when
+# missing and possible (root, or password-less sudo); otherwise those tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")"
 WAN_TRAINER_DEV=1 ./install.sh
+missing=()
+command -v Xvfb >/dev/null 2>&1 || missing+=(xvfb)
+command -v xdotool >/dev/null 2>&1 || missing+=(xdotool)
+command -v import >/dev/null 2>&1 || missing+=(imagemagick)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+    sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else sudo=(none); fi
+    fi
+    if [ "${sudo[*]}" = none ]; then
+        echo "run-tests.sh: ${missing[*]} missing and apt-get needs root: the GUI tests will skip" >&2
+    else
+        echo "run-tests.sh: installing ${missing[*]} for the GUI tests (apt-get)" >&2
+        { "${sudo[@]}" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq \
+            "${missing[@]}" >/dev/null; } || echo "run-tests.sh: apt-get failed: the GUI tests will skip" >&2
+    fi
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Opens the trainer's window: installs .venv on first use (install.sh), then runs scripts/train_ui.py.
+# Opens the trainer's window: `./run-cmd.sh train_ui` (installs .venv on first use, runs in your current directory
+# so relative paths in configs mean what they mean in your shell). Without a display it says so and exits 2.
 set -euo pipefail
-cd "$(dirname "$0")"
-./install.sh
-exec .venv/bin/python scripts/train_ui.py "$@"
+self="${BASH_SOURCE[0]}"
+while [ -L "$self" ]; do
+    target="$(readlink "$self")"
+    case "$target" in /*) self="$target" ;; *) self="$(dirname "$self")/$target" ;; esac
+done
+exec "$(cd "$(dirname "$self")" && pwd)/run-cmd.sh" train_ui "$@"

@@ -231,6 +231,9 @@ def test_typing_into_a_field_changes_the_config_and_shows_the_cli_message(app):
     with pytest.raises(ConfigError) as cli:
         load_config(overrides=["optimizer.learning_rate=-1"])
     assert field.error.cget("text") == cli.value.problems[0]
+    settle(app, 0.2)
+    # the message must not push the tab wider than the window (the density plot beside it would be clipped)
+    assert app.tabs["training"].winfo_reqwidth() <= app.winfo_width()
     screenshot(app, "invalid-value")
     app.start()
     assert app.dialogs and cli.value.problems[0] in app.dialogs[-1].winfo_children()[0].get("1.0", "end")
@@ -292,12 +295,13 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
                        "sampling.sample_before_training": "true", "backup.every_n_steps": "0"}.items():
         app.fields[path].set_text(text)
     app.tabview.set("sampling")
-    gaps, last, paused = [], [time.perf_counter()], [False]
+    gaps, last, paused, fractions = [], [time.perf_counter()], [False], set()
 
     def timer():
         now = time.perf_counter()
         if not paused[0]:
             gaps.append((now - last[0], app.controller.run.status, app.controller.run.step))
+        fractions.add(round(app.epoch_bar.get(), 3))
         last[0] = now
         app.after(20, timer)
 
@@ -305,18 +309,21 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     app.start()
     assert app.controller.running
     # two previews (before training, step 6) and the player showing the newest: the frame on screen changes
-    assert run_until(app, lambda: len(app.sampling_view.current.videos) >= 2 if app.sampling_view.current else
-                     False, 150), app.log_box.get("1.0", "end")[-3000:]
+    view = app.sampling_view
+    assert run_until(app, lambda: view.current is not None and len(view.current.videos) >= 2 and
+                     view.player.path == view.current.newest.path, 150), app.log_box.get("1.0", "end")[-3000:]
     shown = app.sampling_view.frames_shown
     first_index = app.sampling_view.player.index
     assert run_until(app, lambda: app.sampling_view.frames_shown >= shown + 3, 10)
     assert app.sampling_view.player.index != first_index or app.sampling_view.frames_shown > shown
-    paused[0] = True  # the screenshot runs outside the main loop (the test blocks it, not the app)
+    # the screenshot blocks the main loop from the test's side, and X redraws the window after it: not measured
+    paused[0] = True
     screenshot(app, "training-sampling")
-    settle(app, 0.1)
-    paused[0] = False
+    settle(app, 0.5)
+    paused[0], last[0] = False, time.perf_counter()
     assert app.step_bar.get() > 0 and app.controller.run.step >= 6
     assert app.loss_canvas.find_all()
+    assert len(fractions - {0.0, 1.0}) >= 2, fractions  # the epoch bar moves within an epoch
     app.stop()
     assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("stopped"),
                      60), app.controller.run.status
@@ -333,22 +340,24 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert app.start_button.cget("state") == "normal"
 
 
-def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path):
+def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_model, squares_dataset):
     empty = tmp_path / "empty"
     empty.mkdir()
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset)
     app.fields["data.concepts.0.path"].set_text(str(empty))
-    app.fields["workspace_dir"].set_text(str(tmp_path / "run2"))
     for attempt in range(2):
         dialogs = len(app.dialogs)
         app.start()
-        assert run_until(app, lambda: not app.controller.running and len(app.dialogs) > dialogs, 120)
+        assert run_until(app, lambda: not app.controller.running and len(app.dialogs) > dialogs, 120), \
+            app.log_box.get("1.0", "end")[-2000:]
+        assert app.controller.run.status.startswith("failed")
         assert "no usable training item" in app.dialogs[-1].winfo_children()[0].get("1.0", "end")
         assert "training failed: no usable training item" in app.log_box.get("1.0", "end")
         assert app.start_button.cget("state") == "normal"
         app.dialogs[-1].destroy()
     app.fields["data.concepts.0.path"].set_text(str(tmp_path / "missing"))
     app.start()
-    assert run_until(app, lambda: not app.controller.running, 60)
+    assert run_until(app, lambda: app.controller.run.status.startswith("refused"), 60)  # prepare_config's check
     message = app.fields["data.concepts.0.path"].error.cget("text")
     assert message == f"data.concepts.0.path: {str(tmp_path / 'missing')!r} does not exist"
     app.dialogs[-1].destroy()

@@ -203,7 +203,7 @@ class CtkElementsView:
             canvas.create_text(10, 10, anchor="nw", fill=ERROR_COLOR, text=str(error), width=1080)
             return
         self.last_drawing = drawing
-        left, top = 150, 18
+        left, top = 200, 18
         canvas.create_text(8, top + CELL / 2, anchor="w", fill="#dddddd", text="mini-video (pixel frames)")
         for frame, slot in enumerate(drawing.slot_of_frame):
             colour = "#7f7f7f" if slot is None else SLOT_COLOURS[slot % len(SLOT_COLOURS)]

@@ -14,9 +14,18 @@ from PIL import Image
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
 from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries
 
-PLAYER_SIZE = 300
+PLAYER_SIZE = 256
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
                  "seed": 50, "steps": 45, "guidance": 50, "image": 110, "elements": 150}
+
+
+def scaled(frame) -> Image.Image:
+    """uint8 (H, W, 3) -> a PIL image whose longer side is PLAYER_SIZE (nearest: the pixels of a tiny preview stay
+    sharp)."""
+    image = Image.fromarray(frame)
+    scale = PLAYER_SIZE / max(image.size)
+    return image.resize((max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale))),
+                        Image.Resampling.NEAREST)
 
 
 class CtkSamplingView:
@@ -133,7 +142,8 @@ class CtkSamplingView:
         self.step_slider.grid(row=4, column=0, columnspan=2, sticky="w", padx=6, pady=4)
         self.step_label = ctk.CTkLabel(master, text="", anchor="w")
         self.step_label.grid(row=5, column=0, columnspan=2, sticky="w", padx=6)
-        self._image = None
+        self._frame_images: list[ctk.CTkImage] = []
+        self._generation = 0
         self._reference_images = []
 
     def poll(self) -> None:
@@ -179,22 +189,31 @@ class CtkSamplingView:
         """Decodes in a thread (a long clip takes a while) and shows the result from the main loop."""
         if video is None:
             return
+        self._generation += 1
+        generation = self._generation
         result: list = []
 
-        def decode():  # no Tk call here
+        def decode():  # no Tk call here: frames decoded and scaled to the player's size as PIL images
             try:
-                result.append(PreviewPlayer.read(video.path))
+                frames, fps = PreviewPlayer.read(video.path)
+                result.append((frames, fps, [scaled(frame) for frame in frames]))
             except Exception as error:  # a half-written or broken file must not break the tab
                 result.append(error)
 
         def show():
+            if generation != self._generation:
+                return  # a newer video was chosen meanwhile
             if not result:
                 self.video_label.after(30, show)
                 return
             if isinstance(result[0], Exception):
                 self.step_label.configure(text=f"cannot play {video.path}: {result[0]}")
                 return
-            self.player.show(video.path, *result[0])
+            frames, fps, images = result[0]
+            self.player.show(video.path, frames, fps)
+            # one CTkImage per frame, made once: playing only switches between them (it caches its PhotoImage)
+            self._frame_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
+                                  for image in images]
             self.player.loop = self.loop_var.get()
             self.step_label.configure(text=f"step {video.step}, epoch {video.epoch}: {video.path.name} "
                                            f"({len(self.player.frames)} frames at {self.player.fps:.0f} fps)")
@@ -206,14 +225,9 @@ class CtkSamplingView:
         self.video_label.after(30, show)
 
     def _render_frame(self) -> None:
-        frame = self.player.frame
-        if frame is None:
+        if self.player.frame is None or not self._frame_images:
             return
-        image = Image.fromarray(frame)
-        scale = PLAYER_SIZE / max(image.size)
-        size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
-        self._image = ctk.CTkImage(light_image=image, dark_image=image, size=size)
-        self.video_label.configure(image=self._image, text="")
+        self.video_label.configure(image=self._frame_images[self.player.index], text="")
         self.frames_shown += 1
 
     def _tick(self) -> None:

@@ -15,7 +15,8 @@ from modules.ui.SamplingController import PreviewPlayer
 
 MODEL_FORMATS = ["DIFFUSERS", "ORIGINAL"]
 LORA_FORMATS = ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"]
-DTYPES = ["", "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
+KEEP = "(keep each tensor's)"
+DTYPES = [KEEP, "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
 
 
 class CtkToolsView:
@@ -71,7 +72,8 @@ class CtkToolsView:
         return row + 1
 
     def _get(self, key: str) -> str:
-        return self.values[key].get().strip()
+        value = self.values[key].get().strip()
+        return "" if value == KEEP else value
 
     def _loras(self, key: str) -> list[str]:
         return [part.strip() for part in self._get(key).split(",") if part.strip()]

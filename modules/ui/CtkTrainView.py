@@ -188,6 +188,8 @@ class CtkTrainView(ctk.CTk):
             self._render_method_tab()
         if path.startswith("model.") or path in ("", "demo_assets", "model_type"):
             self._update_variant()
+        if path in ("sampling.samples_file", "workspace_dir"):
+            self.sampling_view.reload_samples()
         self.elements_view.on_config_change(path)
         self.training_view.on_config_change(path)
 

@@ -28,26 +28,27 @@ class CtkTrainingTabView:
         left.grid(row=0, column=0, sticky="nw")
         right = ctk.CTkFrame(frame, fg_color="transparent")
         right.grid(row=0, column=1, sticky="nw", padx=10)
-        row = render_section(left, self.state, "", only=RUN_FIELDS, fields=app.fields, title="run", width=180)
+        row = render_section(left, self.state, "", only=RUN_FIELDS, fields=app.fields, title="run", width=180,
+                             error_width=230)
         row = render_section(left, self.state, "data", only=["ti2v_image_probability"], start_row=row,
-                             fields=app.fields, width=180)
+                             fields=app.fields, width=180, error_width=230)
         row = render_section(left, self.state, "optimizer", start_row=row, fields=app.fields, title="optimizer",
-                             width=180)
+                             width=180, error_width=230)
         others = [spec for spec in section_fields("") if spec.name not in PLACED_ELSEWHERE]
         simple = [spec.name for spec in others if spec.simple]
         if simple:
             row = render_section(left, self.state, "", only=simple, start_row=row, fields=app.fields,
-                                 title="more settings", width=180)
+                                 title="more settings", width=180, error_width=230)
         for spec in others:
             if spec.kind == "section":
                 row = render_section(left, self.state, spec.path, start_row=row, fields=app.fields,
-                                     title=spec.name.replace("_", " "), width=180)
+                                     title=spec.name.replace("_", " "), width=180, error_width=230)
 
         row = render_section(right, self.state, "timestep", fields=app.fields, title="timestep distribution",
-                             width=160)
+                             width=160, error_width=200)
         ctk.CTkLabel(right, text="density of training sigmas (20000 draws of the trainer's sampler)",
                      anchor="w").grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(8, 0))
-        self.density_canvas = tk.Canvas(right, width=420, height=160, background="#1d1d1d", highlightthickness=0)
+        self.density_canvas = tk.Canvas(right, width=380, height=160, background="#1d1d1d", highlightthickness=0)
         self.density_canvas.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8, pady=4)
         self.density_note = ctk.CTkLabel(right, text="", anchor="w")
         self.density_note.grid(row=row + 2, column=0, columnspan=3, sticky="w", padx=8)

@@ -236,7 +236,8 @@ class TrainController:
     def _on_update(self, info: dict) -> None:
         # called in the worker thread: only queue the numbers
         trainer = self.trainer
-        batches = getattr(trainer, "batches_per_epoch", 0) or 1
+        plan = getattr(trainer, "plan", None)   # GenericTrainer's run plan (steps, batches per epoch)
+        batches = (plan.batches_per_epoch if plan is not None else 0) or 1
         info = dict(info, epochs=trainer.config.epochs,
                     epoch_fraction=min(1.0, trainer.progress.epoch_batch / batches))
         self.events.put(("progress", info))

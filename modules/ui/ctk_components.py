@@ -11,6 +11,7 @@ from modules.ui.config_fields import FieldSpec, section_fields
 from modules.ui.UIState import UIState
 
 ERROR_COLOR = "#d9534f"
+UNSET = "(not set)"  # how a choice menu shows "" / None (an override left to the default)
 LABEL_WIDTH = 190
 
 
@@ -56,7 +57,7 @@ class BoundField:
     """One config field: its label, its widget (by the field's kind) and its error line, bound through UIState."""
 
     def __init__(self, master, state: UIState, path: str, row: int, label: str | None = None, width: int = 260,
-                 column: int = 0, label_width: int = LABEL_WIDTH):
+                 column: int = 0, label_width: int = LABEL_WIDTH, error_width: int = 420):
         self.state, self.path = state, path
         self.spec = spec = state.spec(path)
         self.label = ctk.CTkLabel(master, text=label or label_text(spec), anchor="w", width=label_width)
@@ -66,7 +67,8 @@ class BoundField:
             self.widget = ctk.CTkSwitch(master, text="", variable=self.variable, onvalue="true", offvalue="false",
                                         command=self._commit)
         elif spec.kind == "choice":
-            values = list(spec.choices) + ([""] if spec.optional else [])
+            values = [UNSET if value == "" else value for value in spec.choices]
+            values += [UNSET] if spec.optional and UNSET not in values else []
             self.widget = ctk.CTkOptionMenu(master, values=values, variable=self.variable, width=width,
                                             command=lambda _value: self._commit())
         elif spec.choices:
@@ -78,7 +80,7 @@ class BoundField:
             self.widget.bind("<KeyRelease>", lambda _e: self._commit(), add="+")
         self.widget.grid(row=row, column=column + 1, sticky="w", padx=4, pady=2)
         self.error = ctk.CTkLabel(master, text="", text_color=ERROR_COLOR, anchor="w", justify="left",
-                                  wraplength=520)
+                                  wraplength=error_width)
         self.error.grid(row=row, column=column + 2, sticky="w", padx=4)
         tip = spec.description or ""
         if tip:
@@ -87,6 +89,8 @@ class BoundField:
         state.bind(path, self.show, self.show_error)
 
     def show(self, text: str) -> None:
+        if self.spec.kind == "choice" and text == "":
+            text = UNSET
         if self.variable.get() != text:
             self.variable.set(text)
 
@@ -98,7 +102,10 @@ class BoundField:
                 "border_color"])
 
     def _commit(self) -> None:
-        self.state.set_text(self.path, self.variable.get(), origin=self.show)
+        text = self.variable.get()
+        if self.spec.kind == "choice" and text == UNSET:
+            text = ""
+        self.state.set_text(self.path, text, origin=self.show)
 
     def set_text(self, text: str) -> None:
         """As if the user typed `text` (tests drive widgets through this as well as through xdotool)."""
@@ -108,7 +115,7 @@ class BoundField:
 
 def render_section(master, state: UIState, section_path: str, *, only: Iterable[str] | None = None,
                    skip: Iterable[str] = (), start_row: int = 0, fields: dict[str, BoundField] | None = None,
-                   title: str | None = None, width: int = 260) -> int:
+                   title: str | None = None, width: int = 260, error_width: int = 420) -> int:
     """One row per simple field of `section_path` (declaration order), or of `only` in that order; a new simple
     config field shows up here with no view code. Returns the next free row. `fields` collects the widgets by
     path."""
@@ -125,7 +132,7 @@ def render_section(master, state: UIState, section_path: str, *, only: Iterable[
     for spec in specs:
         if not spec.simple or spec.name in skip:
             continue
-        field = BoundField(master, state, spec.path, row, width=width)
+        field = BoundField(master, state, spec.path, row, width=width, error_width=error_width)
         if fields is not None:
             fields[spec.path] = field
         row += 1
