@@ -153,7 +153,9 @@ def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squ
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout + done.stderr
-    events = EventAccumulator(str(workspace / "run" / "tensorboard"))
+    logs = list((workspace / "run" / "tensorboard").iterdir())
+    assert len(logs) == 1, logs  # one run name for every rank, and rank 0 alone writes
+    events = EventAccumulator(str(logs[0]))
     events.Reload()
     losses = [event.value for event in events.Scalars("loss/step")]
     assert losses == pytest.approx(single.step_losses, abs=1e-5)

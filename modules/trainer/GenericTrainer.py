@@ -23,7 +23,7 @@ from modules.util.config.config_io import ConfigError, config_to_dict, save_conf
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.kill_points import kill_point, phase
-from modules.util.ranks import any_rank, barrier
+from modules.util.ranks import any_rank, barrier, broadcast_json
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
@@ -287,13 +287,17 @@ class GenericTrainer:
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
-        self.run_name = resolve_run_name(config, self.workspace, newest_usable_backup(self.backup_root)[0])
+        # several ranks: rank 0's name (the start time) for all
+        self.run_name = broadcast_json(resolve_run_name(config, self.workspace,
+                                                        newest_usable_backup(self.backup_root)[0]))
         config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
         config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
-        save_config(config, config_path)
+        if self.parallel.is_main:
+            save_config(config, config_path)
         if config.backup.continue_last_backup:
             self._resume()
-        print(start_report(self, parameters), flush=True)
+        if self.parallel.is_main:
+            print(start_report(self, parameters), flush=True)
 
         from modules.trainer.TrainingHooks import TrainingHooks
         self.hooks = TrainingHooks(self)
@@ -312,7 +316,8 @@ class GenericTrainer:
         if self.ema is not None:
             self.ema.copy_to_parameters()
         written = self.save_result(config.output.destination)
-        print(end_report(self, written, config_path), flush=True)
+        if self.parallel.is_main:
+            print(end_report(self, written, config_path), flush=True)
         return written
 
     def _plan(self):
