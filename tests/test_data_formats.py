@@ -175,7 +175,7 @@ def test_musubi_full_extraction_matches_its_documented_diagram(tmp_path, monkeyp
     assert [window.windows(n, concept) for n in (20, 25, 35)] == [[(17, 0)], [(25, 0)], [(29, 0)]]
 
 
-def test_musubi_dataset_config_trains_its_datasets_with_its_settings(tmp_path, monkeypatch):
+def test_musubi_dataset_config_trains_its_datasets_with_its_settings(tmp_path, monkeypatch, caplog):
     """The documented video + image layout: [general] settings, a video folder with .caption sidecars and
     target_frames, an image folder repeated twice, a metadata.jsonl dataset with video_path / caption; the items
     are what musubi-tuner makes (one per target count the clip holds) at its one bucket of 64x32."""
@@ -222,6 +222,7 @@ target_frames = [13]
     assert items(config) == sorted(
         [("long.mp4", f, 0, (32, 64)) for f in (1, 5, 9)] + [("short.mp4", f, 0, (32, 64)) for f in (1, 5, 9)]
         + [("still.png", 1, 0, (32, 64))] * 2 + [("listed.mp4", 13, 0, (32, 64))])
+    assert "trains as a still" not in caplog.text  # the 1-frame items are what target_frames asks for
 
 
 def test_musubi_resolution_with_buckets_keeps_its_area_and_aspects(tmp_path, monkeypatch):

@@ -132,7 +132,9 @@ class FrameWindow(IndexMapModule):
             if n < shortest:
                 return [], f"{n} frame(s) {rate} is shorter than the smallest {what} ({shortest})"
             return [], f"max_frames {int(getattr(concept, 'max_frames', n))} is below the smallest {what} ({shortest})"
-        if n > 1 and info.kind != "image" and any(f == 1 for f, _ in windows):
+        # a 1-frame item that target_frames asked for (musubi-tuner's [1, ...]) is no fallback: no notice
+        targeted = bool(getattr(concept, "target_frames", None)) and getattr(concept, "extraction", "head") != "full"
+        if n > 1 and info.kind != "image" and not targeted and windows[0][0] == 1:
             videos = [b for b in self.frame_buckets if b > 1]
             shortest = f"the smallest video bucket ({videos[0]})" if videos else "every video bucket (there is none)"
             self._warn_once(str(row[self.path_name]), f"{n} frames is shorter than {shortest}: it trains as a still "
