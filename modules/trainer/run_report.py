@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import sys
 import time
@@ -251,8 +252,10 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
         lines.append(f"  sample the model:  {run_cmd} sample --base-model-name {_quote(written[0])} "
                      f"--prompt \"...\" --output-dir {inference}")
     if config_path is not None and newest_backup is not None:
-        lines.append(f"  train on from the newest backup (raise max_steps or epochs to go further):  {run_cmd} train "
-                     f"--config-path {_quote(config_path)} --config-value backup.continue_last_backup=true")
+        # the run's config names its paths as given: relative ones are read from this folder
+        lines.append(f"  train on from the newest backup (raise max_steps or epochs to go further):  cd "
+                     f"{shlex.quote(os.getcwd())} && {run_cmd} train --config-path {_quote(config_path)} "
+                     f"--config-value backup.continue_last_backup=true")
     if config.tensorboard:
         lines.append(f"  TensorBoard (every run of this workspace):  "
                      f"{tensorboard_command(Path(config.workspace_dir) / 'tensorboard')}")
