@@ -3,7 +3,7 @@
   train.py --preset-path "demo tiny CPU"
   train.py --preset-path "wan 2.1 1.3B LoRA 24GB" --config-path my.json --config-value lora.rank=16
   train.py --list-presets
-  torchrun --nproc-per-node 2 scripts/train.py --config-path my.json   (several GPUs: docs/multi-gpu.md)
+  torchrun --nproc-per-node 2 scripts/train.py --config-path my.json (several GPUs: docs/multi-gpu.md)
 """
 import argparse
 import sys
