@@ -96,6 +96,16 @@ def test_presets_train_16_9_at_832x480_and_old_configs_keep_their_meaning(tmp_pa
     migrated = load_config(str(old))
     assert migrated.data.resolution == 480 and bucket_for(migrated, 1920, 1080) == (640, 368)
     assert migrated.timestep.distribution == "uniform_shift"
+    # a hand-written file names no version: layered over a preset, it must not bring back version 1's defaults
+    layer = tmp_path / "mine.json"
+    layer.write_text(json.dumps({"max_steps": 5, "timestep": {"shift": 3.0}}))
+    preset = PRESETS / "#wan 2.1 1.3B LoRA 24GB.json"
+    layered, alone = load_config(str(layer), str(preset)), load_config(preset_path=str(preset))
+    assert layered.max_steps == 5
+    assert layered.data.resolution == alone.data.resolution == "480p"
+    assert layered.timestep.distribution == alone.timestep.distribution == "sigmoid_shift"
+    layer.write_text(json.dumps({"timestep": {"distribution": "shift"}}))  # the old name, written by hand
+    assert load_config(str(layer)).timestep.distribution == "uniform_shift"
 
 
 def test_timestep_distributions_match_their_names():

@@ -26,7 +26,7 @@ class ConfigError(Exception):
         super().__init__(f"invalid configuration{where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _migrate_0_to_1(data: dict) -> dict:
+def _migrate_0_to_1(data: dict, _named_version: bool) -> dict:
     # Version 0 (unversioned) configs named the output section's path "output_model_destination" at top level,
     # as OneTrainer does. The old keys move into the output section, which must then be an object.
     moved = {field: data.pop(key) for key, field in (("output_model_destination", "destination"),
@@ -40,32 +40,35 @@ def _migrate_0_to_1(data: dict) -> dict:
     return data
 
 
-def _migrate_1_to_2(data: dict) -> dict:
+def _migrate_1_to_2(data: dict, named_version: bool) -> dict:
     # Version 2 renamed the ambiguous timestep distribution "shift" (uniform, then shifted; also the default) to
     # "uniform_shift" and made musubi-tuner's "sigmoid_shift" the default; and "480p" (832x480 for 16:9) became the
-    # default resolution where version 1 meant the area of 480 x 480. A version-1 file keeps its meaning, also where
-    # it relied on the defaults.
-    timestep = data.setdefault("timestep", {})
-    if isinstance(timestep, dict) and timestep.get("distribution", "shift") == "shift":
+    # default resolution where version 1 meant the area of 480 x 480. A file that names version 1 was written by
+    # this project and keeps its meaning, also where it relied on the defaults. A file with no version is written by
+    # hand (this project always writes the version): its values are renamed, but no old default is filled in, since
+    # that would override the preset it is layered over.
+    timestep = data.setdefault("timestep", {}) if named_version else data.get("timestep")
+    if isinstance(timestep, dict) and timestep.get("distribution", "shift" if named_version else None) == "shift":
         timestep["distribution"] = "uniform_shift"
-    data_section = data.setdefault("data", {})
-    if isinstance(data_section, dict):
-        data_section.setdefault("resolution", 480)
+    if named_version and isinstance(data.setdefault("data", {}), dict):
+        data["data"].setdefault("resolution", 480)
     return data
 
 
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+# each takes (data, whether the file named its version)
+MIGRATIONS: dict[int, Callable[[dict, bool], dict]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
 def migrate(data: dict, source: str = "") -> dict:
     data = dict(data)
+    named_version = VERSION_KEY in data
     version = data.pop(VERSION_KEY, 0)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0 or version > CONFIG_VERSION:
         raise ConfigError([f"{VERSION_KEY}: {short_repr(version)} is not a known config version "
                            f"(0..{CONFIG_VERSION})"], source)
     while version < CONFIG_VERSION:
         try:
-            data = MIGRATIONS[version](data)
+            data = MIGRATIONS[version](data, named_version)
         except ConfigError as error:
             raise ConfigError(error.problems, source) from None
         version += 1
