@@ -153,11 +153,19 @@ def test_a_final_save_on_a_full_disk_keeps_the_weights_in_a_backup(tiny_model, s
 
 
 def test_a_save_that_cannot_write_names_the_path_and_the_backup(tiny_model, six_clips, tmp_path):
-    """Without root (no tmpfs): the output's folder is a file, an OSError from the same place a full disk raises."""
-    (tmp_path / "not-a-folder").write_text("a file")
-    destination = tmp_path / "not-a-folder" / "out.safetensors"
+    """Without root (no tmpfs): the output's folder turns into a file while the run trains (a folder that passed the
+    checks at start but cannot be written at the end), an OSError from the same place a full disk raises."""
+    (tmp_path / "outputs").mkdir()
+    destination = tmp_path / "outputs" / "out.safetensors"
+
+    def folder_replaced_by_a_file(info):
+        if info["step"] == 2:
+            (tmp_path / "outputs").rmdir()
+            (tmp_path / "outputs").write_text("a file")
+
     with pytest.raises(TrainingError) as failure:
-        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=[f"output.destination={destination}"])
+        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, on_update=folder_replaced_by_a_file,
+              overrides=[f"output.destination={destination}"])
     check_failed_save(str(failure.value), destination, tmp_path)
 
 
