@@ -20,8 +20,8 @@ from typing import Any
 
 from modules.ui.config_fields import FieldSpec, field_spec, format_value, parse_text
 from modules.util.atomic import atomic_write_text
-from modules.util.config.config_io import (VERSION_KEY, ConfigError, config_from_dict, config_to_dict, deep_merge,
-                                           migrate)
+from modules.util.config.config_io import (CONFIG_VERSION, VERSION_KEY, ConfigError, config_from_dict, config_to_dict,
+                                           deep_merge, migrate)
 from modules.util.config.TrainConfig import TrainConfig
 
 Show = Callable[[str], None]
@@ -125,7 +125,7 @@ class UIState:
         return config_from_dict(self.json_dict(), "the GUI")
 
     def json_dict(self) -> dict:
-        return {VERSION_KEY: 1, **copy.deepcopy(self.data)}
+        return {VERSION_KEY: CONFIG_VERSION, **copy.deepcopy(self.data)}
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes what `train.py --config-path` reads: the validated config in the CLI's own form when it is valid,
