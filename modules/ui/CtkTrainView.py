@@ -208,24 +208,24 @@ class CtkTrainView(ctk.CTk):
 
     # ---- bottom bar ---------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _progress_row(bar, row: int, name: str):
+        ctk.CTkLabel(bar, text=name, width=40).grid(row=row, column=0, sticky="w", padx=8)
+        progress = ctk.CTkProgressBar(bar)
+        progress.set(0)
+        progress.grid(row=row, column=1, sticky="ew", padx=4)
+        label = ctk.CTkLabel(bar, text="0 / 0", width=200, anchor="w")
+        label.grid(row=row, column=2, sticky="w", padx=4)
+        return progress, label
+
     def _build_bottom_bar(self) -> None:
         bar = ctk.CTkFrame(self)
         bar.grid(row=2, column=0, sticky="ew", padx=6, pady=2)
         bar.grid_columnconfigure(1, weight=1)
         self.status_label = ctk.CTkLabel(bar, text="idle", anchor="w")
         self.status_label.grid(row=0, column=0, columnspan=3, sticky="ew", padx=8)
-        ctk.CTkLabel(bar, text="step", width=40).grid(row=1, column=0, sticky="w", padx=8)
-        self.step_bar = ctk.CTkProgressBar(bar)
-        self.step_bar.set(0)
-        self.step_bar.grid(row=1, column=1, sticky="ew", padx=4)
-        self.step_label = ctk.CTkLabel(bar, text="0 / 0", width=200, anchor="w")
-        self.step_label.grid(row=1, column=2, sticky="w", padx=4)
-        ctk.CTkLabel(bar, text="epoch", width=40).grid(row=2, column=0, sticky="w", padx=8)
-        self.epoch_bar = ctk.CTkProgressBar(bar)
-        self.epoch_bar.set(0)
-        self.epoch_bar.grid(row=2, column=1, sticky="ew", padx=4)
-        self.epoch_label = ctk.CTkLabel(bar, text="0 / 0", width=200, anchor="w")
-        self.epoch_label.grid(row=2, column=2, sticky="w", padx=4)
+        self.step_bar, self.step_label = self._progress_row(bar, 1, "step")
+        self.epoch_bar, self.epoch_label = self._progress_row(bar, 2, "epoch")
         self.loss_canvas = tk.Canvas(bar, width=300, height=70, background="#1d1d1d", highlightthickness=0)
         self.loss_canvas.grid(row=0, column=3, rowspan=3, padx=6, pady=4)
         buttons = ctk.CTkFrame(bar, fg_color="transparent")
