@@ -27,6 +27,8 @@ def build_parser(description: str = __doc__, only_cache_option: bool = True) -> 
                              "(data.dataset_config; docs/data.md)")
     if only_cache_option:
         parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
+    else:
+        parser.set_defaults(only_cache=True)  # cache.py: caching is all it does
     e2v = parser.add_argument_group("Elements-to-Video, as in the user's notes (seed 001); --config-value wins")
     e2v.add_argument("--dataset_configs", "--dataset-configs", help="an E2V dataset config JSON")
     e2v.add_argument("--e2v_type", "--e2v-type", choices=["vae", "clip", "dual"])
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     from modules.trainer.GenericTrainer import TrainingError
     try:
         trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
-        if getattr(args, "only_cache", True):
+        if args.only_cache:
             trainer.cache_only()
         else:
             trainer.train()

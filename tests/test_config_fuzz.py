@@ -34,6 +34,7 @@ from modules.util.config.bounds import MAX_BALANCING, MAX_FPS, MAX_REPEATS
 from modules.util.config.config_io import ConfigError, load_config
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.TrainConfig import TrainConfig
+from modules.util.video_io import resample_indices
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -313,9 +313,7 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert run_until(app, lambda: view.current is not None and len(view.current.videos) >= 2 and
                      view.player.path == view.current.newest.path, 150), app.log_box.get("1.0", "end")[-3000:]
     shown = app.sampling_view.frames_shown
-    first_index = app.sampling_view.player.index
-    assert run_until(app, lambda: app.sampling_view.frames_shown >= shown + 3, 10)
-    assert app.sampling_view.player.index != first_index or app.sampling_view.frames_shown > shown
+    assert run_until(app, lambda: app.sampling_view.frames_shown >= shown + 3, 10)  # 3 new frames on screen
     # the screenshot blocks the main loop from the test's side, and X redraws the window after it: not measured
     paused[0] = True
     screenshot(app, "training-sampling")

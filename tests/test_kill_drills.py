@@ -23,12 +23,14 @@ PRESET = ROOT / "training_presets" / "#demo tiny CPU.json"
 
 # (kill point, what the resume starts from). Backups at steps 2 and 4 and one before the final save; previews at
 # steps 2 and 4, each writing an .mp4 and then a .png (two kill points per preview).
+# (kill point, where the resume starts, how many of the 4 steps it trains again)
 DRILLS = [
-    ("caching:5", "a fresh start on a cache that kept the 4 complete entries"),
-    ("step:3", "the backup of step 2"),
-    ("backup:2", "the backup of step 2 (step 4's was being written)"),
-    ("sample:3", "the backup of step 2 (killed in step 4's preview video)"),
-    ("save:1", "the backup written before the final save: it only saves"),
+    ("caching:5", "a fresh start on a cache that kept the 4 complete entries", 4),
+    ("step:3", "the backup of step 2", 2),
+    ("backup:2", "the backup of step 2 (step 4's was being written)", 2),
+    ("sample:3", "a fresh start: the demo's two prompts preview before training, so the third video is step 2's, "
+                 "which is made before step 2's backup", 4),
+    ("save:1", "the backup written before the final save: it only saves", 0),
 ]
 
 
@@ -72,8 +74,8 @@ def assert_every_file_loads(run: Path) -> None:
         assert verify_backup(backup) == [], backup
 
 
-@pytest.mark.parametrize("kill_at,resumes_from", DRILLS, ids=[d[0] for d in DRILLS])
-def test_killed_demo_run_resumes_to_the_same_weights(kill_at, resumes_from, demo, tmp_path):
+@pytest.mark.parametrize("kill_at,resumes_from,steps_again", DRILLS, ids=[d[0] for d in DRILLS])
+def test_killed_demo_run_resumes_to_the_same_weights(kill_at, resumes_from, steps_again, demo, tmp_path):
     values, train_in_process, expected, reference = demo
     run = tmp_path / "run"
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--preset-path", str(PRESET)]
@@ -94,8 +96,8 @@ def test_killed_demo_run_resumes_to_the_same_weights(kill_at, resumes_from, demo
     print(f"drill {kill_at}: {len(resumed.step_losses)} step(s) trained after the resume, largest weight "
           f"difference from the uninterrupted run {difference:g}")
     assert difference <= 1e-6, kill_at
-    # the resumed run trained exactly the steps the killed one had not finished
-    assert resumed.step_losses == pytest.approx(reference.step_losses[-len(resumed.step_losses):], abs=1e-6) \
-        if resumed.step_losses else kill_at == "save:1"
-    if kill_at == "save:1":
-        assert resumed.step_losses == []  # resumed at its last step: saved, no step 5
+    # the resume started where it should (a resume that ignored the backup would train all 4 steps again to the
+    # same weights) and trained exactly the steps the killed run had not finished
+    assert len(resumed.step_losses) == steps_again, resumes_from
+    assert resumed.step_losses == pytest.approx(reference.step_losses[len(reference.step_losses) - steps_again:],
+                                                abs=1e-6)

@@ -143,7 +143,9 @@ def test_bf16_fp8_storage_with_block_swap_and_offload():
 @pytest.mark.parametrize("kernel", ["math", "flash"])
 def test_attention_kernels_that_run_on_the_cpu(plain, kernel):
     result = one_step(performance={"attention": kernel})
-    assert result[2].model.transformer.blocks[0].attn1.processor._attention_backend is not None
+    from modules.modelSetup.memory.PerformanceSetup import ATTENTION_BACKENDS
+    backend = result[2].model.transformer.blocks[0].attn1.processor._attention_backend
+    assert str(getattr(backend, "value", backend)) == ATTENTION_BACKENDS[kernel]
     assert_same_step(result, plain, atol=1e-5, rtol=1e-4)
 
 

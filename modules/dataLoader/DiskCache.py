@@ -42,7 +42,8 @@ class DiskCache:
     def __init__(self, root: str | Path, namespace: str):
         self.folder = Path(root) / namespace
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.damaged = 0  # entries found unusable and encoded again
+        self._verified: set[str] = set()  # keys whose checksum matched in this run: the caching pass reads every
+        # entry, and training reads each again every epoch; hashing once per run is enough
 
     def _path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.safetensors"
@@ -53,20 +54,20 @@ class DiskCache:
         path = self._path(key)
         if not path.is_file():
             return None
-        problem, tensors = self._read(path, key)
+        problem, tensors = self._read(path, key, verify=key not in self._verified)
         if problem is None:
             missing = sorted(set(required) - set(tensors))
             if missing:
                 problem = f"it lacks the tensor(s) {missing}"
         if problem is None:
+            self._verified.add(key)
             return tensors
         log.warning("cache entry %s is damaged (%s): encoding it again", path, problem)
-        self.damaged += 1
         path.unlink(missing_ok=True)
         return None
 
     @staticmethod
-    def _read(path: Path, key: str) -> tuple[str | None, dict[str, torch.Tensor]]:
+    def _read(path: Path, key: str, verify: bool = True) -> tuple[str | None, dict[str, torch.Tensor]]:
         try:
             with safe_open(str(path), framework="pt") as file:
                 metadata = file.metadata() or {}
@@ -74,6 +75,8 @@ class DiskCache:
                 tensors = {name: file.get_tensor(name).clone() for name in file.keys()}
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error types for damaged files)
             return f"unreadable: {error}", {}
+        if not verify:
+            return None, tensors
         if CHECKSUM_KEY not in metadata:
             return "it has no checksum (written by an older version, or not by this trainer)", {}
         if entry_checksum(key, tensors) != metadata[CHECKSUM_KEY]:

@@ -255,12 +255,11 @@ class GenericTrainer:
             if self.hooks.sampler is None:
                 log.warning("sample now: no samples file is configured (sampling.samples_file)")
             else:
-                self.hooks.sampler.sample_all()
+                self.hooks._sample()
         if "backup" in actions:
             self.backup()
-        if "save" in actions:
-            self.save_result(str(self.workspace / "save" /
-                                 f"step-{self.progress.global_step:08d}{Path(self.config.output.destination).suffix}"))
+        if "save" in actions:  # the same files and rolling count as a scheduled intermediate save
+            self.hooks._intermediate_save(f"step-{self.progress.global_step:08d}")
 
     def train(self) -> list[Path]:
         config = self.config
@@ -372,7 +371,7 @@ class GenericTrainer:
                     step_time = time.perf_counter() - step_started
                     step_started = time.perf_counter()
                     step_loss = self.hooks.last_loss
-                    self.hooks.after_step(step_loss, None, step_time)
+                    self.hooks.after_step(step_loss, step_time)
                     self._serve_requests()
                     step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")

@@ -87,7 +87,7 @@ class TrainingHooks:
             self.writer.add_scalar("loss/smoothed", self.smoothed_loss, step)
             self.writer.add_scalar("grad_norm", grad_norm, step)
 
-    def after_step(self, loss: float | None, grad_norm: float | None, step_time: float) -> None:
+    def after_step(self, loss: float | None, step_time: float) -> None:
         """`loss`: the latest loss read back (None before the first read); the losses themselves are logged by
         log_loss, and on_update gets those read since its last call as "losses" (every step's, in order)."""
         trainer = self.trainer
@@ -101,16 +101,21 @@ class TrainingHooks:
                            "loss": loss, "losses": self.unsent_losses, "smoothed_loss": self.smoothed_loss,
                            "step_time": step_time})
         self.unsent_losses = []
-        # rank 0's clock decides minute schedules for every rank
-        if self.sampling and main_decides(self.sample_every.due_after_step(step)) \
-                and step > trainer.config.sampling.skip_first:
+        if self.sampling and self._due(self.sample_every, step) and step > trainer.config.sampling.skip_first:
             self._sample()
             self.sample_every.mark()
-        if main_decides(self.backup_every.due_after_step(step)):
+        if self._due(self.backup_every, step):
             trainer.backup()
             self.backup_every.mark()
-        if main_decides(self.save_every.due_after_step(step)):
+        if self._due(self.save_every, step):
             self._intermediate_save(f"step-{step:08d}")
+
+    @staticmethod
+    def _due(every: Every, step: int) -> bool:
+        """Step schedules agree on every rank by themselves; only a minute schedule reads a clock, and then rank 0's
+        decides (a collective, so it is asked only then)."""
+        due = every.due_after_step(step)
+        return main_decides(due) if every.minutes else due
 
     def after_epoch(self, epoch: int) -> None:
         trainer = self.trainer

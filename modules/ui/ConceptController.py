@@ -43,17 +43,20 @@ class ConceptController:
         concept = self.concepts()[index]
         return concept.get("name") or Path(concept.get("path") or "").name or f"concept {index}"
 
-    def statistics(self, index: int, thumbnails: int = 4) -> ConceptStatistics:
-        """Runs WanBaseDataLoader.scan() on this concept alone with the current data settings."""
+    def statistics(self, index: int, thumbnails: int = 4, config=None) -> ConceptStatistics:
+        """Runs WanBaseDataLoader.scan() on this concept alone with the current data settings (`config`: built by
+        the caller on the main loop when this runs in a worker, so the worker never reads UIState while it
+        changes)."""
         from modules.dataLoader.WanBaseDataLoader import DataError, WanBaseDataLoader
         from modules.util.config.config_io import ConfigError
         from modules.util.video_io import read_frames, UnreadableMediaError
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
 
-        try:
-            config = self.state.config()
-        except ConfigError as error:
-            return ConceptStatistics(error="\n".join(error.problems))
+        if config is None:
+            try:
+                config = self.state.config()
+            except ConfigError as error:
+                return ConceptStatistics(error="\n".join(error.problems))
         concept = config.data.concepts[index].model_copy(update={"enabled": True})
         if not Path(concept.path).exists():
             return ConceptStatistics(error=f"data.concepts.{index}.path: {concept.path!r} does not exist")

@@ -9,6 +9,7 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui.ConceptController import CONCEPTS, ConceptStatistics
+from modules.util.config.config_io import ConfigError
 from modules.ui.ctk_components import BoundField, button, draw_bars, render_section
 
 CARD_FIELDS = ["enabled", "name", "path", "caption_source", "repeats", "fps", "extraction"]
@@ -96,9 +97,18 @@ class CtkConceptWindow(ctk.CTkToplevel):
         self.summary.configure(text="scanning…")
 
         done: list[ConceptStatistics] = []
+        try:
+            config = self.view.controller.state.config()  # here, on the main loop: the user may be typing
+        except ConfigError as error:
+            self.show(ConceptStatistics(error="\n".join(error.problems)))
+            return
 
         def work():  # no Tk call here: the result is picked up by `wait`, on the main loop
-            done.append(self.view.controller.statistics(self.index))
+            try:
+                result = self.view.controller.statistics(self.index, config=config)
+            except Exception as error:  # noqa: BLE001  (shown in the window, never "scanning…" for ever)
+                result = ConceptStatistics(error=f"{type(error).__name__}: {error}")
+            done.append(result)
 
         def wait():
             if not self.winfo_exists():

@@ -139,6 +139,9 @@ class CtkToolsView:
                     self.play(videos[0])
 
     def play(self, path: str) -> None:
+        if getattr(self, "_tick_job", None) is not None:
+            self.video_label.after_cancel(self._tick_job)  # one play loop, never two at double speed
+            self._tick_job = None
         self.player.open(path)
         self._tick()
 
@@ -151,5 +154,4 @@ class CtkToolsView:
         self._image = ctk.CTkImage(light_image=image, dark_image=image,
                                    size=(round(image.size[0] * scale), round(image.size[1] * scale)))
         self.video_label.configure(image=self._image, text="")
-        if self.player.tick():
-            self.video_label.after(self.player.interval_ms, self._tick)
+        self._tick_job = self.video_label.after(self.player.interval_ms, self._tick) if self.player.tick() else None

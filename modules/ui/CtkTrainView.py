@@ -197,6 +197,8 @@ class CtkTrainView(ctk.CTk):
         import subprocess
         import sys
         logdir = Path(self.config_state.get("workspace_dir") or "workspace") / "tensorboard"
+        if getattr(self, "_tensorboard", None) is not None and self._tensorboard.poll() is None:
+            return  # already serving; a second server would fight for the port
         try:
             self._tensorboard = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                                                   "--port", "6006"], stdout=subprocess.DEVNULL,

@@ -1,5 +1,6 @@
 """safetensors header metadata: modelspec (resources/sd_model_spec/) plus, optionally, the training config."""
 import datetime
+import functools
 import json
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def _without_secrets(value):
 def modelspec_metadata(variant: WanVariant, lora: bool = False, title: str | None = None,
                        train_config: dict | None = None) -> dict[str, str]:
     name = _SPEC_NAMES[variant] + ("-lora" if lora else "")
-    metadata = json.loads((SPEC_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    metadata = dict(_spec(name))
     metadata["modelspec.date"] = datetime.date.today().isoformat()
     if title:
         metadata["modelspec.title"] = title
@@ -40,7 +41,9 @@ def modelspec_metadata(variant: WanVariant, lora: bool = False, title: str | Non
 
 # ---- which model a file is for ---------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def _spec(name: str) -> dict:
+    """Read once per process; callers copy before changing it."""
     return json.loads((SPEC_DIR / f"{name}.json").read_text(encoding="utf-8"))
 
 

@@ -1,6 +1,5 @@
 """Checks of the memory and speed settings that must hold before any model loads (ConfigError, exit 2)."""
 import json
-from pathlib import Path
 
 import torch
 
@@ -47,7 +46,10 @@ def performance_problems(config: TrainConfig, device: torch.device) -> list[str]
 
 
 def _num_layers(config: TrainConfig) -> int | None:
-    path = Path(config.model.base_model_name) / "transformer" / "config.json"
+    from modules.util.config.validation import transformer_config_path  # the part override counts too
+    path = transformer_config_path(config, "transformer")
+    if path is None:
+        return None
     try:
         return int(json.loads(path.read_text(encoding="utf-8"))["num_layers"])
     except (OSError, ValueError, KeyError, TypeError):
