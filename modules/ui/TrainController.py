@@ -12,6 +12,7 @@ Events, as (kind, payload): ("status", str), ("progress", dict from GenericTrain
 """
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -176,6 +177,11 @@ class TrainController:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         from transformers import CLIPVisionModel, UMT5EncoderModel  # noqa: F401
         _warm_video_codecs()
+        # The libraries above are hundreds of thousands of long-lived objects. A full garbage collection walks all of
+        # them while holding the GIL (hundreds of ms, measured as Tk timer stalls during model loading); frozen,
+        # they are left out of every later collection.
+        gc.collect()
+        gc.freeze()
         try:  # transformers builds its checkpoint key-renaming table (many regexes) on the first from_pretrained
             from transformers.conversion_mapping import get_checkpoint_conversion_mapping
             get_checkpoint_conversion_mapping("umt5")
