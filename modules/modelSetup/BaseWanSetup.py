@@ -44,6 +44,10 @@ class BaseWanSetup:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
 
+    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """trainable_parameters() with their names (the optimizer's parameter groups are cut by name)."""
+        raise NotImplementedError
+
     def trainable_state_dict(self) -> dict[str, Tensor]:
         """Everything that trains, by a stable name: what backups store and resume restores."""
         raise NotImplementedError

@@ -18,6 +18,7 @@ from modules.trainer.distributed import Parallel, gradient_norm, join_process_gr
 from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
                                                     restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
+from modules.trainer.parameter_groups import parameter_groups
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
@@ -281,7 +282,8 @@ class GenericTrainer:
                 raise TrainingError(str(error)) from None
         self.parallel.wrap(self.setup, self.model, self.device)
         parameters = self.setup.trainable_parameters()
-        self.optimizer = create_optimizer(config.optimizer, parameters)
+        self.optimizer = create_optimizer(config.optimizer,
+                                          parameter_groups(config, self.setup.named_trainable_parameters()))
         self.plan = self._plan()  # again: caching may have left out files that failed to decode
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
