@@ -152,6 +152,7 @@ class GenericTrainer:
         self.device = join_process_group(config) or resolve_device(config.device)
         self.parallel = Parallel(config)
         self.model = self.setup = self.data = None
+        self.validation = None  # the ValidationEvaluator when items are held out
         self.plan = None
         self.run_name = config.run_name
 
@@ -297,6 +298,8 @@ class GenericTrainer:
             save_config(config, config_path)
         if config.backup.continue_last_backup:
             self._resume()
+        from modules.trainer.ValidationEvaluator import ValidationEvaluator
+        self.validation = ValidationEvaluator.create(self)
         if self.parallel.is_main:
             print(start_report(self, parameters), flush=True)
 
@@ -305,7 +308,11 @@ class GenericTrainer:
         previous_handler = self._install_sigint()
         try:
             self.hooks.before_training()
+            if self.validation is not None:
+                self.validation.before_training()
             self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
+            if self.validation is not None and not self.stop_requested.is_set():
+                self.validation.at_end()
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
@@ -374,6 +381,8 @@ class GenericTrainer:
                     step_started = time.perf_counter()
                     step_loss = self.hooks.last_loss
                     self.hooks.after_step(step_loss, step_time)
+                    if self.validation is not None:
+                        self.validation.after_step()
                     self._serve_requests()
                     step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
@@ -445,9 +454,12 @@ class GenericTrainer:
         folder, _ = newest_usable_backup(self.backup_root)
         return f"the last good backup is {folder}" if folder else "no backup was written yet"
 
-    def backup(self) -> Path:
+    def backup(self, folder: Path | None = None, extra_json: dict | None = None) -> Path:
+        """A rolling backup (`step-N`, pruned to backup.rolling_count), or one into `folder` that is not pruned
+        (validation.keep_best's `best`); `extra_json`: more files, name -> JSON value."""
         self.read_losses()  # never back up weights a non-finite loss has touched
-        folder = self.backup_root / f"step-{self.progress.global_step:08d}"
+        rolling = folder is None
+        folder = folder or self.backup_root / f"step-{self.progress.global_step:08d}"
         trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
         if self.parallel.is_main:
             broken = non_finite_tensors(trainable)
@@ -459,14 +471,17 @@ class GenericTrainer:
             try:
                 with phase("backup"):
                     write_backup(folder, self.progress, trainable, optimizer_state, self.scheduler, self.ema,
-                                 config_to_dict(self.config), rng=rng, extra_json={RANKS_FILE: layout})
+                                 config_to_dict(self.config), rng=rng,
+                                 extra_json={RANKS_FILE: layout, **(extra_json or {})})
             except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
                 raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
                                     f"{self._last_backup_text()}") from error
-            prune_backups(self.backup_root, self.config.backup.rolling_count)
+            if rolling:
+                prune_backups(self.backup_root, self.config.backup.rolling_count)
             log.info("backup written to %s", folder)
         barrier()
-        self.backed_up_step = self.progress.global_step
+        if rolling:
+            self.backed_up_step = self.progress.global_step
         return folder
 
     def _resume(self) -> None:

@@ -204,6 +204,8 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append(f"  previews: {trainer.samples_dir} ({before}{when})")
     else:
         lines.append("  previews: none (sampling.samples_file is empty)")
+    if getattr(trainer, "validation", None) is not None:
+        lines.append(trainer.validation.plan_line())
     if config.tensorboard:
         lines.append(f"  TensorBoard: {trainer.tensorboard_dir}")
     lines.append(f"  output: {config.output.destination} ({config.output.format.value})")
@@ -235,6 +237,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     newest_backup = newest_usable_backup(trainer.backup_root)[0]
     if newest_backup is not None:
         lines.append(f"  newest backup: {newest_backup}")
+    if getattr(trainer, "validation", None) is not None:
+        lines.append(trainer.validation.end_line(written))
     lines.append("next:")
     method = config.training_method.value
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
