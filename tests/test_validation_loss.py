@@ -1,0 +1,170 @@
+"""Issue 22 item 1: the validation loss. Held-out files never reach a training batch; an evaluation is a function of
+the weights alone (bit-equal twice, different after a step, the same on 1 and 2 ranks); a run that learns has a
+falling validation loss, and validation.keep_best keeps the step with the lowest one."""
+import json
+import shutil
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from learning import train
+from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
+from modules.dataLoader.concept_scan import scan_concepts
+from modules.dataLoader.pipeline.Pipeline import Pipeline
+from modules.dataLoader.pipeline.RankBucketBatch import RankBucketBatch
+from modules.dataLoader.validation_split import held_out_count, split_validation
+from modules.trainer.ValidationEvaluator import BEST_FOLDER, RESULT_FILE, validation_sigmas
+from modules.trainer.backup_io import read_backup
+from modules.util.config.config_io import ConfigError, load_config
+from modules.util.config.OptimizerConfig import TimestepConfig
+from test_multi_gpu import run_ranks
+
+EVERY = 3
+STEPS = 12
+VALIDATION = ["data.validation_split=0.25", f"validation.every_n_steps={EVERY}", "validation.keep_best=true",
+              "tensorboard=true"]
+
+
+def loader(dataset, *values: str) -> WanBaseDataLoader:
+    config = load_config(overrides=[f'data.concepts=[{{"path": "{dataset}"}}]', "data.frame_buckets=[9]",
+                                    "data.resolution=32", "data.aspect_ratios=[1.0]", "batch_size=4", *values])
+    data = WanBaseDataLoader(config)
+    data.scan()
+    return data
+
+
+def test_held_out_files_are_chosen_by_file_and_never_trained_on(squares_dataset):
+    data = loader(squares_dataset, "data.validation_split=0.25")
+    held_out = {r["path"] for r in data.validation_records}
+    assert len(held_out) == held_out_count(24, 0.25) == 6
+    # the same files whatever the seed or the order of the scan (a hash of the path inside the concept)
+    other = loader(squares_dataset, "data.validation_split=0.25", "seed=7")
+    assert {r["path"] for r in other.validation_records} == held_out
+    records = scan_concepts(data.config.data.concepts).records
+    _, validation = split_validation(list(reversed(records)), data.config.data)
+    assert {r["path"] for r in validation} == held_out
+    # every training batch of several epochs: no held-out file, and every other file in each epoch
+    pipeline = Pipeline(data._item_modules() + [RankBucketBatch(["path"], 4)], data.config.seed)
+    seen_held_out, seen = 0, set()
+    for epoch in range(3):
+        for batch in pipeline.iterate(epoch):
+            seen_held_out += sum(path in held_out for path in batch["path"])
+            seen |= set(batch["path"])
+    assert seen_held_out == 0
+    assert len(seen) == 18 and not seen & held_out
+
+def test_a_concept_marked_validation_is_held_out_whole(squares_dataset, tmp_path):
+    held = tmp_path / "held"
+    held.mkdir()
+    for clip in sorted(squares_dataset.glob("red_*.mp4"))[:3]:
+        shutil.copy(clip, held / clip.name)
+        shutil.copy(clip.with_suffix(".txt"), held / clip.with_suffix(".txt").name)
+    marked = loader(squares_dataset, f'data.concepts=[{{"path": "{squares_dataset}"}}, {{"path": "{held}", '
+                                     f'"validation": true, "caption_dropout": 0.5}}]')
+    assert sorted(r["path"] for r in marked.validation_records) == sorted(str(p) for p in held.glob("*.mp4"))
+    assert len(marked.scan_result.records) == 24
+    assert all(r["concept"].caption_dropout == 0 for r in marked.validation_records)  # the caption always counts
+    # a file listed by a validation concept is never trained on, even where another concept lists it too
+    both = loader(squares_dataset, f'data.concepts=[{{"path": "{squares_dataset}"}}, '
+                                   f'{{"path": "{squares_dataset}", "validation": true}}, {{"path": "{held}"}}]')
+    assert {r["path"] for r in both.scan_result.records} == {str(p) for p in held.glob("*.mp4")}
+
+
+def test_sigmas_are_quantiles_of_the_training_distribution_in_the_experts_range():
+    uniform = TimestepConfig(distribution="uniform")
+    assert validation_sigmas(uniform, 5, 0.0, 1.0, True) == pytest.approx([0.1, 0.3, 0.5, 0.7, 0.9], abs=0.01)
+    # the high-noise expert of an A14B model (boundary 0.875): all sigmas in its range, spread over it
+    high = validation_sigmas(TimestepConfig(), 4, 0.875, 1.0, True)
+    assert all(0.875 <= s <= 1.0 for s in high) and high == sorted(high) and len(set(high)) == 4
+    low = validation_sigmas(TimestepConfig(), 4, 0.0, 0.875, False)
+    assert all(s < 0.875 for s in low)
+
+
+@pytest.fixture(scope="module")
+def validated_run(tiny_model, squares_dataset, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("validated")
+    trainer = train(tmp, tiny_model("wan2.1-t2v"), squares_dataset, steps=STEPS,
+                    overrides=VALIDATION + ["optimizer.learning_rate=0.001"])
+    return tmp, trainer
+
+
+def tensorboard_scalars(trainer, tag: str) -> dict[int, float]:
+    events = EventAccumulator(str(trainer.tensorboard_dir))
+    events.Reload()
+    return {event.step: event.value for event in events.Scalars(tag)}
+
+
+def test_an_evaluation_depends_only_on_the_weights(validated_run):
+    _, trainer = validated_run
+    history = trainer.validation.history
+    assert [r.step for r in history] == [0, 3, 6, 9, 12]
+    # the final weights evaluated again, twice: bit for bit what the run logged at its end
+    first, second = trainer.validation.evaluate(), trainer.validation.evaluate()
+    assert first.loss == second.loss == history[-1].loss
+    assert first.per_sigma == second.per_sigma == history[-1].per_sigma
+    # a step changes the weights, so the value
+    assert len({r.loss for r in history}) == len(history)
+    # the evaluations draw nothing from the training's random streams: the run trains as one that evaluates only
+    # after its last step
+    tmp = validated_run[0]
+    plain = train(tmp / "plain", trainer.config.model.base_model_name, trainer.config.data.concepts[0].path,
+                  steps=STEPS, overrides=["data.validation_split=0.25", "validation.before_training=false",
+                                          "optimizer.learning_rate=0.001"])
+    assert plain.step_losses == trainer.step_losses
+
+
+def test_the_validation_loss_falls_and_keep_best_keeps_the_lowest(validated_run):
+    _, trainer = validated_run
+    logged = tensorboard_scalars(trainer, "validation/loss")
+    assert sorted(logged) == [0, 3, 6, 9, 12]
+    assert logged[12] < logged[0]
+    assert logged == pytest.approx({r.step: r.loss for r in trainer.validation.history}, rel=1e-6)
+    per_sigma = [tag for tag in EventAccumulator(str(trainer.tensorboard_dir)).Reload().Tags()["scalars"]
+                 if tag.startswith("validation/loss_sigma_")]
+    assert len(per_sigma) == 5
+    lowest_step = min(logged, key=logged.get)
+    best = trainer.backup_root / BEST_FOLDER
+    recorded = json.loads((best / RESULT_FILE).read_text())
+    assert recorded["step"] == lowest_step and recorded["loss"] == pytest.approx(logged[lowest_step], rel=1e-6)
+    state = read_backup(best)
+    assert state["progress"].global_step == lowest_step
+    # the kept weights give the kept value, bit for bit
+    trainer.setup.load_trainable_state_dict(state["trainable"])
+    assert trainer.validation.evaluate().loss == recorded["loss"]
+    # rolling pruning leaves it alone; the end report names it
+    assert best.is_dir()
+    assert f"lowest validation loss at step {lowest_step}" in trainer.validation.end_line([])
+
+
+def test_the_same_value_on_one_and_two_ranks(tiny_model, squares_dataset, tmp_path):
+    # validation batches of 2: 3 batches of the 6 held-out items, dealt out 2 + 1 to the ranks
+    overrides = ["optimizer.learning_rate=0.0001", "data.validation_split=0.25", "validation.every_n_steps=2",
+                 "validation.batch_size=2"]
+    single = train(tmp_path / "single", tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                   overrides=overrides + ["batch_size=2"])
+    ranks = run_ranks(tmp_path / "ranks", tiny_model("wan2.1-t2v"), squares_dataset, overrides + ["batch_size=1"],
+                      steps=2)
+    expected = [[r.step, r.loss] for r in single.validation.history]
+    assert [step for step, _ in expected] == [0, 2]
+    assert ranks[0]["validation"] == ranks[1]["validation"]  # every rank holds the reduced value
+    # before training the weights are equal: the split and the reduction are exact
+    assert ranks[0]["validation"][0] == expected[0]
+    for (step, loss), (expected_step, expected_loss) in zip(ranks[0]["validation"], expected):
+        assert step == expected_step and loss == pytest.approx(expected_loss, abs=1e-6)
+
+
+@pytest.mark.parametrize("value, field", [("validation.timesteps=0", "validation.timesteps"),
+                                          ("validation.every_n_steps=-1", "validation.every_n_steps"),
+                                          ("data.validation_split=1", "data.validation_split"),
+                                          ("data.validation_split=NaN", "data.validation_split")])
+def test_bad_values_are_refused(value, field):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=[value])
+    assert [p.split(":")[0] for p in error.value.problems] == [field]
+
+
+def test_no_training_item_left_names_the_held_out_files(squares_dataset):
+    from modules.dataLoader.WanBaseDataLoader import DataError
+    with pytest.raises(DataError, match="24 files are held out for the validation loss"):
+        loader(squares_dataset, f'data.concepts=[{{"path": "{squares_dataset}", "validation": true}}]')
