@@ -137,6 +137,21 @@ def test_the_validation_loss_falls_and_keep_best_keeps_the_lowest(validated_run)
     assert f"lowest validation loss at step {lowest_step}" in trainer.validation.end_line([])
 
 
+def test_the_best_backup_saves_as_docs_validation_md_says(validated_run, tiny_model, squares_dataset):
+    tmp, trainer = validated_run
+    best = trainer.backup_root / BEST_FOLDER
+    step = json.loads((best / RESULT_FILE).read_text())["step"]
+    export = tmp / "best-export"
+    shutil.copytree(best, export / "run" / "backup" / f"step-{step:08d}")
+    saved = train(export, tiny_model("wan2.1-t2v"), squares_dataset, steps=step,
+                  overrides=VALIDATION + ["optimizer.learning_rate=0.001", "backup.continue_last_backup=true"])
+    assert saved.step_losses == []  # nothing trained: only saved
+    kept = read_backup(best)["trainable"]
+    now = saved.setup.trainable_state_dict()
+    assert kept.keys() == now.keys() and all(torch.equal(kept[k], now[k]) for k in kept)
+    assert (export / "out.safetensors").is_file()
+
+
 def test_the_same_value_on_one_and_two_ranks(tiny_model, squares_dataset, tmp_path):
     # validation batches of 2: 3 batches of the 6 held-out items, dealt out 2 + 1 to the ranks
     overrides = ["optimizer.learning_rate=0.0001", "data.validation_split=0.25", "validation.every_n_steps=2",
