@@ -123,7 +123,9 @@ def test_the_validation_loss_falls_and_keep_best_keeps_the_lowest(validated_run)
     per_sigma = [tag for tag in EventAccumulator(str(trainer.tensorboard_dir)).Reload().Tags()["scalars"]
                  if tag.startswith("validation/loss_sigma_")]
     assert len(per_sigma) == 5
-    lowest_step = min(logged, key=logged.get)
+    # best/ holds the lowest trained step (step 0 is the base model)
+    trained = {step: value for step, value in logged.items() if step > 0}
+    lowest_step = min(trained, key=trained.get)
     best = trainer.backup_root / BEST_FOLDER
     recorded = json.loads((best / RESULT_FILE).read_text())
     assert recorded["step"] == lowest_step and recorded["loss"] == pytest.approx(logged[lowest_step], rel=1e-6)
@@ -135,6 +137,27 @@ def test_the_validation_loss_falls_and_keep_best_keeps_the_lowest(validated_run)
     # rolling pruning leaves it alone; the end report names it
     assert best.is_dir()
     assert f"lowest validation loss at step {lowest_step}" in trainer.validation.end_line([])
+
+
+def test_keep_best_keeps_the_lowest_not_the_latest(validated_run):
+    _, trainer = validated_run
+    best = trainer.backup_root / BEST_FOLDER
+    before = json.loads((best / RESULT_FILE).read_text())
+    kept = read_backup(best)["trainable"]
+    # worse weights at a later step: the up matrices turned against what they learned, the value rises, best/ stays
+    saved = trainer.setup.trainable_state_dict()
+    worse = {name: value * (-3 if ".lora_B." in name else 1) for name, value in saved.items()}
+    trainer.setup.load_trainable_state_dict(worse)
+    trainer.progress.global_step += 1
+    try:
+        result = trainer.validation.run()
+    finally:
+        trainer.setup.load_trainable_state_dict(saved)
+        trainer.progress.global_step -= 1
+        trainer.validation.history.pop()
+    assert result.loss > before["loss"]
+    assert json.loads((best / RESULT_FILE).read_text()) == before
+    assert all(torch.equal(kept[k], v) for k, v in read_backup(best)["trainable"].items())
 
 
 def test_the_best_backup_saves_as_docs_validation_md_says(validated_run, tiny_model, squares_dataset):

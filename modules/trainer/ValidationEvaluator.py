@@ -118,14 +118,17 @@ class ValidationEvaluator:
                 writer.add_scalar(f"validation/loss_sigma_{tag}", value, result.step)
         trainer.on_update({"validation_loss": result.loss, "step": result.step,
                            "validation_per_sigma": result.per_sigma})
-        improved = self.best is None or result.loss < self.best.loss
+        lowest = self.lowest() is result
+        # `best` is the lowest trained step: before the first step the weights are the base model's (and a sharded
+        # optimizer would have to make up its state to be backed up)
+        improved = result.step > 0 and (self.best is None or result.loss < self.best.loss)
         if improved:
             self.best = result
         if is_main():
             from tqdm import tqdm
             tqdm.write(f"validation loss at step {result.step}: {result.loss:.6f} ({self.item_count} items x "
                        f"{len(self.sigmas)} sigmas, {time.perf_counter() - started:.1f} s)"
-                       + (" - lowest so far" if improved else ""))
+                       + (" - lowest so far" if lowest else ""))
         if improved and self.settings.keep_best:
             trainer.backup(self.best_folder, extra_json={RESULT_FILE: asdict(result)})
         return result
@@ -206,8 +209,13 @@ class ValidationEvaluator:
             return "  validation: not evaluated"
         trainer = self.trainer
         step = best.step
-        where = None
-        if self.settings.keep_best and (self.best_folder / RESULT_FILE).is_file():
+        if step == 0:
+            line = f"  lowest validation loss at step 0: {best.loss:.6f}, before training (no trained step was lower)"
+            if self.settings.keep_best and self.best is not None:
+                line += f"; the lowest trained step, {self.best.step} ({self.best.loss:.6f}), is in backup " \
+                        f"{self.best_folder}"
+            return line
+        if self.settings.keep_best and self.best is not None and self.best.step == step:
             where = f"backup {self.best_folder}"
         elif (trainer.backup_root / f"step-{step:08d}").is_dir():
             where = f"backup {trainer.backup_root / f'step-{step:08d}'}"
