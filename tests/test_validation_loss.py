@@ -175,14 +175,17 @@ def test_the_best_backup_saves_as_docs_validation_md_says(validated_run, tiny_mo
     assert (export / "out.safetensors").is_file()
 
 
-def test_the_same_value_on_one_and_two_ranks(tiny_model, squares_dataset, tmp_path):
-    # validation batches of 2: 3 batches of the 6 held-out items, dealt out 2 + 1 to the ranks
+@pytest.mark.parametrize("method", ["LORA", "FINE_TUNE"])
+def test_the_same_value_on_one_and_two_ranks(tiny_model, squares_dataset, tmp_path, method):
+    # validation batches of 2: 3 batches of the 6 held-out items, dealt out 2 + 1 to the ranks (DDP: rank 1 runs
+    # one; a sharded FSDP2 fine-tune needs both in every forward pass: rank 1 runs a copy it does not count), and
+    # keep_best's backup is a collective
     overrides = ["optimizer.learning_rate=0.0001", "data.validation_split=0.25", "validation.every_n_steps=2",
-                 "validation.batch_size=2"]
-    single = train(tmp_path / "single", tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                 "validation.batch_size=2", "validation.keep_best=true"]
+    single = train(tmp_path / "single", tiny_model("wan2.1-t2v"), squares_dataset, method=method, steps=2,
                    overrides=overrides + ["batch_size=2"])
     ranks = run_ranks(tmp_path / "ranks", tiny_model("wan2.1-t2v"), squares_dataset, overrides + ["batch_size=1"],
-                      steps=2)
+                      method=method, steps=2)
     expected = [[r.step, r.loss] for r in single.validation.history]
     assert [step for step, _ in expected] == [0, 2]
     assert ranks[0]["validation"] == ranks[1]["validation"]  # every rank holds the reduced value
