@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from learning import train
+from modules.trainer.GenericTrainer import TrainingError
 from modules.trainer.parameter_groups import fine_tune_part, parameter_groups
 from modules.util.config.config_io import ConfigError, load_config
 from modules.util.tiny_models import SPECS, make_transformer
@@ -31,13 +32,13 @@ def lora_plus_run(tiny_model, squares_dataset, tmp_path_factory):
 def test_lora_b_matrices_learn_at_ratio_times_the_rate(lora_plus_run):
     _, trainer = lora_plus_run
     groups = {g["name"]: g for g in trainer.optimizer.param_groups}
-    assert set(groups) == {"lora_A", "lora_B"}
-    assert groups["lora_B"]["lr"] == pytest.approx(RATIO * LR) and groups["lora_A"]["lr"] == pytest.approx(LR)
+    assert set(groups) == {"base", "lora_B"}
+    assert groups["lora_B"]["lr"] == pytest.approx(RATIO * LR) and groups["base"]["lr"] == pytest.approx(LR)
     names = group_names(trainer)
     assert names["lora_B"] and all(".lora_B." in n for n in names["lora_B"])
-    assert names["lora_A"] and not any(".lora_B." in n for n in names["lora_A"])
+    assert names["base"] and not any(".lora_B." in n for n in names["base"])
     # every trained tensor is in exactly one group
-    assert sorted(names["lora_A"] + names["lora_B"]) == sorted(n for n, _ in trainer.setup.named_trainable_parameters())
+    assert sorted(names["base"] + names["lora_B"]) == sorted(n for n, _ in trainer.setup.named_trainable_parameters())
 
 
 def test_resume_keeps_the_groups_and_continues_identically(lora_plus_run, tiny_model, squares_dataset):
@@ -48,10 +49,19 @@ def test_resume_keeps_the_groups_and_continues_identically(lora_plus_run, tiny_m
     resumed = train(resumed_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=4,
                     overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=2"])
     groups = {g["name"]: g["lr"] for g in resumed.optimizer.param_groups}
-    assert groups == pytest.approx({"lora_A": LR, "lora_B": RATIO * LR})
+    assert groups == pytest.approx({"base": LR, "lora_B": RATIO * LR})
     assert resumed.step_losses == full.step_losses[2:]
     a, b = load_file(str(tmp / "full" / "out.safetensors")), load_file(str(resumed_dir / "out.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_backup_with_other_groups_is_refused_naming_both(lora_plus_run, tiny_model, squares_dataset):
+    tmp, full = lora_plus_run
+    plain_dir = tmp / "plain"
+    shutil.copytree(full.backup_root / "step-00000002", plain_dir / "run" / "backup" / "step-00000002")
+    with pytest.raises(TrainingError, match=r"parameter groups \['base', 'lora_B'\], this run has \['all'\]"):
+        train(plain_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=4,
+              overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=1"])
 
 
 def test_fine_tune_parts_get_their_own_rates():

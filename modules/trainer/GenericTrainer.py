@@ -18,7 +18,7 @@ from modules.trainer.distributed import Parallel, gradient_norm, join_process_gr
 from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
                                                     restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
-from modules.trainer.parameter_groups import parameter_groups
+from modules.trainer.parameter_groups import group_mismatch, parameter_groups
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
@@ -498,6 +498,9 @@ class GenericTrainer:
             state = read_backup(folder)
         except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
             raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
+        mismatch = group_mismatch(state["optimizer"], self.optimizer)  # every rank reads the same backup
+        if mismatch:
+            raise TrainingError(f"cannot resume from {folder}: {mismatch}")
         restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:

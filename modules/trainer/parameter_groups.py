@@ -45,7 +45,8 @@ def parameter_groups(config: TrainConfig, named: list[tuple[str, torch.nn.Parame
     method = config.training_method
     groups: list[dict] = []
     if method is TrainingMethod.LORA and config.lora.plus_lr_ratio != 1:
-        groups = [_group("lora_A", lr, [p for n, p in named if not is_lora_b(n)]),
+        # A matrices, DoRA magnitudes and E2V's fully trained layers keep the rate
+        groups = [_group("base", lr, [p for n, p in named if not is_lora_b(n)]),
                   _group("lora_B", lr * config.lora.plus_lr_ratio, [p for n, p in named if is_lora_b(n)])]
     elif method is TrainingMethod.FINE_TUNE:
         fine_tune = config.fine_tune
@@ -58,3 +59,23 @@ def parameter_groups(config: TrainConfig, named: list[tuple[str, torch.nn.Parame
     if not groups:
         return [_group("all", lr, [p for _, p in named])]
     return [g for g in groups if g["params"]]
+
+
+def group_mismatch(saved: dict, optimizer) -> str | None:
+    """Why a backup's optimizer state cannot be loaded into `optimizer` (its groups differ), or None."""
+    def names(groups):
+        return [str(g.get("name", "all")) for g in groups]
+    saved_names, names_now = names(saved["param_groups"]), names(optimizer.param_groups)
+    if saved_names == names_now and all(len(a["params"]) == len(b["params"]) for a, b in
+                                        zip(saved["param_groups"], optimizer.param_groups)):
+        return None
+    return (f"the backup's optimizer has the parameter groups {saved_names}, this run has {names_now}: "
+            f"lora.plus_lr_ratio and fine_tune.*_learning_rate (set or not) must be as when the backup was written")
+
+
+def describe_groups(optimizer) -> str | None:
+    """'lora_B lr 0.016 (40 tensors), base lr 0.001 (40 tensors)' when there are several groups."""
+    if len(optimizer.param_groups) < 2:
+        return None
+    return ", ".join(f"{g.get('name', i)} lr {g['lr']:g} ({len(g['params'])} tensors)"
+                     for i, g in enumerate(optimizer.param_groups))

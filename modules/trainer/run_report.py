@@ -183,6 +183,10 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
     lines.append(f"  optimizer: {optimizer.optimizer} lr {optimizer.learning_rate:g}, schedule {optimizer.scheduler} "
                  f"over {plan.total_steps} steps" + (f", warmup {optimizer.warmup_steps}" if optimizer.warmup_steps
                                                      else ""))
+    from modules.trainer.parameter_groups import describe_groups
+    groups = describe_groups(trainer.optimizer)
+    if groups:
+        lines.append(f"  parameter groups: {groups}")
     timestep = config.timestep
     shift = f" (shift {timestep.shift:g})" if timestep.distribution.endswith("shift") else ""
     lines.append(f"  timesteps: {timestep.distribution}{shift}")
