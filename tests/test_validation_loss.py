@@ -84,8 +84,10 @@ def test_sigmas_are_quantiles_of_the_training_distribution_in_the_experts_range(
 @pytest.fixture(scope="module")
 def validated_run(tiny_model, squares_dataset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("validated")
+    events = []
     trainer = train(tmp, tiny_model("wan2.1-t2v"), squares_dataset, steps=STEPS,
-                    overrides=VALIDATION + ["optimizer.learning_rate=0.001"])
+                    overrides=VALIDATION + ["optimizer.learning_rate=0.001"], on_update=events.append)
+    trainer.events = events
     return tmp, trainer
 
 
@@ -137,6 +139,19 @@ def test_the_validation_loss_falls_and_keep_best_keeps_the_lowest(validated_run)
     # rolling pruning leaves it alone; the end report names it
     assert best.is_dir()
     assert f"lowest validation loss at step {lowest_step}" in trainer.validation.end_line([])
+
+
+def test_the_gui_gets_every_value_beside_the_training_losses(validated_run, tmp_path):
+    from modules.ui.TrainController import TrainController
+    _, trainer = validated_run
+    controller = TrainController(last_used=tmp_path / "last-used.json")
+    controller.trainer = trainer
+    for event in trainer.events:  # what the worker thread would have passed on, in order
+        controller._on_update(event)
+    kinds = [kind for kind, _ in controller.poll_events()]
+    assert kinds.count("validation") == 5 and kinds.count("progress") == STEPS
+    assert controller.run.validation_losses == [(r.step, r.loss) for r in trainer.validation.history]
+    assert len(controller.run.losses) == STEPS
 
 
 def test_keep_best_keeps_the_lowest_not_the_latest(validated_run):
