@@ -81,6 +81,25 @@ def test_sigmas_are_quantiles_of_the_training_distribution_in_the_experts_range(
     assert all(s < 0.875 for s in low)
 
 
+@pytest.mark.parametrize("expert", ["both", "high"])
+def test_a14b_sigmas_cover_the_trained_experts_range_each_by_its_expert(tiny_model, squares_dataset, tmp_path,
+                                                                          expert):
+    trainer = train(tmp_path, tiny_model("wan2.2-t2v-a14b"), squares_dataset, steps=1,
+                    overrides=["data.validation_split=0.25", f"expert={expert}", "validation.before_training=false"])
+    boundary, sigmas = trainer.model.boundary_ratio, trainer.validation.sigmas
+    calls = {"transformer": 0, "transformer_2": 0}
+    for name in trainer.setup.experts_in_training():
+        getattr(trainer.model, name).register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    trainer.validation.evaluate()
+    batches = trainer.validation.batch_count
+    high = sum(s >= boundary for s in sigmas)
+    if expert == "high":
+        assert high == len(sigmas) and calls == {"transformer": batches * len(sigmas), "transformer_2": 0}
+    else:  # both: the whole schedule, each sigma by the expert that denoises there
+        assert 0 < high < len(sigmas)
+        assert calls == {"transformer": batches * high, "transformer_2": batches * (len(sigmas) - high)}
+
+
 @pytest.fixture(scope="module")
 def validated_run(tiny_model, squares_dataset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("validated")
