@@ -25,6 +25,7 @@ from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.modelSetup.BaseWanSetup import Prediction
 from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.trainer.backup_io import verify_backup
+from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.ranks import is_main, rank_and_world
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,12 @@ class ValidationEvaluator:
         setup, device = trainer.setup, trainer.device
         rank, world = rank_and_world()
         losses = torch.zeros(self.item_count, len(self.sigmas), dtype=torch.float64)
-        experts = [getattr(trainer.model, name) for name in setup.experts_in_training()]
-        for expert in experts:
-            expert.eval()  # no dropout: the same weights give the same value
+        parts = [getattr(trainer.model, name) for name in setup.experts_in_training()]
+        if trainer.config.training_method is TrainingMethod.EMBEDDING:
+            parts.append(trainer.model.text_encoder)  # it runs in every step: its dropout too
+        modes = [part.training for part in parts]
+        for part in parts:
+            part.eval()  # no dropout: the same weights give the same value
         try:
             slots = math.ceil(self.batch_count / world)
             for slot in range(slots):
@@ -158,8 +162,8 @@ class ValidationEvaluator:
                     if index < self.batch_count:
                         losses[items, k] = torch.stack(self._item_losses(batch, prediction)).double().cpu()
         finally:
-            for expert in experts:
-                expert.train()
+            for part, mode in zip(parts, modes):
+                part.train(mode)
         if world > 1:
             # every other rank's entries are exact zeros: the sum is each rank's table, bit for bit
             reduced = losses.to(device)
