@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.modelSetup.BaseWanSetup import Prediction
@@ -50,8 +51,13 @@ def validation_sigmas(timestep_config, count: int, low: float, high: float, incl
     return [float(s) for s in torch.quantile(draws, levels)]
 
 
-def sigma_tag(sigma: float) -> str:
-    return f"{sigma:.3f}"
+def sigma_tags(sigmas: list[float]) -> list[str]:
+    """Each sigma as text for its TensorBoard tag: three decimals, more where three would not tell two apart."""
+    for decimals in range(3, 10):
+        tags = [f"{s:.{decimals}f}" for s in sigmas]
+        if len(set(tags)) == len(tags):
+            return tags
+    return [repr(s) for s in sigmas]
 
 
 class ValidationEvaluator:
@@ -65,6 +71,7 @@ class ValidationEvaluator:
         self.batch_count = len(self.pipeline)
         self.item_count = sum(len(self.batcher.upstream_indices(b)) for b in range(self.batch_count))
         self.sigmas = validation_sigmas(config.timestep, self.settings.timesteps, *self._sigma_range())
+        self.tags = sigma_tags(self.sigmas)
         self.history: list[ValidationResult] = []
         self.best: ValidationResult | None = self._saved_best() if config.backup.continue_last_backup else None
         self.best_folder = trainer.backup_root / BEST_FOLDER
@@ -126,7 +133,6 @@ class ValidationEvaluator:
         if improved:
             self.best = result
         if is_main():
-            from tqdm import tqdm
             tqdm.write(f"validation loss at step {result.step}: {result.loss:.6f} ({self.item_count} items x "
                        f"{len(self.sigmas)} sigmas, {time.perf_counter() - started:.1f} s)"
                        + (" - lowest so far" if lowest else ""))
@@ -146,8 +152,9 @@ class ValidationEvaluator:
         modes = [part.training for part in parts]
         for part in parts:
             part.eval()  # no dropout: the same weights give the same value
+        slots = math.ceil(self.batch_count / world)
+        bar = tqdm(total=slots * len(self.sigmas), desc="validation", unit="pass", leave=False, disable=not is_main())
         try:
-            slots = math.ceil(self.batch_count / world)
             for slot in range(slots):
                 index = slot * world + rank
                 if index >= self.batch_count and not trainer.parallel.sharded:
@@ -161,7 +168,9 @@ class ValidationEvaluator:
                     prediction = setup.predict(batch, generator, sigmas=sigmas)
                     if index < self.batch_count:
                         losses[items, k] = torch.stack(self._item_losses(batch, prediction)).double().cpu()
+                    bar.update()
         finally:
+            bar.close()
             for part, mode in zip(parts, modes):
                 part.train(mode)
         if world > 1:
@@ -171,7 +180,7 @@ class ValidationEvaluator:
             losses = reduced.cpu()
         per_sigma = losses.mean(0)
         return ValidationResult(step=trainer.progress.global_step, loss=float(losses.mean()),
-                                per_sigma={sigma_tag(s): float(v) for s, v in zip(self.sigmas, per_sigma)})
+                                per_sigma={tag: float(v) for tag, v in zip(self.tags, per_sigma)})
 
     def _item_losses(self, batch: dict, prediction: Prediction) -> list[torch.Tensor]:
         """Each item's loss, by setup.calculate_loss on the item alone (its mask and its weighting as in training,
@@ -200,7 +209,7 @@ class ValidationEvaluator:
             ([f"every {every} steps"] if every else []) + ["at the end"]
         best = f"; the lowest kept in {self.best_folder}" if self.settings.keep_best else ""
         return (f"  validation: {self.item_count} held-out items in {self.batch_count} batches at sigmas "
-                f"{', '.join(sigma_tag(s) for s in self.sigmas)} ({', '.join(when)}{best})")
+                f"{', '.join(self.tags)} ({', '.join(when)}{best})")
 
     def lowest(self) -> ValidationResult | None:
         candidates = self.history + ([self.best] if self.best is not None else [])
