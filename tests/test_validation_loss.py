@@ -116,6 +116,28 @@ def tensorboard_scalars(trainer, tag: str) -> dict[int, float]:
     return {event.step: event.value for event in events.Scalars(tag)}
 
 
+def test_the_runs_training_batches_hold_no_validation_item(validated_run):
+    _, trainer = validated_run
+    data = trainer.data
+    held_out = {r["path"] for r in data.validation_records}
+    batcher = data.pipeline.modules[-1]  # the run's own RankBucketBatch
+    paths = Pipeline(data._item_modules(), data.config.seed, outputs=["path"])  # its input items, by index
+    counted = {"held_out": 0, "trained": 0}
+    for epoch in range(2):
+        data.pipeline.start_epoch(epoch)
+        paths.start_epoch(epoch)
+        for index in range(len(data.pipeline)):
+            for member in batcher.upstream_indices(index):
+                counted["held_out" if paths.get_item(member)["path"] in held_out else "trained"] += 1
+    assert counted == {"held_out": 0, "trained": 2 * 18}
+    # and the evaluator's items are exactly the held-out files
+    evaluator = trainer.validation
+    items = Pipeline(data._item_modules(validation=True), data.config.seed, outputs=["path"])
+    items.start_epoch(0)
+    assert evaluator.item_count == len(items) == 6
+    assert {items.get_item(i)["path"] for i in range(len(items))} == held_out
+
+
 def test_an_evaluation_depends_only_on_the_weights(validated_run):
     _, trainer = validated_run
     history = trainer.validation.history
