@@ -88,8 +88,10 @@ def test_a14b_sigmas_cover_the_trained_experts_range_each_by_its_expert(tiny_mod
                     overrides=["data.validation_split=0.25", f"expert={expert}", "validation.before_training=false"])
     boundary, sigmas = trainer.model.boundary_ratio, trainer.validation.sigmas
     calls = {"transformer": 0, "transformer_2": 0}
+    def counter(name):
+        return lambda *_: calls.__setitem__(name, calls[name] + 1)
     for name in trainer.setup.experts_in_training():
-        getattr(trainer.model, name).register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+        getattr(trainer.model, name).register_forward_hook(counter(name))
     trainer.validation.evaluate()
     batches = trainer.validation.batch_count
     high = sum(s >= boundary for s in sigmas)

@@ -98,8 +98,9 @@ class WanBaseDataLoader:
         skipped = self.scan_result.skipped + list(pipeline.skipped)
         lines = [f"no usable training item in {', '.join(concepts)}"]
         if self.validation_records:
-            lines.append(f"  ({len({r['path'] for r in self.validation_records})} files are held out for the validation loss: concepts "
-                         f"marked validation, data.validation_split)")
+            held_out = len({r["path"] for r in self.validation_records})
+            lines.append(f"  ({held_out} files are held out for the validation loss: concepts marked validation, "
+                         f"data.validation_split)")
         lines += [f"  skipped {path}: {reason}" for path, reason in skipped[:10]]
         if len(skipped) > 10:
             lines.append(f"  ... and {len(skipped) - 10} more")

@@ -6,7 +6,8 @@ import torch
 from modules.util.config.OptimizerConfig import OptimizerConfig
 
 
-def create_optimizer(config: OptimizerConfig, parameters: list[torch.nn.Parameter] | list[dict]) -> torch.optim.Optimizer:
+def create_optimizer(config: OptimizerConfig,
+                     parameters: list[torch.nn.Parameter] | list[dict]) -> torch.optim.Optimizer:
     """`parameters`: the parameters, or parameter groups (modules/trainer/parameter_groups.py), each with its lr."""
     kwargs = dict(lr=config.learning_rate, weight_decay=config.weight_decay)
     if config.optimizer == "ADAMW":
