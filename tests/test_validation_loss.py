@@ -159,6 +159,19 @@ def test_an_evaluation_depends_only_on_the_weights(validated_run):
     assert plain.step_losses == trainer.step_losses
 
 
+def test_an_evaluation_leaves_every_modules_mode_as_it_was(validated_run):
+    # (E2V keeps parts of a training transformer in eval mode: a blanket train() afterwards changed its training)
+    _, trainer = validated_run
+    transformer = trainer.model.transformer
+    transformer.blocks[0].eval()
+    before = {name: module.training for name, module in transformer.named_modules()}
+    try:
+        trainer.validation.evaluate()
+        assert {name: module.training for name, module in transformer.named_modules()} == before
+    finally:
+        transformer.train()
+
+
 def test_it_runs_under_the_memory_switches_with_the_same_value(validated_run, tiny_model, squares_dataset):
     tmp, trainer = validated_run
     swapped = train(tmp / "swapped", tiny_model("wan2.1-t2v"), squares_dataset, steps=1,

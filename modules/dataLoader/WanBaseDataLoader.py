@@ -304,11 +304,11 @@ class WanBaseDataLoader:
     def validation_pipeline(self, batch_size: int) -> Pipeline:
         """The held-out items in batches of one bucket each, cut in the same order on every run and world size
         (no shuffle); its last module's `upstream_indices(i)` are the items of batch i. Reads the same caches as
-        training (the items were cached with it)."""
-        batch_names = [name for m in self.encoders.values() for name in m.produces() if name != "e2v_condition_cache"]
-        keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ())
+        training (the items were cached with it). The batches hold what training batches hold but the loss weight."""
+        training = self.pipeline.modules[-1]  # the training batcher (rebuild): its names and bucket keys
+        names = [name for name in training.names if name != "loss_weight"]
         modules = self._item_modules(validation=True) + list(self.encoders.values()) + [
-            BucketBatch(batch_names + ["prompt"], batch_size, shuffle=False, key_names=keys)]
+            BucketBatch(names, batch_size, shuffle=False, key_names=training.key_names)]
         pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)
         pipeline.start_epoch(0)
         return pipeline

@@ -149,7 +149,8 @@ class ValidationEvaluator:
         parts = [getattr(trainer.model, name) for name in setup.experts_in_training()]
         if trainer.config.training_method is TrainingMethod.EMBEDDING:
             parts.append(trainer.model.text_encoder)  # it runs in every step: its dropout too
-        modes = [part.training for part in parts]
+        # every module's own mode: a part in training mode may hold submodules kept in eval mode on purpose
+        modes = [(module, module.training) for part in parts for module in part.modules()]
         for part in parts:
             part.eval()  # no dropout: the same weights give the same value
         slots = math.ceil(self.batch_count / world)
@@ -171,8 +172,8 @@ class ValidationEvaluator:
                     bar.update()
         finally:
             bar.close()
-            for part, mode in zip(parts, modes):
-                part.train(mode)
+            for module, mode in modes:
+                module.training = mode
         if world > 1:
             # every other rank's entries are exact zeros: the sum is each rank's table, bit for bit
             reduced = losses.to(device)
