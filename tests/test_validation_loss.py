@@ -160,7 +160,7 @@ def test_an_evaluation_depends_only_on_the_weights(validated_run):
 
 
 def test_an_evaluation_leaves_every_modules_mode_as_it_was(validated_run):
-    # (E2V keeps parts of a training transformer in eval mode: a blanket train() afterwards changed its training)
+    # a submodule kept in eval mode on purpose stays so (a blanket train() afterwards would turn it on)
     _, trainer = validated_run
     transformer = trainer.model.transformer
     transformer.blocks[0].eval()
