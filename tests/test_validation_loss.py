@@ -241,6 +241,24 @@ def test_keep_best_keeps_the_lowest_not_the_latest(validated_run):
     assert all(torch.equal(kept[k], v) for k, v in read_backup(best)["trainable"].items())
 
 
+def test_a_resumed_run_keeps_its_values_and_its_best(validated_run, tiny_model, squares_dataset):
+    tmp, trainer = validated_run
+    resumed_dir = tmp / "resumed"
+    shutil.copytree(tmp / "run", resumed_dir / "run")  # the whole workspace: backups, best/, logs, history
+    resumed = train(resumed_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=STEPS + EVERY,
+                    overrides=VALIDATION + ["optimizer.learning_rate=0.001", "backup.continue_last_backup=true"])
+    history = resumed.validation.history
+    assert [r.step for r in history] == [0, 3, 6, 9, 12, 15]
+    assert history[:5] == trainer.validation.history  # read back from <workspace>/validation/<run>.json
+    written = json.loads(resumed.validation.history_file.read_text())
+    assert [row["step"] for row in written] == [0, 3, 6, 9, 12, 15]
+    trained = [r for r in history if r.step > 0]
+    lowest = min(trained, key=lambda r: r.loss)
+    best = json.loads((resumed.backup_root / BEST_FOLDER / RESULT_FILE).read_text())
+    assert best["step"] == lowest.step and best["loss"] == lowest.loss
+    assert f"lowest validation loss at step {lowest.step}" in resumed.validation.end_line([])
+
+
 def test_the_best_backup_saves_as_docs_validation_md_says(validated_run, tiny_model, squares_dataset):
     tmp, trainer = validated_run
     best = trainer.backup_root / BEST_FOLDER

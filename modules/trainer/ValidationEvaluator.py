@@ -26,6 +26,7 @@ from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.modelSetup.BaseWanSetup import Prediction
 from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.trainer.backup_io import verify_backup
+from modules.util.atomic import atomic_write_text
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.ranks import is_main, rank_and_world
 
@@ -72,7 +73,9 @@ class ValidationEvaluator:
         self.item_count = sum(len(self.batcher.upstream_indices(b)) for b in range(self.batch_count))
         self.sigmas = validation_sigmas(config.timestep, self.settings.timesteps, *self._sigma_range())
         self.tags = sigma_tags(self.sigmas)
-        self.history: list[ValidationResult] = []
+        # every value of this run, also those before a resume: <workspace>/validation/<run>.json
+        self.history_file = trainer.workspace / "validation" / f"{trainer.run_name}.json"
+        self.history: list[ValidationResult] = self._saved_history() if config.backup.continue_last_backup else []
         self.best: ValidationResult | None = self._saved_best() if config.backup.continue_last_backup else None
         self.best_folder = trainer.backup_root / BEST_FOLDER
 
@@ -96,10 +99,23 @@ class ValidationEvaluator:
             return None
         return ValidationResult(**json.loads((folder / RESULT_FILE).read_text()))
 
+    def _saved_history(self) -> list[ValidationResult]:
+        """The values the resumed run logged up to the step it resumes at (later ones are evaluated again)."""
+        if not self.history_file.is_file():
+            return []
+        try:
+            rows = json.loads(self.history_file.read_text(encoding="utf-8"))
+            saved = [ValidationResult(**row) for row in rows]
+        except (OSError, ValueError, TypeError) as error:
+            log.warning("%s cannot be read (%s); the validation values before this resume are left out of the "
+                        "end report (TensorBoard has them)", self.history_file, error)
+            return []
+        return [r for r in saved if r.step <= self.trainer.progress.global_step]
+
     # ---- the schedule ------------------------------------------------------------------------------------------
 
     def before_training(self) -> None:
-        if self.settings.before_training and self.trainer.progress.global_step == 0:
+        if self.settings.before_training and not self.history and self.trainer.progress.global_step == 0:
             self.run()
 
     def after_step(self) -> None:
@@ -119,6 +135,8 @@ class ValidationEvaluator:
         started = time.perf_counter()
         result = self.evaluate()
         self.history.append(result)
+        if is_main():
+            atomic_write_text(self.history_file, json.dumps([asdict(r) for r in self.history], indent=1))
         writer = trainer.hooks.writer
         if writer is not None:
             writer.add_scalar("validation/loss", result.loss, result.step)
