@@ -28,7 +28,7 @@ from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.trainer.backup_io import verify_backup
 from modules.util.atomic import atomic_write_text
 from modules.util.enum.TrainingMethod import TrainingMethod
-from modules.util.ranks import is_main, rank_and_world
+from modules.util.ranks import broadcast_json, is_main, rank_and_world
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,15 @@ class ValidationEvaluator:
         self.tags = sigma_tags(self.sigmas)
         # every value of this run, also those before a resume: <workspace>/validation/<run>.json
         self.history_file = trainer.workspace / "validation" / f"{trainer.run_name}.json"
-        self.history: list[ValidationResult] = self._saved_history() if config.backup.continue_last_backup else []
-        self.best: ValidationResult | None = self._saved_best() if config.backup.continue_last_backup else None
+        self.history: list[ValidationResult] = []
+        self.best: ValidationResult | None = None
+        if config.backup.continue_last_backup:
+            # rank 0's files for every rank (other machines may not share the workspace): the ranks must decide alike
+            # when to evaluate and when to back up the best, both collectives
+            saved = broadcast_json([[asdict(r) for r in self._saved_history()], self._saved_best()]
+                                   if is_main() else None)
+            self.history = [ValidationResult(**row) for row in saved[0]]
+            self.best = ValidationResult(**saved[1]) if saved[1] else None
         self.best_folder = trainer.backup_root / BEST_FOLDER
 
     @classmethod
@@ -92,12 +99,12 @@ class ValidationEvaluator:
         boundary = model.boundary_ratio
         return (boundary, 1.0, True) if experts == ["transformer"] else (0.0, boundary, False)
 
-    def _saved_best(self) -> ValidationResult | None:
+    def _saved_best(self) -> dict | None:
         """The best so far of the run a resume continues (its `best` backup), so a worse value cannot replace it."""
         folder = self.trainer.backup_root / BEST_FOLDER
         if not (folder / RESULT_FILE).is_file() or verify_backup(folder):
             return None
-        return ValidationResult(**json.loads((folder / RESULT_FILE).read_text()))
+        return json.loads((folder / RESULT_FILE).read_text())
 
     def _saved_history(self) -> list[ValidationResult]:
         """The values the resumed run logged up to the step it resumes at (later ones are evaluated again)."""
