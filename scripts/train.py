@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         if args.output_dir:
             apply_output_dir(config, args.output_dir, args.config_value)
         from modules.trainer.distributed import config_problems, launched_by_torchrun, process_count, relaunch
-        from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
+        from modules.trainer.GenericTrainer import GenericTrainer
+        from modules.util.config.prepare import prepare_config
         problems = config_problems(config)
         try:
             e2v_datasets = prepare_config(config)
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     from modules.trainer.distributed import leave_process_group
     from modules.util.ranks import rank_and_world
     from modules.trainer.GenericTrainer import TrainingError
+    trainer = None
     try:
         trainer = GenericTrainer(config, e2v_datasets=e2v_datasets)
         if args.only_cache:
@@ -152,6 +154,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     except TrainingError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: every file is written atomically, so none is left half-written
+        print("\ntrain: aborted by a second Ctrl-C; files already written are complete, the one being written was "
+              "dropped", file=sys.stderr)
+        if trainer is not None and trainer.parallel.is_main:
+            print(f"to resume from the last backup, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
+        return 130
     except Exception as e:
         if not launched_by_torchrun():
             raise
@@ -164,8 +172,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return 1
     finally:
         leave_process_group()
-    if trainer.stop_requested.is_set() and trainer.parallel.is_main:
-        print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
+    if trainer.stop_requested.is_set():  # exit 130 as for any Ctrl-C: `train && next` must not go on
+        if trainer.parallel.is_main:
+            if trainer.completed:
+                print("stopped after the final save was written: the run is complete", flush=True)
+            else:
+                print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
+        return 130
     return 0
 
 

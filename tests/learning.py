@@ -2,7 +2,8 @@
 the generated latents are closer to that caption's encoded videos than to the other captions'."""
 import torch
 
-from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
+from modules.trainer.GenericTrainer import GenericTrainer
+from modules.util.config.prepare import prepare_config
 from modules.util.wan_detection import detect_variant_from_folder
 from modules.util.config.config_io import load_config
 

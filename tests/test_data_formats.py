@@ -112,7 +112,7 @@ def test_run_cmd_called_through_a_link_finds_the_project(tmp_path):
 def test_shipped_demo_preset_works_from_another_folder(tmp_path, monkeypatch):
     """The demo preset's project-relative paths (workspace/demo/...) resolve against the directory the command
     runs from, like every relative path in a config: from another folder the demo assets are made there."""
-    from modules.trainer.GenericTrainer import prepare_config
+    from modules.util.config.prepare import prepare_config
     monkeypatch.chdir(tmp_path)
     config = load_config(preset_path=str(ROOT / "training_presets" / "#demo tiny CPU.json"))
     prepare_config(config)

@@ -282,7 +282,7 @@ def test_save_as_reloads_equal_and_trains_through_the_cli(app, tmp_path, tiny_mo
 # ---- training -------------------------------------------------------------------------------------------------
 
 def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_path, tiny_model, squares_dataset):
-    from modules.trainer.backup_io import list_backups, read_backup
+    from modules.trainer.backup_io import all_backups, read_backup
     from modules.util.config.SampleConfig import SampleConfig
     from modules.util.sample_definitions import save_samples_json
 
@@ -333,7 +333,7 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
         f"  {g * 1000:.0f} ms: {s} (step {n})\n" for g, s, n in sorted(training_gaps, reverse=True)[:10]))
     print(report)
     assert largest < GAP_LIMIT_S, f"the main loop stalled for {largest * 1000:.0f} ms"
-    backups = list_backups(tmp_path / "run" / "backup")
+    backups = all_backups(tmp_path / "run" / "backup")
     assert backups and read_backup(backups[-1])["progress"].global_step == app.controller.run.step
     assert app.start_button.cget("state") == "normal"
 

@@ -13,8 +13,9 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from modules.trainer.backup_io import list_backups
-from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
+from modules.trainer.backup_io import all_backups
+from modules.trainer.GenericTrainer import GenericTrainer
+from modules.util.config.prepare import prepare_config
 from modules.util.config.config_io import load_config
 from modules.util.demo_assets import make_t2v_dataset
 
@@ -70,7 +71,7 @@ def assert_every_file_loads(run: Path) -> None:
         with safe_open(str(path), framework="pt") as file:
             for key in file.keys():
                 file.get_tensor(key)
-    for backup in list_backups(run / "workspace" / "backup"):
+    for backup in all_backups(run / "workspace" / "backup"):
         assert verify_backup(backup) == [], backup
 
 

@@ -151,7 +151,7 @@ def test_attention_kernels_that_run_on_the_cpu(plain, kernel):
 
 def test_gpu_only_settings_on_a_cpu_are_config_errors_before_loading(tiny_model, monkeypatch):
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-    from modules.trainer.GenericTrainer import prepare_config
+    from modules.util.config.prepare import prepare_config
     from modules.util.config.config_io import ConfigError, load_config
 
     monkeypatch.setattr(WanBaseModelLoader, "load", lambda *a: pytest.fail("a model loaded"))
@@ -174,7 +174,7 @@ def test_losses_read_back_every_n_steps_and_a_nan_is_still_caught(tiny_model, sq
                                                                   monkeypatch):
     from learning import train
     from modules.modelSetup.BaseWanSetup import BaseWanSetup
-    from modules.trainer.backup_io import list_backups
+    from modules.trainer.backup_io import all_backups
     from modules.trainer.GenericTrainer import GenericTrainer, TrainingError
 
     base = tiny_model("wan2.1-t2v")
@@ -208,7 +208,7 @@ def test_losses_read_back_every_n_steps_and_a_nan_is_still_caught(tiny_model, sq
     with pytest.raises(TrainingError, match=r"at step 4 .*step-00000003"):
         train(tmp_path / "c", base, squares_dataset, steps=8,
               overrides=[cache, "performance.loss_readback_steps=5", "backup.every_n_steps=3"])
-    assert [b.name for b in list_backups(tmp_path / "c" / "run" / "backup")] == ["step-00000003"]
+    assert [b.name for b in all_backups(tmp_path / "c" / "run" / "backup")] == ["step-00000003"]
 
 
 def test_regional_compilation_of_the_blocks(plain, monkeypatch):

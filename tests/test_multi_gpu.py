@@ -99,7 +99,7 @@ def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
     # rank 0 alone saved, in the usual format, the same adapter
     assert_same_tensors(tmp / "ranks" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
     # and alone wrote the backups, with every rank's RNG and the layout
-    backup = tmp / "ranks" / "run" / "backup" / f"step-{BACKUP_AT:08d}"
+    backup = next((tmp / "ranks" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
     assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 2, "batch_size": 1}
 
 
@@ -115,8 +115,8 @@ def test_caching_is_split_across_ranks(lora_runs):
 
 
 def copy_backup(source_workspace: Path, target: Path) -> None:
-    backup = source_workspace / "backup" / f"step-{BACKUP_AT:08d}"
-    shutil.copytree(backup, target / "run" / "backup" / backup.name)
+    backup = next((source_workspace / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
+    shutil.copytree(backup, target / "run" / "backup" / backup.parent.name / backup.name)
 
 
 def test_two_rank_backup_resumes_on_one_process(lora_runs, squares_dataset):
@@ -161,7 +161,8 @@ def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squ
     assert losses == pytest.approx(single.step_losses, abs=1e-5)
     assert_same_tensors(workspace / "out.safetensors", tmp_path / "single" / "out.safetensors", atol=1e-5)
     # the sharded weights were gathered for the backup: it holds the whole trained transformer, as one process's
-    backup = load_file(str(workspace / "run" / "backup" / f"step-{BACKUP_AT:08d}" / "trainable.safetensors"))
+    backup = load_file(str(next((workspace / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
+                           / "trainable.safetensors"))
     assert backup.keys() == single.setup.trainable_state_dict().keys()
 
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from learning import train
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
-from modules.trainer.backup_io import list_backups, read_backup
+from modules.trainer.backup_io import all_backups, read_backup
 from modules.trainer.GenericTrainer import TrainingError
 from modules.util import atomic
 from modules.util.config.config_io import ConfigError, load_config
@@ -129,7 +129,7 @@ def full_disk(tmp_path):
 def check_failed_save(error: str, destination: Path, tmp_path: Path) -> None:
     from modules.trainer.backup_io import verify_backup
     assert f"saving {destination} failed" in error, error
-    backup = tmp_path / "run" / "backup" / "step-00000002"
+    backup = next((tmp_path / "run" / "backup").glob("*/step-00000002"))  # the run's own folder
     assert f"kept in the backup {backup}" in error and "backup.continue_last_backup=true" in error, error
     assert not verify_backup(backup)
 
@@ -205,18 +205,18 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tiny_model, six_clips, tmp
     # Ctrl-C in step 2, sent by the test hook so that it lands at the same point every time
     stopped = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                              env={**os.environ, KILL_AT: "step:2:INT"})
-    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    assert stopped.returncode == 130, stopped.stderr[-2000:]  # interrupted: `train && convert` must not go on
     assert "Traceback" not in stopped.stderr
     lines = stopped.stdout.splitlines()
     resume_line = lines[lines.index("stopped; to resume, run:") + 1].strip()
-    assert [b.name for b in list_backups(tmp_path / "run" / "backup")] == ["step-00000002"]
+    assert [b.name for b in all_backups(tmp_path / "run" / "backup")] == ["step-00000002"]
     # run the printed line as printed, in-process to save an interpreter start: `cd DIR && PYTHON SCRIPT ARGS...`
     cd, folder, conjunction, python, script, *args = shlex.split(resume_line)
     assert (cd, conjunction, python, Path(script)) == ("cd", "&&", sys.executable, ROOT / "scripts" / "train.py")
     monkeypatch.chdir(folder)
     assert load_train_script().main(args) == 0
     assert (tmp_path / "out.safetensors").is_file()
-    assert read_backup(list_backups(tmp_path / "run" / "backup")[-1])["progress"].global_step == 3
+    assert read_backup(all_backups(tmp_path / "run" / "backup")[-1])["progress"].global_step == 3
 
 
 def test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache(tiny_model, six_clips, tmp_path, monkeypatch,
@@ -254,7 +254,7 @@ DAMAGES = {
 def test_a_damaged_backup_is_found_and_the_newest_complete_one_chosen(name, damage, two_backups, tmp_path):
     from modules.trainer.backup_io import newest_usable_backup
     root = tmp_path / "backup"
-    shutil.copytree(two_backups[0] / "run" / "backup", root)
+    shutil.copytree(two_backups[1].backup_root, root)  # the run's own backup folder
     DAMAGES[damage](root / "step-00000002" / name)
     folder, damaged = newest_usable_backup(root)
     assert folder == root / "step-00000001"
@@ -265,11 +265,11 @@ def test_a_damaged_backup_is_found_and_the_newest_complete_one_chosen(name, dama
 def test_resume_skips_a_damaged_newest_backup_with_a_warning(two_backups, tiny_model, six_clips, tmp_path, capsys):
     folder, full = two_backups
     shutil.copytree(folder / "run" / "backup", tmp_path / "run" / "backup")
-    DAMAGES["truncated"](tmp_path / "run" / "backup" / "step-00000002" / "trainable.safetensors")
+    DAMAGES["truncated"](next((tmp_path / "run" / "backup").glob("*/step-00000002")) / "trainable.safetensors")
     resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
                     overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true"])
     out = capsys.readouterr().out
-    assert "backup" in out and "step-00000002 is damaged (trainable.safetensors" in out, out
+    assert "backup" in out and "step-00000002 is damaged and is skipped (trainable.safetensors" in out, out
     assert "resuming from" in out and "step-00000001" in out
     assert resumed.step_losses == pytest.approx(full.step_losses[1:], abs=1e-6)  # step 2 trained again, the same
 
@@ -291,7 +291,7 @@ def test_non_finite_weights_are_never_backed_up(tiny_model, six_clips, tmp_path,
     monkeypatch.setattr(BaseWanSetup, "calculate_loss", overflowing_backward)
     with pytest.raises(TrainingError, match=r"non-finite by step 3.*no backup was written.*step-00000002"):
         train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=5, overrides=["backup.every_n_steps=1"])
-    backups = list_backups(tmp_path / "run" / "backup")
+    backups = all_backups(tmp_path / "run" / "backup")
     assert [b.name for b in backups] == ["step-00000001", "step-00000002"]
     for backup in backups:
         assert all(torch.isfinite(v).all() for v in read_backup(backup)["trainable"].values())

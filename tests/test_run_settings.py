@@ -177,7 +177,7 @@ def test_a_lora_for_another_variant_warns_and_a_misfit_names_both(tiny_model, tm
 
 
 def test_training_refuses_a_preset_or_init_lora_for_another_variant(tiny_model, squares_dataset, tmp_path, capsys):
-    from modules.trainer.GenericTrainer import prepare_config
+    from modules.util.config.prepare import prepare_config
     from modules.util.enum.WanVariant import WanVariant
     t2v = tiny_model("wan2.1-t2v")
     common = [f"model.base_model_name={t2v}", "model.allow_download=false", f'data.concepts=[{{"path": '
@@ -225,12 +225,18 @@ def test_each_run_has_its_own_log_and_samples_and_a_resume_continues_its_run(tin
     assert list(first.tensorboard_dir.glob("events.*")) and list(second.tensorboard_dir.glob("events.*"))
     assert list(first.samples_dir.rglob("2-*.mp4")) and not second.samples_dir.exists()  # no step-2 preview
     capsys.readouterr()
-    resumed = train(tmp_path, base, squares_dataset, steps=4,
+    # no run named: the run written last (the second, its step-1 backup), never the other run's newer step 2
+    resumed = train(tmp_path, base, squares_dataset, steps=2,
                     overrides=common + ["backup.continue_last_backup=true"])
     out = capsys.readouterr().out
-    # the newest backup is the first run's, at step 2 (the second run's final backup is at step 1)
-    assert f"resumed from {tmp_path / 'run' / 'backup' / 'step-00000002'} at step 2" in out
-    assert resumed.run_name == first.run_name  # the run whose backup it resumed
+    assert f"resuming run {second.run_name} from step 1, written at" in out, out
+    assert resumed.run_name == second.run_name and resumed.resumed_step == 1
+    # the first run, named, continues from its own step 2 into its own log and previews
+    resumed = train(tmp_path, base, squares_dataset, steps=4,
+                    overrides=common + ["backup.continue_last_backup=true", f"run_name={first.run_name}"])
+    out = capsys.readouterr().out
+    assert f"resuming run {first.run_name} from step 2, written at" in out, out
+    assert resumed.run_name == first.run_name
     assert len(list(first.tensorboard_dir.glob("events.*"))) == 2
     assert list(first.samples_dir.rglob("4-*.mp4"))
     assert f"preview 0-a-red-square at step 4: {first.samples_dir}" in out

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from learning import train
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
-from modules.trainer.backup_io import list_backups, read_backup
+from modules.trainer.backup_io import all_backups, read_backup
 from modules.trainer.GenericTrainer import TrainingError
 from modules.util.config.ModelConfig import ModelConfig
 
@@ -32,7 +32,7 @@ def test_resume_continues_identically(tiny_model, squares_dataset, tmp_path):
     full = train(tmp_path / "full", base, squares_dataset, steps=9, overrides=common)
     # 24 clips / batch 4 = 6 batches an epoch: step 5 is mid-epoch, so the data position matters
     first = train(tmp_path / "split", base, squares_dataset, steps=5, overrides=common)
-    assert [b.name for b in list_backups(tmp_path / "split" / "run" / "backup")] == ["step-00000005"]
+    assert [b.name for b in all_backups(tmp_path / "split" / "run" / "backup")] == ["step-00000005"]
     resumed = train(tmp_path / "split", base, squares_dataset, steps=9,
                     overrides=common + ["backup.continue_last_backup=true"])
     assert resumed.progress.global_step == 9
@@ -55,7 +55,7 @@ def test_nan_stops_and_keeps_last_good_backup(tiny_model, squares_dataset, tmp_p
     monkeypatch.setattr(BaseWanSetup, "calculate_loss", poisoned)
     with pytest.raises(TrainingError, match="step 4.*step-00000003"):
         train(tmp_path, tiny_model("wan2.1-t2v"), squares_dataset, steps=10, overrides=["backup.every_n_steps=1"])
-    backups = list_backups(tmp_path / "run" / "backup")
+    backups = all_backups(tmp_path / "run" / "backup")
     assert backups[-1].name == "step-00000003"
     assert read_backup(backups[-1])["progress"].global_step == 3
     assert not (tmp_path / "out.safetensors").exists()
@@ -80,7 +80,7 @@ def test_sigint_writes_a_loadable_backup(tiny_model, squares_dataset, tmp_path):
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output
-    backups = list_backups(workspace / "backup")
+    backups = all_backups(workspace / "backup")
     assert len(backups) == 1, output
     state = read_backup(backups[0])
     assert state["progress"].global_step > 0
@@ -211,7 +211,7 @@ def test_every_optimizer_trains_and_its_state_round_trips(optimizer, tiny_model,
                                "optimizer.warmup_steps=1", "optimizer.gradient_accumulation_steps=2"])
     lora_b = [p for n, p in trainer.model.transformer.named_parameters() if "lora_B" in n]
     assert all(p.abs().sum() > 0 for p in lora_b)
-    state = read_backup(list_backups(tmp_path / "run" / "backup")[-1])
+    state = read_backup(all_backups(tmp_path / "run" / "backup")[-1])
     trainer.optimizer.load_state_dict(state["optimizer"])  # the safetensors + JSON round trip restores it
     assert state["ema"] is not None and state["progress"].micro_step == 4
 

@@ -254,8 +254,9 @@ def test_tool_command_lines_parse_with_the_scripts_own_parsers():
 
 
 def test_requests_are_served_at_the_next_safe_point(tiny_model, squares_dataset, tmp_path):
-    from modules.trainer.backup_io import list_backups, read_backup
-    from modules.trainer.GenericTrainer import GenericTrainer, prepare_config
+    from modules.trainer.backup_io import all_backups, read_backup
+    from modules.trainer.GenericTrainer import GenericTrainer
+    from modules.util.config.prepare import prepare_config
     from modules.util.sample_definitions import save_samples_json
     from modules.util.config.SampleConfig import SampleConfig
 
@@ -282,8 +283,8 @@ def test_requests_are_served_at_the_next_safe_point(tiny_model, squares_dataset,
     trainer.train()
     assert seen == [1, 2, 3]
     # the requested backup at step 1, and backup.backup_before_save's before the final save
-    assert [b.name for b in list_backups(tmp_path / "run" / "backup")] == ["step-00000001", "step-00000003"]
-    assert read_backup(list_backups(tmp_path / "run" / "backup")[0])["progress"].global_step == 1
+    assert [b.name for b in all_backups(tmp_path / "run" / "backup")] == ["step-00000001", "step-00000003"]
+    assert read_backup(all_backups(tmp_path / "run" / "backup")[0])["progress"].global_step == 1
     assert (tmp_path / "run" / "save" / "step-00000001.safetensors").is_file()
     assert [p.name for p in trainer.samples_dir.glob("*/*.mp4")] == ["1-0.mp4"]  # this run's previews
 

@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 CHECKSUM_KEY = "entry_sha256"
 
 
+class CacheWriteError(Exception):
+    """An entry could not be written (a full disk, a folder turned read-only); the message names the folder and
+    the entry. Entries written before it are complete and kept."""
+
+
 def cache_key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -85,4 +90,10 @@ class DiskCache:
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_safetensors_atomic(tensors, self._path(key), {CHECKSUM_KEY: entry_checksum(key, tensors)})
+        path = self._path(key)
+        try:
+            save_safetensors_atomic(tensors, path, {CHECKSUM_KEY: entry_checksum(key, tensors)})
+        except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
+            raise CacheWriteError(f"writing the cache entry {path.name} in {path.parent} failed: {error}; the "
+                                  f"entries written before it are kept, and the next run continues from them "
+                                  f"(free space there or set cache_dir to another folder)") from error

@@ -59,6 +59,13 @@ def gif_bytes(frames: np.ndarray, fps: float, max_side: int | None = GIF_MAX_SID
     return buffer.getvalue()
 
 
+def preview_step(path: Path) -> int:
+    """The step of a preview named `<step>-<epoch>.mp4` (-1 for another name): previews order by it, not by
+    string ('50-8' comes before '200-33')."""
+    head = path.stem.split("-", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
 def add_gif_summary(writer, tag: str, frames: np.ndarray, fps: float, step: int) -> None:
     """An image summary whose encoded bytes are a GIF: TensorBoard's image plugin shows it animated. (SummaryWriter's
     add_video needs moviepy < 2, which this project does not install.)"""

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from modules.trainer.backup_io import (TrainProgress, newest_usable_backup, non_finite_tensors, prune_backups,
+from modules.trainer.backup_io import (ResumeChoice, TrainProgress, choose_backup, newest_usable_backup,
+                                       non_finite_tensors, prune_backups,
                                        read_backup, write_backup)
 from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
 from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
@@ -22,7 +23,8 @@ from modules.trainer.parameter_groups import group_mismatch, parameter_groups
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
-from modules.util.config.validation import check_paths
+from modules.util.config.prepare import check_model_variant
+from modules.util.devices import resolve_device
 from modules.util.kill_points import kill_point, phase
 from modules.util.ranks import any_rank, barrier, broadcast_json
 from modules.util.registry import lookup
@@ -34,98 +36,10 @@ class TrainingError(Exception):
     """A failure during training with a message for the user (the CLI exits 1)."""
 
 
-def prepare_config(config: TrainConfig) -> list:
-    """Everything that must hold before a model loads: demo assets created when asked, paths exist, the model is
-    the configured type, the E2V datasets are valid (returned, resolved, for the trainer). Every problem found is
-    reported in one ConfigError."""
-    if config.demo_assets:
-        from modules.util.demo_assets import ensure_demo_assets
-        try:
-            ensure_demo_assets(config)
-        except OSError as error:
-            raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
-                               f"({error})"]) from None
-    problems: list[str] = []
-    try:
-        check_paths(config)
-    except ConfigError as error:
-        problems += error.problems
-    from modules.util.config.performance_checks import performance_problems
-    problems += performance_problems(config, resolve_device(config.device))
-    base = Path(config.model.base_model_name)
-    spatial_unit = 16
-    if base.is_dir():
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
-        try:
-            variant = detect_variant_from_folder(base)
-            spatial_unit = variant.spatial_unit
-            if variant.model_type is not config.model_type:
-                problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
-                                f"({variant.model_type})")
-        except NotAWanModelError as error:
-            problems.append(f"model.base_model_name: {error}")
-            variant = None
-        if variant is not None:
-            try:
-                check_model_variant(config, variant, str(base))
-            except ConfigError as error:
-                problems += error.problems
-    datasets = []
-    if config.e2v.enabled:
-        from modules.util.config.E2VConfig import check_against_frames
-        from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
-        try:
-            datasets = resolve_e2v_datasets(config, spatial_unit)
-            apply_e2v_data_settings(config, datasets[0])
-            for index, dataset in enumerate(datasets):
-                try:
-                    check_against_frames(dataset, min(config.data.frame_buckets), f"e2v datasets.{index}.")
-                except ConfigError as error:
-                    problems += error.problems
-        except ConfigError as error:
-            problems += error.problems
-    if config.sampling.samples_file and Path(config.sampling.samples_file).is_file():
-        from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
-        try:
-            load_sample_definitions(config.sampling.samples_file)
-        except SampleDefinitionError as error:
-            problems.append(f"sampling.samples_file: {error}")
-    if problems:
-        raise ConfigError(problems)
-    return datasets
-
-
-def check_model_variant(config: TrainConfig, variant, source: str) -> None:
-    """Refuses a model of another variant than the config (preset) is made for, and a `lora.init_from` file made
-    for another variant, naming both (ConfigError)."""
-    from modules.util.modelspec import architecture, describe_architecture, lora_model_mismatch
-    intended = config.model.intended_variant
-    if intended is not None and intended is not variant:
-        from modules.util.presets import presets_for_variant
-        fitting = presets_for_variant(variant)
-        advice = f"use a preset made for {variant} ({', '.join(fitting)})" if fitting else \
-            f"use a config made for {variant}"
-        raise ConfigError([f"model.intended_variant: the config (preset) is made for {intended} models, "
-                           f"{describe_architecture(architecture(intended))}, but {source!r} is a {variant} model, "
-                           f"{describe_architecture(architecture(variant))}: it would train a {variant} LoRA with "
-                           f"settings meant for {intended}. {advice[0].upper() + advice[1:]}, or set "
-                           f"model.intended_variant={variant.value} if this is what you want"])
-    if config.lora.init_from and config.training_method.value == "LORA" and not config.e2v.enabled:
-        mismatch = lora_model_mismatch(config.lora.init_from, variant)
-        if mismatch:
-            raise ConfigError([f"lora.init_from: {mismatch}"])
-
-
 def step_seed(seed: int, micro_step: int) -> int:
     """The noise and sigmas of a batch depend only on (seed, batch number): a resumed run draws the same ones."""
     digest = hashlib.sha256(f"{seed}:{micro_step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class GenericTrainer:
@@ -139,7 +53,11 @@ class GenericTrainer:
         self.e2v_datasets = e2v_datasets or []
         self.on_update = on_update or (lambda _info: None)
         self.workspace = Path(config.workspace_dir)
-        self.backup_root = self.workspace / "backup"
+        self.backup_base = self.workspace / "backup"   # backup/<run name>/step-N: see backup_io
+        self.resume_choice: ResumeChoice | None = None
+        self.resumed_step: int | None = None  # the step a resume continued from
+        self._writing: str | None = None      # what a Ctrl-C must let finish (the final backup or save)
+        self.completed = False                # the output was written
         self.stop_requested = threading.Event()
         self._requests: set[str] = set()   # REQUESTS made from another thread (the GUI), served between steps
         self._requests_lock = threading.Lock()
@@ -155,6 +73,11 @@ class GenericTrainer:
         self.validation = None  # the ValidationEvaluator when items are held out
         self.plan = None
         self.run_name = config.run_name
+
+    @property
+    def backup_root(self) -> Path:
+        """This run's backup folder."""
+        return self.backup_base / self.run_name if self.run_name else self.backup_base
 
     @property
     def tensorboard_dir(self) -> Path:
@@ -212,9 +135,12 @@ class GenericTrainer:
 
     def _cache(self) -> bool:
         """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
+        from modules.dataLoader.DiskCache import CacheWriteError
         try:
             with phase("caching"):
                 self.data.cache(epochs=self._plan().epochs)  # random windows / crops: every epoch
+        except CacheWriteError as error:
+            raise TrainingError(str(error)) from None
         except KeyboardInterrupt:
             print("\ncaching stopped by Ctrl-C; the entries cached so far are kept, and the next run continues "
                   "from them", flush=True)
@@ -277,6 +203,11 @@ class GenericTrainer:
             self.model.text_encoder.to(self.device)
 
         if config.backup.continue_last_backup:
+            self.resume_choice = self._choose_resume()
+        # several ranks: rank 0's name (the start time) for all
+        self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice))
+        config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
+        if config.backup.continue_last_backup:
             try:
                 keep_global_batch(self)
             except ValueError as error:
@@ -289,10 +220,6 @@ class GenericTrainer:
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
-        # several ranks: rank 0's name (the start time) for all
-        self.run_name = broadcast_json(resolve_run_name(config, self.workspace,
-                                                        newest_usable_backup(self.backup_root)[0]))
-        config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
         config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
         if self.parallel.is_main:
             save_config(config, config_path)
@@ -305,28 +232,50 @@ class GenericTrainer:
 
         from modules.trainer.TrainingHooks import TrainingHooks
         self.hooks = TrainingHooks(self)
+        # installed until the output is written: a Ctrl-C during the final backup or save lets it finish
         previous_handler = self._install_sigint()
         try:
-            self.hooks.before_training()
-            if self.validation is not None:
-                self.validation.before_training()
-            self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
-            if self.validation is not None and not self.stop_requested.is_set():
-                self.validation.at_end()
+            try:
+                self.hooks.before_training()
+                if self.validation is not None:
+                    self.validation.before_training()
+                self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
+                if self.validation is not None and not self.stop_requested.is_set():
+                    self.validation.at_end()
+            finally:
+                self.hooks.close()
+            if self.stop_requested.is_set():
+                return []
+            if config.backup.backup_before_save and self.backed_up_step != self.progress.global_step:
+                self._writing = "the backup before the final save"
+                self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
+                if self.stop_requested.is_set():  # Ctrl-C during that backup: it is complete, the save waits
+                    return []
+            self._note_untrained_save()
+            if self.ema is not None:
+                self.ema.copy_to_parameters()
+            self._writing = f"the final save of {config.output.destination}"
+            written = self.save_result(config.output.destination)
+            self.completed = True
         finally:
+            self._writing = None
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
-            self.hooks.close()
-        if self.stop_requested.is_set():
-            return []
-        if config.backup.backup_before_save and self.backed_up_step != self.progress.global_step:
-            self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
-        if self.ema is not None:
-            self.ema.copy_to_parameters()
-        written = self.save_result(config.output.destination)
         if self.parallel.is_main:
             print(end_report(self, written, config_path), flush=True)
         return written
+
+    def _note_untrained_save(self) -> None:
+        """A resume at the run's last step trains nothing and only saves (how a failed save is retried): said, so a
+        model that trained no step never replaces a file unannounced."""
+        if self.resumed_step is None or self.progress.global_step != self.resumed_step or not self.parallel.is_main:
+            return
+        destination = Path(self.config.output.destination)
+        replacing = f", replacing the existing {destination}" if destination.exists() else ""
+        message = (f"note: run {self.run_name} was resumed at step {self.resumed_step}, its last step: no step was "
+                   f"trained; the backup's weights are saved{replacing}")
+        print(message, flush=True)
+        self.on_update({"note": message})
 
     def _plan(self):
         try:
@@ -442,7 +391,10 @@ class GenericTrainer:
         def handle(_signum, _frame):
             if self.stop_requested.is_set():
                 raise KeyboardInterrupt
-            print("\nstopping after this step and writing a backup (Ctrl-C again to abort)", flush=True)
+            if self._writing:
+                print(f"\nfinishing {self._writing} first, then stopping (Ctrl-C again to abort)", flush=True)
+            else:
+                print("\nstopping after this step and writing a backup (Ctrl-C again to abort)", flush=True)
             self.stop_requested.set()
 
         return signal.signal(signal.SIGINT, handle)
@@ -484,15 +436,26 @@ class GenericTrainer:
             self.backed_up_step = self.progress.global_step
         return folder
 
+    def _choose_resume(self) -> ResumeChoice:
+        """The backup to continue (rank 0 verifies it, checksums included, and tells the others)."""
+        choice = choose_backup(self.backup_base, self.config.run_name) if self.parallel.is_main else None
+        shared = broadcast_json(None if choice is None else
+                                [choice.run_name, choice.folder and str(choice.folder),
+                                 [[str(folder), problems] for folder, problems in choice.damaged]])
+        return ResumeChoice(shared[0], Path(shared[1]) if shared[1] else None,
+                            [(Path(folder), problems) for folder, problems in shared[2]])
+
     def _resume(self) -> None:
-        folder, damaged = newest_usable_backup(self.backup_root)
-        for bad, problems in damaged:
-            log.warning("backup %s is damaged and is skipped: %s", bad, "; ".join(problems))
-            print(f"warning: backup {bad} is damaged ({'; '.join(problems)})"
-                  + (f"; resuming from {folder} instead" if folder else ""), flush=True)
+        choice = self.resume_choice
+        folder = choice.folder
+        if self.parallel.is_main:
+            for bad, problems in choice.damaged:
+                log.warning("backup %s is damaged and is skipped: %s", bad, "; ".join(problems))
+                print(f"warning: backup {bad} is damaged and is skipped ({'; '.join(problems)})"
+                      + (f"; resuming from {folder} instead" if folder else ""), flush=True)
         if folder is None:
-            log.warning("backup.continue_last_backup is set, but %s holds no usable backup: starting fresh",
-                        self.backup_root)
+            log.warning("backup.continue_last_backup is set, but %s holds no usable backup%s: starting fresh",
+                        self.backup_base, f" of run {choice.run_name}" if choice.run_name else "")
             return
         try:
             state = read_backup(folder)
@@ -506,9 +469,12 @@ class GenericTrainer:
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
         self.progress = state["progress"]
-        self.backed_up_step = self.progress.global_step
+        self.backed_up_step = self.resumed_step = self.progress.global_step
         if self.parallel.is_main:
-            print(f"resumed from {folder} at step {self.progress.global_step}", flush=True)
+            print(choice.describe(), flush=True)
+            # a run killed between writing a backup and pruning the older ones keeps its rolling limit
+            prune_backups(self.backup_root, self.config.backup.rolling_count)
+        self.on_update({"resumed_from": self.progress.global_step, "run": self.run_name, "backup": str(folder)})
 
     def save_result(self, destination: str) -> list[Path]:
         self.read_losses()

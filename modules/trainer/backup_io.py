@@ -1,12 +1,20 @@
 """Backups hold only safetensors and JSON: trainable tensors, optimizer and EMA state, RNG states and the exact
 training position. A backup folder is written under a temporary name, fsynced and renamed, so it is complete or
-absent; its `manifest.json` lists every file with its size, so a backup damaged later (a truncated or emptied file,
-a garbled header) is found by `verify_backup` before a resume uses it. Writers of other backup layouts (distributed
-checkpoints) call `write_manifest` on their folder and get the same verification."""
+absent; its `manifest.json`, written last, lists every file with its size and SHA-256 and the time it was written,
+so a backup damaged later (a truncated or emptied file, a garbled header, flipped bits, a lost manifest) is found by
+`verify_backup` before a resume uses it. Writers of other backup layouts (distributed checkpoints) call
+`write_manifest` on their folder and get the same verification.
+
+Backups belong to their run: `<workspace>/backup/<run name>/step-N`. Rolling pruning keeps the newest N of one run
+by the time they were written, so runs sharing a workspace never delete or overwrite each other's. Workspaces of
+earlier versions held every run's backups directly in `<workspace>/backup/`: those are still found (by the run name
+their config records) and never pruned."""
+import hashlib
 import json
 import re
 import shutil
 import struct
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -127,26 +135,122 @@ def read_backup(folder: Path) -> dict:
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 
 
-def list_backups(backup_root: Path) -> list[Path]:
-    """Backup folders (`step-NNNNNNNN`, complete or not: see verify_backup), oldest first by step."""
-    if not backup_root.is_dir():
+def written_at(folder: Path) -> float:
+    """When the backup was written (its manifest says; a manifest of an earlier version: the folder's time)."""
+    try:
+        return float(json.loads((folder / MANIFEST_FILE).read_text())["written_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return folder.stat().st_mtime
+        except OSError:
+            return 0.0
+
+
+def backup_step(folder: Path) -> int:
+    match = _STEP_FOLDER.match(folder.name)
+    return int(match.group(1)) if match else -1
+
+
+def list_backups(run_folder: Path) -> list[Path]:
+    """The rolling backups (`step-NNNNNNNN`, complete or not: see verify_backup) of one run's folder, oldest first
+    by the time they were written (a run resumed from an earlier step writes lower steps later)."""
+    if not run_folder.is_dir():
         return []
-    found = [p for p in backup_root.iterdir() if p.is_dir() and _STEP_FOLDER.match(p.name)]
-    return sorted(found, key=lambda p: int(_STEP_FOLDER.match(p.name).group(1)))
+    found = [p for p in run_folder.iterdir() if p.is_dir() and _STEP_FOLDER.match(p.name)]
+    return sorted(found, key=lambda p: (written_at(p), backup_step(p)))
 
 
-def prune_backups(backup_root: Path, keep: int) -> None:
-    for old in list_backups(backup_root)[:-keep]:
+def prune_backups(run_folder: Path, keep: int) -> list[Path]:
+    """Deletes all but the newest `keep` backups of this one run; returns what it deleted."""
+    removed = list_backups(run_folder)[:-keep] if keep > 0 else []
+    for old in removed:
         shutil.rmtree(old, ignore_errors=True)
+    return removed
+
+
+def backup_run_name(folder: Path) -> str:
+    """The run a backup belongs to, as its config records it ('' when it does not)."""
+    try:
+        return str(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("run_name") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def workspace_backups(backup_base: Path) -> dict[str, list[Path]]:
+    """Every run's rolling backups in a workspace's `backup/` folder: run name -> backups, oldest first. Backups of
+    earlier versions, directly in `backup/`, join the run their config names."""
+    runs: dict[str, list[Path]] = {}
+    if not backup_base.is_dir():
+        return runs
+    for entry in backup_base.iterdir():
+        if not entry.is_dir():
+            continue
+        if _STEP_FOLDER.match(entry.name):
+            runs.setdefault(backup_run_name(entry), []).append(entry)
+        else:
+            backups = list_backups(entry)
+            if backups:
+                runs.setdefault(entry.name, []).extend(backups)
+    return {name: sorted(found, key=lambda p: (written_at(p), backup_step(p))) for name, found in runs.items()}
+
+
+def all_backups(backup_base: Path) -> list[Path]:
+    """Every rolling backup of every run of a workspace, oldest first by the time written."""
+    found = [p for backups in workspace_backups(backup_base).values() for p in backups]
+    return sorted(found, key=lambda p: (written_at(p), backup_step(p)))
+
+
+@dataclass
+class ResumeChoice:
+    """The backup a resume continues from: the newest that verifies of the run being continued."""
+    run_name: str                         # the run continued ('' when the workspace has no backup)
+    folder: Path | None                   # None: nothing usable, the run starts fresh
+    damaged: list[tuple[Path, list[str]]]  # newer backups of that run skipped, with their problems
+
+    def describe(self) -> str:
+        if self.folder is None:
+            return "no usable backup"
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written_at(self.folder)))
+        step = json.loads((self.folder / PROGRESS_FILE).read_text())["global_step"]
+        return f"resuming run {self.run_name or '(unnamed)'} from step {step}, written at {stamp} ({self.folder})"
+
+
+def choose_backup(backup_base: Path, run_name: str = "") -> ResumeChoice:
+    """The newest backup of run `run_name` that verifies (its checksums included); with no name, of the run whose
+    backup was written last. Never a backup of another run."""
+    runs = workspace_backups(backup_base)
+    if not run_name:
+        newest = max(((written_at(b[-1]), name) for name, b in runs.items() if b), default=None)
+        if newest is None:
+            return ResumeChoice("", None, [])
+        run_name = newest[1]
+    damaged = []
+    for folder in reversed(runs.get(run_name, [])):
+        problems = verify_backup(folder, checksums=True)
+        if not problems:
+            return ResumeChoice(run_name, folder, damaged)
+        damaged.append((folder, problems))
+    return ResumeChoice(run_name, None, damaged)
 
 
 # ---- verification --------------------------------------------------------------------------------------------
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_manifest(folder: Path) -> None:
-    """Lists every file of `folder` (recursively) with its size; written last, inside the temporary folder."""
-    sizes = {str(p.relative_to(folder).as_posix()): p.stat().st_size for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != MANIFEST_FILE}
-    (folder / MANIFEST_FILE).write_text(json.dumps({"files": sizes}, indent=1))
+    """Lists every file of `folder` (recursively) with its size and SHA-256, and the time; written last, inside the
+    temporary folder."""
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE]
+    manifest = {"written_at": time.time(),
+                "files": {str(p.relative_to(folder).as_posix()): p.stat().st_size for p in files},
+                "sha256": {str(p.relative_to(folder).as_posix()): file_sha256(p) for p in files}}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -173,15 +277,21 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def verify_backup(folder: Path) -> list[str]:
-    """Everything wrong with a backup folder, one line each ([] when it can be resumed from). Cheap: sizes and
-    headers are checked, the tensor data is not read."""
+def verify_backup(folder: Path, checksums: bool = False) -> list[str]:
+    """Everything wrong with a backup folder, one line each ([] when it can be resumed from). Without `checksums`
+    it is cheap (sizes and headers; the tensor data is not read); with them every file's SHA-256 is compared with
+    the manifest's (a resume reads every byte anyway). A backup without its manifest cannot be checked and is not
+    used."""
     problems = []
     manifest_path = folder / MANIFEST_FILE
     expected: dict[str, int] = {}
-    if manifest_path.is_file():
+    hashes: dict[str, str] = {}
+    if not manifest_path.is_file():
+        problems.append(f"{MANIFEST_FILE} is missing, so nothing in the backup can be checked")
+    else:
         try:
-            expected = json.loads(manifest_path.read_text())["files"]
+            manifest = json.loads(manifest_path.read_text())
+            expected, hashes = manifest["files"], manifest.get("sha256", {})
         except (OSError, ValueError, KeyError, TypeError):
             problems.append(f"{MANIFEST_FILE} is damaged")
     names = set(expected) | set(REQUIRED_FILES)
@@ -204,13 +314,16 @@ def verify_backup(folder: Path) -> list[str]:
                 json.loads(path.read_text())
             except (UnicodeDecodeError, json.JSONDecodeError):
                 problems.append(f"{name} is not valid JSON" + (" (empty)" if size == 0 else " (damaged)"))
+                continue
+        if checksums and name in hashes and file_sha256(path) != hashes[name]:
+            problems.append(f"{path} does not match its checksum (the data changed after it was written)")
     return problems
 
 
-def newest_usable_backup(backup_root: Path) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
-    """(the newest backup that verifies, [(each newer damaged backup, its problems)])."""
+def newest_usable_backup(run_folder: Path) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
+    """(the newest backup of one run's folder that verifies cheaply, [(each newer damaged backup, its problems)])."""
     damaged = []
-    for folder in reversed(list_backups(backup_root)):
+    for folder in reversed(list_backups(run_folder)):
         problems = verify_backup(folder)
         if not problems:
             return folder, damaged

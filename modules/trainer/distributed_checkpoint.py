@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
-from modules.trainer.backup_io import newest_usable_backup, restore_rng_state, rng_state
+from modules.trainer.backup_io import restore_rng_state, rng_state
 from modules.util.ranks import all_gather_json, rank_and_world
 
 RANKS_FILE = "ranks.json"
@@ -34,7 +34,7 @@ def backup_layout(folder: Path) -> dict:
 def keep_global_batch(trainer) -> None:
     """Before the data order is set up for a resume: makes this run's global batch the backup's, changing the
     per-rank batch when the world size changed (2 ranks x 1 -> 1 rank x 2), so the same batches follow."""
-    folder, _ = newest_usable_backup(trainer.backup_root)  # the one _resume will take
+    folder = trainer.resume_choice.folder if trainer.resume_choice is not None else None  # what _resume takes
     if folder is None:
         return
     layout = backup_layout(folder)

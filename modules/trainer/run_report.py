@@ -86,25 +86,17 @@ def describe_schedule(plan: RunPlan, every_steps: int, every_epochs: int, every_
 
 # ---- the run's name and folders -------------------------------------------------------------------------------
 
-def _backup_run_name(backup: Path) -> str:
-    try:
-        return str(json.loads((backup / "config.json").read_text(encoding="utf-8")).get("run_name") or "")
-    except (OSError, ValueError):
-        return ""
-
-
-def resolve_run_name(config: TrainConfig, workspace: Path, newest_backup: Path | None) -> str:
-    """`run_name` when set; on a resume the name of the run that wrote the backup; else the start time, with a
-    counter when a run of that name already has folders (two runs started in the same second)."""
+def resolve_run_name(config: TrainConfig, workspace: Path, resume=None) -> str:
+    """`run_name` when set; on a resume the name of the run it continues (`resume`, a backup_io.ResumeChoice); else
+    the start time, with a counter when a run of that name already has folders (two runs started in the same
+    second)."""
     if config.run_name:
         return config.run_name
-    if config.backup.continue_last_backup and newest_backup is not None:
-        name = _backup_run_name(newest_backup)
-        if name:
-            return name
+    if resume is not None and resume.folder is not None and resume.run_name:
+        return resume.run_name
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     name, number = stamp, 1
-    while any((workspace / kind / name).exists() for kind in ("tensorboard", "samples")):
+    while any((workspace / kind / name).exists() for kind in ("tensorboard", "samples", "backup")):
         number += 1
         name = f"{stamp}-{number}"
     return name
@@ -235,7 +227,9 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     lines = ["run finished:"]
     for path in written:
         lines.append(f"  wrote {path}")
-    samples = sorted(trainer.samples_dir.rglob("*.mp4")) if trainer.samples_dir.is_dir() else []
+    from modules.modelSampler.TrainingSampler import preview_step
+    samples = sorted(trainer.samples_dir.rglob("*.mp4"), key=lambda p: (preview_step(p), str(p))) \
+        if trainer.samples_dir.is_dir() else []
     if samples:
         lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {samples[-1]}")
     newest_backup = newest_usable_backup(trainer.backup_root)[0]

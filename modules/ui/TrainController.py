@@ -210,7 +210,8 @@ class TrainController:
         return []
 
     def _work(self, config) -> None:
-        from modules.trainer.GenericTrainer import GenericTrainer, TrainingError, prepare_config
+        from modules.trainer.GenericTrainer import GenericTrainer, TrainingError
+        from modules.util.config.prepare import prepare_config
 
         handler = _QueueLogHandler(self.events)
         root = logging.getLogger()
@@ -245,6 +246,12 @@ class TrainController:
         # called in the worker thread: only queue the numbers
         if "validation_loss" in info:
             self.events.put(("validation", info))
+            return
+        if "resumed_from" in info:  # the log panel shows it, as the terminal does
+            self.events.put(("log", f"resumed run {info['run']} from step {info['resumed_from']} ({info['backup']})"))
+            return
+        if "note" in info:
+            self.events.put(("log", info["note"]))
             return
         trainer = self.trainer
         plan = getattr(trainer, "plan", None)   # GenericTrainer's run plan (steps, batches per epoch)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modules.util.demo_paths import DEMO_CONCEPT, DEMO_MODEL, DEMO_SAMPLES_FILE, same_path, uses_demo_data
 from modules.util.video_io import write_video
 
 log = logging.getLogger(__name__)
@@ -48,21 +49,26 @@ DEMO_SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32
                 {"prompt": "a blue square moving right", "width": 32, "height": 32, "frames": 9, "seed": 2}]
 
 
-def ensure_demo_assets(config) -> None:
+def ensure_demo_assets(config) -> list[str]:
+    """Creates what is missing of the demo at the demo's own paths (modules/util/demo_paths.py), and only when the
+    config trains on the demo's dataset; returns notes for the problems it leaves to the config check."""
     from modules.util.tiny_models import make_tiny_model
+    if not uses_demo_data(config):
+        return ["demo_assets: the demo model, squares and samples are created only for the demo's own dataset "
+                f"({DEMO_CONCEPT['path']}); this config trains on other data, so nothing was created"]
     base = Path(config.model.base_model_name)
-    if config.model.base_model_name and not (base / "model_index.json").is_file():
+    if same_path(base, DEMO_MODEL) and not (base / "model_index.json").is_file():
         log.warning("creating the tiny demo model at %s", base)
         make_tiny_model("wan2.1-t2v", base, seed=0)
-    for concept in config.data.concepts:
-        folder = Path(concept.path)
-        if not folder.is_dir() or not any(folder.iterdir()):
-            log.warning("creating the demo dataset at %s", folder)
-            make_t2v_dataset(folder)
+    folder = Path(config.data.concepts[0].path)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        log.warning("creating the demo dataset at %s", folder)
+        make_t2v_dataset(folder)
     samples_file = Path(config.sampling.samples_file) if config.sampling.samples_file else None
-    if samples_file is not None and not samples_file.is_file():
+    if samples_file is not None and same_path(samples_file, DEMO_SAMPLES_FILE) and not samples_file.is_file():
         from modules.util.config.SampleConfig import SampleConfig
         from modules.util.sample_definitions import save_samples_json
         log.warning("creating the demo samples file at %s", samples_file)
         samples_file.parent.mkdir(parents=True, exist_ok=True)
         save_samples_json([SampleConfig(**sample) for sample in DEMO_SAMPLES], samples_file)
+    return []

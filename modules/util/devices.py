@@ -9,3 +9,9 @@ def available_devices() -> list[str]:
     if torch.backends.mps.is_available():
         devices.append("mps")
     return devices
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

@@ -99,6 +99,10 @@ def merge_dataset_settings(data: dict, settings: dict) -> dict:
     merged = dict(data)
     section = dict(merged.get("data") or {})
     concepts = list(section.get("concepts") or [])
+    if settings.get("data", {}).get("concepts"):
+        # the user's dataset replaces the demo preset's squares instead of training mixed with them
+        from modules.util.demo_paths import is_demo_concept
+        concepts = [c for c in concepts if not (isinstance(c, dict) and is_demo_concept(c.get("name"), c.get("path", "")))]
     # a config saved after loading already holds the file's concepts (by name and path): not added twice
     present = {(c.get("name"), c.get("path")) for c in concepts if isinstance(c, dict)}
     concepts += [c for c in settings.get("data", {}).get("concepts", []) if (c["name"], c["path"]) not in present]

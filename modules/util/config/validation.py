@@ -45,6 +45,8 @@ def path_problems(config: TrainConfig) -> list[str]:
     for index, concept in enumerate(config.data.concepts):
         if concept.enabled and not Path(concept.path).exists():
             problems.append(f"data.concepts.{index}.path: {concept.path!r} does not exist")
+        elif concept.enabled and Path(concept.path).is_dir() and not any(Path(concept.path).iterdir()):
+            problems.append(f"data.concepts.{index}.path: {concept.path!r} is an empty folder")
         if concept.caption_source == "prompt_file" and not Path(concept.prompt_path).is_file():
             problems.append(f"data.concepts.{index}.prompt_path: {concept.prompt_path!r} is not a file "
                             f"(caption_source is 'prompt_file')")

@@ -1,0 +1,92 @@
+"""Everything that must hold before a model loads, checked in one pass: the config's paths, device, model variant,
+E2V datasets and samples file. Every problem found is reported in one ConfigError (the CLI exits 2), so a user fixes
+them all at once and no weights are read for a config that cannot run."""
+from pathlib import Path
+
+from modules.util.config.config_io import ConfigError
+from modules.util.config.TrainConfig import TrainConfig
+from modules.util.config.validation import check_paths
+from modules.util.devices import resolve_device
+
+
+def prepare_config(config: TrainConfig) -> list:
+    """Everything that must hold before a model loads: demo assets created when asked, paths exist, the model is
+    the configured type, the E2V datasets are valid (returned, resolved, for the trainer). Every problem found is
+    reported in one ConfigError."""
+    demo_notes: list[str] = []
+    if config.demo_assets:
+        from modules.util.demo_assets import ensure_demo_assets
+        try:
+            demo_notes = ensure_demo_assets(config)
+        except OSError as error:
+            raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
+                               f"({error})"]) from None
+    problems: list[str] = []
+    try:
+        check_paths(config)
+    except ConfigError as error:
+        problems += error.problems
+    from modules.util.config.performance_checks import performance_problems
+    problems += performance_problems(config, resolve_device(config.device))
+    base = Path(config.model.base_model_name)
+    spatial_unit = 16
+    if base.is_dir():
+        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        try:
+            variant = detect_variant_from_folder(base)
+            spatial_unit = variant.spatial_unit
+            if variant.model_type is not config.model_type:
+                problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
+                                f"({variant.model_type})")
+        except NotAWanModelError as error:
+            problems.append(f"model.base_model_name: {error}")
+            variant = None
+        if variant is not None:
+            try:
+                check_model_variant(config, variant, str(base))
+            except ConfigError as error:
+                problems += error.problems
+    datasets = []
+    if config.e2v.enabled:
+        from modules.util.config.E2VConfig import check_against_frames
+        from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
+        try:
+            datasets = resolve_e2v_datasets(config, spatial_unit)
+            apply_e2v_data_settings(config, datasets[0])
+            for index, dataset in enumerate(datasets):
+                try:
+                    check_against_frames(dataset, min(config.data.frame_buckets), f"e2v datasets.{index}.")
+                except ConfigError as error:
+                    problems += error.problems
+        except ConfigError as error:
+            problems += error.problems
+    if config.sampling.samples_file and Path(config.sampling.samples_file).is_file():
+        from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
+        try:
+            load_sample_definitions(config.sampling.samples_file)
+        except SampleDefinitionError as error:
+            problems.append(f"sampling.samples_file: {error}")
+    if problems:
+        raise ConfigError(problems + demo_notes)
+    return datasets
+
+
+def check_model_variant(config: TrainConfig, variant, source: str) -> None:
+    """Refuses a model of another variant than the config (preset) is made for, and a `lora.init_from` file made
+    for another variant, naming both (ConfigError)."""
+    from modules.util.modelspec import architecture, describe_architecture, lora_model_mismatch
+    intended = config.model.intended_variant
+    if intended is not None and intended is not variant:
+        from modules.util.presets import presets_for_variant
+        fitting = presets_for_variant(variant)
+        advice = f"use a preset made for {variant} ({', '.join(fitting)})" if fitting else \
+            f"use a config made for {variant}"
+        raise ConfigError([f"model.intended_variant: the config (preset) is made for {intended} models, "
+                           f"{describe_architecture(architecture(intended))}, but {source!r} is a {variant} model, "
+                           f"{describe_architecture(architecture(variant))}: it would train a {variant} LoRA with "
+                           f"settings meant for {intended}. {advice[0].upper() + advice[1:]}, or set "
+                           f"model.intended_variant={variant.value} if this is what you want"])
+    if config.lora.init_from and config.training_method.value == "LORA" and not config.e2v.enabled:
+        mismatch = lora_model_mismatch(config.lora.init_from, variant)
+        if mismatch:
+            raise ConfigError([f"lora.init_from: {mismatch}"])
