@@ -1,0 +1,233 @@
+"""Issue 23: runs that share a workspace never destroy or borrow each other's work, and every fault ends cleanly.
+Each test here failed on the main of before the change (backups in one shared folder pruned by step number, resume
+of the newest backup of any run, demo squares generated into a mistyped folder, Ctrl-C tracebacks during the final
+backup, bit flips resumed from silently, a raw traceback for a full cache folder)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from learning import train
+from modules.trainer.backup_io import (all_backups, choose_backup, list_backups, verify_backup, workspace_backups,
+                                       write_backup, TrainProgress)
+from modules.trainer.GenericTrainer import TrainingError
+from modules.util.config.config_io import ConfigError, load_config
+from modules.util.config.dataset_toml import merge_dataset_settings
+from modules.util.demo_assets import make_t2v_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+KILL_AT = "WAN_TRAINER_KILL_AT"  # the test hook of modules/util/kill_points.py
+DEMO = str(ROOT / "training_presets" / "#demo tiny CPU.json")
+
+
+@pytest.fixture(scope="module")
+def six_clips(tmp_path_factory):
+    return make_t2v_dataset(tmp_path_factory.mktemp("six") / "squares", clips_per_class=1)
+
+
+def steps_of(folders) -> list[int]:
+    return [json.loads((f / "progress.json").read_text())["global_step"] for f in folders]
+
+
+# ---- 1. a workspace holds many runs ------------------------------------------------------------------------------
+
+def test_a_second_run_keeps_its_own_backups_and_never_touches_the_firsts(tiny_model, six_clips, tmp_path):
+    every_step = ["backup.every_n_steps=1", "backup.rolling_count=2"]
+    first = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=3, overrides=every_step)
+    first_backups = {p: (p / "trainable.safetensors").read_bytes() for p in list_backups(first.backup_root)}
+    assert steps_of(first_backups) == [2, 3]
+    second = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=every_step)
+    assert second.backup_root != first.backup_root
+    # the second run's backups survive its own pruning (before: pruned against the first run's higher steps)
+    assert steps_of(list_backups(second.backup_root)) == [1, 2]
+    # and the first run's are exactly as written (before: its step folders were overwritten or deleted)
+    assert {p: (p / "trainable.safetensors").read_bytes() for p in list_backups(first.backup_root)} == first_backups
+    assert set(workspace_backups(tmp_path / "run" / "backup")) == {first.run_name, second.run_name}
+
+
+def test_a_resume_continues_the_run_written_last_and_prunes_after_a_kill(tiny_model, six_clips, tmp_path, capsys):
+    every_step = ["backup.every_n_steps=1", "backup.rolling_count=2"]
+    first = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=4, overrides=every_step)
+    second = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=every_step)
+    # a kill between writing a backup and pruning the older ones leaves one too many: the resume prunes it
+    extra = second.backup_root / "step-00000000"
+    shutil.copytree(list_backups(second.backup_root)[0], extra)
+    os.utime(extra / "manifest.json", (0, 0))
+    manifest = json.loads((extra / "manifest.json").read_text())
+    manifest["written_at"] = 1.0  # the oldest of the run
+    (extra / "manifest.json").write_text(json.dumps(manifest))
+    assert len(list_backups(second.backup_root)) == 3
+    capsys.readouterr()
+    resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=3,
+                    overrides=every_step + ["backup.continue_last_backup=true"])
+    out = capsys.readouterr().out
+    # before: the first run's step-4 backup was taken (newest by step), max_steps counted as reached, nothing trained
+    assert resumed.run_name == second.run_name and resumed.resumed_step == 2
+    assert f"resuming run {second.run_name} from step 2, written at" in out
+    assert resumed.progress.global_step == 3 and len(resumed.step_losses) == 1
+    assert steps_of(list_backups(second.backup_root)) == [2, 3]
+    assert steps_of(list_backups(first.backup_root)) == [3, 4]
+
+
+def test_a_resume_that_trains_nothing_says_so_before_replacing_the_output(tiny_model, six_clips, tmp_path, capsys):
+    first = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2)
+    events = []
+    capsys.readouterr()
+    again = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
+                  overrides=["backup.continue_last_backup=true"], on_update=events.append)
+    out = capsys.readouterr().out
+    assert again.run_name == first.run_name and not again.step_losses
+    assert "no step was trained" in out and "replacing the existing" in out, out
+    assert {"resumed_from": 2, "run": first.run_name, "backup": str(list_backups(first.backup_root)[-1])} in events
+
+
+def test_backups_of_the_earlier_shared_layout_are_still_resumed(tiny_model, six_clips, tmp_path):
+    first = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=["backup.every_n_steps=1"])
+    # the layout of before: every run's step folders directly in <workspace>/backup
+    base = tmp_path / "run" / "backup"
+    for folder in list_backups(first.backup_root):
+        shutil.move(str(folder), base / folder.name)
+    first.backup_root.rmdir()
+    choice = choose_backup(base)
+    assert choice.run_name == first.run_name and choice.folder == base / "step-00000002"
+    resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=3,
+                    overrides=["backup.every_n_steps=1", "backup.rolling_count=1", "backup.continue_last_backup=true"])
+    assert resumed.resumed_step == 2 and len(resumed.step_losses) == 1
+    assert (base / "step-00000001").is_dir()  # an earlier version's backups are never pruned
+
+
+# ---- damaged backups ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_step_run(tiny_model, six_clips, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("two")
+    trainer = train(folder, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=["backup.every_n_steps=1"])
+    return folder, trainer
+
+
+def flip_tensor_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    for i in range(header + 16, header + 80):  # 64 bytes of tensor data: size and header stay valid
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["bit flips", "manifest deleted"])
+def test_a_damaged_or_unmanifested_backup_is_skipped_with_a_warning(damage, two_step_run, tiny_model, six_clips,
+                                                                  tmp_path, capsys):
+    folder, full = two_step_run
+    shutil.copytree(folder / "run" / "backup", tmp_path / "run" / "backup")
+    newest = tmp_path / "run" / "backup" / full.run_name / "step-00000002"
+    if damage == "bit flips":
+        flip_tensor_bytes(newest / "trainable.safetensors")
+        assert not verify_backup(newest)  # the cheap check cannot see it: the checksums do
+        assert any("does not match its checksum" in p for p in verify_backup(newest, checksums=True))
+    else:
+        (newest / "manifest.json").unlink()
+    resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
+                    overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true"])
+    out = capsys.readouterr().out
+    assert f"warning: backup {newest} is damaged and is skipped" in out, out
+    assert resumed.resumed_step == 1
+    assert resumed.step_losses == pytest.approx(full.step_losses[1:], abs=1e-6)  # step 2 trained again, the same
+
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------------------------
+
+def cli(tmp_path: Path, base: Path, dataset: Path, *values: str) -> list[str]:
+    values = [f"model.base_model_name={base}", f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}",
+              f"output.destination={tmp_path / 'out.safetensors'}", "device=cpu", "train_dtype=FLOAT_32",
+              "gradient_checkpointing=false", "batch_size=4", f'data.concepts=[{{"path": "{dataset}"}}]',
+              "data.frame_buckets=[9]", "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0",
+              "tensorboard=false", *values]
+    return [sys.executable, str(ROOT / "scripts" / "train.py")] + [a for v in values for a in ("--config-value", v)]
+
+
+def test_ctrl_c_during_the_backup_before_the_save_finishes_it_and_stops_with_the_resume_command(
+        tiny_model, six_clips, tmp_path):
+    command = cli(tmp_path, tiny_model("wan2.1-t2v"), six_clips, "max_steps=2", "backup.every_n_steps=0")
+    stopped = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env={**os.environ, KILL_AT: "backup:1:INT"})
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    assert "Traceback" not in stopped.stderr
+    assert "finishing the backup before the final save first" in stopped.stdout
+    assert "stopped; to resume, run:" in stopped.stdout
+    backups = all_backups(tmp_path / "run" / "backup")
+    assert steps_of(backups) == [2] and not verify_backup(backups[0], checksums=True)  # the run is not lost
+    assert not (tmp_path / "out.safetensors").exists()
+    resumed = subprocess.run(command + ["--config-value", "backup.continue_last_backup=true"], capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert load_file(str(tmp_path / "out.safetensors"))
+
+
+# ---- the demo never writes into the user's folders ---------------------------------------------------------------
+
+def run_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+@pytest.mark.parametrize("path", ["my_clips_typo", "clips.jsonl", "empty_folder"])
+def test_the_demo_preset_with_a_missing_or_empty_concept_is_a_config_error_and_writes_nothing(path, tmp_path):
+    (tmp_path / "empty_folder").mkdir()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = run_train("--preset-path", DEMO, "--config-value", f'data.concepts=[{{"path": "{path}"}}]',
+                       "--config-value", "max_steps=3", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"data.concepts.0.path: {path!r}" in result.stderr
+    assert "File exists" not in result.stderr
+    assert "created only for the demo's own dataset" in result.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_a_dataset_config_replaces_the_demo_concept():
+    preset = json.loads(Path(DEMO).read_text())
+    merged = merge_dataset_settings(preset, {"data": {"concepts": [{"name": "mine", "path": "/data/mine"}]}})
+    assert [c["name"] for c in merged["data"]["concepts"]] == ["mine"]
+    # a config's own concept stays beside the file's
+    own = dict(preset, data=dict(preset["data"], concepts=[{"name": "own", "path": "/data/own"}]))
+    merged = merge_dataset_settings(own, {"data": {"concepts": [{"name": "mine", "path": "/data/mine"}]}})
+    assert [c["name"] for c in merged["data"]["concepts"]] == ["own", "mine"]
+
+
+# ---- the end report ----------------------------------------------------------------------------------------------
+
+def test_the_last_preview_is_the_highest_step_not_the_last_string():
+    from modules.modelSampler.TrainingSampler import preview_step
+    names = [Path("s/0-x/50-8.mp4"), Path("s/0-x/200-33.mp4")]
+    assert max(names, key=preview_step).name == "200-33.mp4"
+    assert sorted(names)[-1].name == "50-8.mp4"  # what string order took
+
+
+# ---- a full cache folder -----------------------------------------------------------------------------------------
+
+def test_a_full_cache_folder_is_one_line_naming_the_folder_and_entry(tiny_model, six_clips, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        (disk / "cache").mkdir()
+        try:  # full to the last byte
+            with open(disk / "filler", "wb", buffering=0) as filler:
+                while True:
+                    filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+        command = cli(tmp_path, tiny_model("wan2.1-t2v"), six_clips, "max_steps=1", f"cache_dir={disk / 'cache'}")
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    line = [line for line in result.stderr.splitlines() if line.startswith("train:")]
+    assert len(line) == 1 and "writing the cache entry" in line[0] and str(disk / "cache") in line[0], result.stderr
+    assert "No space left on device" in line[0]
