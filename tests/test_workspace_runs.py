@@ -231,3 +231,77 @@ def test_a_full_cache_folder_is_one_line_naming_the_folder_and_entry(tiny_model,
     line = [line for line in result.stderr.splitlines() if line.startswith("train:")]
     assert len(line) == 1 and "writing the cache entry" in line[0] and str(disk / "cache") in line[0], result.stderr
     assert "No space left on device" in line[0]
+
+
+# ---- values that passed the checks and crashed after the model loaded --------------------------------------------
+
+@pytest.mark.parametrize("values, expected", [
+    (["timestep.max_sigma=0"], "max_sigma (0) must be above min_sigma (0)"),
+    (["timestep.min_sigma=0.5", "timestep.max_sigma=0.4"], "max_sigma (0.4) must be above min_sigma (0.5)"),
+    (["optimizer.learning_rate=1e300"], "optimizer.learning_rate: 1e+300 is not allowed"),
+    (["model.transformer.weight_dtype=FLOAT_8"], "FLOAT_8 weights are computed in bfloat16, but train_dtype is "
+                                                 "FLOAT_32"),
+    (["workspace_dir=/proc/x"], "workspace_dir: '/proc/x' cannot be created in '/proc'"),
+])
+def test_values_that_crashed_after_loading_are_config_errors(values, expected, tiny_model, six_clips, tmp_path):
+    from modules.util.config.prepare import prepare_config
+    overrides = [f"model.base_model_name={tiny_model('wan2.1-t2v')}", f'data.concepts=[{{"path": "{six_clips}"}}]',
+                 f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}", "train_dtype=FLOAT_32",
+                 f"output.destination={tmp_path / 'out.safetensors'}", "device=cpu", *values]
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        prepare_config(load_config(overrides=overrides))
+
+
+def test_an_a14b_expert_outside_the_sigma_range_is_a_config_error(tiny_model, six_clips, tmp_path):
+    from modules.util.config.prepare import prepare_config
+    base = tiny_model("wan2.2-t2v-a14b")
+    config = load_config(overrides=[f"model.base_model_name={base}", "model_type=WAN_2_2", "expert=high",
+                                    "timestep.max_sigma=0.5", f'data.concepts=[{{"path": "{six_clips}"}}]',
+                                    f"workspace_dir={tmp_path / 'run'}", f"output.destination={tmp_path / 'o.st'}"])
+    with pytest.raises(ConfigError, match=r"has no sigma in the high-noise expert's range"):
+        prepare_config(config)
+
+
+def test_a_dataset_config_that_cannot_be_read_is_a_config_error():
+    from modules.util.config.dataset_toml import load_toml
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_toml("/proc/self/mem")
+
+
+# ---- messages that misled ----------------------------------------------------------------------------------------
+
+def test_a_folder_as_config_path_says_it_is_a_folder(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder; name the JSON file in it"):
+        load_config(str(tmp_path))
+
+
+def test_npz_headers_with_a_negative_size_or_an_absurd_fps_are_named(tmp_path):
+    import numpy as np
+    from modules.util.video_io import UnreadableMediaError, probe_media
+    np.savez(tmp_path / "fast.npz", frames=np.zeros((9, 8, 8, 3), np.uint8), fps=np.array(1e12))
+    with pytest.raises(UnreadableMediaError, match="frame rate is at most 240"):
+        probe_media(tmp_path / "fast.npz")
+    np.savez(tmp_path / "forged.npz", frames=np.zeros((2, 8, 8, 3), np.uint8))
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "forged.npz") as archive:
+        member = archive.read("frames.npy")
+    forged = member.replace(b"(2, 8, 8, 3)", b"(-2, 8, 8, 3)" if b"(2, 8, 8, 3), " not in member else b"(-2,8, 8, 3)")
+    with zipfile.ZipFile(tmp_path / "forged2.npz", "w") as archive:
+        archive.writestr("frames.npy", forged)
+    with pytest.raises(UnreadableMediaError, match="declares a negative size"):
+        probe_media(tmp_path / "forged2.npz")
+
+
+def test_tiny_repeats_are_named_when_nothing_is_left(tiny_model, six_clips, tmp_path):
+    with pytest.raises(TrainingError, match=r"repeats 1e-300 keeps round\(items x repeats\)"):
+        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=1,
+              overrides=[f'data.concepts=[{{"path": "{six_clips}", "repeats": 1e-300}}]'])
+
+
+def test_an_expert_on_a_one_transformer_model_is_noted(tiny_model, six_clips, tmp_path, caplog):
+    from modules.util.config.prepare import prepare_config
+    config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}", "expert=high",
+                                    f'data.concepts=[{{"path": "{six_clips}"}}]', f"workspace_dir={tmp_path / 'r'}",
+                                    f"output.destination={tmp_path / 'o.safetensors'}"])
+    prepare_config(config)
+    assert any("expert applies to Wan 2.2 A14B only and is ignored" in r.getMessage() for r in caplog.records)

@@ -101,6 +101,10 @@ class WanBaseDataLoader:
             held_out = len({r["path"] for r in self.validation_records})
             lines.append(f"  ({held_out} files are held out for the validation loss: concepts marked validation, "
                          f"data.validation_split)")
+        for concept in self.config.data.concepts:
+            if concept.enabled and concept.balancing is None and concept.repeats < 1:
+                lines.append(f"  concept {concept.path}: repeats {concept.repeats:g} keeps round(items x repeats) of "
+                             f"its items per epoch, none when that is below 0.5 (raise repeats, or set balancing)")
         lines += [f"  skipped {path}: {reason}" for path, reason in skipped[:10]]
         if len(skipped) > 10:
             lines.append(f"  ... and {len(skipped) - 10} more")

@@ -39,6 +39,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from modules.util.atomic import atomic_path
+from modules.util.config.bounds import MAX_FPS
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".gif"})
@@ -336,7 +337,10 @@ def _npz_fps(path: str, data) -> Fraction | None:
     if value.size != 1 or not np.issubdtype(value.dtype, np.number) or not float(value.reshape(())) > 0 \
             or not math.isfinite(float(value.reshape(()))):
         raise UnreadableMediaError(path, f"its 'fps' entry must be one positive number, got {value!r}")
-    return _as_fraction(float(value.reshape(())))
+    fps = float(value.reshape(()))
+    if fps > MAX_FPS:  # 1e12 would time every frame within a picosecond: the clip would read as one frame
+        raise UnreadableMediaError(path, f"its 'fps' entry is {fps:g}; a clip's frame rate is at most {MAX_FPS}")
+    return _as_fraction(fps)
 
 
 MAX_NPZ_FRAME_BYTES = 16 * 2 ** 30  # far above any clip a Wan model trains on (81 x 1280x720x3 is 224 MB)
@@ -383,6 +387,9 @@ def _check_frame_array(path: str, key: str, shape: Sequence[int], dtype) -> None
     if len(shape) != 4 or shape[3] != 3 or np.dtype(dtype) != np.uint8:
         raise UnreadableMediaError(path, f"its '{key}' array must be uint8 (T, H, W, 3), got {np.dtype(dtype)} "
                                          f"{tuple(shape)}")
+    if any(side < 0 for side in shape):  # only a forged header has one; its byte count would come out negative
+        raise UnreadableMediaError(path, f"its '{key}' array declares a negative size {tuple(shape)} (a damaged or "
+                                         f"forged header)")
     if shape[0] == 0 or shape[1] == 0 or shape[2] == 0:
         raise UnreadableMediaError(path, f"its '{key}' array is empty: {tuple(shape)}")
 

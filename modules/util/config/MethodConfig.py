@@ -3,7 +3,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from modules.util.config.BaseConfig import BaseConfig
-from modules.util.config.bounds import MAX_LR_RATIO, MAX_RANK, PathText
+from modules.util.config.bounds import MAX_LEARNING_RATE, MAX_LR_RATIO, MAX_RANK, PathText
 from modules.util.lora.targets import LoraTargetError, custom_target_regex
 
 
@@ -57,11 +57,14 @@ class LoraConfig(BaseConfig):
 class FineTuneConfig(BaseConfig):
     layer_filter: list[str] = Field([], description="train only parameters whose names contain one of these")
     # per-part learning rates: separate optimizer parameter groups (modules/trainer/parameter_groups.py)
-    blocks_learning_rate: float | None = Field(None, gt=0, description="the transformer blocks' learning rate; "
+    blocks_learning_rate: float | None = Field(None, gt=0, le=MAX_LEARNING_RATE,
+                                               description="the transformer blocks' learning rate; "
                                                "empty: optimizer.learning_rate")
-    embeddings_learning_rate: float | None = Field(None, gt=0, description="the patch, time, text and image "
+    embeddings_learning_rate: float | None = Field(None, gt=0, le=MAX_LEARNING_RATE,
+                                                   description="the patch, time, text and image "
                                                    "embedders' learning rate; empty: optimizer.learning_rate")
-    heads_learning_rate: float | None = Field(None, gt=0, description="the output norm, scale-shift table and "
+    heads_learning_rate: float | None = Field(None, gt=0, le=MAX_LEARNING_RATE,
+                                              description="the output norm, scale-shift table and "
                                               "projection's learning rate; empty: optimizer.learning_rate")
 
 

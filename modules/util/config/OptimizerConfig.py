@@ -1,13 +1,14 @@
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import MAX_LEARNING_RATE
 
 
 class OptimizerConfig(BaseConfig):
     optimizer: Literal["ADAMW", "ADAMW_8BIT", "LION_8BIT", "ADAFACTOR", "PRODIGY"] = "ADAMW"
-    learning_rate: float = Field(1e-4, gt=0)
+    learning_rate: float = Field(1e-4, gt=0, le=MAX_LEARNING_RATE)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0)
     eps: float = Field(1e-8, gt=0)
@@ -43,3 +44,11 @@ class TimestepConfig(BaseConfig):
                              "draw, then shifted; the presets' choice), 'uniform_shift' draws uniformly, then "
                              "shifts (this project's 'shift' before config version 2)")
         return value
+
+    @model_validator(mode="after")
+    def _a_range_to_draw_from(self):
+        # found here, not as "empty sigma range" from the first training step after the model has loaded
+        if self.max_sigma <= self.min_sigma:
+            raise ValueError(f"max_sigma ({self.max_sigma:g}) must be above min_sigma ({self.min_sigma:g}): "
+                             f"training draws its sigmas from [min_sigma, max_sigma]")
+        return self

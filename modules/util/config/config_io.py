@@ -114,6 +114,8 @@ def parse_json_text(text: str, source: str, not_json_as_text: bool = False) -> A
 def read_json_file(path: str | os.PathLike, what: str = "config") -> Any:
     """A UTF-8 JSON file of at most MAX_CONFIG_BYTES -> value; every way it can be unreadable is a ConfigError."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError([f"{what} file {str(path)!r} is a folder; name the JSON file in it"], str(path))
     if not path.is_file():
         raise ConfigError([f"{what} file {str(path)!r} does not exist"], str(path))
     try:

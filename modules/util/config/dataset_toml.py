@@ -42,6 +42,9 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(["nested too deeply"], str(path)) from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError([f"not valid TOML: {error}"], str(path)) from None
+    except OSError as error:  # a device or pseudo file (/proc/self/mem) that stat calls a file
+        raise ConfigError([f"data.dataset_config: {str(path)!r} cannot be read: {error.strerror or error}"],
+                          str(path)) from None
     except UnicodeDecodeError as error:
         raise ConfigError([f"not UTF-8 text: {error}"], str(path)) from None
 

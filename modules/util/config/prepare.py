@@ -1,12 +1,16 @@
 """Everything that must hold before a model loads, checked in one pass: the config's paths, device, model variant,
 E2V datasets and samples file. Every problem found is reported in one ConfigError (the CLI exits 2), so a user fixes
 them all at once and no weights are read for a config that cannot run."""
+import json
+import logging
 from pathlib import Path
 
 from modules.util.config.config_io import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.devices import resolve_device
+
+log = logging.getLogger(__name__)
 
 
 def prepare_config(config: TrainConfig) -> list:
@@ -21,7 +25,7 @@ def prepare_config(config: TrainConfig) -> list:
         except OSError as error:
             raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
                                f"({error})"]) from None
-    problems: list[str] = []
+    problems: list[str] = fp8_problems(config)
     try:
         check_paths(config)
     except ConfigError as error:
@@ -46,6 +50,7 @@ def prepare_config(config: TrainConfig) -> list:
                 check_model_variant(config, variant, str(base))
             except ConfigError as error:
                 problems += error.problems
+            problems += expert_problems(config, variant, base)
     datasets = []
     if config.e2v.enabled:
         from modules.util.config.E2VConfig import check_against_frames
@@ -90,3 +95,36 @@ def check_model_variant(config: TrainConfig, variant, source: str) -> None:
         mismatch = lora_model_mismatch(config.lora.init_from, variant)
         if mismatch:
             raise ConfigError([f"lora.init_from: {mismatch}"])
+
+
+def expert_problems(config: TrainConfig, variant, base: Path) -> list[str]:
+    """`expert` is for Wan 2.2 A14B (noted, not refused, elsewhere); there, the expert's side of the boundary must
+    meet [min_sigma, max_sigma], or the first step finds no sigma to draw."""
+    if not variant.has_two_experts:
+        if config.expert != "both":
+            log.warning("expert=%s is set, but %s is a %s model with one transformer: expert applies to Wan 2.2 "
+                        "A14B only and is ignored", config.expert, base, variant)
+        return []
+    index = base / "model_index.json"
+    boundary = json.loads(index.read_text(encoding="utf-8")).get("boundary_ratio") if index.is_file() else None
+    if boundary is None or config.expert == "both":
+        return []
+    low, high = (boundary, 1.0) if config.expert == "high" else (0.0, boundary)
+    timestep = config.timestep
+    if max(low, timestep.min_sigma) >= min(high, timestep.max_sigma):
+        return [f"timestep.min_sigma / max_sigma: [{timestep.min_sigma:g}, {timestep.max_sigma:g}] has no sigma in "
+                f"the {config.expert}-noise expert's range [{low:g}, {high:g}] (boundary {boundary:g}): widen it, "
+                f"or train the other expert"]
+    return []
+
+
+def fp8_problems(config: TrainConfig) -> list[str]:
+    """FLOAT_8 base weights are stored in float8 and computed in bfloat16: the rest of the step must be bfloat16 too
+    (found here, not as a dtype mismatch in the first forward)."""
+    parts = [part for part in ("transformer", "transformer_2") if getattr(config.model, part).weight_dtype.value
+             == "FLOAT_8"]
+    if parts and config.train_dtype.value != "BFLOAT_16":
+        return [f"model.{parts[0]}.weight_dtype: FLOAT_8 weights are computed in bfloat16, but train_dtype is "
+                f"{config.train_dtype.value}: set train_dtype=BFLOAT_16, or keep the weights in "
+                f"{config.train_dtype.value}"]
+    return []

@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -110,9 +111,14 @@ def folder_problem(field: str, folder: str | os.PathLike) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         return f"{field}: {str(folder)!r} cannot be created: {str(existing)!r} is a file, not a folder"
+    action = "written" if existing == path else "created"
     if not os.access(existing, os.W_OK | os.X_OK):
-        action = "written" if existing == path else "created"
         return f"{field}: {str(folder)!r} cannot be {action}: no write permission in {str(existing)!r}"
+    # os.access says yes to root everywhere, and to /proc or a read-only mount: a probe folder, removed at once
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".wan-trainer-probe-", dir=existing))
+    except OSError as error:
+        return f"{field}: {str(folder)!r} cannot be {action} in {str(existing)!r}: {error.strerror or error}"
     return None
 
 
