@@ -25,6 +25,11 @@ def judge(tmp_path, tiny_model, squares_dataset, monkeypatch):
     paths are pointed at the session's tiny model and squares: otherwise its demo_assets would build them again."""
     monkeypatch.chdir(tmp_path)
     own = [f"model.base_model_name={tiny_model('wan2.1-t2v')}", f"data.concepts.0.path={squares_dataset}"]
+    # with other data than the demo's own, demo_assets creates nothing (issue 23): the samples file is written here
+    from modules.util.demo_assets import DEMO_SAMPLES
+    from modules.util.demo_paths import DEMO_SAMPLES_FILE
+    Path(DEMO_SAMPLES_FILE).parent.mkdir(parents=True)
+    Path(DEMO_SAMPLES_FILE).write_text(json.dumps(DEMO_SAMPLES))
 
     def run(*values: str, config_path: Path | None = None) -> list[str]:
         try:
@@ -209,7 +214,10 @@ def test_empty_write_folders_are_refused(judge, field):
 
 def test_train_dtype_is_a_compute_type(judge):
     assert "storage type" in only_problem(judge("train_dtype=FLOAT_8"), "train_dtype")
-    assert judge("model.transformer.weight_dtype=FLOAT_8") == []
+    assert judge("model.transformer.weight_dtype=FLOAT_8", "train_dtype=BFLOAT_16") == []
+    # the demo computes in FLOAT_32: float8 storage upcasts to bfloat16, a dtype mismatch in the first forward
+    assert "train_dtype=BFLOAT_16" in only_problem(judge("model.transformer.weight_dtype=FLOAT_8"),
+                                                   "model.transformer.weight_dtype")
 
 
 @pytest.mark.parametrize("value", ["Infinity", "NaN", "-Infinity"])

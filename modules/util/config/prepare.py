@@ -72,7 +72,9 @@ def prepare_config(config: TrainConfig) -> list:
         except SampleDefinitionError as error:
             problems.append(f"sampling.samples_file: {error}")
     if problems:
-        raise ConfigError(problems + demo_notes)
+        # the note says why a demo path is missing, only when one is
+        demo_fields = ("model.base_model_name", "data.concepts", "sampling.samples_file")
+        raise ConfigError(problems + (demo_notes if any(p.startswith(demo_fields) for p in problems) else []))
     return datasets
 
 
