@@ -32,7 +32,7 @@ from modules.util.ranks import broadcast_json, is_main, rank_and_world
 
 log = logging.getLogger(__name__)
 
-BEST_FOLDER = "best"            # <workspace>/backup/best: the backup with the lowest validation loss
+BEST_FOLDER = "best"            # <workspace>/backup/<run>/best: the backup with the lowest validation loss
 RESULT_FILE = "validation.json"  # in that backup: {"step", "loss", "per_sigma"}
 QUANTILE_DRAWS = 1 << 16         # draws of the training distribution the sigmas are the quantiles of
 
