@@ -17,6 +17,7 @@ from modules.dataLoader.e2v_scan import scan_e2v_dataset
 from modules.dataLoader.validation_split import split_validation
 from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
 from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
+from modules.dataLoader.pipeline.EncodeMask import EncodeMask
 from modules.util.config.DataConfig import ConceptConfig
 from modules.dataLoader.DiskCache import DiskCache, cache_key
 from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
@@ -110,6 +111,11 @@ class WanBaseDataLoader:
             lines.append(f"  ... and {len(skipped) - 10} more")
         return "\n".join(lines)
 
+    @property
+    def has_masks(self) -> bool:
+        """Some training or validation item has a loss mask (docs/masks.md): every item then carries a mask weight."""
+        return any(r.get("mask") for r in self.scan_result.records + self.validation_records)
+
     def _records(self, validation: bool = False) -> list[dict]:
         records = self.validation_records if validation else self.scan_result.records
         return [r for r in records if r["path"] not in self.failed]
@@ -119,6 +125,7 @@ class WanBaseDataLoader:
         flip, the caption always kept."""
         data = self.config.data
         record_names = ["path", "concept", "caption"] + (["elements", "e2v_present"] if self.e2v else [])
+        record_names += ["mask"] if self.has_masks else []
         return [
             ListSource(self._records(validation), record_names),
             self.probe,
@@ -155,6 +162,9 @@ class WanBaseDataLoader:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
                                clip=model.image_encoder is not None and condition is not None, augmented=augmented,
                                latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
+        if self.has_masks and self.e2v is None:
+            modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
+                                      model.vae_temporal_stride))
         if config.training_method is not TrainingMethod.EMBEDDING:
             text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
                                       str(model.text_encoder.dtype))
@@ -197,7 +207,7 @@ class WanBaseDataLoader:
             self.model.vae.enable_tiling()
         for encoder in list(self.encoders.values()):
             parts = self._encoder_parts(encoder)
-            if not parts:
+            if not parts and not isinstance(encoder, EncodeMask):
                 continue
             for part in parts:
                 part.to(self.device)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.E2VConfig import strip_llm_caption_prefix
-from modules.util.video_io import MEDIA_EXTENSIONS
+from modules.dataLoader.mask_scan import find_mask, is_beside_mask, mask_is_black
+from modules.util.video_io import MEDIA_EXTENSIONS, UnreadableMediaError
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,13 @@ def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | No
 
 def _folder_media(folder: Path, recursive: bool) -> list[Path]:
     pattern = "**/*" if recursive else "*"
-    return sorted(p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in MEDIA_EXTENSIONS)
+    media = {p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in MEDIA_EXTENSIONS}
+    return sorted(p for p in media if not is_beside_mask(p, media))
 
 
 MANIFEST_MEDIA_KEYS = ("path", "media", "video", "file", "clip", "video_path", "image_path")
 MANIFEST_CAPTION_KEYS = ("prompt", "caption", "text")
+MANIFEST_MASK_KEYS = ("mask_path", "mask")
 
 
 def manifest_entry_path(manifest: Path, media: str) -> Path:
@@ -68,8 +71,9 @@ def manifest_entry_path(manifest: Path, media: str) -> Path:
     return Path(media)
 
 
-def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str | None]]:
-    """jsonl: one object a line with a media path (see manifest_entry_path) and a prompt or caption."""
+def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str | None, Path | None]]:
+    """jsonl: one object a line with a media path (see manifest_entry_path), a prompt or caption and optionally a
+    loss mask (`mask_path`)."""
     entries = []
     for number, line in enumerate(read_text_file(manifest).splitlines(), start=1):
         if not line.strip():
@@ -91,8 +95,24 @@ def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str 
             result.skip(f"{manifest}:{number}", f"its caption is a {type(caption).__name__}, not text")
             continue
         caption = caption.removeprefix("\ufeff") if caption is not None else None
-        entries.append((manifest_entry_path(manifest, media), caption))
+        mask = next((entry[k] for k in MANIFEST_MASK_KEYS if k in entry), None)
+        if mask is not None and (not isinstance(mask, str) or not mask):
+            result.skip(f"{manifest}:{number}", f"its mask_path is {mask!r}, not a path")
+            continue
+        entries.append((manifest_entry_path(manifest, media), caption,
+                        manifest_entry_path(manifest, mask) if mask else None))
     return entries
+
+
+def _mask_problem(mask: Path) -> str | None:
+    """Why the item of this mask cannot train (the mask is missing, unreadable or black everywhere), or None."""
+    if not mask.is_file():
+        return f"its mask {mask} does not exist"
+    try:
+        black = mask_is_black(mask)
+    except UnreadableMediaError as error:
+        return f"its mask {mask} cannot be read: {error.reason}"
+    return f"its mask {mask} is black everywhere: the item would carry no loss" if black else None
 
 
 def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
@@ -103,19 +123,22 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
         root = Path(concept.path)
         prompt_text = read_text_file(concept.prompt_path).strip() if concept.caption_source == "prompt_file" else None
         if root.is_file() and root.suffix == ".jsonl":
-            entries = [(path, caption if caption is not None else _caption_for(path, concept, prompt_text))
-                       for path, caption in _manifest_media(root, result)]
+            entries = [(path, caption if caption is not None else _caption_for(path, concept, prompt_text),
+                        mask or find_mask(path, concept)) for path, caption, mask in _manifest_media(root, result)]
         else:
-            entries = [(path, _caption_for(path, concept, prompt_text))
+            entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept))
                        for path in _folder_media(root, concept.include_subdirectories)]
-        for path, caption in entries:
+        for path, caption, mask in entries:
             if not path.is_file():
                 result.skip(path, "file does not exist")
             elif caption is None and concept.caption_required:
                 result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
+            elif mask is not None and (problem := _mask_problem(mask)):
+                result.skip(path, problem)
             else:
                 caption = caption or ""
                 if concept.remove_common_llm_caption_prefixes:
                     caption = strip_llm_caption_prefix(caption)
-                result.records.append({"path": str(path), "concept": concept, "caption": caption})
+                result.records.append({"path": str(path), "concept": concept, "caption": caption,
+                                       "mask": None if mask is None else str(mask)})
     return result

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.model.WanModel import WanModel
+from modules.modelSetup.loss_masks import mask_loss_weights
 from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.util.config.TrainConfig import TrainConfig
 
@@ -22,7 +23,7 @@ class Prediction:
     noisy: Tensor         # x_t
     sigmas: Tensor        # (B,)
     expert: str           # "transformer" or "transformer_2"
-    loss_mask: Tensor | None = None  # (B, 1, T, 1, 1): 0 on latent frames that carry no loss
+    loss_mask: Tensor | None = None  # (B, 1, T, 1 or h, 1 or w): the loss weight of each latent (0: no loss)
 
     @property
     def predicted_x0(self) -> Tensor:
@@ -163,6 +164,9 @@ class BaseWanSetup:
         noisy = (1 - s) * x0 + s * noise
         timestep = sigmas * NUM_TRAIN_TIMESTEPS
         loss_mask = batch.get("loss_mask")
+        weights = mask_loss_weights(batch, self.config.loss, model.variant, tuple(x0.shape), self.device)
+        if weights is not None:
+            loss_mask = weights if loss_mask is None else loss_mask.to(self.device) * weights
 
         if model.expand_timesteps:
             # TI2V-5B: in image-to-video items the first latent frame is the clean image and its tokens get
@@ -200,7 +204,8 @@ class BaseWanSetup:
         error = (prediction.predicted - prediction.target) ** 2
         if prediction.loss_mask is not None:
             mask = prediction.loss_mask.to(error.dtype).expand_as(error)
-            per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp_min(1)
+            # the weighted mean over the mask's weight; an item weighted 0 everywhere adds 0
+            per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp_min(1e-12)
         else:
             per_sample = error.flatten(1).mean(1)
         weights = batch.get("loss_weight")

@@ -32,6 +32,11 @@ class ConceptConfig(BaseConfig):
     extraction: Literal["head", "uniform", "random", "slide", "chunk", "spaced", "full"] = "head"
     slide_stride: int = Field(16, ge=1, le=MAX_FRAMES, description="pixel frames between windows in slide mode")
     window_count: int = Field(1, ge=1, le=MAX_FRAMES, description="windows per clip in spaced mode")
+    mask_path: PathText = Field("", description="a folder of loss masks named as the media files (any image or "
+                                "video extension; white = learn, black = ignore), as diffusion-pipe's mask_path; a "
+                                "mask beside a clip as <name>_mask.<ext> is found without it (docs/masks.md)")
+    default_mask: PathText = Field("", description="a mask for every file of this concept that has none of its own "
+                                   "(diffusion-pipe's default_mask_file)")
     validation: bool = Field(False, description="hold every item of this concept out of training for the "
                              "validation loss (docs/validation.md)")
     max_frames: int = Field(81, ge=1, le=MAX_FRAMES)

@@ -16,11 +16,10 @@ from modules.util.config.dataset_toml import check_exists, check_keys, round_fra
 
 BUCKET_KEYS = {"resolutions", "enable_ar_bucket", "min_ar", "max_ar", "num_ar_buckets", "ar_buckets", "frame_buckets"}
 TOP_KEYS = BUCKET_KEYS | {"num_repeats", "skip_empty_caption", "shuffle_metadata", "directory"}
-DIRECTORY_KEYS = BUCKET_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata"}
+DIRECTORY_KEYS = BUCKET_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata", "mask_path",
+                                "default_mask_file"}
 REFUSED = {
     "size_buckets": "fixed (width, height, frames) buckets; use resolutions with ar_buckets and frame_buckets",
-    "mask_path": "masked training is not supported",
-    "default_mask_file": "masked training is not supported",
     "control_path": "control images are not trained here",
     "cache_shuffle_num": "caption tag shuffling is not supported",
     "cache_shuffle_delimiter": "caption tag shuffling is not supported",
@@ -125,8 +124,17 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
             problems.append(f"{where}num_repeats: {repeats!r} is not a positive number")
             repeats = 1
         required = directory.get("skip_empty_caption", table.get("skip_empty_caption", True))
-        concepts.append({"name": f"{Path(source).name}: {where}path", "path": directory["path"], "repeats": repeats,
-                         "caption_required": required is True, "fps": "model", "extraction": "head"})
+        concept = {"name": f"{Path(source).name}: {where}path", "path": directory["path"], "repeats": repeats,
+                   "caption_required": required is True, "fps": "model", "extraction": "head"}
+        # masked training: masks named as the media files in a folder, and one mask for the files without
+        # (diffusion-pipe's examples/dataset.toml); docs/masks.md
+        if "mask_path" in directory:
+            check_exists(directory["mask_path"], where + "mask_path", problems)
+            concept["mask_path"] = directory["mask_path"]
+        if "default_mask_file" in directory:
+            check_exists(directory["default_mask_file"], where + "default_mask_file", problems, want_file=True)
+            concept["default_mask"] = directory["default_mask_file"]
+        concepts.append(concept)
     if problems:
         raise ConfigError(problems, source)
     data["concepts"] = concepts

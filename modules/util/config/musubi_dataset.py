@@ -33,7 +33,8 @@ REFUSED = {
 }
 # what each musubi-tuner frame_extraction is called here (its "uniform" is a different mode from ours)
 EXTRACTION = {"head": "head", "chunk": "chunk", "slide": "slide", "uniform": "spaced", "full": "full"}
-JSONL_REFUSED_KEYS = ("control_path", "control_path_0", "image_path_0", "mask_path")
+# a line's mask_path is read as its loss mask (docs/masks.md)
+JSONL_REFUSED_KEYS = ("control_path", "control_path_0", "image_path_0")
 
 
 def _size(value, where: str, problems: list[str]) -> tuple[int, int] | None:
@@ -91,7 +92,7 @@ def _concept(dataset: dict, general: dict, where: str, source_file: str,
     if is_jsonl:
         for key in _refused_jsonl_keys(dataset[source]):
             problems.append(f"{where}{source}: its lines hold {key!r}: control and layered targets are not trained "
-                            f"here; supported line keys: video_path or image_path, caption")
+                            f"here; supported line keys: video_path or image_path, caption, mask_path")
     concept: dict = {"name": f"{Path(source_file).name}: {where}{source}", "path": dataset[source]}
     repeats = value("num_repeats", 1)
     if not isinstance(repeats, int) or repeats < 1:

@@ -1,0 +1,12 @@
+from pydantic import Field
+
+from modules.util.config.BaseConfig import BaseConfig
+
+
+class LossConfig(BaseConfig):
+    """How the flow-matching loss is weighted over the latent (docs/masks.md)."""
+
+    mask_min_weight: float = Field(0.0, ge=0, le=1, description="with masks: the weight of the black (ignored) "
+                                   "parts of a clip's mask, so they still learn a little; 0: not at all")
+    skip_conditioned_frames: bool = Field(False, description="I2V / FLF2V: leave the given frame's latent frame "
+                                          "(first, and last for FLF2V) out of the loss")
