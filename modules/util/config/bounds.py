@@ -61,3 +61,6 @@ def _not_blank(value: str) -> str:
 PathText = Annotated[str, AfterValidator(check_usable_path)]
 # A folder or file the run writes to: empty is refused.
 WritePath = Annotated[str, AfterValidator(check_usable_path), AfterValidator(_not_blank)]
+# A LoRA strength in comparisons and previews (sampling.compare_strengths, scripts/compare.py): beyond it the output
+# is noise, and a larger number is a typo.
+MAX_LORA_STRENGTH = 10.0

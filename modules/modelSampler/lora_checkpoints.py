@@ -1,0 +1,97 @@
+"""The checkpoints a comparison samples (docs/compare.md): LoRA files, folders of them (workspace/save), and
+training backups (`backup/<run>/step-N`, or a run's backup folder holding several), each read into `LoraWeights`
+per expert, labelled with its name and training step."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modules.util.lora.formats import LoraWeights, lora_from_state_dict
+
+_STEP_IN_NAME = re.compile(r"(?:^|[-_])(?:step[-_]?)?(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    label: str                       # the file or backup name
+    step: int | None                 # the training step it holds, when known
+    source: Path
+    files: list[Path] = field(default_factory=list)       # LoRA files (read with sample.py's loader)
+    backup: Path | None = None                             # or a training backup folder
+
+    @property
+    def title(self) -> str:
+        return self.label if self.step is None else f"{self.label} (step {self.step})"
+
+
+def step_from_name(name: str) -> int | None:
+    """`step-00000100.safetensors` -> 100, `lora-500` -> 500; None when the name holds no trailing number."""
+    match = _STEP_IN_NAME.search(name.removesuffix(".safetensors").removesuffix("_high_noise")
+                                 .removesuffix("_low_noise"))
+    return int(match.group(1)) if match else None
+
+
+def _is_backup(folder: Path) -> bool:
+    return (folder / "trainable.safetensors").is_file() and (folder / "progress.json").is_file()
+
+
+def _backup_checkpoint(folder: Path) -> Checkpoint:
+    step = json.loads((folder / "progress.json").read_text()).get("global_step")
+    run = folder.parent.name
+    return Checkpoint(label=f"{run}/{folder.name}" if run and run != "backup" else folder.name, step=step,
+                      source=folder, backup=folder)
+
+
+def find_checkpoints(sources: list[str | Path]) -> list[Checkpoint]:
+    """Each source in the order given: a LoRA file; a backup folder; a folder of backups (by step); a folder of
+    LoRA files (by step, then name; an A14B `_high_noise` / `_low_noise` pair is one checkpoint)."""
+    checkpoints: list[Checkpoint] = []
+    for source in map(Path, sources):
+        if source.is_file():
+            checkpoints.append(Checkpoint(source.name.removesuffix(".safetensors"), step_from_name(source.name),
+                                          source, files=[source]))
+        elif source.is_dir() and _is_backup(source):
+            checkpoints.append(_backup_checkpoint(source))
+        elif source.is_dir():
+            backups = [_backup_checkpoint(f) for f in sorted(source.iterdir()) if f.is_dir() and _is_backup(f)]
+            if backups:
+                checkpoints += sorted(backups, key=lambda c: (c.step or 0, c.label))
+                continue
+            files: dict[str, Checkpoint] = {}
+            for file in sorted(source.glob("*.safetensors")):
+                stem = file.name.removesuffix(".safetensors")
+                pair = stem.removesuffix("_high_noise").removesuffix("_low_noise")
+                # a pair is named by its common name: sample.py's loader finds both files from it
+                files.setdefault(pair, Checkpoint(pair, step_from_name(pair), source,
+                                                  files=[file if pair == stem else source / f"{pair}.safetensors"]))
+            if not files:
+                raise FileNotFoundError(f"{source}: no LoRA file (*.safetensors) and no training backup in it")
+            checkpoints += sorted(files.values(), key=lambda c: (c.step is None, c.step or 0, c.label))
+        else:
+            raise FileNotFoundError(f"{source}: no such LoRA file or folder")
+    return checkpoints
+
+
+def backup_lora_weights(folder: Path) -> dict[str, LoraWeights]:
+    """expert -> LoraWeights of a LoRA training backup: its peft tensors (`transformer.<module>.lora_A.default.
+    weight`) with the run's lora.alpha from the backup's config.json (peft scales by alpha / rank)."""
+    from safetensors.torch import load_file
+    tensors = load_file(str(folder / "trainable.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    lora = config.get("lora", {})
+    if config.get("training_method", "LORA") != "LORA" or lora.get("type", "LORA") != "LORA":
+        raise ValueError(f"{folder}: a {config.get('training_method')} / {lora.get('type')} backup; only LoRA "
+                         f"backups can be compared (use its saved file)")
+    by_expert: dict[str, dict] = {}
+    for name, tensor in tensors.items():
+        expert, _, rest = name.partition(".")
+        by_expert.setdefault(expert, {})[rest.replace(".default.", ".")] = tensor
+    weights = {}
+    for expert, state in by_expert.items():
+        loaded, _ = lora_from_state_dict(state)
+        for module in loaded.values():
+            module.alpha = float(lora.get("alpha", module.rank))
+        weights[expert] = loaded
+    return weights

@@ -1,0 +1,129 @@
+"""Issue 22 item 4: the checkpoint x strength comparison (docs/compare.md). Every cell equals a sample made the way
+scripts/sample.py makes one (a fresh model, the LoRA file merged at that strength, the same sample and seed), the
+base model is loaded once for all cells, and the grid, contact sheet and layout file have the labelled layout."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+from modules.modelSampler import compare_run
+from modules.modelSampler.LoraComparison import LoraComparison
+from modules.modelSampler.WanModelSampler import WanModelSampler
+from modules.modelSampler.compare_grid import HEADER_HEIGHT, LABEL_WIDTH
+from modules.modelSampler.lora_checkpoints import find_checkpoints, step_from_name
+from modules.modelSampler.sampling_io import apply_lora_files, load_model_for_sampling
+from modules.util.config.SampleConfig import SampleConfig
+from modules.util.enum.DataType import DataType
+from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.lora.formats import LoraModule, save_lora_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 5, "steps": 2, "seed": 3,
+            "guidance": 1.0},
+           {"prompt": "a blue square", "width": 32, "height": 32, "frames": 5, "steps": 2, "seed": 9,
+            "guidance": 1.0}]
+
+
+def random_lora(transformer, seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, module in transformer.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.startswith("blocks.") and ".attn1" in name:
+            weights[name] = LoraModule(down=torch.randn(4, module.in_features, generator=generator) * 0.3,
+                                       up=torch.randn(module.out_features, 4, generator=generator) * 0.3, alpha=2.0)
+    return weights
+
+
+def compare_script():
+    spec = importlib.util.spec_from_file_location("compare_script", ROOT / "scripts" / "compare.py")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return script
+
+
+def test_step_names_and_folders(tmp_path):
+    assert [step_from_name(n) for n in ("step-00000100.safetensors", "lora-500", "my_lora", "x_step250_high_noise")] \
+        == [100, 500, None, 250]
+    for name in ("step-00000200.safetensors", "step-00000050.safetensors", "final.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    assert [(c.label, c.step) for c in find_checkpoints([tmp_path])] == \
+        [("step-00000050", 50), ("step-00000200", 200), ("final", None)]
+    with pytest.raises(FileNotFoundError, match="no such LoRA"):
+        find_checkpoints([tmp_path / "missing.safetensors"])
+
+
+def test_grid_cells_equal_single_samples_and_the_base_loads_once(tiny_model, tmp_path, monkeypatch):
+    folder = tiny_model("wan2.1-t2v")
+    reference_model = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    first, second = tmp_path / "lora-step-100.safetensors", tmp_path / "lora-step-200.safetensors"
+    save_lora_file(random_lora(reference_model.transformer, 1), ModelFormat.COMFY_LORA, first)
+    save_lora_file(random_lora(reference_model.transformer, 2), ModelFormat.KOHYA_LORA, second)
+    samples_file = tmp_path / "samples.json"
+    samples_file.write_text(json.dumps(SAMPLES))
+
+    loads, cells = [], {}
+    original_load, original_cell = WanBaseModelLoader.load, LoraComparison.sample_cell
+
+    def counting_load(self, *args, **kwargs):
+        loads.append(1)
+        return original_load(self, *args, **kwargs)
+
+    def recording_cell(self, cell, sample, on_step=None):
+        result = original_cell(self, cell, sample, on_step)
+        name = None if cell.checkpoint is None else cell.checkpoint.label
+        cells[(name, cell.strength, sample.seed)] = result.frames
+        return result
+
+    monkeypatch.setattr(WanBaseModelLoader, "load", counting_load)
+    monkeypatch.setattr(LoraComparison, "sample_cell", recording_cell)
+    out = tmp_path / "out"
+    code = compare_script().main(["--base-model-name", str(folder), "--lora", str(first), str(second),
+                                  "--strengths", "0.5", "1.0", "--samples-file", str(samples_file),
+                                  "--output-dir", str(out), "--device", "cpu"])
+    assert code == 0
+    assert len(loads) == 1                        # the base model, once for 2 samples x (1 + 2 x 2) cells
+    assert len(cells) == 2 * 5
+
+    # each cell against sample.py's way: a fresh model, the file merged at the strength, the same sample
+    for name, path, strength in (("lora-step-100", first, 0.5), ("lora-step-200", second, 1.0), (None, None, 0)):
+        model = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+        if path is not None:
+            apply_lora_files(model, [(path, strength)])
+        sample = SampleConfig(**SAMPLES[1])
+        expected = WanModelSampler(model, device=torch.device("cpu")).sample(sample).frames
+        assert np.abs(cells[(name, strength, 9)] - expected).max() <= 1e-6
+    # the LoRA changes the output, and the strength matters
+    assert np.abs(cells[("lora-step-100", 0.5, 3)] - cells[(None, 0.0, 3)]).max() > 1e-3
+    assert np.abs(cells[("lora-step-100", 0.5, 3)] - cells[("lora-step-100", 1.0, 3)]).max() > 1e-3
+
+    # the layout: rows base + 2 checkpoints, columns the strengths, labels drawn, cells the samples' pixels
+    layout = json.loads((out / "000-a-red-square-moving-left-s3.json").read_text())
+    assert layout["rows"] == [["base model", "no LoRA"], ["lora-step-100", "step 100"], ["lora-step-200", "step 200"]]
+    assert layout["columns"] == ["strength 0.5", "strength 1"]
+    scale = layout["scale"]
+    assert scale == 4 and layout["cells"][1][1] == [HEADER_HEIGHT + 128, LABEL_WIDTH + 128, 128, 128]
+    sheet = np.asarray(Image.open(out / "000-a-red-square-moving-left-s3.png"))
+    assert sheet.shape == (HEADER_HEIGHT + 3 * 128, LABEL_WIDTH + 2 * 128, 3)
+    middle = layout["middle_frame"]
+    for row, (name, strength) in enumerate([(None, 0.0), ("lora-step-100", 0.5), ("lora-step-200", 0.5)]):
+        top, left, height, width = layout["cells"][row][0]
+        frame = (cells[(name, strength, 3)][middle] * 255).round().clip(0, 255).astype(np.uint8)
+        assert np.array_equal(sheet[top:top + height:scale, left:left + width:scale], frame)
+    top, left, height, width = layout["cells"][0][1]
+    assert np.all(sheet[top:top + height, left:left + width] == 32)  # the base model has one cell only
+    assert sheet[:HEADER_HEIGHT, LABEL_WIDTH:].max() > 200 and sheet[HEADER_HEIGHT:, :LABEL_WIDTH].max() > 200
+    import av
+    with av.open(str(out / "000-a-red-square-moving-left-s3.mp4")) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 5 and frames[0].shape == sheet.shape
+    assert (out / "001-a-blue-square-s9.mp4").is_file()
