@@ -127,3 +127,52 @@ def test_grid_cells_equal_single_samples_and_the_base_loads_once(tiny_model, tmp
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(frames) == 5 and frames[0].shape == sheet.shape
     assert (out / "001-a-blue-square-s9.mp4").is_file()
+
+
+def test_training_previews_at_other_strengths(tiny_model, tmp_path):
+    """sampling.compare_strengths: a preview per strength beside the plain one; strength s of the adapter being
+    trained is the saved LoRA merged at s, and the adapters' scaling is put back exactly."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig
+
+    from modules.modelSampler.TrainingSampler import TrainingSampler
+    from modules.util.config.TrainConfig import TrainConfig
+    from modules.util.lora.apply import lora_weights_from_peft, merge_lora
+    from modules.util.lora.strength import adapter_strength
+
+    folder = tiny_model("wan2.1-t2v")
+    model = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    model.transformer.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_v", "net.2"],
+                                             init_lora_weights=False), adapter_name="default")
+    scalings = {n: dict(m.scaling) for n, m in model.transformer.named_modules() if hasattr(m, "scaling")}
+    samples_file = tmp_path / "samples.json"
+    samples_file.write_text(json.dumps(SAMPLES[:1]))
+    config = TrainConfig(workspace_dir=str(tmp_path / "workspace"), train_dtype=DataType.FLOAT_32)
+    config.sampling.samples_file = str(samples_file)
+    config.sampling.compare_strengths = [0.5, 1.0]
+    trainer = SimpleNamespace(config=config, model=model, device=torch.device("cpu"),
+                              progress=SimpleNamespace(global_step=12, epoch=3), hooks=SimpleNamespace(writer=None))
+    outputs = TrainingSampler(trainer).sample_all()
+    folder_out = outputs[0].video.parent
+    assert sorted(p.name for p in folder_out.glob("*.mp4")) == ["12-3-x0.5.mp4", "12-3.mp4"]
+    assert {n: dict(m.scaling) for n, m in model.transformer.named_modules() if hasattr(m, "scaling")} == scalings
+
+    sample = SampleConfig(**SAMPLES[0])
+    with adapter_strength([model.transformer], 0.5):
+        half = WanModelSampler(model).sample(sample).frames
+    merged = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    merge_lora(merged.transformer, lora_weights_from_peft(model.transformer), 0.5)
+    expected = WanModelSampler(merged).sample(sample).frames
+    full = WanModelSampler(model).sample(sample).frames
+    assert np.abs(half - expected).max() < 1e-4 < np.abs(full - expected).max()
+
+
+def test_compare_strengths_is_checked(tmp_path):
+    from modules.util.config.config_io import ConfigError, load_config
+    with pytest.raises(ConfigError, match="sampling.compare_strengths"):
+        load_config(overrides=["sampling.compare_strengths=[0.5, 20]"])
+    from modules.util.config.validation import path_problems
+    fine_tune = load_config(overrides=["training_method=FINE_TUNE", "output.format=DIFFUSERS",
+                                       "sampling.compare_strengths=[0.5]"])
+    assert any(p.startswith("sampling.compare_strengths: a strength scales a LoRA") for p in path_problems(fine_tune))

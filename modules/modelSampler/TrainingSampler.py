@@ -184,6 +184,28 @@ class TrainingSampler:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def _other_strengths(self, sampler: WanModelSampler, sample, folder: Path, name: str, writer, tag: str,
+                         step: int) -> None:
+        """sampling.compare_strengths: the same sample with the LoRA being trained at each strength (the adapters'
+        scaling, put back after), written as <step>-<epoch>-x<strength>.mp4."""
+        from modules.util.lora.strength import adapter_strength
+        from modules.util.video_io import write_video
+
+        config = self.trainer.config
+        if config.training_method is not TrainingMethod.LORA:
+            return
+        parts = [getattr(self.trainer.model, expert) for expert in ("transformer", "transformer_2")
+                 if getattr(self.trainer.model, expert, None) is not None]
+        for strength in config.sampling.compare_strengths:
+            if strength == 1:
+                continue  # the preview itself
+            with adapter_strength(parts, strength):
+                result = sampler.sample(sample)
+            frames = result.frames_uint8()
+            write_video(folder / f"{name}-x{strength:g}.mp4", frames, result.fps)
+            if writer is not None:
+                add_gif_summary(writer, f"samples/{tag}/x{strength:g}", frames, result.fps, step)
+
     def _sample_one(self, sampler: WanModelSampler, item: TrainingSample, writer) -> PreviewOutput:
         from PIL import Image
 
@@ -205,6 +227,7 @@ class TrainingSampler:
             Image.fromarray(frame_strip(frames)).save(tmp, format="PNG")
         if writer is not None:
             add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
+        self._other_strengths(sampler, sample, folder, f"{step}-{epoch}", writer, item.folder_name, step)
         seconds = time.perf_counter() - started
         print(f"preview {item.folder_name} at step {step}: {video_path} ({seconds:.1f} s)", flush=True)
         return PreviewOutput(item.index, video_path, strip_path, seconds, result.notes)

@@ -1,7 +1,9 @@
+from typing import Annotated
+
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
-from modules.util.config.bounds import PathText
+from modules.util.config.bounds import MAX_LIST, MAX_LORA_STRENGTH, PathText
 from modules.util.config.SampleConfig import SamplerScheduler
 
 
@@ -15,6 +17,9 @@ class SamplingConfig(BaseConfig):
     steps: int = Field(20, ge=1, le=1000)
     guidance: float = Field(5.0, ge=0)
     scheduler: SamplerScheduler = "UNIPC"
+    compare_strengths: list[Annotated[float, Field(ge=-MAX_LORA_STRENGTH, le=MAX_LORA_STRENGTH)]] = Field(
+        [], max_length=MAX_LIST, description="LoRA: each preview is also made at these strengths of the LoRA being "
+        "trained (<step>-<epoch>-x<strength>.mp4 beside it; docs/compare.md)")
 
     @field_validator("scheduler", mode="before")
     @classmethod

@@ -72,6 +72,9 @@ def path_problems(config: TrainConfig) -> list[str]:
             and config.output.format.value == "DIFFUSERS_LORA":
         problems.append(f"output.format: DIFFUSERS_LORA has no key names for {config.lora.type} (lora.type); "
                         f"use COMFY_LORA or KOHYA_LORA")
+    if config.sampling.compare_strengths and config.training_method.value != "LORA":
+        problems.append(f"sampling.compare_strengths: a strength scales a LoRA; a {config.training_method.value} run "
+                        f"has none (leave it empty)")
     destination = Path(config.output.destination)
     if config.output.format.value != "DIFFUSERS" and destination.is_dir():
         problems.append(f"output.destination: {str(destination)!r} is an existing folder; {config.output.format.value} "
