@@ -176,3 +176,14 @@ def test_compare_strengths_is_checked(tmp_path):
     fine_tune = load_config(overrides=["training_method=FINE_TUNE", "output.format=DIFFUSERS",
                                        "sampling.compare_strengths=[0.5]"])
     assert any(p.startswith("sampling.compare_strengths: a strength scales a LoRA") for p in path_problems(fine_tune))
+
+
+def test_gui_compare_command_parses_with_the_scripts_parser():
+    from modules.ui import ToolsController as tools
+    command = tools.compare_command("base", ["a.safetensors", "saves"], tools.parse_strengths("0.5, 0.75 1"), "out",
+                                    samples_file="s.json")
+    args = compare_script().parse_args(command[1:])
+    assert command[0] == "compare" and args.lora == ["a.safetensors", "saves"]
+    assert args.strengths == [0.5, 0.75, 1.0] and args.samples_file == "s.json" and args.output_dir == "out"
+    with pytest.raises(ValueError, match="strengths"):
+        tools.parse_strengths("0.5 strong")

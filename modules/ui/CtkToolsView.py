@@ -1,5 +1,6 @@
-"""The tools tab: convert a model, convert or merge a LoRA, sample a model outside training (then play the result).
-Each form builds the command line of scripts/convert_model.py or scripts/sample.py and runs that script
+"""The tools tab: convert a model, convert or merge a LoRA, sample a model outside training, compare checkpoints x
+strengths (then play the result: the sample, or the comparison's first grid).
+Each form builds the command line of scripts/convert_model.py, scripts/sample.py or scripts/compare.py and runs that script
 (ToolsController), showing its output here and the command to repeat it in a terminal."""
 from __future__ import annotations
 
@@ -38,12 +39,16 @@ class CtkToolsView:
         row = self._form(forms, row, "merge LoRA files into a model", "merge", [
                          ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
                          ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.merge_lora)
-        self._form(forms, row, "sample a model", "sample", [
+        row = self._form(forms, row, "sample a model", "sample", [
                    ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
                    ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"), ("height", "480"),
                    ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
                    ("elements", "E2V: {\"name\": \"image path\"}"), ("e2v config", "E2V: the dataset config JSON"),
                    ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
+        self._form(forms, row, "compare checkpoints x strengths", "compare", [
+                   ("base model", "a diffusers folder"), ("loras", "LoRA files, save or backup folders, comma separated"),
+                   ("strengths", "0.5 0.75 1.0"), ("samples file", "a samples JSON or prompt file"),
+                   ("prompt", "or one prompt"), ("device", "auto"), ("output dir", "workspace/compare")], self.compare)
         self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
         self.output.grid(row=0, column=0, sticky="nw", pady=4)
         self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
@@ -64,7 +69,7 @@ class CtkToolsView:
             else:
                 widget = ctk.CTkEntry(master, textvariable=variable, width=300, placeholder_text=hint)
                 if hint and name in ("width", "height", "frames", "steps", "guidance", "seed", "device",
-                                     "output dir"):
+                                     "output dir", "strengths"):
                     variable.set(hint)
             widget.grid(row=row, column=1, sticky="w", padx=4, pady=1)
             row += 1
@@ -122,6 +127,17 @@ class CtkToolsView:
             seed=values.pop("seed") if self._get("sample.seed") else -1,
             negative_prompt=self._get("sample.negative prompt"), elements=elements,
             e2v_config=self._get("sample.e2v config"), device=self._get("sample.device") or "auto", **values))
+
+    def compare(self) -> None:
+        try:
+            strengths = tools.parse_strengths(self._get("compare.strengths"))
+        except ValueError as error:
+            self.app.show_dialog("Compare", str(error))
+            return
+        self._run(tools.compare_command(
+            self._get("compare.base model"), self._loras("compare.loras"), strengths,
+            self._get("compare.output dir") or "workspace/compare", samples_file=self._get("compare.samples file"),
+            prompt=self._get("compare.prompt"), device=self._get("compare.device") or "auto"))
 
     def poll(self) -> None:
         for kind, payload in self.controller.poll_events():

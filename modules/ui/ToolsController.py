@@ -1,5 +1,5 @@
-"""The tools tab: convert a model, convert or merge a LoRA, sample a model outside training. Each runs the script
-the command line runs (scripts/convert_model.py, scripts/sample.py) in a child process with the same arguments, so
+"""The tools tab: convert a model, convert or merge a LoRA, sample a model outside training, compare checkpoints x
+strengths. Each runs the script the command line runs (scripts/convert_model.py, scripts/sample.py, scripts/compare.py) in a child process with the same arguments, so
 the GUI and the CLI cannot drift apart, and a crash in a tool cannot take the window down. Imports no toolkit.
 
 `run()` streams the child's output lines to a queue (drained from the Tk loop) and ends with ("done", exit code,
@@ -65,6 +65,25 @@ def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list
     if e2v_config:
         command += ["--e2v-config", e2v_config]
     return command
+
+
+def compare_command(base_model: str, loras: list[str], strengths: list[float], output_dir: str, *,
+                    samples_file: str = "", prompt: str = "", device: str = "auto") -> list[str]:
+    """scripts/compare.py: every checkpoint (file, folder of saves, backup) x strength, a grid per sample."""
+    command = ["compare", "--base-model-name", base_model, "--lora", *loras]
+    if strengths:
+        command += ["--strengths", *(f"{s:g}" for s in strengths)]
+    command += ["--samples-file", samples_file] if samples_file else ["--prompt", prompt]
+    return command + ["--output-dir", output_dir, "--device", device]
+
+
+def parse_strengths(text: str) -> list[float]:
+    """'0.5, 0.75 1' -> [0.5, 0.75, 1.0]; raises ValueError naming a part that is not a number."""
+    parts = [part for part in text.replace(",", " ").split() if part]
+    try:
+        return [float(part) for part in parts]
+    except ValueError:
+        raise ValueError(f"strengths: {text!r} is not a list of numbers (e.g. 0.5 0.75 1.0)") from None
 
 
 class ToolsController:
