@@ -232,3 +232,19 @@ def test_conditioned_frames_can_be_left_out_of_the_loss():
     assert both.flatten().tolist() == [0, 1, 1, 1, 0]
     # text-to-video batches have no given frame: nothing is left out
     assert mask_loss_weights({}, skip, WanVariant.T2V, shape, torch.device("cpu")) is None
+
+
+def test_mask_video_of_another_length_skips_its_clip_and_validation_uses_masks(tmp_path, tiny_model):
+    dataset = masked_dataset(tmp_path / "data", count=8)
+    # a mask video for clip_0 with 5 frames where the clip has 9: that clip cannot train (skipped, counted)
+    (dataset / "clip_0_mask.png").unlink()
+    write_video(dataset / "clip_0_mask.mp4", np.full((5, SIZE, SIZE, 3), 255, dtype=np.uint8), 16)
+    trainer = trainer_for(tmp_path, tiny_model("wan2.1-t2v"), dataset, "data.validation_split=0.25")
+    assert [(Path(p).name, "5" in r and "9" in r) for p, r in trainer.data.scan_result.skipped] == [("clip_0.mp4", True)]
+    assert str(dataset / "clip_0.mp4") in trainer.data.failed
+    # every other training clip trains (batches hold no paths: the items are counted)
+    training = [r for r in trainer.data.scan_result.records if r["path"] != str(dataset / "clip_0.mp4")]
+    assert sum(len(b["prompt"]) for b in trainer.data.batches(0)) == len(training) > 0
+    validation = trainer.data.validation_pipeline(2)
+    batch = validation.get_item(0)
+    assert torch.all(batch["mask_weight"][..., :2] == 0) and torch.all(batch["mask_weight"][..., 2:] == 1)

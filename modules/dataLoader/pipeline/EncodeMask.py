@@ -39,7 +39,7 @@ class EncodeMask(PipelineModule):
         self.encode_calls = 0
 
     def needs(self) -> list[str]:
-        return ["mask", "media_info", "frame_indices", "resolution_bucket", "crop"]
+        return ["path", "mask", "media_info", "frame_indices", "resolution_bucket", "crop"]
 
     def produces(self) -> list[str]:
         return ["mask_weight"]
@@ -55,7 +55,12 @@ class EncodeMask(PipelineModule):
         key = cache_key("mask", file_identity(mask), indices, [height, width], crop, self.spatial, self.temporal)
         cached = self.cache.get(key, required=self.produces())
         if cached is None:
-            cached = {"mask_weight": self._encode(mask, ctx.get("media_info", index), indices, crop, height, width)}
+            try:
+                weights = self._encode(mask, ctx.get("media_info", index), indices, crop, height, width)
+            except UnreadableMediaError as error:
+                # the clip's item is what cannot train: named by the clip, so the loader leaves it out
+                raise UnreadableMediaError(ctx.get("path", index), f"its mask {error.path}: {error.reason}") from error
+            cached = {"mask_weight": weights}
             with self.lock:
                 self.encode_calls += 1
             self.cache.put(key, cached)
@@ -68,7 +73,7 @@ class EncodeMask(PipelineModule):
         elif info.frame_count == clip_info.frame_count:
             pixels = read_frames(mask, indices, info)
         else:
-            raise UnreadableMediaError(mask, f"a mask video needs the clip's {clip_info.frame_count} frames, it has "
+            raise UnreadableMediaError(mask, f"a mask video needs the clip's {clip_info.frame_count} frames; it has "
                                              f"{info.frame_count} (or use one image for every frame)")
         red = pixels[..., :1]  # (F, H, W, 1): only the red channel carries the weight
         if red.shape[1:3] != (clip_info.height, clip_info.width):
