@@ -1,9 +1,7 @@
 """Issue 22 item 4: the checkpoint x strength comparison (docs/compare.md). Every cell equals a sample made the way
 scripts/sample.py makes one (a fresh model, the LoRA file merged at that strength, the same sample and seed), the
 base model is loaded once for all cells, and the grid, contact sheet and layout file have the labelled layout."""
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,6 @@ import torch
 from PIL import Image
 
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-from modules.modelSampler import compare_run
 from modules.modelSampler.LoraComparison import LoraComparison
 from modules.modelSampler.WanModelSampler import WanModelSampler
 from modules.modelSampler.compare_grid import HEADER_HEIGHT, LABEL_WIDTH
@@ -22,6 +19,7 @@ from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.lora.formats import LoraModule, save_lora_file
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 5, "steps": 2, "seed": 3,
@@ -41,14 +39,7 @@ def random_lora(transformer, seed: int) -> dict:
 
 
 def compare_script():
-    spec = importlib.util.spec_from_file_location("compare_script", ROOT / "scripts" / "compare.py")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return script
+    return load_script("compare")
 
 
 def test_step_names_and_folders(tmp_path):

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
