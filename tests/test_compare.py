@@ -178,3 +178,33 @@ def test_gui_compare_command_parses_with_the_scripts_parser():
     assert args.strengths == [0.5, 0.75, 1.0] and args.samples_file == "s.json" and args.output_dir == "out"
     with pytest.raises(ValueError, match="strengths"):
         tools.parse_strengths("0.5 strong")
+
+
+def test_a_training_backup_compares_as_its_adapter(tiny_model, tmp_path):
+    """A backup folder (trainable.safetensors with the adapter's peft names, config.json, progress.json, as
+    GenericTrainer writes them) is a checkpoint labelled with its step; its cell at strength 1 is what the adapter
+    itself samples (peft scales by lora_alpha / r, taken from the backup's config)."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    folder = tiny_model("wan2.1-t2v")
+    trained = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    trained.transformer.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_v"],
+                                               init_lora_weights=False), adapter_name="default")
+    backup = tmp_path / "backup" / "my-run" / "step-40"
+    backup.mkdir(parents=True)
+    save_file({f"transformer.{n}": p.detach().clone() for n, p in trained.transformer.named_parameters()
+               if "lora_" in n}, str(backup / "trainable.safetensors"))
+    (backup / "config.json").write_text(json.dumps({"training_method": "LORA",
+                                                    "lora": {"type": "LORA", "rank": 4, "alpha": 8.0}}))
+    (backup / "progress.json").write_text(json.dumps({"global_step": 40, "epoch": 2}))
+    checkpoints = find_checkpoints([tmp_path / "backup" / "my-run"])
+    assert [(c.label, c.step) for c in checkpoints] == [("my-run/step-40", 40)]
+
+    base = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    comparison = LoraComparison(base, checkpoints, [1.0], torch.device("cpu"))
+    sample = SampleConfig(**SAMPLES[0])
+    cell = comparison.sample_cell(comparison.cells()[1], sample).frames
+    expected = WanModelSampler(trained).sample(sample).frames
+    assert np.abs(cell - expected).max() < 1e-4
+    assert np.abs(comparison.sample_cell(comparison.cells()[0], sample).frames - expected).max() > 1e-3
