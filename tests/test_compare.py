@@ -208,3 +208,6 @@ def test_a_training_backup_compares_as_its_adapter(tiny_model, tmp_path):
     expected = WanModelSampler(trained).sample(sample).frames
     assert np.abs(cell - expected).max() < 1e-4
     assert np.abs(comparison.sample_cell(comparison.cells()[0], sample).frames - expected).max() > 1e-3
+    (backup / "config.json").write_text(json.dumps({"training_method": "FINE_TUNE"}))
+    with pytest.raises(ValueError, match="a FINE_TUNE backup; only LoRA"):
+        find_checkpoints([backup])

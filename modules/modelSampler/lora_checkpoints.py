@@ -38,6 +38,12 @@ def _is_backup(folder: Path) -> bool:
 
 
 def _backup_checkpoint(folder: Path) -> Checkpoint:
+    """A backup of a LoRA run (refused before any model loads when it holds another method's weights)."""
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    method, kind = config.get("training_method", "LORA"), config.get("lora", {}).get("type", "LORA")
+    if method != "LORA" or kind != "LORA":
+        raise ValueError(f"{folder}: a {method} backup{f' ({kind})' if method == 'LORA' else ''}; only LoRA (and "
+                         f"DoRA) backups can be compared: compare its saved file instead")
     step = json.loads((folder / "progress.json").read_text()).get("global_step")
     run = folder.parent.name
     return Checkpoint(label=f"{run}/{folder.name}" if run and run != "backup" else folder.name, step=step,
@@ -79,11 +85,7 @@ def backup_lora_weights(folder: Path) -> dict[str, LoraWeights]:
     weight`) with the run's lora.alpha from the backup's config.json (peft scales by alpha / rank)."""
     from safetensors.torch import load_file
     tensors = load_file(str(folder / "trainable.safetensors"))
-    config = json.loads((folder / "config.json").read_text())
-    lora = config.get("lora", {})
-    if config.get("training_method", "LORA") != "LORA" or lora.get("type", "LORA") != "LORA":
-        raise ValueError(f"{folder}: a {config.get('training_method')} / {lora.get('type')} backup; only LoRA "
-                         f"backups can be compared (use its saved file)")
+    lora = json.loads((folder / "config.json").read_text()).get("lora", {})  # the kind: find_checkpoints
     by_expert: dict[str, dict] = {}
     for name, tensor in tensors.items():
         expert, _, rest = name.partition(".")
