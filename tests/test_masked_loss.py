@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -14,7 +15,7 @@ from modules.dataLoader.concept_scan import scan_concepts
 from modules.dataLoader.pipeline.EncodeMask import EncodeMask, pool_to_latent
 from modules.trainer.GenericTrainer import GenericTrainer
 from modules.util.config.DataConfig import ConceptConfig
-from modules.util.config.config_io import load_config
+from modules.util.config.config_io import ConfigError, load_config
 from modules.util.config.prepare import prepare_config
 from modules.util.demo_assets import square_clip
 from modules.util.video_io import write_video
@@ -178,6 +179,22 @@ def test_diffusion_pipe_mask_path_is_read(tmp_path, monkeypatch):
     musubi = load_config(overrides=["data.dataset_config=m.toml"])
     records = scan_concepts(musubi.data.concepts[-1:]).records
     assert [Path(r["mask"]).resolve() for r in records] == [(tmp_path / "everything.png").resolve()]
+    # blissful-tuner (a musubi-tuner fork): mask_directory, require_mask; its alpha_mask is refused by name
+    (tmp_path / "b").mkdir()
+    for stem in ("masked", "bare"):
+        write_video(tmp_path / "b" / f"{stem}.mp4", square_clip((220, 40, 40), "right", FRAMES, SIZE, offset=0), 16)
+        (tmp_path / "b" / f"{stem}.txt").write_text("x\n")
+    half_mask(tmp_path / "a" / "masks" / "masked.png")
+    (tmp_path / "f.toml").write_text('[general]\nresolution = 32\n[[datasets]]\nvideo_directory = "b"\n'
+                                     'mask_directory = "a/masks"\nrequire_mask = true\n')
+    fork = load_config(overrides=["data.dataset_config=f.toml"]).data.concepts[-1]
+    assert (fork.mask_path, fork.mask_required) == ("a/masks", True)
+    result = scan_concepts([fork])
+    assert [Path(r["path"]).name for r in result.records] == ["masked.mp4"]
+    assert [(Path(p).name, r.startswith("no mask")) for p, r in result.skipped] == [("bare.mp4", True)]
+    (tmp_path / "g.toml").write_text('[[datasets]]\nvideo_directory = "b"\nalpha_mask = true\n')
+    with pytest.raises(ConfigError, match="alpha_mask: not supported here: masks from the images' alpha"):
+        load_config(overrides=["data.dataset_config=g.toml"])
 
 
 def test_mask_cache_follows_the_mask_file_and_the_crop(tmp_path):

@@ -133,6 +133,9 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
                 result.skip(path, "file does not exist")
             elif caption is None and concept.caption_required:
                 result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
+            elif mask is None and concept.mask_required:
+                result.skip(path, "no mask (the concept's mask_required: a <name>_mask file beside it, or one in "
+                                  "mask_path)")
             elif mask is not None and (problem := _mask_problem(mask)):
                 result.skip(path, problem)
             else:

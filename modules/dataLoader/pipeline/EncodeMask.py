@@ -8,7 +8,7 @@ import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
-from modules.util.video_io import UnreadableMediaError, probe_media, read_frames, resize_and_crop
+from modules.util.video_io import UnreadableMediaError, probe_media, read_frames
 
 
 def pool_to_latent(mask: torch.Tensor, spatial: int, temporal: int) -> torch.Tensor:
@@ -75,14 +75,19 @@ class EncodeMask(PipelineModule):
         else:
             raise UnreadableMediaError(mask, f"a mask video needs the clip's {clip_info.frame_count} frames; it has "
                                              f"{info.frame_count} (or use one image for every frame)")
-        red = pixels[..., :1]  # (F, H, W, 1): only the red channel carries the weight
-        if red.shape[1:3] != (clip_info.height, clip_info.width):
-            # to the clip's own size first, so the clip's crop corner means the same place in the mask
-            red = np.stack([cv2.resize(frame, (clip_info.width, clip_info.height), interpolation=cv2.INTER_AREA)
-                            for frame in red])[..., None]
-        red = np.repeat(red, 3, axis=-1)  # resize_and_crop takes RGB frames
-        cropped = resize_and_crop(red, height, width, crop["top"], crop["left"], crop["flip"])[..., 0]
-        weights = torch.from_numpy(cropped).float().div_(255.0)
+        red = pixels[..., 0]  # (F, H, W): only the red channel carries the weight
+        # scaled straight to the size the clip was scaled to (whatever the mask's own size), then cut at the clip's
+        # crop corner: area averaging when shrinking, nearest when enlarging (no ringing around weight steps)
+        scaled_h, scaled_w = crop["scaled_size"]
+        if red.shape[1:] != (scaled_h, scaled_w):
+            shrinking = scaled_h * scaled_w < red.shape[1] * red.shape[2]
+            red = np.stack([cv2.resize(frame, (scaled_w, scaled_h),
+                                       interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_NEAREST)
+                            for frame in red])
+        cropped = red[:, crop["top"]:crop["top"] + height, crop["left"]:crop["left"] + width]
+        if crop["flip"]:
+            cropped = cropped[:, :, ::-1]
+        weights = torch.from_numpy(np.ascontiguousarray(cropped)).float().div_(255.0)
         if weights.shape[0] == 1 and len(indices) > 1:
             weights = weights.expand(len(indices), -1, -1)  # one mask image for every frame
         return pool_to_latent(weights.contiguous(), self.spatial, self.temporal)

@@ -37,6 +37,8 @@ class ConceptConfig(BaseConfig):
                                 "mask beside a clip as <name>_mask.<ext> is found without it (docs/masks.md)")
     default_mask: PathText = Field("", description="a mask for every file of this concept that has none of its own "
                                    "(diffusion-pipe's default_mask_file)")
+    mask_required: bool = Field(False, description="skip (with a warning, counted) the files of this concept that "
+                                "have no mask (blissful-tuner's require_mask)")
     validation: bool = Field(False, description="hold every item of this concept out of training for the "
                              "validation loss (docs/validation.md)")
     max_frames: int = Field(81, ge=1, le=MAX_FRAMES)

@@ -18,8 +18,11 @@ log = logging.getLogger(__name__)
 
 SHARED_KEYS = {"resolution", "caption_extension", "batch_size", "num_repeats", "enable_bucket", "bucket_no_upscale"}
 SOURCE_KEYS = ("video_directory", "video_jsonl_file", "image_directory", "image_jsonl_file")
+# mask_directory / require_mask: blissful-tuner's masked loss (a musubi-tuner fork; its docs' "Weighted Mask Loss
+# Training Guide"): masks named as the media in a folder, and items without one refused
 DATASET_KEYS = SHARED_KEYS | set(SOURCE_KEYS) | {"cache_directory", "target_frames", "frame_extraction",
-                                                 "frame_stride", "frame_sample", "max_frames", "source_fps"}
+                                                 "frame_stride", "frame_sample", "max_frames", "source_fps",
+                                                 "mask_directory", "require_mask"}
 REFUSED = {
     "control_directory": "control videos and images (ControlNet, FLUX Kontext, Qwen-Image-Edit) are not trained here",
     "multiple_target": "Qwen-Image-Layered targets are not trained here",
@@ -30,6 +33,7 @@ REFUSED = {
     "fp_1f_target_index": "a FramePack setting",
     "fp_1f_no_post": "a FramePack setting",
     "debug_dataset": "a musubi-tuner command-line option",
+    "alpha_mask": "masks from the images' alpha channel are not read; give the masks as files (mask_directory)",
 }
 # what each musubi-tuner frame_extraction is called here (its "uniform" is a different mode from ours)
 EXTRACTION = {"head": "head", "chunk": "chunk", "slide": "slide", "uniform": "spaced", "full": "full"}
@@ -105,6 +109,14 @@ def _concept(dataset: dict, general: dict, where: str, source_file: str,
             problems.append(f"{where}caption_extension: {extension!r} is not a file extension such as '.txt'")
         else:
             concept["caption_extension"] = extension
+    if "mask_directory" in dataset:
+        check_exists(dataset["mask_directory"], where + "mask_directory", problems)
+        concept["mask_path"] = dataset["mask_directory"]
+    if "require_mask" in dataset:
+        if not isinstance(dataset["require_mask"], bool):
+            problems.append(f"{where}require_mask: {dataset['require_mask']!r} is not true or false")
+        else:
+            concept["mask_required"] = dataset["require_mask"]
     if "cache_directory" in dataset:
         log.warning("%scache_directory is not used: this trainer keeps one cache (cache_dir), keyed by content and "
                     "settings; musubi-tuner's cache files are not read", where)
