@@ -258,6 +258,7 @@ def test_mask_video_of_another_length_skips_its_clip_and_validation_uses_masks(t
     trainer = trainer_for(tmp_path, tiny_model("wan2.1-t2v"), dataset, "data.validation_split=0.25")
     assert [(Path(p).name, "5" in r and "9" in r) for p, r in trainer.data.scan_result.skipped] == [("clip_0.mp4", True)]
     assert str(dataset / "clip_0.mp4") in trainer.data.failed
+    assert "loss masks: 7 of 7 files" in trainer.data.report()
     # every other training clip trains (batches hold no paths: the items are counted)
     training = [r for r in trainer.data.scan_result.records if r["path"] != str(dataset / "clip_0.mp4")]
     assert sum(len(b["prompt"]) for b in trainer.data.batches(0)) == len(training) > 0

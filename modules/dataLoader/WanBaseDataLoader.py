@@ -299,6 +299,10 @@ class WanBaseDataLoader:
             lines.append(f"  concept {concept}: {counts['clips']} clip items, {counts['images']} image items")
         for (frames, height, width), count in sorted(stats.buckets.items()):
             lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
+        if self.has_masks:
+            records = self._records() + self._records(validation=True)
+            masked = len({r["path"] for r in records if r.get("mask")})
+            lines.append(f"  loss masks: {masked} of {len({r['path'] for r in records})} files (docs/masks.md)")
         if self.validation_records:
             files = len({r["path"] for r in self._records(validation=True)})
             lines.append(f"  validation: {files} held-out files (never trained on)")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from modules.model.WanModel import WanModel
+from modules.model.e2v_lora import read_e2v_lora
 from modules.modelSampler.WanModelSampler import SampleError, SampleResult, WanModelSampler
 from modules.modelSampler.lora_checkpoints import Checkpoint, backup_lora_weights
 from modules.util.config.SampleConfig import SampleConfig
@@ -52,6 +53,9 @@ class LoraComparison:
             raw = {}
             for file in checkpoint.files:
                 for expert, path in _expert_files(self.model, file).items():
+                    if read_e2v_lora(path)[1]:
+                        raise SampleError(f"{path}: an Elements-to-Video LoRA (it expands the model): compare it "
+                                          f"with sample --lora, one strength at a time")
                     raw[expert] = load_lora_file(path)[0]
         matched = {}
         for expert, weights in raw.items():
