@@ -265,3 +265,18 @@ def test_mask_video_of_another_length_skips_its_clip_and_validation_uses_masks(t
     validation = trainer.data.validation_pipeline(2)
     batch = validation.get_item(0)
     assert torch.all(batch["mask_weight"][..., :2] == 0) and torch.all(batch["mask_weight"][..., 2:] == 1)
+
+
+def test_flf2v_given_frames_carry_no_gradient_with_the_mask(tmp_path, tiny_model):
+    """loss.skip_conditioned_frames on a real FLF2V batch (condition and CLIP tokens cached): the first and last
+    latent frames get exactly zero gradient, and the mask's black half still does in the frame between."""
+    dataset = masked_dataset(tmp_path / "data")
+    trainer = trainer_for(tmp_path, tiny_model("wan2.1-flf2v"), dataset, "loss.skip_conditioned_frames=true")
+    batch = next(trainer.data.batches(0))
+    assert "condition" in batch
+    prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(0))
+    predicted = prediction.predicted.detach().requires_grad_()
+    trainer.setup.calculate_loss(batch, dataclasses.replace(prediction, predicted=predicted)).backward()
+    grad = predicted.grad  # (B, C, 3, 4, 4)
+    assert torch.all(grad[:, :, 0] == 0) and torch.all(grad[:, :, 2] == 0) and torch.all(grad[..., :2] == 0)
+    assert torch.all(grad[:, :, 1, :, 2:].abs().sum((0, 1)) > 0)
