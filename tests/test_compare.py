@@ -211,3 +211,28 @@ def test_a_training_backup_compares_as_its_adapter(tiny_model, tmp_path):
     (backup / "config.json").write_text(json.dumps({"training_method": "FINE_TUNE"}))
     with pytest.raises(ValueError, match="a FINE_TUNE backup; only LoRA"):
         find_checkpoints([backup])
+
+
+def test_an_a14b_pair_in_a_folder_is_one_checkpoint(tiny_model, tmp_path):
+    from modules.util.lora.formats import expert_lora_paths
+    folder = tiny_model("wan2.2-t2v-a14b")
+    model = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    saves = tmp_path / "save"
+    saves.mkdir()
+    high, low = expert_lora_paths(saves / "step-00000300.safetensors")
+    save_lora_file(random_lora(model.transformer, 1), ModelFormat.COMFY_LORA, high)
+    save_lora_file(random_lora(model.transformer_2, 2), ModelFormat.COMFY_LORA, low)
+    checkpoints = find_checkpoints([saves])
+    assert [(c.label, c.step, c.files) for c in checkpoints] == [("step-00000300", 300,
+                                                                   [saves / "step-00000300.safetensors"])]
+    comparison = LoraComparison(model, checkpoints, [0.7], torch.device("cpu"))
+    sample = SampleConfig(**SAMPLES[0])
+    cell = comparison.sample_cell(comparison.cells()[1], sample).frames
+    reference = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    assert len(apply_lora_files(reference, [(saves / "step-00000300.safetensors", 0.7)])) == 2  # both experts
+    expected = WanModelSampler(reference, device=torch.device("cpu")).sample(sample).frames
+    assert np.abs(cell - expected).max() <= 1e-6
+    # the base weights are back after the cell: the base cell equals a plain model's sample
+    plain = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
+    assert np.array_equal(comparison.sample_cell(comparison.cells()[0], sample).frames,
+                          WanModelSampler(plain, device=torch.device("cpu")).sample(sample).frames)
