@@ -236,3 +236,15 @@ def test_an_a14b_pair_in_a_folder_is_one_checkpoint(tiny_model, tmp_path):
     plain = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
     assert np.array_equal(comparison.sample_cell(comparison.cells()[0], sample).frames,
                           WanModelSampler(plain, device=torch.device("cpu")).sample(sample).frames)
+
+
+def test_the_sampling_tab_lists_previews_at_other_strengths_apart(tmp_path):
+    from modules.ui.SamplingController import SamplingController
+    from modules.ui.UIState import UIState
+    folder = tmp_path / "samples" / "run" / "0-a-red-square"
+    folder.mkdir(parents=True)
+    for name in ("10-0.mp4", "20-1.mp4", "10-0-x0.5.mp4", "20-1-x0.5.mp4", "20-1-x-1.mp4", "10-0.png"):
+        (folder / name).write_bytes(b"")
+    series = SamplingController(UIState({"workspace_dir": str(tmp_path)})).previews()
+    assert [(s.name, [v.step for v in s.videos]) for s in series] == [
+        ("0-a-red-square", [10, 20]), ("0-a-red-square (LoRA x-1)", [20]), ("0-a-red-square (LoRA x0.5)", [10, 20])]

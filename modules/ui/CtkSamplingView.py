@@ -159,16 +159,16 @@ class CtkSamplingView:
             return
         self._preview_files = files
         self.series = series
-        names = [s.folder.name for s in series] or ["(no previews yet)"]
+        names = [s.name for s in series] or ["(no previews yet)"]
         self.series_menu.configure(values=names)
-        keep = self.current.folder.name if self.current else None
-        chosen = next((s for s in series if s.folder.name == keep), series[0] if series else None)
+        keep = self.current.name if self.current else None
+        chosen = next((s for s in series if s.name == keep), series[0] if series else None)
         if chosen is not None:
-            self.series_menu.set(chosen.folder.name)
+            self.series_menu.set(chosen.name)
             self._show_series(chosen, newest=True)
 
     def _choose_series(self, name: str) -> None:
-        chosen = next((s for s in self.series if s.folder.name == name), None)
+        chosen = next((s for s in self.series if s.name == name), None)
         if chosen is not None:
             self._show_series(chosen, newest=True)
 

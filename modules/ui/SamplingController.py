@@ -17,7 +17,8 @@ from modules.util.config.SampleConfig import SampleConfig
 from modules.util.sample_definitions import (SampleDefinitionError, is_samples_json, load_sample_definitions,
                                              save_samples_json)
 
-PREVIEW_NAME = re.compile(r"^(\d+)-(\d+)\.mp4$")
+# <step>-<epoch>.mp4, and <step>-<epoch>-x<strength>.mp4 for sampling.compare_strengths
+PREVIEW_NAME = re.compile(r"^(\d+)-(\d+)(?:-x(-?\d+(?:\.\d+)?))?\.mp4$")
 # the columns of the sample list editor; the rest of SampleConfig's fields keep their values
 EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "frames", "seed", "steps", "guidance",
                  "image", "elements")
@@ -35,6 +36,11 @@ class PreviewSeries:
     folder: Path                        # <index>-<slug>
     index: int
     videos: list[PreviewVideo] = field(default_factory=list)   # by step
+    strength: str = ""                  # sampling.compare_strengths: the LoRA strength of these previews
+
+    @property
+    def name(self) -> str:
+        return self.folder.name + (f" (LoRA x{self.strength})" if self.strength else "")
 
     @property
     def newest(self) -> PreviewVideo:
@@ -155,7 +161,8 @@ class SamplingController:
         return max(runs, key=lambda d: d.stat().st_mtime) if runs else root
 
     def previews(self) -> list[PreviewSeries]:
-        """Every prompt folder with its preview videos sorted by training step."""
+        """Every prompt folder with its preview videos sorted by training step; previews at other LoRA strengths
+        (sampling.compare_strengths) are series of their own after the folder's."""
         root = self.samples_dir()
         if not root.is_dir():
             return []
@@ -164,13 +171,14 @@ class SamplingController:
             head = folder.name.split("-", 1)[0]
             if not head.isdigit():
                 continue
-            videos = []
+            by_strength: dict[str, list[PreviewVideo]] = {}
             for video in folder.glob("*.mp4"):
                 match = PREVIEW_NAME.match(video.name)
                 if match:
-                    videos.append(PreviewVideo(video, int(match[1]), int(match[2])))
-            if videos:
-                series.append(PreviewSeries(folder, int(head), sorted(videos, key=lambda v: (v.step, v.epoch))))
+                    by_strength.setdefault(match[3] or "", []).append(PreviewVideo(video, int(match[1]), int(match[2])))
+            for strength in sorted(by_strength, key=lambda s: (s != "", float(s) if s else 0.0)):
+                videos = sorted(by_strength[strength], key=lambda v: (v.step, v.epoch))
+                series.append(PreviewSeries(folder, int(head), videos, strength))
         return series
 
     def references(self, series: PreviewSeries) -> dict[str, str]:
