@@ -280,3 +280,17 @@ def test_flf2v_given_frames_carry_no_gradient_with_the_mask(tmp_path, tiny_model
     grad = predicted.grad  # (B, C, 3, 4, 4)
     assert torch.all(grad[:, :, 0] == 0) and torch.all(grad[:, :, 2] == 0) and torch.all(grad[..., :2] == 0)
     assert torch.all(grad[:, :, 1, :, 2:].abs().sum((0, 1)) > 0)
+
+
+def test_mask_gamma_and_min_weight_shape_grey_weights():
+    from modules.modelSetup.loss_masks import mask_loss_weights
+    from modules.util.config.LossConfig import LossConfig
+    from modules.util.enum.WanVariant import WanVariant
+    grey = {"mask_weight": torch.tensor([0.0, 0.5, 1.0]).view(1, 1, 1, 1, 3)}
+
+    def weights(**settings):
+        return mask_loss_weights(grey, LossConfig(**settings), WanVariant.T2V, (1, 16, 1, 1, 3),
+                                 torch.device("cpu")).flatten().tolist()
+    assert weights() == [0.0, 0.5, 1.0]
+    assert weights(mask_gamma=2.0) == [0.0, 0.25, 1.0]
+    assert weights(mask_gamma=2.0, mask_min_weight=0.2) == pytest.approx([0.2, 0.4, 1.0])

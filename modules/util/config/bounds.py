@@ -64,3 +64,5 @@ WritePath = Annotated[str, AfterValidator(check_usable_path), AfterValidator(_no
 # A LoRA strength in comparisons and previews (sampling.compare_strengths, scripts/compare.py): beyond it the output
 # is noise, and a larger number is a typo.
 MAX_LORA_STRENGTH = 10.0
+# loss.mask_gamma: grey mask weights raised to this power (beyond it every grey is black or white in float32).
+MAX_MASK_GAMMA = 100.0
