@@ -7,6 +7,7 @@ unpickler (`torch.load(weights_only=True)`): it builds tensors and plain contain
 planted pickle cannot run code. Anything that is not a (possibly nested) dict of tensors is refused naming the file.
 """
 import json
+import os
 import pickle
 import re
 import struct
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 
 class ModelFileError(Exception):
@@ -56,6 +56,7 @@ _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "module")
 class SafetensorsHeader:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
+    offsets: dict[str, tuple[int, int]]  # absolute byte range of each tensor in the file
 
 
 def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
@@ -85,6 +86,7 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     metadata = header.pop("__metadata__", None) or {}
     data_size = size - 8 - header_size
     tensors: dict[str, TensorInfo] = {}
+    offsets: dict[str, tuple[int, int]] = {}
     for key, entry in header.items():
         try:
             dtype, shape, (begin, end) = entry["dtype"], tuple(int(s) for s in entry["shape"]), entry["data_offsets"]
@@ -94,7 +96,8 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
             raise ModelFileError(f"{path}: truncated: tensor {key!r} ends at byte {end} of the data but the file "
                                  f"holds only {data_size} bytes of data (download it again)")
         tensors[key] = TensorInfo(shape, _SAFETENSORS_DTYPES.get(dtype, dtype.lower()))
-    return SafetensorsHeader(tensors, {str(k): str(v) for k, v in metadata.items()})
+        offsets[key] = (8 + header_size + begin, 8 + header_size + end)
+    return SafetensorsHeader(tensors, {str(k): str(v) for k, v in metadata.items()}, offsets)
 
 
 def _torch_load(path: Path) -> Mapping[str, torch.Tensor]:
@@ -236,9 +239,47 @@ def _read_one(path: Path) -> dict[str, TensorInfo]:
     raise ModelFileError(f"{path}: not a weight file that is read (.safetensors, or .pth/.pt/.ckpt model parts)")
 
 
+class _SafetensorsReader:
+    """Reads one tensor's bytes straight into a new tensor (os.pread): no memory map, so the process holds only the
+    tensors it keeps; a mapped file's touched pages would count as a second copy until it is closed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = -1
+        self.header = read_safetensors_header(path)  # the truncation check, before any weights are read
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def keys(self):
+        return self.header.tensors.keys()
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        info = self.header.tensors[key]
+        begin, end = self.header.offsets[key]
+        dtype = getattr(torch, info.dtype)
+        buffer = torch.empty(end - begin, dtype=torch.uint8)
+        view = memoryview(buffer.numpy())
+        done = 0
+        while done < end - begin:
+            count = os.preadv(self._fd, [view[done:]], begin + done)
+            if count <= 0:
+                raise ModelFileError(f"{self.path}: truncated while reading tensor {key!r}")
+            done += count
+        if end == begin:
+            return torch.empty(info.shape, dtype=dtype)
+        return buffer.view(dtype).reshape(info.shape)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        self.close()
+
+
 class LazyTensors(Mapping):
-    """key -> tensor over one or more files, each tensor read from the memory map when asked for (one at a time:
-    the caller casts / assigns it and drops it before the next)."""
+    """key -> tensor over one or more files, each tensor read when asked for (one at a time: the caller casts /
+    assigns it and drops it before the next). `.pth` files are memory-mapped by torch.load."""
 
     def __init__(self, paths: str | Path | Iterable[str | Path]):
         self.files = _expand(paths)
@@ -246,8 +287,7 @@ class LazyTensors(Mapping):
         self._handles: list = []
         for index, file in enumerate(self.files):
             if file.name.lower().endswith(SAFETENSORS_SUFFIX):
-                read_safetensors_header(file)  # the truncation check, before any weights are read
-                handle = safe_open(str(file), framework="pt")
+                handle = _SafetensorsReader(file)
                 keys = list(handle.keys())
             else:
                 handle = _read_one_pth(file)
@@ -272,6 +312,9 @@ class LazyTensors(Mapping):
         return self.files[self._owner[key]]
 
     def close(self) -> None:
+        for handle in self._handles:
+            if isinstance(handle, _SafetensorsReader):
+                handle.close()
         self._handles.clear()
         self._owner.clear()
 
