@@ -63,8 +63,37 @@ def _refuse_pickles(folder: Path, what: str) -> None:
         raise ModelLoadError(str(error)) from None
 
 
+def uses_parts_loader(config: ModelConfig) -> bool:
+    """True unless the whole model is a diffusers folder (or hub id) with diffusers-folder overrides only: then the
+    parts are found by content (modules/modelLoader/wan/parts/)."""
+    base = Path(config.base_model_name) if config.base_model_name else None
+    if base is None or not base.is_dir():
+        return False
+    if not (base / "model_index.json").is_file() or config.tokenizer.path:
+        return True
+    for name in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+        path = Path(getattr(config, name).path) if getattr(config, name).path else None
+        if path is not None and (path.is_file() or path.is_dir() and not (path / "config.json").is_file()
+                                 and not (path / "model_index.json").is_file()):
+            return True
+    return False
+
+
+def load_quantized_transformer(folder: Path, weight_dtype: DataType) -> WanTransformer3DModel:
+    part = PartConfig(path=str(folder), weight_dtype=weight_dtype)
+    return WanBaseModelLoader._load_quantized_transformer(part, "", "transformer", {})
+
+
 class WanBaseModelLoader:
     def load(self, config: ModelConfig) -> WanModel:
+        if uses_parts_loader(config):
+            from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
+            from modules.modelLoader.wan.parts.model_plan import plan_model
+            from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+            try:
+                return WanPartsLoader().load(config, plan_model(config))
+            except ModelFileError as error:
+                raise ModelLoadError(str(error)) from None
         base, local_only = self._resolve_base(config)
         model_index = self._read_json(base, "model_index.json", local_only)
         check_wan_pipeline(model_index, str(base))

@@ -1,0 +1,143 @@
+"""Transformer and VAE files in the layouts users hold them (official Wan release, ComfyUI single files, fp8 and
+fp8_scaled) load into models that compute what the diffusers-folder model computes."""
+import json
+import shutil
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+from safetensors.torch import load_file, save_file
+
+from modules.modelLoader.wan.parts.recognise import find_parts
+from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+from modules.modelLoader.wan.parts.transformer_files import load_transformer
+from modules.modelLoader.wan.parts.vae_files import load_vae, vae_config_for
+from modules.modelLoader.wan.parts.wan_configs import transformer_config_from_shapes
+from modules.util.enum.DataType import DataType
+from tests.wan_file_layouts import (COMFY_PREFIX, dequantised, official_transformer_config, to_fp8_scaled,
+                                    transformer_to_original, vae21_to_original, vae22_to_original)
+
+
+def _config(model) -> dict:
+    return {"_class_name": type(model).__name__, **{k: v for k, v in model.config.items() if not k.startswith("_")}}
+
+
+def _transformer_state(folder):
+    return load_file(str(folder / "transformer" / "diffusion_pytorch_model.safetensors"))
+
+
+def _inputs(config, frames=2, image_tokens=0, images=1):
+    generator = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(1, config["in_channels"], frames, 4, 4, generator=generator),
+                  timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 7, config["text_dim"], generator=generator))
+    if image_tokens:
+        inputs["encoder_hidden_states_image"] = torch.randn(images, image_tokens, config["image_dim"],
+                                                               generator=generator)
+    return inputs
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0].float()
+
+
+def _load_found(path, weight_dtype=DataType.FLOAT_32):
+    [found] = find_parts(path)
+    assert found.part == "transformer"
+    given = found.config if found.config and found.config.get("_class_name") == "WanTransformer3DModel" else None
+    if found.config and found.config.get("_class_name") == "WanModel":
+        given = {"num_attention_heads": found.config["num_heads"],
+                 "attention_head_dim": found.config["dim"] // found.config["num_heads"]}
+    config = transformer_config_from_shapes(found.detail.shapes, str(path), given)
+    return found, load_transformer(found.files, found.detail, config, weight_dtype, str(path))
+
+
+@pytest.mark.parametrize("variant,layout", [("wan2.1-t2v", "wan_sharded"), ("wan2.1-t2v", "comfyui"),
+                                            ("wan2.1-flf2v", "comfyui_bare_prefix"), ("wan2.2-ti2v-5b", "wan"),
+                                            ("wan2.1-i2v", "diffusers_file")])
+def test_transformer_layouts_compute_what_the_diffusers_folder_computes(tiny_model, tmp_path, variant, layout):
+    folder = tiny_model(variant)
+    reference = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer").eval()
+    state = _transformer_state(folder)
+    out = tmp_path / "files"
+    out.mkdir()
+    if layout == "wan_sharded":
+        # the official release: original names in shards + index, and the Wan repository's own config.json
+        original = transformer_to_original(state)
+        names = sorted(original)
+        halves = [names[: len(names) // 2], names[len(names) // 2:]]
+        weight_map = {}
+        for index, half in enumerate(halves, start=1):
+            shard = f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"
+            save_file({k: original[k] for k in half}, str(out / shard))
+            weight_map.update({k: shard for k in half})
+        (out / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        (out / "config.json").write_text(json.dumps(official_transformer_config(_config(reference))))
+        path = out / "diffusion_pytorch_model.safetensors.index.json"
+    else:
+        prefix = {"comfyui": COMFY_PREFIX, "comfyui_bare_prefix": "diffusion_model.", "wan": ""}.get(layout)
+        tensors = state if layout == "diffusers_file" else transformer_to_original(state, prefix=prefix)
+        path = out / "model.safetensors"
+        save_file(tensors, str(path))
+        (out / "config.json").write_text(json.dumps(_config(reference)))
+        if layout == "comfyui" and variant == "wan2.1-t2v":
+            # diffusers' own single-file converter reads the same names to the same diffusers names
+            converted = convert_wan_transformer_to_diffusers({k: k for k in tensors})
+            assert sorted(converted) == sorted(state)
+    found, model = _load_found(path)
+    expected_layout = {"wan_sharded": "wan", "comfyui_bare_prefix": "comfyui", "diffusers_file": "diffusers"}
+    assert (found.layout, found.dtype) == (expected_layout.get(layout, layout), "fp32")
+    # FLF2V: two CLIP images of 17 tokens each, joined by the model into one sequence with a position embedding
+    images = 2 if reference.config.pos_embed_seq_len else 1
+    image_tokens = 17 if reference.config.image_dim else 0
+    inputs = _inputs(dict(reference.config), image_tokens=image_tokens, images=images)
+    torch.testing.assert_close(_forward(model, inputs), _forward(reference, inputs), atol=1e-6, rtol=0)
+
+
+def test_fp8_scaled_transformer_stays_fp8_and_matches_its_dequantised_weights(tiny_model, tmp_path):
+    folder = tiny_model("wan2.1-t2v")
+    reference = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer").eval()
+    scaled = to_fp8_scaled(transformer_to_original(_transformer_state(folder), prefix=COMFY_PREFIX))
+    path = tmp_path / "wan2.1_t2v_tiny_fp8_scaled.safetensors"
+    save_file(scaled, str(path))
+    (tmp_path / "config.json").write_text(json.dumps(_config(reference)))
+    found, model = _load_found(path)
+    assert (found.layout, found.dtype) == ("comfyui", "fp8_scaled")
+    q = model.blocks[0].attn1.to_q
+    assert q.weight.dtype == torch.float8_e4m3fn and q.scale_weight.dtype == torch.float32
+    # the reference: the same fp8 numbers, dequantised once to float32, computed in bfloat16 as the model does
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    dequant = original_to_diffusers_state_dict(dequantised(scaled))
+    reference.load_state_dict(dequant)
+    inputs = _inputs(dict(reference.config))
+    expected = _forward(reference.to(torch.bfloat16), {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                                                        for k, v in inputs.items()})
+    got = _forward(model, {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs.items()})
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("variant,suffix", [("wan2.1-t2v", ".pth"), ("wan2.2-ti2v-5b", ".pth"),
+                                            ("wan2.1-t2v", ".safetensors")])
+def test_vae_layouts_encode_and_decode_as_the_diffusers_folder(tiny_model, tmp_path, variant, suffix):
+    folder = tiny_model(variant)
+    reference = AutoencoderKLWan.from_pretrained(folder, subfolder="vae").eval()
+    state = load_file(str(folder / "vae" / "diffusion_pytorch_model.safetensors"))
+    original = (vae22_to_original if reference.config.z_dim == 48 else vae21_to_original)(state)
+    path = tmp_path / (("Wan2.2_VAE" if reference.config.z_dim == 48 else "Wan2.1_VAE") + suffix)
+    if suffix == ".pth":
+        torch.save(original, path)
+    else:
+        save_file(original, str(path))
+    [found] = find_parts(path)
+    assert (found.part, found.layout) == ("vae", "wan2.2" if reference.config.z_dim == 48 else "wan2.1")
+    config = vae_config_for(found.detail, None)
+    # the latent statistics of a tiny VAE are calibrated, in no tensor: the released ones are used
+    config.update(latents_mean=reference.config.latents_mean, latents_std=reference.config.latents_std)
+    vae = load_vae(found.files, found.detail, config, torch.float32, str(path))
+    video = torch.rand(1, 3, 5, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        latents, expected_latents = vae.encode(video).latent_dist.mean, reference.encode(video).latent_dist.mean
+        torch.testing.assert_close(latents, expected_latents, atol=1e-6, rtol=0)
+        torch.testing.assert_close(vae.decode(latents).sample, reference.decode(latents).sample, atol=1e-6, rtol=0)
