@@ -103,7 +103,7 @@ def test_fp8_scaled_transformer_stays_fp8_and_matches_its_dequantised_weights(ti
     path = tmp_path / "wan2.1_t2v_tiny_fp8_scaled.safetensors"
     save_file(scaled, str(path))
     (tmp_path / "config.json").write_text(json.dumps(_config(reference)))
-    found, model = _load_found(path)
+    found, model = _load_found(path, DataType.FLOAT_8)   # the presets' weight dtype: bfloat16 compute
     assert (found.layout, found.dtype) == ("comfyui", "fp8_scaled")
     q = model.blocks[0].attn1.to_q
     assert q.weight.dtype == torch.float8_e4m3fn and q.scale_weight.dtype == torch.float32

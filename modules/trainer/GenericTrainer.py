@@ -54,9 +54,10 @@ def prepare_config(config: TrainConfig) -> list:
     base = Path(config.model.base_model_name)
     spatial_unit = 16
     if base.is_dir():
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant, plan_problems
+        from modules.util.wan_detection import NotAWanModelError
         try:
-            variant = detect_variant_from_folder(base)
+            variant = detect_model_variant(config.model)
             spatial_unit = variant.spatial_unit
             if variant.model_type is not config.model_type:
                 problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
@@ -64,6 +65,8 @@ def prepare_config(config: TrainConfig) -> list:
         except NotAWanModelError as error:
             problems.append(f"model.base_model_name: {error}")
             variant = None
+        if variant is not None:
+            problems += plan_problems(config.model, config.training_method.value == "FINE_TUNE")
         if variant is not None:
             try:
                 check_model_variant(config, variant, str(base))
@@ -173,14 +176,15 @@ class GenericTrainer:
 
         from modules.dataLoader.WanBaseDataLoader import DataError
         from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant
+        from modules.util.wan_detection import NotAWanModelError
 
         config = self.config
         base = Path(config.model.base_model_name)
         # the data is scanned before any model loads: no usable item is an error that costs nothing
         e2v_datasets = self.e2v_datasets
         try:
-            self.data = WanBaseDataLoader(config, detect_variant_from_folder(base) if base.is_dir() else None,
+            self.data = WanBaseDataLoader(config, detect_model_variant(config.model) if base.is_dir() else None,
                                           e2v_datasets)
             self.data.scan()
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)

@@ -37,7 +37,8 @@ class WanPartsLoader:
     def load(self, config: ModelConfig, plan: ModelPlan) -> WanModel:
         for message in plan.messages:
             logger.info(message)
-        model = WanModel(variant=plan.variant, source=model_source(plan, config.base_model_name))
+        model = WanModel(variant=plan.variant, source=model_source(plan, config.base_model_name),
+                         part_messages=list(plan.messages))
         for name in ("transformer", "transformer_2"):
             if name in plan.parts:
                 setattr(model, name, self._transformer(plan, name, getattr(config, name)))

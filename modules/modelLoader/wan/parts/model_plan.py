@@ -190,6 +190,9 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
 
 def plan_problems(config: ModelConfig, full_fine_tune: bool) -> list[str]:
     """Config-check problems (no weights read): the plan's errors, and fp8 base weights for a full fine-tune."""
+    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
+    if not uses_parts_loader(config):
+        return []
     try:
         plan = plan_model(config)
     except ModelFileError as error:
@@ -203,3 +206,16 @@ def plan_problems(config: ModelConfig, full_fine_tune: bool) -> list[str]:
                                 f"fine-tune needs full-precision weights (bf16/fp16/fp32): train a LoRA on it, or "
                                 f"use the bf16/fp16 release")
     return problems
+
+
+def detect_model_variant(config: ModelConfig) -> WanVariant:
+    """The variant of the model a config names, from configs and tensor headers (no weights read). Raises
+    NotAWanModelError, as `detect_variant_from_folder` does for diffusers folders."""
+    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
+    from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+    if not uses_parts_loader(config):
+        return detect_variant_from_folder(config.base_model_name)
+    try:
+        return plan_model(config).variant
+    except ModelFileError as error:
+        raise NotAWanModelError(str(error)) from None

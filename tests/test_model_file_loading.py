@@ -1,0 +1,137 @@
+"""Whole models from the files users hold: per-part overrides in other layouts on a diffusers base, training a LoRA
+on a ComfyUI fp8_scaled transformer, and the wrong-file errors that come before any weight loads."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from learning import train
+from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseModelLoader
+from modules.modelLoader.wan.parts.fp8_scaled import ScaledFp8Linear
+from modules.modelLoader.wan.parts.model_plan import plan_model
+from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+from modules.trainer.GenericTrainer import prepare_config
+from modules.util.config.ModelConfig import ModelConfig, PartConfig
+from modules.util.config.config_io import ConfigError, load_config
+from tests.wan_file_layouts import (COMFY_PREFIX, to_fp8_scaled, transformer_to_original, vae21_to_original,
+                                    vae22_to_original)
+
+
+def _state(folder, part):
+    return load_file(str(folder / part / "diffusion_pytorch_model.safetensors"))
+
+
+def _comfy_transformer(folder, path, fp8_scaled=False):
+    original = transformer_to_original(_state(folder, "transformer"), prefix=COMFY_PREFIX)
+    save_file(to_fp8_scaled(original) if fp8_scaled else original, str(path))
+    return path
+
+
+def _official_vae(folder, path):
+    state = _state(folder, "vae")
+    torch.save(vae22_to_original(state) if state["post_quant_conv.weight"].shape[0] == 48 else vae21_to_original(state),
+               path)
+    return path
+
+
+def test_lora_trains_on_a_comfyui_fp8_scaled_transformer_with_the_official_vae(tiny_model, squares_dataset,
+                                                                                tmp_path):
+    """Today's traceback: KeyError "Wan original key 'scaled_fp8' has no counterpart in the key table"."""
+    base = tiny_model("wan2.1-t2v")
+    transformer = _comfy_transformer(base, tmp_path / "wan2.1_t2v_tiny_fp8_scaled.safetensors", fp8_scaled=True)
+    vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
+    trainer = train(tmp_path, base, squares_dataset, steps=2,
+                    overrides=[f"model.transformer.path={transformer}", f"model.vae.path={vae}",
+                               "optimizer.learning_rate=0.01"])
+    model = trainer.model
+    assert any("fp8_scaled" in line and "wan2.1_t2v_tiny_fp8_scaled" in line for line in model.part_messages)
+    assert any("wan2.1" in line and "Wan2.1_VAE.pth" in line for line in model.part_messages)
+    q = model.transformer.get_submodule("blocks.0.attn1.to_q")
+    base_layer = q.base_layer if hasattr(q, "base_layer") else q
+    assert isinstance(base_layer, ScaledFp8Linear) and base_layer.weight.dtype == torch.float8_e4m3fn
+    stored = load_file(str(transformer))
+    assert torch.equal(base_layer.weight.view(torch.uint8),
+                       stored[COMFY_PREFIX + "blocks.0.self_attn.q.weight"].view(torch.uint8))   # frozen
+    lora_b = [p for n, p in model.transformer.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.abs().sum() > 0 for p in lora_b)
+    assert (tmp_path / "out.safetensors").is_file()
+
+
+def test_full_fine_tune_of_fp8_weights_is_refused_before_loading(tiny_model, squares_dataset, tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    transformer = _comfy_transformer(base, tmp_path / "t_fp8_scaled.safetensors", fp8_scaled=True)
+    config = load_config(overrides=[f"model.base_model_name={base}", f"model.transformer.path={transformer}",
+                                    "training_method=FINE_TUNE", "output.format=ORIGINAL", "device=cpu",
+                                    f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+                                    f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as error:
+        prepare_config(config)
+    assert any("t_fp8_scaled.safetensors holds fp8_scaled weights; a full fine-tune needs full-precision" in p
+               for p in error.value.problems)
+
+
+def _plan(base, **parts):
+    return plan_model(ModelConfig(base_model_name=str(base), **{k: PartConfig(path=str(v)) for k, v in parts.items()}))
+
+
+def test_a_vae_file_given_as_the_transformer_is_refused(tiny_model, tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
+    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*Wan2.1_VAE.pth holds vae \(wan2.1\), not a "
+                                             r"Wan transformer"):
+        _plan(base, transformer=vae)
+
+
+def test_a_wan21_vae_with_a_ti2v_transformer_is_refused(tiny_model, tmp_path):
+    base = tiny_model("wan2.2-ti2v-5b")
+    vae = _official_vae(tiny_model("wan2.1-t2v"), tmp_path / "Wan2.1_VAE.pth")
+    with pytest.raises(ModelFileError, match=r"Wan2.1_VAE.pth is the Wan 2.1 VAE \(16 latent channels\).*48 "
+                                             r"channels \(Wan 2.2 TI2V-5B needs the Wan 2.2 VAE\)"):
+        _plan(base, vae=vae)
+
+
+def test_an_i2v_transformer_without_an_image_encoder_is_refused(tiny_model, tmp_path):
+    base = tiny_model("wan2.1-t2v")   # holds no image encoder
+    i2v = tiny_model("wan2.1-i2v")
+    transformer = _comfy_transformer(i2v, tmp_path / "wan2.1_i2v_tiny.safetensors")
+    (tmp_path / "config.json").write_text((i2v / "transformer" / "config.json").read_text())
+    with pytest.raises(ModelFileError, match=r"wan2.1_i2v_tiny.safetensors is a Wan I2V transformer with an image "
+                                             r"\(CLIP\) branch and no image encoder was found: set "
+                                             r"model.image_encoder.path"):
+        _plan(base, transformer=transformer)
+
+
+def _shards(base, folder):
+    original = transformer_to_original(_state(base, "transformer"))
+    names = sorted(original)
+    folder.mkdir()
+    for index, half in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        save_file({k: original[k] for k in half}, str(folder / f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"))
+    return folder
+
+
+def test_missing_and_truncated_shards_are_named_before_weights_load(tiny_model, tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    shards = _shards(base, tmp_path / "shards")
+    second = shards / "diffusion_pytorch_model-00002-of-00002.safetensors"
+    data = second.read_bytes()
+    second.write_bytes(data[:-100])
+    with pytest.raises(ModelLoadError, match="diffusion_pytorch_model-00002-of-00002.safetensors: truncated"):
+        WanBaseModelLoader().load(ModelConfig(base_model_name=str(base), transformer=PartConfig(path=str(shards))))
+    second.unlink()
+    with pytest.raises(ModelFileError, match="diffusion_pytorch_model-00002-of-00002.safetensors: shard missing"):
+        _plan(base, transformer=shards / "diffusion_pytorch_model-00001-of-00002.safetensors")
+
+
+def test_sharded_official_transformer_and_wan22_vae_load_into_a_model(tiny_model, tmp_path):
+    base = tiny_model("wan2.2-ti2v-5b")
+    shards = _shards(base, tmp_path / "shards")
+    vae = _official_vae(base, tmp_path / "Wan2.2_VAE.pth")
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base), transformer=PartConfig(path=str(shards)),
+                                                  vae=PartConfig(path=str(vae))))
+    reference = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base)))
+    assert model.variant == reference.variant and model.expand_timesteps
+    for part in ("transformer", "vae"):
+        ours, theirs = getattr(model, part).state_dict(), getattr(reference, part).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
