@@ -135,3 +135,34 @@ def test_sharded_official_transformer_and_wan22_vae_load_into_a_model(tiny_model
     for part in ("transformer", "vae"):
         ours, theirs = getattr(model, part).state_dict(), getattr(reference, part).state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_full_fine_tune_of_a_comfyui_file_saves_an_original_file_that_loads_in_its_place(tiny_model, squares_dataset,
+                                                                                          tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    transformer = _comfy_transformer(base, tmp_path / "wan2.1_t2v_tiny_fp32.safetensors")
+    trainer = train(tmp_path, base, squares_dataset, method="FINE_TUNE", steps=1,
+                    overrides=[f"model.transformer.path={transformer}", "optimizer.learning_rate=0.01"])
+    trained = {k: v.detach().clone() for k, v in trainer.model.transformer.state_dict().items()}
+    saved = tmp_path / "out.safetensors"
+    reloaded = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base), transformer=PartConfig(path=str(saved))))
+    assert any("out.safetensors" in line and ": wan, fp32" in line for line in reloaded.part_messages)
+    state = reloaded.transformer.state_dict()
+    assert state.keys() == trained.keys() and all(torch.equal(state[k], trained[k]) for k in trained)
+    assert not all(torch.equal(trained[k], v) for k, v in _state(base, "transformer").items())   # it trained
+
+
+def test_fp8_scaled_output_is_read_back_as_fp8_scaled_within_fp8_precision(tiny_model, tmp_path):
+    from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
+    from modules.util.enum.ModelFormat import ModelFormat
+    base = tiny_model("wan2.1-t2v")
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base)))
+    [path] = WanBaseModelSaver().save(model, ModelFormat.ORIGINAL_FP8_SCALED, tmp_path / "t2v_fp8_scaled.safetensors")
+    reloaded = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base), transformer=PartConfig(path=str(path))))
+    assert any(": wan, fp8_scaled" in line for line in reloaded.part_messages)
+    layer = reloaded.transformer.get_submodule("blocks.1.ffn.net.2")
+    assert isinstance(layer, ScaledFp8Linear) and layer.weight.dtype == torch.float8_e4m3fn
+    original = model.transformer.get_submodule("blocks.1.ffn.net.2").weight.detach()
+    error = (layer.dequantised_weight(torch.float32) - original).abs()
+    # float8_e4m3fn: 3 mantissa bits (relative error <= 2^-4), subnormals below 2^-6 spaced 2^-9 apart
+    assert (error <= original.abs() * 2 ** -4 + layer.scale_weight * 2 ** -9).all()
