@@ -141,3 +141,28 @@ def test_vae_layouts_encode_and_decode_as_the_diffusers_folder(tiny_model, tmp_p
         latents, expected_latents = vae.encode(video).latent_dist.mean, reference.encode(video).latent_dist.mean
         torch.testing.assert_close(latents, expected_latents, atol=1e-6, rtol=0)
         torch.testing.assert_close(vae.decode(latents).sample, reference.decode(latents).sample, atol=1e-6, rtol=0)
+
+
+def test_e2v_expansion_keeps_an_fp8_scaled_base_in_float8_and_its_output(tiny_model, tmp_path):
+    from modules.model.e2v_expansion import expand_t2v_for_e2v
+    from modules.util.fp8_scaled import ScaledFp8Linear
+    folder = tiny_model("wan2.1-t2v")
+    reference = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer")
+    path = tmp_path / "t2v_fp8_scaled.safetensors"
+    save_file(to_fp8_scaled(transformer_to_original(_transformer_state(folder))), str(path))
+    (tmp_path / "config.json").write_text(json.dumps(_config(reference)))
+    _, base = _load_found(path, DataType.FLOAT_8)
+    inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in _inputs(_config(reference)).items()}
+    # diffusers takes the last 512 text tokens as text when image tokens come first
+    inputs["encoder_hidden_states"] = torch.randn(1, 512, reference.config.text_dim, dtype=torch.bfloat16)
+    expected = _forward(base, inputs)
+    expanded = expand_t2v_for_e2v(base, condition_channels=20, image_dim=24)
+    assert isinstance(expanded.blocks[0].attn1.to_q, ScaledFp8Linear)
+    assert expanded.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    assert expanded.blocks[0].attn2.add_k_proj.weight.dtype == torch.bfloat16   # new, trained: not fp8
+    condition = torch.zeros(1, 20, *inputs["hidden_states"].shape[2:], dtype=torch.bfloat16)
+    image = torch.randn(1, 17, 24, dtype=torch.bfloat16)
+    got = _forward(expanded, {**inputs, "hidden_states": torch.cat([inputs["hidden_states"], condition], dim=1),
+                              "encoder_hidden_states_image": image})
+    # zero condition weights and a zero add_v_proj: the expanded model computes what the base computed
+    torch.testing.assert_close(got, expected, atol=1e-2, rtol=1e-2)

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from learning import train
 from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseModelLoader
-from modules.modelLoader.wan.parts.fp8_scaled import ScaledFp8Linear
+from modules.util.fp8_scaled import ScaledFp8Linear
 from modules.modelLoader.wan.parts.model_plan import plan_model
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError
 from modules.trainer.GenericTrainer import prepare_config

@@ -18,7 +18,7 @@ import re
 
 import torch
 
-from modules.modelLoader.wan.parts.fp8_scaled import quantise_scaled_fp8
+from modules.util.fp8_scaled import quantise_scaled_fp8
 from modules.util.lora.keys import diffusers_to_original_state_dict
 
 COMFY_PREFIX = "model.diffusion_model."

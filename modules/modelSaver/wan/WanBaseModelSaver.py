@@ -34,7 +34,7 @@ def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None,
     """The weights as plain tensors: layers loaded from an fp8_scaled file are dequantised (weight * scale) in
     float32 first; with `computable` (a diffusers folder) float8 weights kept as stored go to bfloat16 when no dtype
     is asked for, as no diffusers layer computes in float8."""
-    from modules.modelLoader.wan.parts.fp8_scaled import ScaledFp8Linear
+    from modules.util.fp8_scaled import ScaledFp8Linear
     state = module.state_dict()
     for name, layer in module.named_modules():
         if isinstance(layer, ScaledFp8Linear):
@@ -49,7 +49,7 @@ def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None,
 def _scaled_fp8_state_dict(original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """ComfyUI's `*_fp8_scaled` layout (comfy/ops.py scaled_fp8_ops): each Linear weight of the blocks as float8 with
     a float32 `scale_weight` (its absmax / 448), the other tensors in bfloat16, and the `scaled_fp8` marker."""
-    from modules.modelLoader.wan.parts.fp8_scaled import quantise_scaled_fp8
+    from modules.util.fp8_scaled import quantise_scaled_fp8
     out: dict[str, torch.Tensor] = {}
     for key, value in original.items():
         if key.startswith("blocks.") and key.endswith(".weight") and value.dim() == 2:

@@ -14,7 +14,7 @@ import torch
 from accelerate import init_empty_weights
 from diffusers import WanTransformer3DModel
 
-from modules.modelLoader.wan.parts.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
+from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
 from modules.modelLoader.wan.parts.tensor_files import (ModelFileError, TensorInfo, detect_prefix, open_tensors,
                                                         strip_prefix_keys)
 from modules.util.enum.DataType import DataType
