@@ -1,0 +1,37 @@
+"""Model tab: a file / folder picker per part and a line saying what the chosen path holds (modules/ui/model_parts.py
+reads it); the path itself is the `model.<part>.path` field rendered above it."""
+from tkinter import filedialog
+
+import customtkinter as ctk
+
+from modules.ui.ctk_components import button
+from modules.ui.model_parts import describe_model_part
+from modules.ui.UIState import UIState
+
+WEIGHT_FILES = [("model weights", "*.safetensors *.pth *.pt *.ckpt *.json"), ("all files", "*")]
+
+
+class CtkModelPartPicker:
+    def __init__(self, master, state: UIState, part: str, row: int):
+        self.state, self.part = state, part
+        frame = ctk.CTkFrame(master, fg_color="transparent")
+        frame.grid(row=row, column=1, columnspan=2, sticky="w", padx=4, pady=(0, 4))
+        button(frame, "File…", self._pick_file, width=70).grid(row=0, column=0, padx=(0, 4))
+        button(frame, "Folder…", self._pick_folder, width=70).grid(row=0, column=1, padx=(0, 8))
+        self.label = ctk.CTkLabel(frame, text="", anchor="w", justify="left", wraplength=560)
+        self.label.grid(row=0, column=2, sticky="w")
+        self.refresh()
+
+    def _set(self, path: str) -> None:
+        if path:
+            self.state.set_text(f"model.{self.part}.path", path)
+            self.refresh()
+
+    def _pick_file(self) -> None:
+        self._set(filedialog.askopenfilename(title=f"{self.part} file", filetypes=WEIGHT_FILES))
+
+    def _pick_folder(self) -> None:
+        self._set(filedialog.askdirectory(title=f"{self.part} folder"))
+
+    def refresh(self) -> None:
+        self.label.configure(text=describe_model_part(self.state, self.part))
