@@ -5,7 +5,7 @@ from tkinter import filedialog
 import customtkinter as ctk
 
 from modules.ui.ctk_components import button
-from modules.ui.model_parts import describe_model_part
+from modules.ui.model_parts import describe_model_part, field_of
 from modules.ui.UIState import UIState
 
 WEIGHT_FILES = [("model weights", "*.safetensors *.pth *.pt *.ckpt *.json"), ("all files", "*")]
@@ -24,11 +24,15 @@ class CtkModelPartPicker:
 
     def _set(self, path: str) -> None:
         if path:
-            self.state.set_text(f"model.{self.part}.path", path)
+            self.state.set_text(field_of(self.part), path)
             self.refresh()
 
     def _pick_file(self) -> None:
         self._set(filedialog.askopenfilename(title=f"{self.part} file", filetypes=WEIGHT_FILES))
+
+    @property
+    def field(self) -> str:
+        return field_of(self.part)
 
     def _pick_folder(self) -> None:
         self._set(filedialog.askdirectory(title=f"{self.part} folder"))

@@ -144,7 +144,8 @@ class CtkTrainView(ctk.CTk):
                              only=["base_model_name", "allow_download", "intended_variant"], fields=self.fields,
                              title="base model")
         from modules.ui.CtkModelPartPicker import CtkModelPartPicker
-        self.part_pickers = []
+        self.part_pickers = [CtkModelPartPicker(model, self.config_state, "base", row)]
+        row += 1
         for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
             row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))
@@ -193,7 +194,7 @@ class CtkTrainView(ctk.CTk):
         if path.startswith("model.") or path in ("", "demo_assets", "model_type"):
             self._update_variant()
             for picker in self.part_pickers:
-                if path in ("", f"model.{picker.part}.path"):
+                if path in ("", picker.field):
                     picker.refresh()
         if path in ("sampling.samples_file", "workspace_dir"):
             self.sampling_view.reload_samples()

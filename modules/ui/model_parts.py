@@ -16,9 +16,16 @@ def describe_part(path: str) -> str:
     return describe(path)
 
 
+def field_of(part: str) -> str:
+    """The config field a picker sets: `model.base_model_name` for "base", else `model.<part>.path`."""
+    return "model.base_model_name" if part == "base" else f"model.{part}.path"
+
+
 def describe_model_part(state: UIState, part: str) -> str:
-    """The line shown beside `model.<part>.path` (the base model's description when it is empty)."""
-    path = state.get(f"model.{part}.path") or ""
+    """The line shown beside a part's path ("base": the parts the base model holds)."""
+    path = state.get(field_of(part)) or ""
+    if part == "base":
+        return describe_part(path) if path and Path(path).exists() else ""
     if path:
         return describe_part(path)
     return "(from the base model)"
