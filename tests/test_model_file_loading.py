@@ -14,7 +14,7 @@ from modules.modelLoader.wan.parts.tensor_files import ModelFileError
 from modules.trainer.GenericTrainer import prepare_config
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.config.config_io import ConfigError, load_config
-from tests.wan_file_layouts import (COMFY_PREFIX, to_fp8_scaled, transformer_to_original, vae21_to_original,
+from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, to_fp8_scaled, transformer_to_original, vae21_to_original,
                                     vae22_to_original)
 
 
@@ -166,3 +166,31 @@ def test_fp8_scaled_output_is_read_back_as_fp8_scaled_within_fp8_precision(tiny_
     error = (layer.dequantised_weight(torch.float32) - original).abs()
     # float8_e4m3fn: 3 mantissa bits (relative error <= 2^-4), subnormals below 2^-6 spaced 2^-9 apart
     assert (error <= original.abs() * 2 ** -4 + layer.scale_weight * 2 ** -9).all()
+
+
+def test_an_official_a14b_folder_is_planned_by_its_expert_folders(tiny_model, tmp_path):
+    base = tiny_model("wan2.2-t2v-a14b")
+    release = tmp_path / "Wan2.2-T2V-A14B"
+    release.mkdir()
+    for expert, folder in (("transformer", "high_noise_model"), ("transformer_2", "low_noise_model")):
+        original = transformer_to_original(_state(base, expert))
+        (release / folder).mkdir()
+        save_file(original, str(release / folder / "diffusion_pytorch_model.safetensors"))
+        # the Wan repository's own config.json format (wan/modules/model.py WanModel arguments)
+        diffusers_config = json.loads((base / expert / "config.json").read_text())
+        (release / folder / "config.json").write_text(json.dumps(official_transformer_config(diffusers_config)))
+    _official_vae(base, release / "Wan2.1_VAE.pth")
+    plan = plan_model(ModelConfig(base_model_name=str(release),
+                                  text_encoder=PartConfig(path=str(base / "text_encoder"))))
+    assert plan.variant.value == "T2V_A14B" and plan.diffusers_base is None
+    assert plan.parts["transformer"].files[0].parent.name == "high_noise_model"
+    assert plan.parts["transformer_2"].files[0].parent.name == "low_noise_model"
+    assert plan.model_index["boundary_ratio"] == 0.875 and plan.scheduler_config["flow_shift"] == 3.0
+    # the same two experts as loose files cannot be told apart by their tensors: the error says how to name them
+    loose = tmp_path / "comfy"
+    loose.mkdir()
+    for expert in ("transformer", "transformer_2"):
+        _comfy_transformer(base, loose / f"{expert}.safetensors")
+    with pytest.raises(ModelFileError, match="2 transformers found .* model.transformer.path \\(high noise\\) and "
+                                             "model.transformer_2.path \\(low noise\\)"):
+        plan_model(ModelConfig(base_model_name=str(loose)))

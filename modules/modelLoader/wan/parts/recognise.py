@@ -105,8 +105,10 @@ def _part_folder(folder: Path) -> FoundPart | None:
     files = [f for group in groups for f in group]
     keys = read_keys_and_shapes(files)
     detail = recognise_transformer(keys) if part == "transformer" else recognise_vae(keys) if part == "vae" else None
-    found = FoundPart(part, files, "diffusers", dominant_dtype(keys), detail, config=config, folder=folder, keys=keys)
-    return found
+    if detail is not None and detail.layout != "diffusers":
+        # a diffusers config beside files in another layout (a converted config next to original-key weights)
+        return FoundPart(part, files, detail.layout, detail.dtype, detail, config=config, keys=keys)
+    return FoundPart(part, files, "diffusers", dominant_dtype(keys), detail, config=config, folder=folder, keys=keys)
 
 
 def is_tokenizer_folder(folder: Path) -> bool:
