@@ -118,3 +118,17 @@ def test_diffusion_model_prefixes_are_stripped():
     assert strip_prefix(keys) == {"blocks.0.x": 1, "head.head.weight": 2}
     assert strip_prefix({"diffusion_model.a": 1, "diffusion_model.b": 2}) == {"a": 1, "b": 2}
     assert strip_prefix({"a": 1}) == {"a": 1}
+
+
+def test_the_load_benchmarks_streaming_writer_writes_a_readable_file(tmp_path):
+    from modules.benchmark.load_bench import write_streaming_safetensors
+    path = tmp_path / "zeros.safetensors"
+    specs = {"a": ((3, 5), torch.bfloat16), "b": ((), torch.float32), "c": ((0,), torch.float8_e4m3fn),
+             "d": ((7,), torch.float8_e4m3fn)}
+    size = write_streaming_safetensors(path, specs)
+    assert size == path.stat().st_size
+    assert read_keys_and_shapes(path) == {"a": TensorInfo((3, 5), "bfloat16"), "b": TensorInfo((), "float32"),
+                                          "c": TensorInfo((0,), "float8_e4m3fn"), "d": TensorInfo((7,), "float8_e4m3fn")}
+    with open_tensors(path) as tensors:
+        assert torch.equal(tensors["a"], torch.zeros(3, 5, dtype=torch.bfloat16))
+        assert tensors["d"].dtype == torch.float8_e4m3fn and tensors["c"].numel() == 0
