@@ -194,3 +194,23 @@ def test_an_official_a14b_folder_is_planned_by_its_expert_folders(tiny_model, tm
     with pytest.raises(ModelFileError, match="2 transformers found .* model.transformer.path \\(high noise\\) and "
                                              "model.transformer_2.path \\(low noise\\)"):
         plan_model(ModelConfig(base_model_name=str(loose)))
+
+
+def test_convert_model_turns_a_comfyui_fp8_scaled_file_into_a_diffusers_folder(tiny_model, tmp_path):
+    import sys
+    from pathlib import Path
+    from diffusers import WanTransformer3DModel
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import convert_model
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    from tests.wan_file_layouts import dequantised
+    base = tiny_model("wan2.1-t2v")
+    source = _comfy_transformer(base, tmp_path / "wan_fp8_scaled.safetensors", fp8_scaled=True)
+    out = tmp_path / "converted"
+    assert convert_model.main(["--input-name", str(source), "--base-model-name", str(base),
+                               "--output-model-format", "DIFFUSERS", "--output-model-destination", str(out)]) == 0
+    converted = WanTransformer3DModel.from_pretrained(out, subfolder="transformer").state_dict()
+    expected = original_to_diffusers_state_dict(dequantised(load_file(str(source))))
+    assert converted.keys() == expected.keys()   # no scale_weight / scaled_fp8 left in the diffusers folder
+    for name, value in expected.items():   # float32 throughout: the fp8 numbers times their scale, exactly
+        assert converted[name].dtype == torch.float32 and torch.equal(converted[name], value), name
