@@ -166,3 +166,26 @@ def test_e2v_expansion_keeps_an_fp8_scaled_base_in_float8_and_its_output(tiny_mo
                               "encoder_hidden_states_image": image})
     # zero condition weights and a zero add_v_proj: the expanded model computes what the base computed
     torch.testing.assert_close(got, expected, atol=1e-2, rtol=1e-2)
+
+
+def test_merging_a_lora_into_an_fp8_scaled_layer_adds_to_its_dequantised_weight():
+    from modules.util.fp8_scaled import make_scaled_fp8, quantise_scaled_fp8
+    from modules.util.lora.apply import merge_lora
+    from modules.util.lora.formats import LoraModule
+    generator = torch.Generator().manual_seed(0)
+    full = torch.randn(8, 6, generator=generator) * 0.02
+    layer = torch.nn.Linear(6, 8)
+    weight, scale = quantise_scaled_fp8(full)
+    make_scaled_fp8(layer, scale)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    lora = LoraModule(down=torch.randn(2, 6, generator=generator) * 0.1, up=torch.randn(8, 2, generator=generator) * 0.1,
+                      alpha=2.0)
+    root = torch.nn.Module()
+    root.add_module("proj", layer)
+    before = layer.dequantised_weight(torch.float32)
+    merge_lora(root, {"proj": lora})
+    expected = before + lora.delta()
+    got = layer.dequantised_weight(torch.float32)
+    assert layer.weight.dtype == torch.float8_e4m3fn and torch.isfinite(got).all()
+    # within float8's precision at this scale (3 mantissa bits, values clamped to the representable range)
+    assert (got - expected).abs().max() <= expected.abs().max() * 2 ** -3
