@@ -214,3 +214,39 @@ def test_convert_model_turns_a_comfyui_fp8_scaled_file_into_a_diffusers_folder(t
     assert converted.keys() == expected.keys()   # no scale_weight / scaled_fp8 left in the diffusers folder
     for name, value in expected.items():   # float32 throughout: the fp8 numbers times their scale, exactly
         assert converted[name].dtype == torch.float32 and torch.equal(converted[name], value), name
+
+
+def test_sample_script_takes_part_files_and_they_load_the_diffusers_folders_weights(tiny_model, tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import av
+    from modules.modelSampler.sampling_io import load_model_for_sampling
+    from modules.util.enum.DataType import DataType
+    root = Path(__file__).resolve().parent.parent
+    base = tiny_model("wan2.1-t2v")
+    transformer = _comfy_transformer(base, tmp_path / "wan2.1_t2v_tiny_fp32.safetensors")
+    vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
+    parts = {"transformer": str(transformer), "vae": str(vae)}
+    ours = load_model_for_sampling(str(base), DataType.FLOAT_32, torch.device("cpu"), part_paths=parts)
+    theirs = load_model_for_sampling(str(base), DataType.FLOAT_32, torch.device("cpu"))
+    for part in ("transformer", "vae", "text_encoder"):
+        a, b = getattr(ours, part).state_dict(), getattr(theirs, part).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    assert ours.noise_scheduler.config == theirs.noise_scheduler.config
+
+    spec = importlib.util.spec_from_file_location("sample_script", root / "scripts" / "sample.py")
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    out = tmp_path / "samples"
+    assert script.main(["--base-model-name", str(base), "--prompt", "a red square moving left", "--width", "32",
+                        "--height", "32", "--frames", "5", "--steps", "2", "--device", "cpu", "--transformer",
+                        str(transformer), "--vae", str(vae), "--output-dir", str(out)]) == 0
+    [video] = out.glob("*.mp4")
+    with av.open(str(video)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 5
