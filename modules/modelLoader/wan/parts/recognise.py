@@ -53,9 +53,7 @@ def dominant_dtype(keys: dict[str, TensorInfo]) -> str:
     return dtype_label(counts.most_common(1)[0][0]) if counts else "unknown"
 
 
-def _beside_config(files: list[Path]) -> dict | None:
-    """A config.json beside a single file (diffusers or official Wan format) describes it."""
-    path = files[0].parent / "config.json"
+def _read_config(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
@@ -63,6 +61,11 @@ def _beside_config(files: list[Path]) -> dict | None:
     except (OSError, ValueError):
         raise ModelFileError(f"{path}: not valid JSON") from None
     return config if isinstance(config, dict) else None
+
+
+def _beside_config(files: list[Path]) -> dict | None:
+    """A config.json beside a single file (diffusers or official Wan format) describes it."""
+    return _read_config(files[0].parent / "config.json")
 
 
 def recognise_files(files: list[Path], keys: dict[str, TensorInfo] | None = None) -> FoundPart | None:
@@ -83,13 +86,9 @@ def recognise_files(files: list[Path], keys: dict[str, TensorInfo] | None = None
 
 def _part_folder(folder: Path) -> FoundPart | None:
     """A diffusers / transformers part folder: config.json naming a known class, with safetensors weights."""
-    config_path = folder / "config.json"
-    if not config_path.is_file():
+    config = _read_config(folder / "config.json")
+    if config is None:
         return None
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise ModelFileError(f"{config_path}: not valid JSON") from None
     classes = [config.get("_class_name")] + list(config.get("architectures") or [])
     part = next((_DIFFUSERS_CLASSES[c] for c in classes if c in _DIFFUSERS_CLASSES), None)
     if part is None:

@@ -77,19 +77,26 @@ def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None
     return TransformerFile(layout, dtype, names, scales, shapes)
 
 
+def key_mismatch(model_class, config: dict, shapes: dict[str, TensorInfo]) -> str | None:
+    """What keeps `shapes` (diffusers names) from filling a meta-built `model_class(config)`, or None."""
+    with init_empty_weights():
+        model = model_class.from_config(config)
+    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = [f"{n}: {shapes[n].shape} (expected {s})" for n, s in expected.items() if n in shapes
+             and shapes[n].shape != s]
+    if not (missing or unexpected or wrong):
+        return None
+    return (f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), "
+            f"{len(wrong)} of the wrong shape (e.g. {wrong[:2]})")
+
+
 def check_transformer_keys(file: TransformerFile, config: dict, source: str) -> None:
     """Every parameter the config's model has, with its shape, before any weight is read."""
-    with init_empty_weights():
-        model = WanTransformer3DModel.from_config(config)
-    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-    missing = sorted(set(expected) - set(file.names))
-    unexpected = sorted(set(file.names) - set(expected))
-    if missing or unexpected:
-        raise ModelFileError(f"{source}: the tensors do not make a Wan transformer of this config: {len(missing)} "
-                             f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
-    wrong = [f"{n}: {file.shapes[n].shape} (expected {s})" for n, s in expected.items() if file.shapes[n].shape != s]
-    if wrong:
-        raise ModelFileError(f"{source}: {len(wrong)} tensors have the wrong shape, e.g. {wrong[:2]}")
+    problem = key_mismatch(WanTransformer3DModel, config, file.shapes)
+    if problem:
+        raise ModelFileError(f"{source}: the tensors do not make a Wan transformer of this config: {problem}")
 
 
 def _keeps_fp32(name: str, keep_modules: list[str] | None) -> bool:

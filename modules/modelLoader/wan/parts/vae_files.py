@@ -17,7 +17,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors
-from modules.modelLoader.wan.parts.transformer_files import dtype_label
+from modules.modelLoader.wan.parts.transformer_files import dtype_label, key_mismatch
 from modules.modelLoader.wan.parts.wan_configs import released_configs
 
 # residual block parts: official Sequential index -> diffusers name (both Wan VAE versions)
@@ -89,17 +89,11 @@ def vae_config_for(file: VaeFile, given: dict | None) -> dict:
 
 
 def check_vae_keys(file: VaeFile, config: dict, source: str) -> None:
-    with init_empty_weights():
-        model = AutoencoderKLWan.from_config(config)
-    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-    missing = sorted(set(expected) - set(file.names))
-    unexpected = sorted(set(file.names) - set(expected))
-    wrong = [n for n, s in expected.items() if n in file.shapes and file.shapes[n].shape != s]
-    if missing or unexpected or wrong:
+    problem = key_mismatch(AutoencoderKLWan, config, file.shapes)
+    if problem:
         raise ModelFileError(f"{source}: the tensors do not make the Wan {file.version} VAE (z_dim {file.z_dim}) of "
-                             f"this config: {len(missing)} missing (e.g. {missing[:2]}), {len(unexpected)} unexpected "
-                             f"(e.g. {unexpected[:2]}), {len(wrong)} of the wrong shape (e.g. {wrong[:2]}); a VAE of "
-                             f"another design needs its config.json beside the file")
+                             f"this config: {problem}; a VAE of another design needs its config.json beside the "
+                             f"file")
 
 
 def load_vae(paths: list[Path], file: VaeFile, config: dict, dtype: torch.dtype, source: str) -> AutoencoderKLWan:
