@@ -189,3 +189,23 @@ def test_merging_a_lora_into_an_fp8_scaled_layer_adds_to_its_dequantised_weight(
     assert layer.weight.dtype == torch.float8_e4m3fn and torch.isfinite(got).all()
     # within float8's precision at this scale (3 mantissa bits, values clamped to the representable range)
     assert (got - expected).abs().max() <= expected.abs().max() * 2 ** -3
+
+
+def test_fp8_e4m3fn_transformer_stays_fp8_and_matches_its_upcast_weights(tiny_model, tmp_path):
+    """ComfyUI's `*_fp8_e4m3fn.safetensors`: the block Linear weights in float8 without scales."""
+    folder = tiny_model("wan2.1-t2v")
+    reference = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer").eval()
+    original = transformer_to_original(_transformer_state(folder), prefix=COMFY_PREFIX)
+    fp8 = {k: v.to(torch.float8_e4m3fn) if k.removeprefix(COMFY_PREFIX).startswith("blocks.") and v.dim() == 2
+           else v.to(torch.bfloat16) for k, v in original.items()}
+    path = tmp_path / "wan2.1_t2v_tiny_fp8_e4m3fn.safetensors"
+    save_file(fp8, str(path))
+    (tmp_path / "config.json").write_text(json.dumps(_config(reference)))
+    found, model = _load_found(path, DataType.BFLOAT_16)
+    assert (found.layout, found.dtype) == ("comfyui", "fp8_e4m3fn")
+    assert model.blocks[0].ffn.net[0].proj.weight.dtype == torch.float8_e4m3fn   # not upcast in memory
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    reference.load_state_dict({k: v.float() for k, v in original_to_diffusers_state_dict(fp8).items()})
+    inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in _inputs(_config(reference)).items()}
+    expected = _forward(reference.to(torch.bfloat16), inputs)
+    torch.testing.assert_close(_forward(model, inputs), expected, atol=2e-2, rtol=2e-2)
