@@ -39,12 +39,12 @@ class WanPartsLoader:
             logger.info(message)
         model = WanModel(variant=plan.variant, source=model_source(plan, config.base_model_name),
                          part_messages=list(plan.messages))
+        model.tokenizer = self._tokenizer(plan, config)   # first: a missing tokenizer costs no weight reads
         for name in ("transformer", "transformer_2"):
             if name in plan.parts:
                 setattr(model, name, self._transformer(plan, name, getattr(config, name)))
         model.vae = self._vae(plan, config.vae)
         model.text_encoder = self._text_encoder(plan, config.text_encoder)
-        model.tokenizer = self._tokenizer(plan, config)
         if "image_encoder" in plan.parts:
             model.image_encoder, model.image_processor = self._image_encoder(plan, config.image_encoder)
         scheduler_class = getattr(diffusers, plan.scheduler_config.get("_class_name", "UniPCMultistepScheduler"))
