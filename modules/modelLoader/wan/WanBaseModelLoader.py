@@ -5,55 +5,35 @@ from pathlib import Path
 
 import diffusers
 import torch
-from accelerate import init_empty_weights
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from safetensors import safe_open
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
-from modules.util.lora.keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
-from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder, require_safetensors
+from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder
 
 
 class ModelLoadError(Exception):
     pass
 
 
-def _keeps_fp32(key: str, keep_modules: list[str] | None) -> bool:
-    return bool(keep_modules) and any(module in key.split(".") for module in keep_modules)
-
-
-def load_single_file_transformer(path: Path, config: dict, dtype: torch.dtype) -> WanTransformer3DModel:
-    """Builds the transformer without allocating weights, then assigns the file's tensors one at a time, cast to
-    `dtype` as they are read, so a bf16 checkpoint never exists as a float32 copy in RAM."""
-    with init_empty_weights():
-        model = WanTransformer3DModel.from_config(config)
-    keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+def load_single_file_transformer(path: Path, config: dict, weight_dtype: DataType) -> WanTransformer3DModel:
+    """A transformer file in any layout (diffusers, official Wan, ComfyUI, fp8 / fp8_scaled) with `config` giving
+    the head count (checked against the file's shapes): built on the meta device, filled one tensor at a time."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    from modules.modelLoader.wan.parts.transformer_files import load_transformer
+    from modules.modelLoader.wan.parts.wan_configs import transformer_config_from_shapes
     try:
-        require_safetensors(path, "model.transformer.path")
-    except NotSafetensorsError as error:
+        found = [f for f in find_parts(path) if f.part == "transformer"]
+        if not found:
+            raise ModelFileError(f"{path}: holds no Wan transformer")
+        full_config = transformer_config_from_shapes(found[0].detail.shapes, str(path), config)
+        return load_transformer(found[0].files, found[0].detail, full_config, weight_dtype, str(path))
+    except ModelFileError as error:
         raise ModelLoadError(str(error)) from None
-    state = {}
-    with safe_open(str(path), framework="pt") as file:
-        for key in file.keys():
-            tensor = file.get_tensor(key)
-            target = torch.float32 if _keeps_fp32(key, keep_fp32) and dtype != torch.float32 else dtype
-            state[key] = tensor.to(target) if tensor.is_floating_point() else tensor
-    state = original_to_diffusers_state_dict(state) if is_original_format(state.keys()) else \
-        strip_original_prefix(state)
-    # keys of the fp32 modules are the same in both namings' last parts, but re-check after conversion
-    state = {k: (v.float() if _keeps_fp32(k, keep_fp32) and v.is_floating_point() else v) for k, v in state.items()}
-    expected = set(model.state_dict().keys())
-    missing, unexpected = expected - state.keys(), state.keys() - expected
-    if missing or unexpected:
-        raise ModelLoadError(f"{path}: the file does not fit the transformer config: "
-                             f"{len(missing)} missing keys (e.g. {sorted(missing)[:3]}), "
-                             f"{len(unexpected)} unexpected keys (e.g. {sorted(unexpected)[:3]})")
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
 
 
 def _refuse_pickles(folder: Path, what: str) -> None:
@@ -189,7 +169,8 @@ class WanBaseModelLoader:
             return self._load_quantized_transformer(part, base, subfolder, common)
         if part.path and Path(part.path).is_file():
             config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
-            transformer = load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
+            # a hub-id base (a local folder goes through the parts loader): the file's own layout and dtype decide
+            return load_single_file_transformer(Path(part.path), config, part.weight_dtype)
         elif part.path and not Path(part.path).exists():
             raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
         else:
