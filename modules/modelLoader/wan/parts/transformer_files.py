@@ -120,15 +120,19 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
     keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
     store_fp8 = file.is_fp8 or weight_dtype is DataType.FLOAT_8
     compute = fp8_compute_dtype(weight_dtype) if store_fp8 else weight_dtype.torch_dtype()
-    scaled_modules = set(file.scales)
     state: dict[str, torch.Tensor] = {}
-    scales: dict[str, torch.Tensor] = {}
     with open_tensors(paths) as tensors:
+        scales = {module: tensors[key].to(torch.float32) for module, key in file.scales.items()}
+        # Linear layers keep float8 + scale (ScaledFp8Linear); any other scaled layer (a conv, should a file scale
+        # one) is small and dequantised once here
+        linear = {m for m in scales if isinstance(model.get_submodule(m), torch.nn.Linear)}
         for name, key in file.names.items():
             tensor = tensors[key]
             module = name.rsplit(".", 1)[0]
-            if module in scaled_modules and name.endswith(".weight"):
+            if module in linear and name.endswith(".weight"):
                 state[name] = tensor if tensor.dtype == torch.float8_e4m3fn else tensor.to(torch.float8_e4m3fn)
+            elif module in scales and name.endswith(".weight"):
+                state[name] = (tensor.to(torch.float32) * scales[module]).to(compute)
             elif not tensor.is_floating_point():
                 state[name] = tensor
             elif _keeps_fp32(name, keep_fp32) and compute != torch.float32:
@@ -138,10 +142,8 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
             else:
                 state[name] = tensor.to(compute)
             del tensor
-        for module, key in file.scales.items():
-            scales[module] = tensors[key].to(torch.float32)
-    for module_name, scale in scales.items():
-        make_scaled_fp8(model.get_submodule(module_name), scale)
+    for module_name in linear:
+        make_scaled_fp8(model.get_submodule(module_name), scales[module_name])
         state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
     model.load_state_dict(state, strict=True, assign=True)
     if store_fp8:
