@@ -250,3 +250,21 @@ def test_sample_script_takes_part_files_and_they_load_the_diffusers_folders_weig
     [video] = out.glob("*.mp4")
     with av.open(str(video)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 5
+
+
+def test_searching_a_folder_skips_other_tools_pickles_but_not_a_damaged_safetensors_file(tiny_model, tmp_path,
+                                                                                          caplog):
+    base = tiny_model("wan2.1-t2v")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    _comfy_transformer(base, folder / "t2v.safetensors")
+    (folder / "config.json").write_text((base / "transformer" / "config.json").read_text())
+    _official_vae(base, folder / "Wan2.1_VAE.pth")
+    torch.save({"state_dict": {"w": torch.ones(1)}, "global_step": 10}, folder / "other_tool.ckpt")
+    plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=PartConfig(path=str(base / "text_encoder"))))
+    assert plan.parts["transformer"].files == [folder / "t2v.safetensors"]
+    assert "other_tool.ckpt: entry 'global_step' is a int" in caplog.text
+    data = (folder / "t2v.safetensors").read_bytes()
+    (folder / "t2v.safetensors").write_bytes(data[:-10])
+    with pytest.raises(ModelFileError, match="t2v.safetensors: truncated"):
+        plan_model(ModelConfig(base_model_name=str(folder), text_encoder=PartConfig(path=str(base / "text_encoder"))))

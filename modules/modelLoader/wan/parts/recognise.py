@@ -7,6 +7,7 @@ by content, three levels deep, with the A14B experts told apart by the official 
 `low_noise_model/` folders.
 """
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from modules.modelLoader.wan.parts.tensor_files import (ModelFileError, TensorIn
                                                         read_keys_and_shapes, shard_set)
 from modules.modelLoader.wan.parts.transformer_files import TransformerFile, dtype_label, recognise_transformer
 from modules.modelLoader.wan.parts.vae_files import VaeFile, recognise_vae
+
+logger = logging.getLogger(__name__)
 
 EXPERT_FOLDERS = {"high_noise_model": "transformer", "low_noise_model": "transformer_2"}
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
@@ -105,8 +108,8 @@ def _part_folder(folder: Path) -> FoundPart | None:
     keys = read_keys_and_shapes(files)
     detail = recognise_transformer(keys) if part == "transformer" else recognise_vae(keys) if part == "vae" else None
     if detail is not None and detail.layout != "diffusers":
-        # a diffusers config beside files in another layout (a converted config next to original-key weights)
-        return FoundPart(part, files, detail.layout, detail.dtype, detail, config=config, keys=keys)
+        return None   # a config.json beside files in another layout: the folder is searched, the config kept
+
     return FoundPart(part, files, "diffusers", dominant_dtype(keys), detail, config=config, folder=folder, keys=keys)
 
 
@@ -144,7 +147,15 @@ def find_parts(path: str | Path) -> list[FoundPart]:
 def _search(folder: Path, depth: int, role: str | None) -> list[FoundPart]:
     parts: list[FoundPart] = []
     for group in group_weight_files(folder):
-        found = recognise_files(group)
+        try:
+            found = recognise_files(group)
+        except ModelFileError as error:
+            if group[0].name.endswith(".safetensors"):
+                raise   # a truncated or damaged safetensors file (or shard) is an error wherever it is
+            # a .pth / .ckpt that is no dict of tensors (another tool's checkpoint, a refused pickle) is no model
+            # part: searching a folder skips it, naming it; pointed at directly, it is an error
+            logger.warning("skipped while searching %s: %s", folder, error)
+            continue
         if found is None:
             continue
         if found.part in ("transformer", "vae"):
