@@ -178,8 +178,8 @@ def test_merging_a_lora_into_an_fp8_scaled_layer_adds_to_its_dequantised_weight(
     weight, scale = quantise_scaled_fp8(full)
     make_scaled_fp8(layer, scale)
     layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-    lora = LoraModule(down=torch.randn(2, 6, generator=generator) * 0.1, up=torch.randn(8, 2, generator=generator) * 0.1,
-                      alpha=2.0)
+    lora = LoraModule(down=torch.randn(2, 6, generator=generator) * 0.1,
+                      up=torch.randn(8, 2, generator=generator) * 0.1, alpha=2.0)
     root = torch.nn.Module()
     root.add_module("proj", layer)
     before = layer.dequantised_weight(torch.float32)

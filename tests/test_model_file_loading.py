@@ -14,7 +14,8 @@ from modules.modelLoader.wan.parts.tensor_files import ModelFileError
 from modules.trainer.GenericTrainer import prepare_config
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.config.config_io import ConfigError, load_config
-from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, to_fp8_scaled, transformer_to_original, vae21_to_original,
+from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, to_fp8_scaled, transformer_to_original,
+                                    vae21_to_original,
                                     vae22_to_original)
 
 
@@ -107,7 +108,8 @@ def _shards(base, folder):
     names = sorted(original)
     folder.mkdir()
     for index, half in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
-        save_file({k: original[k] for k in half}, str(folder / f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"))
+        shard = folder / f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"
+        save_file({k: original[k] for k in half}, str(shard))
     return folder
 
 
@@ -145,7 +147,8 @@ def test_a_full_fine_tune_of_a_comfyui_file_saves_an_original_file_that_loads_in
                     overrides=[f"model.transformer.path={transformer}", "optimizer.learning_rate=0.01"])
     trained = {k: v.detach().clone() for k, v in trainer.model.transformer.state_dict().items()}
     saved = tmp_path / "out.safetensors"
-    reloaded = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base), transformer=PartConfig(path=str(saved))))
+    reloaded = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base),
+                                                     transformer=PartConfig(path=str(saved))))
     assert any("out.safetensors" in line and ": wan, fp32" in line for line in reloaded.part_messages)
     state = reloaded.transformer.state_dict()
     assert state.keys() == trained.keys() and all(torch.equal(state[k], trained[k]) for k in trained)
@@ -261,10 +264,11 @@ def test_searching_a_folder_skips_other_tools_pickles_but_not_a_damaged_safetens
     (folder / "config.json").write_text((base / "transformer" / "config.json").read_text())
     _official_vae(base, folder / "Wan2.1_VAE.pth")
     torch.save({"state_dict": {"w": torch.ones(1)}, "global_step": 10}, folder / "other_tool.ckpt")
-    plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=PartConfig(path=str(base / "text_encoder"))))
+    text_encoder = PartConfig(path=str(base / "text_encoder"))
+    plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))
     assert plan.parts["transformer"].files == [folder / "t2v.safetensors"]
     assert "other_tool.ckpt: entry 'global_step' is a int" in caplog.text
     data = (folder / "t2v.safetensors").read_bytes()
     (folder / "t2v.safetensors").write_bytes(data[:-10])
     with pytest.raises(ModelFileError, match="t2v.safetensors: truncated"):
-        plan_model(ModelConfig(base_model_name=str(folder), text_encoder=PartConfig(path=str(base / "text_encoder"))))
+        plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))

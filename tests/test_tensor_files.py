@@ -75,7 +75,8 @@ def test_pth_flat_and_nested_dicts_of_tensors_are_read(tmp_path):
     torch.save(_tensors(), flat)
     torch.save({"state_dict": {"encoder": {"w": torch.ones(2, 2)}, "b": torch.zeros(1)}}, nested)
     assert read_keys_and_shapes(flat)["b"] == TensorInfo((4,), "bfloat16")
-    assert read_keys_and_shapes(nested) == {"encoder.w": TensorInfo((2, 2), "float32"), "b": TensorInfo((1,), "float32")}
+    assert read_keys_and_shapes(nested) == {"encoder.w": TensorInfo((2, 2), "float32"),
+                                            "b": TensorInfo((1,), "float32")}
     with open_tensors([flat]) as tensors:
         assert torch.equal(tensors["a.weight"], _tensors()["a.weight"])
 
@@ -128,7 +129,8 @@ def test_the_load_benchmarks_streaming_writer_writes_a_readable_file(tmp_path):
     size = write_streaming_safetensors(path, specs)
     assert size == path.stat().st_size
     assert read_keys_and_shapes(path) == {"a": TensorInfo((3, 5), "bfloat16"), "b": TensorInfo((), "float32"),
-                                          "c": TensorInfo((0,), "float8_e4m3fn"), "d": TensorInfo((7,), "float8_e4m3fn")}
+                                          "c": TensorInfo((0,), "float8_e4m3fn"),
+                                          "d": TensorInfo((7,), "float8_e4m3fn")}
     with open_tensors(path) as tensors:
         assert torch.equal(tensors["a"], torch.zeros(3, 5, dtype=torch.bfloat16))
         assert tensors["d"].dtype == torch.float8_e4m3fn and tensors["c"].numel() == 0

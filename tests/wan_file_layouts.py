@@ -113,7 +113,8 @@ def vae22_to_original(state: dict[str, torch.Tensor], num_res_blocks: int = 2) -
 def official_transformer_config(diffusers_config: dict) -> dict:
     """The official Wan repository's config.json for a transformer (wan/modules/model.py `WanModel` arguments)."""
     heads = diffusers_config["num_attention_heads"]
-    return {"_class_name": "WanModel", "_diffusers_version": "0.30.0", "dim": heads * diffusers_config["attention_head_dim"],
+    return {"_class_name": "WanModel", "_diffusers_version": "0.30.0",
+            "dim": heads * diffusers_config["attention_head_dim"],
             "eps": diffusers_config["eps"], "ffn_dim": diffusers_config["ffn_dim"],
             "freq_dim": diffusers_config["freq_dim"], "in_dim": diffusers_config["in_channels"],
             "model_type": "t2v" if diffusers_config["in_channels"] != 36 else "i2v", "num_heads": heads,
@@ -125,7 +126,8 @@ _T5_BLOCK = {"layer.0.SelfAttention.q.weight": "attn.q.weight", "layer.0.SelfAtt
              "layer.0.SelfAttention.relative_attention_bias.weight": "pos_embedding.embedding.weight",
              "layer.0.layer_norm.weight": "norm1.weight", "layer.1.layer_norm.weight": "norm2.weight",
              "layer.1.DenseReluDense.wi_0.weight": "ffn.gate.0.weight",
-             "layer.1.DenseReluDense.wi_1.weight": "ffn.fc1.weight", "layer.1.DenseReluDense.wo.weight": "ffn.fc2.weight"}
+             "layer.1.DenseReluDense.wi_1.weight": "ffn.fc1.weight",
+             "layer.1.DenseReluDense.wo.weight": "ffn.fc2.weight"}
 
 
 def umt5_to_wan_t5(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -48,7 +48,8 @@ def write_streaming_safetensors(path: Path, specs: dict[str, tuple[tuple[int, ..
     offset = 0
     for key, (shape, dtype) in specs.items():
         size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        header[key] = {"dtype": _SAFETENSORS_CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        header[key] = {"dtype": _SAFETENSORS_CODES[dtype], "shape": list(shape),
+                       "data_offsets": [offset, offset + size]}
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)

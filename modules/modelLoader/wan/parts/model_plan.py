@@ -129,13 +129,14 @@ def plan_model(config: ModelConfig) -> ModelPlan:
     z_dim = vae.detail.z_dim
     main = transformer_configs["transformer"]
     if main["out_channels"] != z_dim:
+        needs = "Wan 2.2 TI2V-5B needs the Wan 2.2 VAE" if main["out_channels"] == 48 else "it needs the Wan 2.1 VAE"
         raise ModelFileError(f"{origins['vae']}: {vae.files[0]} is the Wan {vae.detail.version} VAE ({z_dim} latent "
                              f"channels) but the transformer {parts['transformer'].files[0]} works on "
-                             f"{main['out_channels']} channels ({'Wan 2.2 TI2V-5B needs the Wan 2.2 VAE' if main['out_channels'] == 48 else 'it needs the Wan 2.1 VAE'})")
-    if "transformer_2" in transformer_configs and transformer_configs["transformer_2"]["in_channels"] != main["in_channels"]:
-        raise ModelFileError(f"{origins['transformer_2']}: the low-noise expert takes "
-                             f"{transformer_configs['transformer_2']['in_channels']} input channels, the high-noise "
-                             f"expert {main['in_channels']}: they are not one A14B pair")
+                             f"{main['out_channels']} channels ({needs})")
+    second = transformer_configs.get("transformer_2")
+    if second is not None and second["in_channels"] != main["in_channels"]:
+        raise ModelFileError(f"{origins['transformer_2']}: the low-noise expert takes {second['in_channels']} input "
+                             f"channels, the high-noise expert {main['in_channels']}: they are not one A14B pair")
     variant = variant_from_transformer(main, z_dim, "transformer_2" in parts)
     if main.get("image_dim") and "image_encoder" not in parts:
         raise ModelFileError(f"{origins['transformer']}: {parts['transformer'].files[0]} is a Wan {variant.value} "
@@ -145,10 +146,10 @@ def plan_model(config: ModelConfig) -> ModelPlan:
     if "text_encoder" not in parts:
         raise ModelFileError(f"model.base_model_name: {base} holds no UMT5 text encoder; set model.text_encoder.path "
                              f"(e.g. umt5_xxl_fp16.safetensors or models_t5_umt5-xxl-enc-bf16.pth)")
-    release = released_for_variant(variant, main["num_attention_heads"] * main["attention_head_dim"])
     if diffusers_base:
         scheduler_config = _read_json(diffusers_base / "scheduler" / "scheduler_config.json")
     else:
+        release = released_for_variant(variant, main["num_attention_heads"] * main["attention_head_dim"])
         model_index = dict(release["model_index"])
         scheduler_config = dict(release["scheduler"])
     vae_config = vae.config if vae.config and vae.config.get("_class_name") == "AutoencoderKLWan" else None
