@@ -209,3 +209,23 @@ def test_fp8_e4m3fn_transformer_stays_fp8_and_matches_its_upcast_weights(tiny_mo
     inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in _inputs(_config(reference)).items()}
     expected = _forward(reference.to(torch.bfloat16), inputs)
     torch.testing.assert_close(_forward(model, inputs), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_float8_weights_from_a_full_precision_file_are_cast_as_read(tiny_model, tmp_path):
+    """model.transformer.weight_dtype FLOAT_8 with a bf16 / fp32 file: the layers diffusers' layerwise casting
+    stores in float8 are float8 straight from the reader; the rest computes in bfloat16."""
+    folder = tiny_model("wan2.1-t2v")
+    reference = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer").eval()
+    path = tmp_path / "wan2.1_t2v_tiny_fp32.safetensors"
+    save_file(transformer_to_original(_transformer_state(folder), prefix=COMFY_PREFIX), str(path))
+    (tmp_path / "config.json").write_text(json.dumps(_config(reference)))
+    _, model = _load_found(path, DataType.FLOAT_8)
+    assert model.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    assert model.patch_embedding.weight.dtype == torch.bfloat16   # skipped by layerwise casting (patch_embed)
+    # the project's FLOAT_8 path on the diffusers folder (WanBaseModelLoader: bf16, then layerwise casting)
+    float8 = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer", torch_dtype=torch.bfloat16)
+    float8.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in _inputs(_config(reference)).items()}
+    ours, theirs = model.state_dict(), float8.eval().state_dict()
+    assert all(torch.equal(ours[k].float(), theirs[k].float()) and ours[k].dtype == theirs[k].dtype for k in ours)
+    torch.testing.assert_close(_forward(model, inputs), _forward(float8, inputs), atol=0, rtol=0)

@@ -113,7 +113,8 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
                      source: str) -> WanTransformer3DModel:
     """Builds the model on the meta device and assigns the file's tensors one at a time, each cast to its target
     dtype as it is read: the weights exist once in memory. fp8 files stay fp8 (upcasting adds no precision), computed
-    in `weight_dtype`'s compute dtype (bfloat16 for FLOAT_8)."""
+    in `weight_dtype`'s compute dtype (bfloat16 for FLOAT_8); FLOAT_8 of a wider file is cast to fp8 as it is read,
+    never held whole in the wider dtype."""
     check_transformer_keys(file, config, source)
     with init_empty_weights():
         model = WanTransformer3DModel.from_config(config)
@@ -126,29 +127,33 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
         # Linear layers keep float8 + scale (ScaledFp8Linear); any other scaled layer (a conv, should a file scale
         # one) is small and dequantised once here
         linear = {m for m in scales if isinstance(model.get_submodule(m), torch.nn.Linear)}
+        for module_name in linear:
+            make_scaled_fp8(model.get_submodule(module_name), scales[module_name])
+            state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
+        stored_fp8: set[str] = set()
+        if store_fp8:
+            # the project's FLOAT_8 path (diffusers' layerwise casting: float8 storage, per-layer upcast), set up on
+            # the meta model so its choice of layers says which tensors to cast to fp8 as they are read; the scaled
+            # layers dequantise themselves and keep their float32 scales out of these casts
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute,
+                                           skip_modules_classes=(ScaledFp8Linear,))
+            stored_fp8 = {n for n, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn}
         for name, key in file.names.items():
             tensor = tensors[key]
             module = name.rsplit(".", 1)[0]
             if module in linear and name.endswith(".weight"):
-                state[name] = tensor if tensor.dtype == torch.float8_e4m3fn else tensor.to(torch.float8_e4m3fn)
+                state[name] = tensor.to(torch.float8_e4m3fn)
             elif module in scales and name.endswith(".weight"):
                 state[name] = (tensor.to(torch.float32) * scales[module]).to(compute)
             elif not tensor.is_floating_point():
                 state[name] = tensor
+            elif name in stored_fp8:
+                # through the compute dtype, as the diffusers-folder FLOAT_8 path rounds (load in bf16, then store)
+                state[name] = tensor.to(compute).to(torch.float8_e4m3fn)
             elif _keeps_fp32(name, keep_fp32) and compute != torch.float32:
                 state[name] = tensor.to(torch.float32)
-            elif store_fp8 and tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                state[name] = tensor.to(torch.float8_e4m3fn)   # cast to the compute dtype per layer at run time
             else:
                 state[name] = tensor.to(compute)
             del tensor
-    for module_name in linear:
-        make_scaled_fp8(model.get_submodule(module_name), scales[module_name])
-        state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
     model.load_state_dict(state, strict=True, assign=True)
-    if store_fp8:
-        # the remaining Linear / conv weights: float8 storage, per-layer upcast (the project's FLOAT_8 path); the
-        # scaled layers dequantise themselves and keep their float32 scales out of these casts
-        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute,
-                                       skip_modules_classes=(ScaledFp8Linear,))
     return model.eval()
