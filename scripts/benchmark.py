@@ -6,7 +6,8 @@
                      [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]
                      [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
   benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH]
-  benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b] [--layout diffusers|original_bf16|fp8_scaled ...]
+  benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
+                    [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8 ...]
                     [--keep-files] [--json PATH]
 
 Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
@@ -27,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     load = commands.add_parser("load", help="peak RSS while loading a real-size transformer from each file layout")
     load.add_argument("--workdir", required=True, help="where the (zero-filled, real-size) files are written")
     load.add_argument("--release", default="wan2.1-t2v-1.3b", help="a resources/wan_configs name")
-    load.add_argument("--layout", action="append", choices=["diffusers", "original_bf16", "fp8_scaled"],
-                      help="repeatable; default: all three")
+    load.add_argument("--layout", action="append",
+                      choices=["diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8"],
+                      help="repeatable; default: all")
     load.add_argument("--keep-files", action="store_true", help="keep the written files (default: deleted)")
     load.add_argument("--json", default=None)
 

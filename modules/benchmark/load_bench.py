@@ -7,6 +7,7 @@ tensor (zeros: the loader's memory does not depend on the values) as
 - `original_bf16`: one ComfyUI-style file with the official Wan names under `model.diffusion_model.`, bf16;
 - `fp8_scaled`: the same as ComfyUI's `*_fp8_scaled.safetensors` (float8 block Linear weights + `scale_weight`, the
   `scaled_fp8` marker, the rest bf16);
+- `original_bf16_as_fp8`: the bf16 file loaded with FLOAT_8 weights (cast to float8 as read);
 then each is loaded in a fresh process, which reports its peak resident set (ru_maxrss) before the load and after
 it, with every weight page touched (resident, as in training).
 """
@@ -23,7 +24,7 @@ import torch
 
 from modules.benchmark.common import GIB
 
-LAYOUTS = ("diffusers", "original_bf16", "fp8_scaled")
+LAYOUTS = ("diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8")
 _SAFETENSORS_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
                       torch.float8_e4m3fn: "F8_E4M3"}
 _CHUNK = 64 * 1024 * 1024
@@ -76,6 +77,7 @@ def write_layout(layout: str, folder: Path, release: str) -> Path:
                                     {k: (tuple(v.shape), torch.bfloat16) for k, v in meta.items()})
         return target
     original = diffusers_to_original_state_dict(meta, prefix="model.diffusion_model.")
+    layout = "original_bf16" if layout == "original_bf16_as_fp8" else layout
     specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     for key, value in original.items():
         name = key.removeprefix("model.diffusion_model.")
@@ -132,7 +134,7 @@ def run_load_benchmark(workdir: Path, release: str = "wan2.1-t2v-1.3b", layouts=
         path = write_layout(layout, workdir, release)
         weight_file = path / "diffusion_pytorch_model.safetensors" if path.is_dir() else path
         size = weight_file.stat().st_size
-        weight_dtype = "FLOAT_8" if layout == "fp8_scaled" else "BFLOAT_16"
+        weight_dtype = "FLOAT_8" if layout in ("fp8_scaled", "original_bf16_as_fp8") else "BFLOAT_16"
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process ({weight_dtype})")
         code = ("import json, sys; from pathlib import Path; "
                 "from modules.benchmark.load_bench import measure_in_this_process; "
