@@ -229,3 +229,24 @@ def test_float8_weights_from_a_full_precision_file_are_cast_as_read(tiny_model, 
     ours, theirs = model.state_dict(), float8.eval().state_dict()
     assert all(torch.equal(ours[k].float(), theirs[k].float()) and ours[k].dtype == theirs[k].dtype for k in ours)
     torch.testing.assert_close(_forward(model, inputs), _forward(float8, inputs), atol=0, rtol=0)
+
+
+def test_every_released_config_is_found_again_from_its_shapes_alone():
+    """The real sizes (resources/wan_configs): a file with no config beside it gets back the released config and
+    variant from its tensor shapes, and the released VAE fits the VAE's shapes."""
+    from accelerate import init_empty_weights
+    from modules.modelLoader.wan.parts.tensor_files import TensorInfo
+    from modules.modelLoader.wan.parts.vae_files import recognise_vae
+    from modules.modelLoader.wan.parts.wan_configs import released_configs, variant_from_transformer
+    for name, release in released_configs().items():
+        with init_empty_weights():
+            transformer = WanTransformer3DModel.from_config(release["transformer"])
+            vae = AutoencoderKLWan.from_config(release["vae"])
+        shapes = {k: TensorInfo(tuple(v.shape), "bfloat16") for k, v in transformer.state_dict().items()}
+        derived = transformer_config_from_shapes(shapes, name)
+        assert {k: derived[k] for k in release["transformer"]} == release["transformer"], name
+        z_dim = recognise_vae({k: TensorInfo(tuple(v.shape), "bfloat16") for k, v in vae.state_dict().items()}).z_dim
+        two_experts = "boundary_ratio" in release["model_index"]
+        assert variant_from_transformer(derived, z_dim, two_experts).value == release["variant"], name
+        assert vae_config_for(recognise_vae({k: TensorInfo(tuple(v.shape), "bfloat16")
+                                             for k, v in vae.state_dict().items()}), None) == release["vae"], name
