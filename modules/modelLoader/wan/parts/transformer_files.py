@@ -46,7 +46,9 @@ def dtype_label(dtype: str) -> str:
 def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None:
     """The layout of a Wan transformer state dict from its key names, or None when it is not one."""
     prefix = detect_prefix(keys)
-    stripped = strip_prefix_keys(keys, prefix)   # name without prefix -> key in the file
+    # name without prefix -> key in the file; with a prefix, keys without it (the VAE / text encoder of a ComfyUI
+    # checkpoint that bundles them) are not the transformer's, as ComfyUI reads such files
+    stripped = strip_prefix_keys([k for k in keys if k.startswith(prefix)], prefix)
     if "patch_embedding.weight" not in stripped:
         return None
     if "head.head.weight" in stripped and "blocks.0.self_attn.q.weight" in stripped:
