@@ -1,0 +1,113 @@
+"""The UMT5 text encoder from the files users hold (official Wan T5 .pth, ComfyUI umt5_xxl safetensors, fp8_scaled)
+computes what the diffusers folder's text_encoder computes."""
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer, UMT5EncoderModel
+
+from modules.modelLoader.wan.parts.tensor_files import ModelFileError, read_keys_and_shapes
+from modules.modelLoader.wan.parts.text_encoder_files import (load_text_encoder, recognise_text_encoder,
+                                                              text_encoder_config)
+from modules.util.tiny_model_files import to_scaled_fp8_text_encoder, umt5_to_comfyui, umt5_to_wan_t5
+
+PROMPT = "a red ball moving left in a wide scene"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    folder = tiny_model("wan2.1-t2v")
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    ids = tokenizer(PROMPT, return_tensors="pt")
+    model = UMT5EncoderModel.from_pretrained(folder / "text_encoder", torch_dtype=torch.float32)
+    state = load_file(str(folder / "text_encoder" / "model.safetensors"))
+    return model, ids, state
+
+
+def _embed(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids.input_ids, attention_mask=ids.attention_mask).last_hidden_state
+
+
+def _write(tmp_path, layout, state):
+    if layout == "wan":
+        path = tmp_path / "models_t5_umt5-xxl-enc-bf16.pth"
+        torch.save(umt5_to_wan_t5(state), path)   # a plain dict of tensors, as the official file
+        return path
+    if layout == "comfyui":
+        converted = umt5_to_comfyui(state)
+    elif layout == "comfyui_no_encoder_prefix":
+        converted = umt5_to_comfyui(state, stack_prefix="")
+    else:   # a checkpoint bundling the encoder under an outer prefix, beside other tensors
+        converted = {f"text_encoders.umt5xxl.transformer.{k}": v for k, v in umt5_to_comfyui(state).items()}
+        converted["model.diffusion_model.unrelated.weight"] = torch.zeros(2)
+    path = tmp_path / "umt5_xxl.safetensors"
+    save_file(converted, str(path))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["wan", "comfyui", "comfyui_no_encoder_prefix", "comfyui_bundled"])
+def test_text_encoder_layouts_compute_the_diffusers_embeddings(reference, tmp_path, layout):
+    model, ids, state = reference
+    path = _write(tmp_path, layout, state)
+    recognised = recognise_text_encoder(read_keys_and_shapes(path))
+    assert recognised == ("wan" if layout == "wan" else "comfyui")
+    loaded = load_text_encoder([path], recognised, torch.float32)
+    assert loaded.config.d_model == model.config.d_model and loaded.config.num_heads == model.config.num_heads
+    assert loaded.get_input_embeddings() is loaded.encoder.embed_tokens
+    torch.testing.assert_close(_embed(loaded, ids), _embed(model, ids), atol=1e-6, rtol=0)
+
+
+def test_scaled_fp8_text_encoder_is_within_fp8_tolerance_of_its_dequantised_weights(reference, tmp_path):
+    model, ids, state = reference
+    quantised = to_scaled_fp8_text_encoder(umt5_to_comfyui(state))
+    path = tmp_path / "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
+    save_file(quantised, str(path))
+    keys = read_keys_and_shapes(path)
+    assert keys["scaled_fp8"].dtype == "float8_e4m3fn"
+    assert recognise_text_encoder(keys) == "comfyui"
+    loaded = load_text_encoder([path], "comfyui", torch.float32)
+    # the reference: the file's own fp8 numbers times their scales, in the diffusers model
+    dequantised = {}
+    for key, value in quantised.items():
+        if key == "scaled_fp8" or key.endswith(".scale_weight"):
+            continue
+        scale = quantised.get(key.removesuffix(".weight") + ".scale_weight")
+        dequantised[key] = value.float() * scale if scale is not None else value.float()
+    reference_model = UMT5EncoderModel(model.config).eval()
+    reference_model.load_state_dict(dequantised, strict=False)
+    reference_model.tie_weights()
+    assert torch.equal(loaded.encoder.block[0].layer[0].SelfAttention.q.weight,
+                       dequantised["encoder.block.0.layer.0.SelfAttention.q.weight"])
+    torch.testing.assert_close(_embed(loaded, ids), _embed(reference_model, ids), atol=1e-6, rtol=0)
+    # and fp8 stays close to the full-precision encoder (the quantisation error, not a wrong mapping)
+    error = (_embed(loaded, ids) - _embed(model, ids)).abs().max() / _embed(model, ids).abs().max()
+    assert 0 < error < 0.1
+
+
+def test_released_umt5_xxl_config_comes_back_from_its_shapes():
+    shapes = {"shared.weight": (256384, 4096)}
+    for i in range(24):
+        shapes[f"encoder.block.{i}.layer.0.SelfAttention.q.weight"] = (4096, 4096)
+        shapes[f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight"] = (32, 64)
+        shapes[f"encoder.block.{i}.layer.1.DenseReluDense.wi_0.weight"] = (10240, 4096)
+    config = text_encoder_config(shapes, "umt5")
+    assert (config["d_model"], config["d_kv"], config["num_heads"], config["d_ff"], config["num_layers"],
+            config["vocab_size"], config["relative_attention_num_buckets"]) == (4096, 64, 64, 10240, 24, 256384, 32)
+    assert config["feed_forward_proj"] == "gated-gelu" and config["relative_attention_max_distance"] == 128
+
+
+def test_plain_t5_and_wrong_shapes_are_refused(reference, tmp_path):
+    _, _, state = reference
+    t5_like = {k: v for k, v in umt5_to_comfyui(state).items() if "block.1.layer.0.SelfAttention.relative" not in k}
+    assert recognise_text_encoder({k: read_keys_and_shapes_of(v) for k, v in t5_like.items()}) is None
+    broken = umt5_to_comfyui(state)
+    broken["encoder.block.1.layer.1.DenseReluDense.wo.weight"] = torch.zeros(3, 3)
+    path = tmp_path / "broken.safetensors"
+    save_file(broken, str(path))
+    with pytest.raises(ModelFileError, match=r"broken\.safetensors.*wrong shape.*wo\.weight"):
+        load_text_encoder([path], "comfyui", torch.float32)
+
+
+def read_keys_and_shapes_of(tensor):
+    from modules.modelLoader.wan.parts.tensor_files import TensorInfo
+    return TensorInfo(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
