@@ -281,6 +281,7 @@ def test_a_comfyui_folder_with_a_config_json_is_searched_file_by_file(tiny_model
     _comfy_transformer(base, folder / "wan2.1_t2v_tiny.safetensors")
     (folder / "config.json").write_text((base / "transformer" / "config.json").read_text())
     save_file(vae21_to_original(_state(base, "vae")), str(folder / "wan_2.1_vae.safetensors"))
-    plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=PartConfig(path=str(base / "text_encoder"))))
+    text_encoder = PartConfig(path=str(base / "text_encoder"))
+    plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))
     assert (plan.parts["transformer"].layout, plan.parts["vae"].layout) == ("comfyui", "wan2.1")
     assert plan.parts["vae"].files == [folder / "wan_2.1_vae.safetensors"]
