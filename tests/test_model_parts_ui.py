@@ -17,6 +17,9 @@ def test_each_part_path_is_described_by_its_content(tiny_model, tmp_path):
 
     assert describe_part(str(transformer)) == "transformer: comfyui, fp8_scaled"
     assert describe_part(str(vae)) == "vae: wan2.1, fp32"
+    junk = tmp_path / "notes.safetensors"
+    save_file({"x": torch.zeros(2)}, str(junk))
+    assert describe_part(str(junk)).startswith(f"not usable: {junk}: holds no Wan model part")
     assert describe_part(str(base / "transformer")) == "transformer: diffusers, fp32"
 
     controller = TrainController(last_used=tmp_path / "last_used.json")

@@ -10,10 +10,7 @@ Key maps (each the inverse of the public conversion to diffusers):
 - Wan 2.1 VAE (`Wan2.1_VAE.pth`): inverse of diffusers' `convert_wan_vae_to_diffusers`
   (diffusers/loaders/single_file_utils.py): flat `encoder.downsamples.N`, decoder `upsamples.N` with N = 4 * block +
   resnet (the upsampler at 4 * block + 3), `middle.0/1/2`, `head.0/2`, `conv1`/`conv2` for the quant convs.
-- UMT5 encoder, official `models_t5_umt5-xxl-enc-bf16.pth`: the module names of Wan2.1 `wan/modules/t5.py`
-  (`T5Encoder`: token_embedding, blocks.N.{norm1, attn.{q,k,v,o}, norm2, ffn.{gate.0, fc1, fc2},
-  pos_embedding.embedding}, norm) against transformers' `UMT5EncoderModel` names (ComfyUI's `umt5_xxl_*` files
-  keep the latter).
+(The text and image encoders' files: modules/util/tiny_model_files.py.)
 - Wan 2.2 VAE (`Wan2.2_VAE.pth`): inverse of `convert_vae_22` in huggingface/diffusers
   scripts/convert_wan_to_diffusers.py: nested `downsamples.B.downsamples.I` / `upsamples.B.upsamples.I`, the
   resampler at index num_res_blocks (encoder) / num_res_blocks + 1 (decoder).
@@ -119,28 +116,3 @@ def official_transformer_config(diffusers_config: dict) -> dict:
             "freq_dim": diffusers_config["freq_dim"], "in_dim": diffusers_config["in_channels"],
             "model_type": "t2v" if diffusers_config["in_channels"] != 36 else "i2v", "num_heads": heads,
             "num_layers": diffusers_config["num_layers"], "out_dim": diffusers_config["out_channels"], "text_len": 512}
-
-
-_T5_BLOCK = {"layer.0.SelfAttention.q.weight": "attn.q.weight", "layer.0.SelfAttention.k.weight": "attn.k.weight",
-             "layer.0.SelfAttention.v.weight": "attn.v.weight", "layer.0.SelfAttention.o.weight": "attn.o.weight",
-             "layer.0.SelfAttention.relative_attention_bias.weight": "pos_embedding.embedding.weight",
-             "layer.0.layer_norm.weight": "norm1.weight", "layer.1.layer_norm.weight": "norm2.weight",
-             "layer.1.DenseReluDense.wi_0.weight": "ffn.gate.0.weight",
-             "layer.1.DenseReluDense.wi_1.weight": "ffn.fc1.weight",
-             "layer.1.DenseReluDense.wo.weight": "ffn.fc2.weight"}
-
-
-def umt5_to_wan_t5(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, value in state.items():
-        if key == "encoder.embed_tokens.weight":
-            continue   # tied to shared.weight
-        if key == "shared.weight":
-            out["token_embedding.weight"] = value
-        elif key == "encoder.final_layer_norm.weight":
-            out["norm.weight"] = value
-        else:
-            match = re.match(r"^encoder\.block\.(\d+)\.(.+)$", key)
-            assert match and match[2] in _T5_BLOCK, key
-            out[f"blocks.{match[1]}.{_T5_BLOCK[match[2]]}"] = value
-    return out
