@@ -127,3 +127,41 @@ def test_a_mix_of_official_vae_comfyui_transformer_and_diffusers_text_encoder_tr
                                                                                   str(path))])
     assert "Wan2.1_VAE.pth: wan2.1, fp32 [model.vae.path]" in lines[2]
     assert "text_encoder: " in lines[3] and ": diffusers, fp32 [model.text_encoder.path]" in lines[3]
+
+
+def test_official_i2v_and_a14b_release_folders_load_the_diffusers_folders_parts(tiny_model, tmp_path):
+    """I2V: the CLIP .pth (open-clip XLM-RoBERTa ViT-H/14 as Wan ships it) gives the image tokens the diffusers
+    folder's CLIP gives; A14B: the experts come from high_noise_model/ and low_noise_model/."""
+    from PIL import Image
+    i2v = tiny_model("wan2.1-i2v")
+    release = official_folder(i2v, tmp_path / "Wan2.1-I2V-tiny")
+    # the tiny CLIP is 24 wide, no released width: its config.json goes beside it (the release folder's own
+    # config.json is the transformer's), so it moves to a folder of its own, which the search finds
+    clip = release / "clip"
+    clip.mkdir()
+    (release / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth").rename(
+        clip / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth")
+    shutil.copy(i2v / "image_encoder" / "config.json", clip / "config.json")
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(release)))
+    reference = WanBaseModelLoader().load(ModelConfig(base_model_name=str(i2v)))
+    assert model.variant.value == "I2V"
+    _same_weights(model, reference)
+    image = Image.new("RGB", (40, 24), (200, 30, 90))
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_image([image]), reference.encode_image([image]), atol=1e-6, rtol=0)
+
+    a14b = tiny_model("wan2.2-t2v-a14b")
+    release = tmp_path / "Wan2.2-T2V-A14B-tiny"
+    for expert, folder in (("transformer", "high_noise_model"), ("transformer_2", "low_noise_model")):
+        (release / folder).mkdir(parents=True)
+        save_file(transformer_to_original(_state(a14b, expert)), str(release / folder / "model.safetensors"))
+        config = json.loads((a14b / expert / "config.json").read_text())
+        (release / folder / "config.json").write_text(json.dumps(official_transformer_config(config)))
+    torch.save(vae21_to_original(_state(a14b, "vae")), release / "Wan2.1_VAE.pth")
+    write_official_encoders(a14b, release)
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(release)))
+    reference = WanBaseModelLoader().load(ModelConfig(base_model_name=str(a14b)))
+    assert model.variant.value == "T2V_A14B" and model.boundary_ratio == 0.875
+    for expert in ("transformer", "transformer_2"):
+        ours, theirs = getattr(model, expert).state_dict(), getattr(reference, expert).state_dict()
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), expert

@@ -96,7 +96,10 @@ def _part_folder(folder: Path) -> FoundPart | None:
     part = next((_DIFFUSERS_CLASSES[c] for c in classes if c in _DIFFUSERS_CLASSES), None)
     if part is None:
         return None
-    groups = [g for g in group_weight_files(folder) if g[0].name.endswith(".safetensors")]
+    all_groups = group_weight_files(folder)
+    groups = [g for g in all_groups if g[0].name.endswith(".safetensors")]
+    if not groups and all_groups:
+        return None   # .pth / .pt / .ckpt model parts: searched, read with the restricted loader
     if not groups:
         from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder
         try:
