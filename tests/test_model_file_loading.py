@@ -78,10 +78,15 @@ def _plan(base, **parts):
 
 def test_a_vae_file_given_as_the_transformer_is_refused(tiny_model, tmp_path):
     base = tiny_model("wan2.1-t2v")
-    vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
-    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*Wan2.1_VAE.pth holds vae \(wan2.1\), not a "
-                                             r"Wan transformer"):
+    vae = tmp_path / "wan_2.1_vae.safetensors"   # ComfyUI's VAE file
+    save_file(vae21_to_original(_state(base, "vae")), str(vae))
+    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*wan_2.1_vae.safetensors holds vae "
+                                             r"\(wan2.1\), not a Wan transformer"):
         _plan(base, transformer=vae)
+    # a transformer is read from safetensors only (the restricted .pth reader is for the VAE, T5 and CLIP files)
+    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*Wan2.1_VAE.pth' is a .pth file; only "
+                                             r"safetensors files are read"):
+        _plan(base, transformer=_official_vae(base, tmp_path / "Wan2.1_VAE.pth"))
 
 
 def test_a_wan21_vae_with_a_ti2v_transformer_is_refused(tiny_model, tmp_path):

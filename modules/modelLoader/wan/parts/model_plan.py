@@ -81,6 +81,14 @@ def _override(config: ModelConfig, part: str) -> FoundPart | None:
     path = getattr(config, part).path
     if not path:
         return None
+    if part.startswith("transformer") and Path(path).is_file():
+        # transformers are released and shared as safetensors only; the restricted .pth reader is for the official
+        # VAE, T5 and CLIP files
+        from modules.util.safetensors_only import NotSafetensorsError, require_safetensors
+        try:
+            require_safetensors(path, f"model.{part}.path")
+        except NotSafetensorsError as error:
+            raise ModelFileError(str(error)) from None
     found = find_parts(path)
     kind = _KIND[part]
     matching = [c for c in found if c.part == kind]
