@@ -272,3 +272,16 @@ def test_searching_a_folder_skips_other_tools_pickles_but_not_a_damaged_safetens
     (folder / "t2v.safetensors").write_bytes(data[:-10])
     with pytest.raises(ModelFileError, match="t2v.safetensors: truncated"):
         plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))
+
+
+def test_a_comfyui_folder_with_a_config_json_is_searched_file_by_file(tiny_model, tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    folder = tmp_path / "comfy"
+    folder.mkdir()
+    _comfy_transformer(base, folder / "wan2.1_t2v_tiny.safetensors")
+    (folder / "config.json").write_text((base / "transformer" / "config.json").read_text())
+    save_file(vae21_to_original(_state(base, "vae")), str(folder / "wan_2.1_vae.safetensors"))
+    text_encoder = PartConfig(path=str(base / "text_encoder"))
+    plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))
+    assert (plan.parts["transformer"].layout, plan.parts["vae"].layout) == ("comfyui", "wan2.1")
+    assert plan.parts["vae"].files == [folder / "wan_2.1_vae.safetensors"]

@@ -78,7 +78,8 @@ class WanPartsLoader:
         dtype = part.weight_dtype.torch_dtype()
         if found.folder is not None:
             return _from_folder(AutoencoderKLWan, found, dtype)
-        config = plan.vae_config or vae_config_for(found.detail, found.config)
+        # plan.vae_config: a VAE config.json beside the file or the diffusers base's; else the released VAE's
+        config = plan.vae_config or vae_config_for(found.detail, None)
         return load_vae(found.files, found.detail, config, dtype, str(found.files[0]))
 
     @staticmethod

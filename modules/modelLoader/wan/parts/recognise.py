@@ -96,7 +96,10 @@ def _part_folder(folder: Path) -> FoundPart | None:
     part = next((_DIFFUSERS_CLASSES[c] for c in classes if c in _DIFFUSERS_CLASSES), None)
     if part is None:
         return None
-    groups = [g for g in group_weight_files(folder) if g[0].name.endswith(".safetensors")]
+    all_groups = group_weight_files(folder)
+    groups = [g for g in all_groups if g[0].name.endswith(".safetensors")]
+    if not groups and all_groups:
+        return None   # .pth / .pt / .ckpt model parts: searched, read with the restricted loader
     if not groups:
         from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder
         try:
@@ -104,10 +107,12 @@ def _part_folder(folder: Path) -> FoundPart | None:
         except NotSafetensorsError as error:
             raise ModelFileError(str(error)) from None
         raise ModelFileError(f"{folder}: config.json names {part} but the folder holds no .safetensors weights")
-    files = [f for group in groups for f in group]
+    if len(groups) > 1:
+        return None   # several weight files beside a config.json (a ComfyUI folder): searched file by file
+    files = groups[0]
     keys = read_keys_and_shapes(files)
     detail = recognise_transformer(keys) if part == "transformer" else recognise_vae(keys) if part == "vae" else None
-    if detail is not None and detail.layout != "diffusers":
+    if part in ("transformer", "vae") and (detail is None or detail.layout != "diffusers"):
         return None   # a config.json beside files in another layout: the folder is searched, the config kept
 
     return FoundPart(part, files, "diffusers", dominant_dtype(keys), detail, config=config, folder=folder, keys=keys)
