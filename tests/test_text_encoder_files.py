@@ -132,3 +132,24 @@ def test_plain_t5_and_wrong_shapes_are_refused(reference, tmp_path):
     save_file(broken, str(path))
     with pytest.raises(ModelFileError, match=r"broken\.safetensors.*wrong shape.*wo\.weight"):
         load_text_encoder([path], "comfyui", torch.float32)
+
+
+@pytest.mark.parametrize("layout", ["wan", "comfyui"])
+def test_the_real_umt5_xxl_file_names_and_shapes_plan_the_released_encoder(layout):
+    """A real-size encoder (meta tensors: names and shapes only) in each layout is recognised and checked whole."""
+    from accelerate import init_empty_weights
+    from transformers import UMT5Config
+
+    from modules.modelLoader.wan.parts.text_encoder_files import CONFIG_PATH, plan_text_encoder
+
+    released = json.loads(CONFIG_PATH.read_text())
+    with init_empty_weights():
+        state = UMT5EncoderModel(UMT5Config(**released)).state_dict()
+    converted = umt5_to_wan_t5(state) if layout == "wan" else umt5_to_comfyui(state)
+    keys = {k: TensorInfo(tuple(v.shape), "bfloat16") for k, v in converted.items()}
+    assert keys["token_embedding.weight" if layout == "wan" else "shared.weight"].shape == (256384, 4096)
+    assert recognise_text_encoder(keys) == layout
+    _, config = plan_text_encoder(keys, layout, "umt5-xxl")
+    # (transformers 5 forces tie_word_embeddings for the T5 family; an encoder has no head to tie)
+    compared = [k for k in released if k not in ("architectures", "tie_word_embeddings")]
+    assert {k: getattr(config, k) for k in compared} == {k: released[k] for k in compared}
