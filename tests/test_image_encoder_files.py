@@ -93,3 +93,31 @@ def test_a_missing_layer_tensor_is_named_before_weights_load(reference, tmp_path
     save_file(broken, str(path))
     with pytest.raises(ModelFileError, match=r"clip_vision_h\.safetensors.*1 missing.*layers\.1\.mlp\.fc2\.bias"):
         load_image_encoder([path], "comfyui", torch.float32, config={"num_attention_heads": 2})
+
+
+@pytest.mark.parametrize("layout", ["wan", "open_clip", "comfyui"])
+def test_the_real_vit_h_14_file_names_and_shapes_plan_the_released_tower(layout):
+    """A real-size tower (meta tensors) in each layout is recognised and planned with the released config."""
+    import json
+
+    from accelerate import init_empty_weights
+
+    from modules.modelLoader.wan.parts.image_encoder_files import CONFIG_DIR, plan_image_encoder
+    from modules.modelLoader.wan.parts.tensor_files import TensorInfo
+    from transformers import CLIPVisionConfig
+
+    released = json.loads((CONFIG_DIR / "clip-vit-h-14.json").read_text())
+    with init_empty_weights():
+        state = {f"vision_model.{k}": v for k, v in CLIPVisionModel(CLIPVisionConfig(**released)).state_dict().items()}
+    projection = torch.empty(1024, 1280, device="meta")
+    converted = {"comfyui": lambda: clip_vision_to_comfyui(state, projection),
+                 "wan": lambda: hf_to_wan_clip(state, projection),
+                 "open_clip": lambda: hf_to_open_clip_names(state, projection)}[layout]()
+    keys = {k: TensorInfo(tuple(v.shape), "float16") for k, v in converted.items()}
+    if layout == "wan":
+        assert keys["visual.transformer.31.attn.to_qkv.weight"].shape == (3840, 1280)
+        assert keys["visual.pos_embedding"].shape == (1, 257, 1280)
+    assert recognise_image_encoder(keys) == layout
+    _, config = plan_image_encoder(keys, layout, "clip", None)
+    assert {k: config[k] for k in released if k != "architectures"} == \
+        {k: v for k, v in released.items() if k != "architectures"}

@@ -43,8 +43,9 @@ SPIECE_MODEL_KEY = "spiece_model"
 #   (a parameter used as x @ head); the `textual.` XLM-RoBERTa tower and `log_scale` are not the image encoder.
 # - open_clip ViT (`visual.conv1`, `class_embedding` [D], `positional_embedding` [L, D], `ln_pre`,
 #   `transformer.resblocks.N.{ln_1, attn.in_proj_weight/bias, attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}`,
-#   `ln_post`, `proj` [D, E]): mlfoundations/open_clip `transformer.py` VisionTransformer, as transformers'
-#   `convert_clip_original_pytorch_to_hf.py` maps OpenAI CLIP's same names.
+#   `ln_post`, `proj` [D, E]): mlfoundations/open_clip `transformer.py` VisionTransformer, as ComfyUI's
+#   comfy/clip_vision.py `convert_to_transformers` maps it (in_proj split in three, `proj` transposed into
+#   `visual_projection.weight`).
 _WAN_CLIP_LAYER = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj",
                    "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2"}
 _OPEN_CLIP_LAYER = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "attn.out_proj": "self_attn.out_proj",

@@ -23,6 +23,7 @@ from accelerate import init_empty_weights
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
+from modules.modelLoader.wan.parts.text_encoder_files import shape_mismatch
 from modules.util.encoder_keys import ClipSource, clip_vision_sources
 
 LAYOUT_WAN = "wan"
@@ -133,27 +134,32 @@ def image_processor_for(config: dict, path: Path) -> CLIPImageProcessor:
     return CLIPImageProcessor(**settings)
 
 
-def load_image_encoder(paths: list[Path], layout: str, dtype: torch.dtype, config: dict | None = None
-                       ) -> tuple[CLIPVisionModel, CLIPImageProcessor]:
-    """CLIPVisionModel in `dtype` (meta-built, filled one tensor at a time) and its image processor."""
-    paths = [Path(p) for p in paths]
-    source = str(paths[0])
-    keys = read_keys_and_shapes(paths)
+def plan_image_encoder(keys: dict[str, TensorInfo], layout: str, source: str, config: dict | None
+                       ) -> tuple[dict[str, ClipSource], dict]:
+    """Where each CLIPVisionModel tensor is in the file and the tower's config, every tensor checked against a
+    meta-built model: from the header alone, before any weight is read."""
     sources = image_encoder_sources(keys, layout)
     if not sources:
         raise ModelFileError(f"{source}: not a CLIP vision tower in the {layout!r} layout")
     shapes = {name: _shape(src, keys[src.key]) for name, src in sources.items()}
-    settings = image_encoder_config(shapes, source, config or _beside_config(paths[0]))
+    settings = image_encoder_config(shapes, source, config)
     with init_empty_weights():
         model = CLIPVisionModel(CLIPVisionConfig(**settings))
-    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
-    wrong = [f"{n}: {shapes[n]} (expected {s})" for n, s in expected.items() if n in shapes and shapes[n] != s]
-    if missing or unexpected or wrong:
-        raise ModelFileError(f"{source}: the tensors do not make a CLIP vision tower: {len(missing)} missing (e.g. "
-                             f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), {len(wrong)} "
-                             f"of the wrong shape (e.g. {wrong[:2]})")
+    problem = shape_mismatch({name: tuple(p.shape) for name, p in model.state_dict().items()}, shapes)
+    if problem:
+        raise ModelFileError(f"{source}: the tensors do not make a CLIP vision tower: {problem}")
+    return sources, settings
+
+
+def load_image_encoder(paths: list[Path], layout: str, dtype: torch.dtype, config: dict | None = None
+                       ) -> tuple[CLIPVisionModel, CLIPImageProcessor]:
+    """CLIPVisionModel in `dtype` (meta-built, filled one tensor at a time) and its image processor. `config`: a
+    CLIPVisionConfig dict for a tower whose head count is not the released ViT-H/14's."""
+    paths = [Path(p) for p in paths]
+    sources, settings = plan_image_encoder(read_keys_and_shapes(paths), layout, str(paths[0]),
+                                           config or _beside_config(paths[0]))
+    with init_empty_weights():
+        model = CLIPVisionModel(CLIPVisionConfig(**settings))
     state: dict[str, torch.Tensor] = {}
     with open_tensors(paths) as tensors:
         fused: dict[str, torch.Tensor] = {}   # a fused q/k/v tensor is read once for its three parts

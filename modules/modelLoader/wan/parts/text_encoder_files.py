@@ -151,15 +151,21 @@ def _dequantise(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return weight.to(torch.float32) * scale
 
 
-def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype) -> UMT5EncoderModel:
-    """A UMT5EncoderModel in `dtype` from a file (or shard set) in `layout`, built on the meta device and filled one
-    tensor at a time, each cast as it is read (the weights exist once in memory).
+def shape_mismatch(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """What keeps `shapes` from filling a model whose state has `expected` shapes (counts and examples), or None."""
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = [f"{name}: {tuple(shapes[name])} (expected {shape})" for name, shape in expected.items()
+             if name in shapes and tuple(shapes[name]) != shape]
+    if not (missing or unexpected or wrong):
+        return None
+    return (f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), "
+            f"{len(wrong)} of the wrong shape (e.g. {wrong[:2]})")
 
-    An fp8_scaled encoder is dequantised to `dtype` here, tensor by tensor: it is frozen, runs once per caption (or
-    once for the whole cache) and is small beside the transformer, so it is not kept in float8 as the transformer is.
-    """
-    source = str(paths[0])
-    keys = read_keys_and_shapes(paths)
+
+def plan_text_encoder(keys: dict[str, TensorInfo], layout: str, source: str) -> tuple[TextEncoderKeys, UMT5Config]:
+    """The file's names and the encoder's config, every tensor checked against a meta-built model: from the header
+    alone, so a wrong file is reported before any weight is read."""
     found = text_encoder_keys(keys)
     if found is None or found.layout != layout:
         raise ModelFileError(f"{source}: not a UMT5 text encoder in the {layout!r} layout")
@@ -168,14 +174,22 @@ def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype) -> UMT
     with init_empty_weights():
         model = UMT5EncoderModel(config)
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items() if name != "encoder.embed_tokens.weight"}
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
-    wrong = [f"{name}: {shapes[name]} (expected {s})" for name, s in expected.items()
-             if name in shapes and tuple(shapes[name]) != s]
-    if missing or unexpected or wrong:
-        raise ModelFileError(f"{source}: the tensors do not make a UMT5 encoder: {len(missing)} missing (e.g. "
-                             f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), {len(wrong)} of "
-                             f"the wrong shape (e.g. {wrong[:2]})")
+    problem = shape_mismatch(expected, shapes)
+    if problem:
+        raise ModelFileError(f"{source}: the tensors do not make a UMT5 encoder: {problem}")
+    return found, config
+
+
+def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype) -> UMT5EncoderModel:
+    """A UMT5EncoderModel in `dtype` from a file (or shard set) in `layout`, built on the meta device and filled one
+    tensor at a time, each cast as it is read (the weights exist once in memory).
+
+    An fp8_scaled encoder is dequantised to `dtype` here, tensor by tensor: it is frozen, runs once per caption (or
+    once for the whole cache) and is small beside the transformer, so it is not kept in float8 as the transformer is.
+    """
+    found, config = plan_text_encoder(read_keys_and_shapes(paths), layout, str(paths[0]))
+    with init_empty_weights():
+        model = UMT5EncoderModel(config)
     # as from_pretrained does: the feed-forward output stays float32 when loading in float16 (T5's activations
     # overflow float16 there)
     keep_fp32 = set(UMT5EncoderModel._keep_in_fp32_modules or []) if dtype == torch.float16 else set()
