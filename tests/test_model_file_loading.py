@@ -290,3 +290,15 @@ def test_a_comfyui_folder_with_a_config_json_is_searched_file_by_file(tiny_model
     plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))
     assert (plan.parts["transformer"].layout, plan.parts["vae"].layout) == ("comfyui", "wan2.1")
     assert plan.parts["vae"].files == [folder / "wan_2.1_vae.safetensors"]
+
+
+def test_a_misshapen_text_encoder_file_is_refused_by_the_plan(tiny_model, tmp_path):
+    from modules.util.tiny_model_files import write_comfy_encoders
+    base = tiny_model("wan2.1-t2v")
+    [text] = write_comfy_encoders(base, tmp_path / "enc").values()
+    state = load_file(str(text))
+    key = next(k for k in state if k.endswith("block.1.layer.1.DenseReluDense.wo.weight"))
+    state[key] = state[key][:, :-1].contiguous()
+    save_file(state, str(text))
+    with pytest.raises(ModelFileError, match="umt5_xxl_fp16.safetensors: the tensors do not make a UMT5 encoder"):
+        _plan(base, text_encoder=text)

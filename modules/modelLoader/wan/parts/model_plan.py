@@ -154,6 +154,7 @@ def plan_model(config: ModelConfig) -> ModelPlan:
     if "text_encoder" not in parts:
         raise ModelFileError(f"model.base_model_name: {base} holds no UMT5 text encoder; set model.text_encoder.path "
                              f"(e.g. umt5_xxl_fp16.safetensors or models_t5_umt5-xxl-enc-bf16.pth)")
+    _check_encoders(parts)
     if diffusers_base:
         scheduler_config = _read_json(diffusers_base / "scheduler" / "scheduler_config.json")
     else:
@@ -171,6 +172,19 @@ def plan_model(config: ModelConfig) -> ModelPlan:
                             + ("" if diffusers_base else f"; scheduler and pipeline settings of the released "
                                                          f"{variant.value} model (resources/wan_configs)"))
     return plan
+
+
+def _check_encoders(parts: dict[str, FoundPart]) -> None:
+    """The encoders read from files, checked tensor by tensor from their headers (files-enc's plans)."""
+    from modules.modelLoader.wan.parts.text_encoder_files import plan_text_encoder
+    text = parts["text_encoder"]
+    if text.folder is None:
+        plan_text_encoder(text.keys, text.layout, str(text.files[0]))
+    image = parts.get("image_encoder")
+    if image is not None and image.folder is None:
+        from modules.modelLoader.wan.parts.image_encoder_files import _beside_config as clip_config_beside
+        from modules.modelLoader.wan.parts.image_encoder_files import plan_image_encoder
+        plan_image_encoder(image.keys, image.layout, str(image.files[0]), clip_config_beside(image.files[0]))
 
 
 def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str) -> dict:
