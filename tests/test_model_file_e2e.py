@@ -5,6 +5,7 @@ import json
 import shutil
 
 import av
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -165,3 +166,16 @@ def test_official_i2v_and_a14b_release_folders_load_the_diffusers_folders_parts(
     for expert in ("transformer", "transformer_2"):
         ours, theirs = getattr(model, expert).state_dict(), getattr(reference, expert).state_dict()
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs), expert
+
+
+def test_a_missing_tokenizer_is_a_config_problem_before_anything_loads(tiny_model, squares_dataset, tmp_path):
+    from modules.trainer.GenericTrainer import prepare_config
+    from modules.util.config.config_io import ConfigError, load_config
+    comfy = comfyui_folder(tiny_model("wan2.1-t2v"), tmp_path / "ComfyUI_models")
+    config = load_config(overrides=[f"model.base_model_name={comfy}", "device=cpu",
+                                    f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+                                    f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as error:
+        prepare_config(config)
+    assert any(problem.startswith("no UMT5 tokenizer found") and "set model.tokenizer.path" in problem
+               for problem in error.value.problems), error.value.problems

@@ -216,8 +216,10 @@ def plan_problems(config: ModelConfig, full_fine_tune: bool) -> list[str]:
     from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
     if not uses_parts_loader(config):
         return []
+    from modules.modelLoader.wan.WanPartsLoader import load_tokenizer
     try:
         plan = plan_model(config)
+        load_tokenizer(plan, config)   # small; a missing one is named here, before the run starts
     except ModelFileError as error:
         return [str(error)]
     problems = []
