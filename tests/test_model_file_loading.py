@@ -225,14 +225,9 @@ def test_convert_model_turns_a_comfyui_fp8_scaled_file_into_a_diffusers_folder(t
 
 
 def test_sample_script_takes_part_files_and_they_load_the_diffusers_folders_weights(tiny_model, tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    import av
     from modules.modelSampler.sampling_io import load_model_for_sampling
     from modules.util.enum.DataType import DataType
-    root = Path(__file__).resolve().parent.parent
+    from tests.wan_file_layouts import sample_tiny_video
     base = tiny_model("wan2.1-t2v")
     transformer = _comfy_transformer(base, tmp_path / "wan2.1_t2v_tiny_fp32.safetensors")
     vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
@@ -244,20 +239,7 @@ def test_sample_script_takes_part_files_and_they_load_the_diffusers_folders_weig
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
     assert ours.noise_scheduler.config == theirs.noise_scheduler.config
 
-    spec = importlib.util.spec_from_file_location("sample_script", root / "scripts" / "sample.py")
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
-    finally:
-        sys.path.remove(str(root / "scripts"))
-    out = tmp_path / "samples"
-    assert script.main(["--base-model-name", str(base), "--prompt", "a red square moving left", "--width", "32",
-                        "--height", "32", "--frames", "5", "--steps", "2", "--device", "cpu", "--transformer",
-                        str(transformer), "--vae", str(vae), "--output-dir", str(out)]) == 0
-    [video] = out.glob("*.mp4")
-    with av.open(str(video)) as container:
-        assert sum(1 for _ in container.decode(video=0)) == 5
+    assert sample_tiny_video(base, tmp_path / "samples", ["--transformer", str(transformer), "--vae", str(vae)]) == 5
 
 
 def test_searching_a_folder_skips_other_tools_pickles_but_not_a_damaged_safetensors_file(tiny_model, tmp_path,
