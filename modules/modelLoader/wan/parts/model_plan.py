@@ -167,11 +167,20 @@ def plan_model(config: ModelConfig) -> ModelPlan:
         vae_config = base_vae if base_vae.get("z_dim", 16) == z_dim else None
     plan = ModelPlan(variant, parts, origins, transformer_configs, vae_config, model_index, scheduler_config,
                      diffusers_base)
-    plan.messages = [f"{name}: {found.describe()} [{origins[name]}]" for name, found in parts.items()]
+    plan.messages = [f"{name}: {found.describe()} [{origins[name]}]{_storage_note(config, name, found)}"
+                     for name, found in parts.items()]
     plan.messages.insert(0, f"model: Wan {variant.value}, found by the transformer's tensors"
                             + ("" if diffusers_base else f"; scheduler and pipeline settings of the released "
                                                          f"{variant.value} model (resources/wan_configs)"))
     return plan
+
+
+def _storage_note(config: ModelConfig, name: str, found: FoundPart) -> str:
+    """How an fp8 transformer file is held: float8 in memory, computed in the weight dtype's compute type."""
+    if not name.startswith("transformer") or not found.dtype.startswith("fp8"):
+        return ""
+    compute = str(getattr(config, name).weight_dtype.torch_dtype()).removeprefix("torch.")
+    return f"; kept in float8, computed in {compute}"
 
 
 def _check_encoders(parts: dict[str, FoundPart]) -> None:
