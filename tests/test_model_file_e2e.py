@@ -4,7 +4,7 @@ names (tests/wan_file_layouts.py)."""
 import json
 import shutil
 
-import av
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -12,7 +12,8 @@ from learning import train
 from modules.util.config.ModelConfig import ModelConfig
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.util.tiny_model_files import write_comfy_encoders, write_official_encoders
-from tests.wan_file_layouts import COMFY_PREFIX, official_transformer_config, transformer_to_original, vae21_to_original
+from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, sample_tiny_video,
+                                    transformer_to_original, vae21_to_original)
 
 
 def _state(folder, part, name="diffusion_pytorch_model.safetensors"):
@@ -57,27 +58,6 @@ def _same_weights(model, reference):
         assert all(torch.equal(ours[k], theirs[k]) for k in ours), part
 
 
-def _sample(tmp_path, base, extra):
-    import importlib.util
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("sample_script", root / "scripts" / "sample.py")
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
-    finally:
-        sys.path.remove(str(root / "scripts"))
-    out = tmp_path / "samples"
-    assert script.main(["--base-model-name", str(base), "--prompt", "a red square moving left", "--width", "32",
-                        "--height", "32", "--frames", "5", "--steps", "2", "--device", "cpu", "--output-dir",
-                        str(out), *extra]) == 0
-    [video] = out.glob("*.mp4")
-    with av.open(str(video)) as container:
-        assert sum(1 for _ in container.decode(video=0)) == 5
-
-
 def _check_run(tmp_path, squares_dataset, base_model, reference_folder, overrides, sample_arguments):
     reference = WanBaseModelLoader().load(ModelConfig(base_model_name=str(reference_folder)))
     trainer = train(tmp_path, base_model, squares_dataset, steps=2,
@@ -87,7 +67,7 @@ def _check_run(tmp_path, squares_dataset, base_model, reference_folder, override
     assert [line.split(":")[0] for line in lines[1:]] == ["transformer", "vae", "text_encoder"], lines
     # the parts read from these files are the diffusers folder's, exactly
     _same_weights(WanBaseModelLoader().load(trainer.config.model), reference)
-    _sample(tmp_path, base_model, sample_arguments)
+    assert sample_tiny_video(base_model, tmp_path / "samples", sample_arguments) == 5
     return lines
 
 
@@ -165,3 +145,16 @@ def test_official_i2v_and_a14b_release_folders_load_the_diffusers_folders_parts(
     for expert in ("transformer", "transformer_2"):
         ours, theirs = getattr(model, expert).state_dict(), getattr(reference, expert).state_dict()
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs), expert
+
+
+def test_a_missing_tokenizer_is_a_config_problem_before_anything_loads(tiny_model, squares_dataset, tmp_path):
+    from modules.trainer.GenericTrainer import prepare_config
+    from modules.util.config.config_io import ConfigError, load_config
+    comfy = comfyui_folder(tiny_model("wan2.1-t2v"), tmp_path / "ComfyUI_models")
+    config = load_config(overrides=[f"model.base_model_name={comfy}", "device=cpu",
+                                    f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+                                    f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as error:
+        prepare_config(config)
+    assert any(problem.startswith("no UMT5 tokenizer found") and "set model.tokenizer.path" in problem
+               for problem in error.value.problems), error.value.problems

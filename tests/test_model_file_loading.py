@@ -46,7 +46,8 @@ def test_lora_trains_on_a_comfyui_fp8_scaled_transformer_with_the_official_vae(t
                     overrides=[f"model.transformer.path={transformer}", f"model.vae.path={vae}",
                                "optimizer.learning_rate=0.01"])
     model = trainer.model
-    assert any("fp8_scaled" in line and "wan2.1_t2v_tiny_fp8_scaled" in line for line in model.part_messages)
+    assert any("wan2.1_t2v_tiny_fp8_scaled.safetensors: comfyui, fp8_scaled [model.transformer.path]; kept in "
+               "float8, computed in float32" in line for line in model.part_messages), model.part_messages
     assert any("wan2.1" in line and "Wan2.1_VAE.pth" in line for line in model.part_messages)
     q = model.transformer.get_submodule("blocks.0.attn1.to_q")
     base_layer = q.base_layer if hasattr(q, "base_layer") else q
@@ -78,10 +79,15 @@ def _plan(base, **parts):
 
 def test_a_vae_file_given_as_the_transformer_is_refused(tiny_model, tmp_path):
     base = tiny_model("wan2.1-t2v")
-    vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
-    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*Wan2.1_VAE.pth holds vae \(wan2.1\), not a "
-                                             r"Wan transformer"):
+    vae = tmp_path / "wan_2.1_vae.safetensors"   # ComfyUI's VAE file
+    save_file(vae21_to_original(_state(base, "vae")), str(vae))
+    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*wan_2.1_vae.safetensors holds vae "
+                                             r"\(wan2.1\), not a Wan transformer"):
         _plan(base, transformer=vae)
+    # a transformer is read from safetensors only (the restricted .pth reader is for the VAE, T5 and CLIP files)
+    with pytest.raises(ModelFileError, match=r"model.transformer.path: .*Wan2.1_VAE.pth' is a .pth file; only "
+                                             r"safetensors files are read"):
+        _plan(base, transformer=_official_vae(base, tmp_path / "Wan2.1_VAE.pth"))
 
 
 def test_a_wan21_vae_with_a_ti2v_transformer_is_refused(tiny_model, tmp_path):
@@ -220,14 +226,9 @@ def test_convert_model_turns_a_comfyui_fp8_scaled_file_into_a_diffusers_folder(t
 
 
 def test_sample_script_takes_part_files_and_they_load_the_diffusers_folders_weights(tiny_model, tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    import av
     from modules.modelSampler.sampling_io import load_model_for_sampling
     from modules.util.enum.DataType import DataType
-    root = Path(__file__).resolve().parent.parent
+    from tests.wan_file_layouts import sample_tiny_video
     base = tiny_model("wan2.1-t2v")
     transformer = _comfy_transformer(base, tmp_path / "wan2.1_t2v_tiny_fp32.safetensors")
     vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
@@ -239,20 +240,7 @@ def test_sample_script_takes_part_files_and_they_load_the_diffusers_folders_weig
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
     assert ours.noise_scheduler.config == theirs.noise_scheduler.config
 
-    spec = importlib.util.spec_from_file_location("sample_script", root / "scripts" / "sample.py")
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
-    finally:
-        sys.path.remove(str(root / "scripts"))
-    out = tmp_path / "samples"
-    assert script.main(["--base-model-name", str(base), "--prompt", "a red square moving left", "--width", "32",
-                        "--height", "32", "--frames", "5", "--steps", "2", "--device", "cpu", "--transformer",
-                        str(transformer), "--vae", str(vae), "--output-dir", str(out)]) == 0
-    [video] = out.glob("*.mp4")
-    with av.open(str(video)) as container:
-        assert sum(1 for _ in container.decode(video=0)) == 5
+    assert sample_tiny_video(base, tmp_path / "samples", ["--transformer", str(transformer), "--vae", str(vae)]) == 5
 
 
 def test_searching_a_folder_skips_other_tools_pickles_but_not_a_damaged_safetensors_file(tiny_model, tmp_path,
@@ -285,3 +273,15 @@ def test_a_comfyui_folder_with_a_config_json_is_searched_file_by_file(tiny_model
     plan = plan_model(ModelConfig(base_model_name=str(folder), text_encoder=text_encoder))
     assert (plan.parts["transformer"].layout, plan.parts["vae"].layout) == ("comfyui", "wan2.1")
     assert plan.parts["vae"].files == [folder / "wan_2.1_vae.safetensors"]
+
+
+def test_a_misshapen_text_encoder_file_is_refused_by_the_plan(tiny_model, tmp_path):
+    from modules.util.tiny_model_files import write_comfy_encoders
+    base = tiny_model("wan2.1-t2v")
+    [text] = write_comfy_encoders(base, tmp_path / "enc").values()
+    state = load_file(str(text))
+    key = next(k for k in state if k.endswith("block.1.layer.1.DenseReluDense.wo.weight"))
+    state[key] = state[key][:, :-1].contiguous()
+    save_file(state, str(text))
+    with pytest.raises(ModelFileError, match="umt5_xxl_fp16.safetensors: the tensors do not make a UMT5 encoder"):
+        _plan(base, text_encoder=text)

@@ -116,3 +116,27 @@ def official_transformer_config(diffusers_config: dict) -> dict:
             "freq_dim": diffusers_config["freq_dim"], "in_dim": diffusers_config["in_channels"],
             "model_type": "t2v" if diffusers_config["in_channels"] != 36 else "i2v", "num_heads": heads,
             "num_layers": diffusers_config["num_layers"], "out_dim": diffusers_config["out_channels"], "text_len": 512}
+
+
+def sample_tiny_video(base, out, extra: list[str]) -> int:
+    """scripts/sample.py in this process: one 5-frame 32x32 video of 2 steps from `base` (+ `extra` arguments) into
+    `out`; returns the frame count of the one video written."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import av
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    spec = importlib.util.spec_from_file_location("sample_script", scripts / "sample.py")
+    sys.path.insert(0, str(scripts))
+    try:
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(scripts))
+    assert script.main(["--base-model-name", str(base), "--prompt", "a red square moving left", "--width", "32",
+                        "--height", "32", "--frames", "5", "--steps", "2", "--device", "cpu", "--output-dir",
+                        str(out), *extra]) == 0
+    [video] = Path(out).glob("*.mp4")
+    with av.open(str(video)) as container:
+        return sum(1 for _ in container.decode(video=0))

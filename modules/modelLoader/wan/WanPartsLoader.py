@@ -33,13 +33,24 @@ def model_source(plan: ModelPlan, base: str) -> str:
     return f"{base}|{parts}"
 
 
+def load_tokenizer(plan: ModelPlan, config: ModelConfig):
+    """`model.tokenizer.path`, the diffusers base's tokenizer/, or files-enc's search (the release's google/umt5-xxl,
+    a spiece_model tensor, ...); ModelFileError naming what to point at when none is found."""
+    text_encoder = plan.parts["text_encoder"]
+    if not config.tokenizer.path and plan.diffusers_base is not None and (plan.diffusers_base / "tokenizer").is_dir():
+        return AutoTokenizer.from_pretrained(plan.diffusers_base, subfolder="tokenizer", local_files_only=True)
+    from modules.modelLoader.wan.parts.tokenizer_files import find_tokenizer
+    where = Path(config.tokenizer.path or config.base_model_name)
+    return find_tokenizer(where, list(text_encoder.files), config.allow_download, UMT5_HUB_ID)
+
+
 class WanPartsLoader:
     def load(self, config: ModelConfig, plan: ModelPlan) -> WanModel:
         for message in plan.messages:
             logger.info(message)
         model = WanModel(variant=plan.variant, source=model_source(plan, config.base_model_name),
                          part_messages=list(plan.messages))
-        model.tokenizer = self._tokenizer(plan, config)   # first: a missing tokenizer costs no weight reads
+        model.tokenizer = load_tokenizer(plan, config)   # first: a missing tokenizer costs no weight reads
         for name in ("transformer", "transformer_2"):
             if name in plan.parts:
                 setattr(model, name, self._transformer(plan, name, getattr(config, name)))
@@ -89,17 +100,6 @@ class WanPartsLoader:
             return _from_folder(UMT5EncoderModel, found, part.weight_dtype.torch_dtype())
         from modules.modelLoader.wan.parts.text_encoder_files import load_text_encoder
         return load_text_encoder(found.files, found.layout, part.weight_dtype.torch_dtype())
-
-    @staticmethod
-    def _tokenizer(plan: ModelPlan, config: ModelConfig):
-        text_encoder = plan.parts["text_encoder"]
-        if not config.tokenizer.path and plan.diffusers_base is not None \
-                and (plan.diffusers_base / "tokenizer").is_dir():
-            # a diffusers folder's own tokenizer, as WanBaseModelLoader reads it
-            return AutoTokenizer.from_pretrained(plan.diffusers_base, subfolder="tokenizer", local_files_only=True)
-        from modules.modelLoader.wan.parts.tokenizer_files import find_tokenizer
-        where = Path(config.tokenizer.path or config.base_model_name)
-        return find_tokenizer(where, list(text_encoder.files), config.allow_download, UMT5_HUB_ID)
 
     @staticmethod
     def _image_encoder(plan: ModelPlan, part: PartConfig):

@@ -60,8 +60,8 @@ def path_problems(config: TrainConfig) -> list[str]:
                 require_safetensors(path, field)
             except NotSafetensorsError as error:
                 problems.append(str(error))
-    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL", "ORIGINAL_FP8_SCALED"],
-               "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
+    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"],
+               "FINE_TUNE": ["DIFFUSERS", "ORIGINAL", "ORIGINAL_FP8_SCALED"], "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
         problems.append(f"output.format: {config.output.format.value!r} cannot hold a {config.training_method.value} "
                         f"result; allowed: {', '.join(allowed)}")

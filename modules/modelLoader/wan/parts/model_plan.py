@@ -81,6 +81,14 @@ def _override(config: ModelConfig, part: str) -> FoundPart | None:
     path = getattr(config, part).path
     if not path:
         return None
+    if part.startswith("transformer") and Path(path).is_file():
+        # transformers are released and shared as safetensors only; the restricted .pth reader is for the official
+        # VAE, T5 and CLIP files
+        from modules.util.safetensors_only import NotSafetensorsError, require_safetensors
+        try:
+            require_safetensors(path, f"model.{part}.path")
+        except NotSafetensorsError as error:
+            raise ModelFileError(str(error)) from None
     found = find_parts(path)
     kind = _KIND[part]
     matching = [c for c in found if c.part == kind]
@@ -146,6 +154,7 @@ def plan_model(config: ModelConfig) -> ModelPlan:
     if "text_encoder" not in parts:
         raise ModelFileError(f"model.base_model_name: {base} holds no UMT5 text encoder; set model.text_encoder.path "
                              f"(e.g. umt5_xxl_fp16.safetensors or models_t5_umt5-xxl-enc-bf16.pth)")
+    _check_encoders(parts)
     if diffusers_base:
         scheduler_config = _read_json(diffusers_base / "scheduler" / "scheduler_config.json")
     else:
@@ -158,11 +167,33 @@ def plan_model(config: ModelConfig) -> ModelPlan:
         vae_config = base_vae if base_vae.get("z_dim", 16) == z_dim else None
     plan = ModelPlan(variant, parts, origins, transformer_configs, vae_config, model_index, scheduler_config,
                      diffusers_base)
-    plan.messages = [f"{name}: {found.describe()} [{origins[name]}]" for name, found in parts.items()]
+    plan.messages = [f"{name}: {found.describe()} [{origins[name]}]{_storage_note(config, name, found)}"
+                     for name, found in parts.items()]
     plan.messages.insert(0, f"model: Wan {variant.value}, found by the transformer's tensors"
                             + ("" if diffusers_base else f"; scheduler and pipeline settings of the released "
                                                          f"{variant.value} model (resources/wan_configs)"))
     return plan
+
+
+def _storage_note(config: ModelConfig, name: str, found: FoundPart) -> str:
+    """How an fp8 transformer file is held: float8 in memory, computed in the weight dtype's compute type."""
+    if not name.startswith("transformer") or not found.dtype.startswith("fp8"):
+        return ""
+    compute = str(getattr(config, name).weight_dtype.torch_dtype()).removeprefix("torch.")
+    return f"; kept in float8, computed in {compute}"
+
+
+def _check_encoders(parts: dict[str, FoundPart]) -> None:
+    """The encoders read from files, checked tensor by tensor from their headers (files-enc's plans)."""
+    from modules.modelLoader.wan.parts.text_encoder_files import plan_text_encoder
+    text = parts["text_encoder"]
+    if text.folder is None:
+        plan_text_encoder(text.keys, text.layout, str(text.files[0]))
+    image = parts.get("image_encoder")
+    if image is not None and image.folder is None:
+        from modules.modelLoader.wan.parts.image_encoder_files import _beside_config as clip_config_beside
+        from modules.modelLoader.wan.parts.image_encoder_files import plan_image_encoder
+        plan_image_encoder(image.keys, image.layout, str(image.files[0]), clip_config_beside(image.files[0]))
 
 
 def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str) -> dict:
@@ -194,8 +225,10 @@ def plan_problems(config: ModelConfig, full_fine_tune: bool) -> list[str]:
     from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
     if not uses_parts_loader(config):
         return []
+    from modules.modelLoader.wan.WanPartsLoader import load_tokenizer
     try:
         plan = plan_model(config)
+        load_tokenizer(plan, config)   # small; a missing one is named here, before the run starts
     except ModelFileError as error:
         return [str(error)]
     problems = []
