@@ -36,16 +36,43 @@ def test_release_and_diffusers_folders_give_the_folders_tokenizer(tiny_model, tm
         assert find_tokenizer(where, [], False, HUB)(PROMPT).input_ids == expected
 
 
-def test_comfyui_text_encoder_file_carries_the_tokenizer(spiece, tiny_model, tmp_path):
-    encoder = tmp_path / "models" / "text_encoders" / "umt5_xxl_fp16.safetensors"
-    encoder.parent.mkdir(parents=True)
-    save_file({"shared.weight": torch.zeros(4, 2), "spiece_model": spiece_model_tensor(spiece.read_bytes())},
-              str(encoder))
+def _umt5_file(path, vocab: int, spiece_bytes: bytes | None = None):
+    """A tiny UMT5 encoder with `vocab` embedding rows in ComfyUI's names (with the tokenizer inside, if given)."""
+    from modules.util.tiny_models import make_text_encoder
+    from modules.util.tiny_model_files import umt5_to_comfyui
+
+    state = umt5_to_comfyui(make_text_encoder(vocab, seed=0).state_dict())
+    if spiece_bytes is not None:
+        state["spiece_model"] = spiece_model_tensor(spiece_bytes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    return path
+
+
+def test_comfyui_text_encoder_file_carries_the_tokenizer(spiece, tmp_path):
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(spiece)).get_piece_size()
+    encoder = _umt5_file(tmp_path / "models" / "text_encoders" / "umt5_xxl_fp16.safetensors", pieces,
+                         spiece.read_bytes())
     # the ComfyUI models folder as the base, and the text-encoder file as the tokenizer path
     for where in (tmp_path / "models", encoder):
         tokenizer = find_tokenizer(where, [encoder], False, HUB)
         assert tokenizer(PROMPT).input_ids == _sentencepiece_ids(spiece)
     assert len(set(_sentencepiece_ids(spiece))) > 4   # the prompt is not all <unk>
+
+
+def test_another_models_tokenizer_is_skipped_in_a_search_and_refused_when_named(spiece, tiny_model, tmp_path):
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(spiece)).get_piece_size()
+    models = tmp_path / "models"
+    encoder = _umt5_file(models / "text_encoders" / "umt5_xxl_fp16.safetensors", pieces)
+    other = tiny_model("wan2.1-t2v") / "tokenizer"   # 444 tokens: not this 200-row encoder's
+    shutil.copytree(other, models / "another_model" / "tokenizer")
+    (models / "wan" / "google" / "umt5-xxl").mkdir(parents=True)
+    shutil.copy(spiece, models / "wan" / "google" / "umt5-xxl" / "spiece.model")
+    tokenizer = find_tokenizer(models, [encoder], False, HUB)
+    assert tokenizer(PROMPT).input_ids == _sentencepiece_ids(spiece)
+    with pytest.raises(ModelFileError, match=r"444 tokens, but the text encoder .*umt5_xxl_fp16\.safetensors embeds "
+                                             r"200: not this encoder's tokenizer; set model\.tokenizer\.path"):
+        find_tokenizer(other, [encoder], False, HUB)
 
 
 def test_a_sentencepiece_file_as_the_tokenizer_path(spiece):

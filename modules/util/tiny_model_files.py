@@ -57,13 +57,17 @@ def umt5_to_comfyui(state: dict[str, torch.Tensor], stack_prefix: str = "encoder
             for key, value in state.items() if key != "encoder.embed_tokens.weight"}
 
 
+def is_scaled_text_encoder_weight(key: str, shape: tuple[int, ...]) -> bool:
+    """A block's Linear weight (attention and feed-forward), which ComfyUI's scaled fp8 encoders store in float8."""
+    return ".block." in f".{key}" and key.endswith(".weight") and len(shape) == 2 and "relative_attention_bias" not in key
+
+
 def to_scaled_fp8_text_encoder(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """ComfyUI's scaled fp8 encoder: every Linear weight of the blocks quantised with a per-tensor scale; the
     embedding and norms kept."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        if ".block." in f".{key}" and key.endswith(".weight") and value.dim() == 2 \
-                and "relative_attention_bias" not in key:
+        if is_scaled_text_encoder_weight(key, tuple(value.shape)):
             out[key], out[key.removesuffix(".weight") + ".scale_weight"] = quantise_scaled_fp8(value)
         else:
             out[key] = value

@@ -2,17 +2,20 @@
 
 Looked for, in order:
 1. `model.tokenizer.path` or the base model (`folder_or_file`): a tokenizer folder (tokenizer.json /
-   tokenizer_config.json / spiece.model), a diffusers folder's `tokenizer/`, the official release's `google/umt5-xxl/`
-   (searched a few levels down), a sentencepiece `.model` file, or a text-encoder file holding a `spiece_model`
-   tensor;
+   tokenizer_config.json / spiece.model), a diffusers folder's `tokenizer/`, the official release's
+   `google/umt5-xxl/`, a sentencepiece `.model` file, or a text-encoder file holding a `spiece_model` tensor;
 2. the text-encoder files: a `spiece_model` tensor (ComfyUI stores the tokenizer's sentencepiece model in its
    text-encoder files as uint8 bytes: comfy/text_encoders/spiece_tokenizer.py `serialize_model`, read for Wan in
-   comfy/sd.py), or a tokenizer folder beside them;
-3. the hub (`hub_id`), only with `model.allow_download: true`.
+   comfy/sd.py), or a tokenizer folder beside them (or beside their folder);
+3. `tokenizer/`, `google/umt5-xxl/` or a `*umt5*` tokenizer folder up to three levels down the base folder;
+4. the hub (`hub_id`), only with `model.allow_download: true`.
+A tokenizer whose size does not fill the text encoder's embedding (UMT5: 256300 pieces for 256384 rows) is another
+model's (T5's has 32100) and is refused, naming both.
 A tokenizer built from a sentencepiece model has no `<extra_id_N>` sentinels (ComfyUI's SPieceTokenizer has none
 either); every other id is the sentencepiece model's, with `</s>` appended as UMT5 does.
 """
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5Tokenizer
@@ -64,23 +67,28 @@ def _spiece_tensor(files: list[Path]) -> PreTrainedTokenizerBase | None:
     return _from_sentencepiece_bytes(model, f"{files[0]} ({key})")
 
 
-def _in_folder(folder: Path, depth: int = SEARCH_DEPTH) -> PreTrainedTokenizerBase | None:
-    if is_tokenizer_folder(folder):
-        return _from_folder(folder)
-    for named in NAMED_FOLDERS:
-        if is_tokenizer_folder(folder / named):
-            return _from_folder(folder / named)
-    if depth > 1:
-        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            found = _in_folder(sub, depth - 1)
-            if found is not None:
-                return found
+def _named_in(folder: Path) -> PreTrainedTokenizerBase | None:
+    """The folder itself when it is a tokenizer folder, else one of the layouts' named tokenizer folders in it."""
+    for candidate in (folder, *(folder / named for named in NAMED_FOLDERS)):
+        if is_tokenizer_folder(candidate):
+            return _from_folder(candidate)
     return None
 
 
-def _at(path: Path) -> PreTrainedTokenizerBase | None:
-    if path.is_dir():
-        return _in_folder(path)
+def _search(folder: Path, depth: int = SEARCH_DEPTH) -> Iterator[Path]:
+    """Named tokenizer folders (tokenizer/, google/umt5-xxl/, or any tokenizer folder named *umt5*) a few levels
+    down, nearest first: a models folder holds other models' tokenizers too, so no arbitrary folder is offered."""
+    subs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for sub in subs:
+        for candidate in (*(sub / named for named in NAMED_FOLDERS), sub if "umt5" in sub.name.lower() else None):
+            if candidate is not None and is_tokenizer_folder(candidate):
+                yield candidate
+    if depth > 1:
+        for sub in subs:
+            yield from _search(sub, depth - 1)
+
+
+def _from_file(path: Path) -> PreTrainedTokenizerBase | None:
     if path.name == SENTENCEPIECE_FILE or path.suffix == ".model":
         return _from_sentencepiece_bytes(path.read_bytes(), str(path))
     if path.name in CONFIG_FILES:
@@ -90,30 +98,62 @@ def _at(path: Path) -> PreTrainedTokenizerBase | None:
     return None
 
 
+def _embedding_rows(text_encoder_paths: list[Path]) -> tuple[int, Path] | None:
+    from modules.modelLoader.wan.parts.text_encoder_files import text_encoder_keys
+    keys = read_keys_and_shapes(text_encoder_paths)
+    found = text_encoder_keys(keys)
+    if found is None:
+        return None
+    return keys[found.names["shared.weight"]].shape[0], text_encoder_paths[0]
+
+
+def _misfit(tokenizer: PreTrainedTokenizerBase, rows: tuple[int, Path] | None) -> str | None:
+    """Why the tokenizer is not the text encoder's, or None. UMT5's tokenizer about fills its embedding (256384 rows,
+    padded to a multiple of 128); another model's does not come near (T5's has 32100 tokens, CLIP's 49408)."""
+    if rows is None or 0.9 * rows[0] <= len(tokenizer) <= 1.1 * rows[0]:
+        return None
+    return f"{len(tokenizer)} tokens, but the text encoder {rows[1]} embeds {rows[0]}"
+
+
 def find_tokenizer(folder_or_file: Path | None, text_encoder_paths: list[Path], allow_download: bool,
                    hub_id: str | None) -> PreTrainedTokenizerBase:
-    """The tokenizer for a model given as files (see the module docstring for where it is looked for)."""
+    """The tokenizer for a model given as files (see the module docstring for where it is looked for), checked
+    against the text encoder's embedding size when the text encoder is given."""
     looked: list[str] = []
-    if folder_or_file is not None and str(folder_or_file).strip():
-        path = Path(folder_or_file)
-        if path.exists():
-            found = _at(path)
-            if found is not None:
-                return found
-            looked.append(str(path))
     text_encoder_paths = [Path(p) for p in text_encoder_paths]
+    rows = _embedding_rows(text_encoder_paths) if text_encoder_paths else None
+
+    def checked(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+        if problem := _misfit(tokenizer, rows):
+            origin = getattr(tokenizer, "name_or_path", "") or "the tokenizer found"
+            raise ModelFileError(f"{origin}: {problem}: not this encoder's tokenizer; set model.tokenizer.path to "
+                                 f"the UMT5 tokenizer")
+        return tokenizer
+
+    path = Path(folder_or_file) if folder_or_file is not None and str(folder_or_file).strip() else None
+    if path is not None and path.exists():
+        found = _named_in(path) if path.is_dir() else _from_file(path)
+        if found is not None:
+            return checked(found)
+        looked.append(str(path))
     if text_encoder_paths:
         found = _spiece_tensor(text_encoder_paths)
         if found is not None:
-            return found
+            return checked(found)
         looked.append(f"{text_encoder_paths[0]} (no {SPIECE_MODEL_KEY!r} tensor)")
         beside = text_encoder_paths[0].parent
-        for folder in (beside, *(beside / named for named in NAMED_FOLDERS), beside.parent / "tokenizer"):
-            if is_tokenizer_folder(folder):
-                return _from_folder(folder)
+        found = _named_in(beside) or _named_in(beside.parent)
+        if found is not None:
+            return checked(found)
         looked.append(f"{beside} (no tokenizer folder beside the text encoder)")
+    if path is not None and path.is_dir():
+        for candidate in _search(path):
+            found = _from_folder(candidate)
+            if (problem := _misfit(found, rows)) is None:
+                return found
+            looked.append(f"{candidate} (skipped: {problem})")
     if allow_download and hub_id:
-        return AutoTokenizer.from_pretrained(hub_id)
+        return checked(AutoTokenizer.from_pretrained(hub_id))
     download = (f"; or set model.allow_download: true to fetch {hub_id}" if hub_id and not allow_download else "")
     raise ModelFileError(f"no UMT5 tokenizer found (looked in: {'; '.join(looked) or 'nothing given'}): set "
                          f"model.tokenizer.path to a tokenizer folder (a diffusers folder's tokenizer/, the official "
