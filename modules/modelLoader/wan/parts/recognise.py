@@ -110,6 +110,8 @@ def _part_folder(folder: Path) -> FoundPart | None:
     if len(groups) > 1:
         return None   # several weight files beside a config.json (a ComfyUI folder): searched file by file
     files = groups[0]
+    if not files[0].name.startswith(("model", "diffusion_pytorch_model")):
+        return None   # not the file name from_pretrained reads (clip_vision_h.safetensors beside a config): searched
     keys = read_keys_and_shapes(files)
     detail = recognise_transformer(keys) if part == "transformer" else recognise_vae(keys) if part == "vae" else None
     if part in ("transformer", "vae") and (detail is None or detail.layout != "diffusers"):
