@@ -203,6 +203,15 @@ def test_an_official_a14b_folder_is_planned_by_its_expert_folders(tiny_model, tm
     with pytest.raises(ModelFileError, match="2 transformers found .* model.transformer.path \\(high noise\\) and "
                                              "model.transformer_2.path \\(low noise\\)"):
         plan_model(ModelConfig(base_model_name=str(loose)))
+    # named one by one, the two files are the pair (the tiny width needs its config beside them)
+    (loose / "config.json").write_text((base / "transformer" / "config.json").read_text())
+    plan = plan_model(ModelConfig(base_model_name=str(release),
+                                  text_encoder=PartConfig(path=str(base / "text_encoder")),
+                                  transformer=PartConfig(path=str(loose / "transformer.safetensors")),
+                                  transformer_2=PartConfig(path=str(loose / "transformer_2.safetensors"))))
+    assert plan.variant.value == "T2V_A14B"
+    assert [plan.parts[e].files[0].name for e in ("transformer", "transformer_2")] == ["transformer.safetensors",
+                                                                                      "transformer_2.safetensors"]
 
 
 def test_convert_model_turns_a_comfyui_fp8_scaled_file_into_a_diffusers_folder(tiny_model, tmp_path):
