@@ -315,3 +315,10 @@ def test_part_files_on_a_hub_id_base_use_the_same_readers(tiny_model, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(encoder(tokens).last_hidden_state, reference(tokens).last_hidden_state,
                                    atol=1e-6, rtol=0)
+
+
+def test_a_base_folder_with_too_many_folders_below_fails_fast(tmp_path):
+    for index in range(70):
+        (tmp_path / "home" / f"dir{index}").mkdir(parents=True)
+    with pytest.raises(ModelFileError, match="home: more than 64 folders below it; name the model's own folder"):
+        plan_model(ModelConfig(base_model_name=str(tmp_path / "home")))
