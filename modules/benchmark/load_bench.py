@@ -14,15 +14,12 @@ it, with every weight page touched (resident, as in training).
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from modules.benchmark.common import GIB
+from modules.benchmark.common import GIB, run_in_fresh_process
 
 LAYOUTS = ("diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8")
 _SAFETENSORS_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
@@ -136,15 +133,8 @@ def run_load_benchmark(workdir: Path, release: str = "wan2.1-t2v-1.3b", layouts=
         size = weight_file.stat().st_size
         weight_dtype = "FLOAT_8" if layout in ("fp8_scaled", "original_bf16_as_fp8") else "BFLOAT_16"
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process ({weight_dtype})")
-        code = ("import json, sys; from pathlib import Path; "
-                "from modules.benchmark.load_bench import measure_in_this_process; "
-                f"print(json.dumps(measure_in_this_process({layout!r}, Path({str(path)!r}), {weight_dtype!r})))")
-        root = Path(__file__).resolve().parents[2]
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                                env={**os.environ, "PYTHONPATH": str(root)})
-        if result.returncode != 0:
-            raise RuntimeError(f"loading {layout} failed: {result.stderr[-2000:]}")
-        measured = json.loads(result.stdout.strip().splitlines()[-1])
+        call = f"measure_in_this_process({layout!r}, Path({str(path)!r}), {weight_dtype!r})"
+        measured = run_in_fresh_process("modules.benchmark.load_bench", call, f"loading {layout}")
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "baseline_rss_gib": measured["baseline_rss_bytes"] / GIB,
