@@ -285,3 +285,24 @@ def test_a_misshapen_text_encoder_file_is_refused_by_the_plan(tiny_model, tmp_pa
     save_file(state, str(text))
     with pytest.raises(ModelFileError, match="umt5_xxl_fp16.safetensors: the tensors do not make a UMT5 encoder"):
         _plan(base, text_encoder=text)
+
+
+def test_part_files_on_a_hub_id_base_use_the_same_readers(tiny_model, tmp_path):
+    """With a hub-id base (no local folder to search) each part file is read by itself: here the VAE .pth and the
+    ComfyUI UMT5 file, as WanBaseModelLoader's diffusers path reads them."""
+    from diffusers import AutoencoderKLWan
+    from transformers import UMT5EncoderModel
+    from modules.util.tiny_model_files import write_comfy_encoders
+    base = tiny_model("wan2.1-t2v")
+    vae = _official_vae(base, tmp_path / "Wan2.1_VAE.pth")
+    text = write_comfy_encoders(base, tmp_path / "enc")["text_encoder"]
+    loader = WanBaseModelLoader()
+    ours = loader._load_part(PartConfig(path=str(vae)), "Wan-AI/any", "vae", AutoencoderKLWan, {})
+    theirs = AutoencoderKLWan.from_pretrained(base, subfolder="vae")
+    assert all(torch.equal(ours.state_dict()[k], v) for k, v in theirs.state_dict().items())
+    encoder = loader._load_part(PartConfig(path=str(text)), "Wan-AI/any", "text_encoder", UMT5EncoderModel, {})
+    reference = UMT5EncoderModel.from_pretrained(base, subfolder="text_encoder")
+    tokens = torch.tensor([[5, 7, 9, 1]])
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(tokens).last_hidden_state, reference(tokens).last_hidden_state,
+                                   atol=1e-6, rtol=0)

@@ -36,6 +36,29 @@ def load_single_file_transformer(path: Path, config: dict, weight_dtype: DataTyp
         raise ModelLoadError(str(error)) from None
 
 
+def load_part_file(path: Path, part: str, dtype: torch.dtype) -> tuple:
+    """A VAE, text encoder or image encoder from one file in any layout (docs/formats.md); a tuple (the image encoder
+    comes with its processor)."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    try:
+        found = [f for f in find_parts(path) if f.part == part]
+        if not found:
+            raise ModelFileError(f"model.{part}.path: {path} holds no {part.replace('_', ' ')}")
+        found = found[0]
+        if part == "vae":
+            from modules.modelLoader.wan.parts.vae_files import load_vae, vae_config_for
+            config = found.config if found.config and found.config.get("_class_name") == "AutoencoderKLWan" else None
+            return (load_vae(found.files, found.detail, vae_config_for(found.detail, config), dtype, str(path)),)
+        if part == "text_encoder":
+            from modules.modelLoader.wan.parts.text_encoder_files import load_text_encoder
+            return (load_text_encoder(found.files, found.layout, dtype),)
+        from modules.modelLoader.wan.parts.image_encoder_files import load_image_encoder
+        return load_image_encoder(found.files, found.layout, dtype)
+    except ModelFileError as error:
+        raise ModelLoadError(str(error)) from None
+
+
 def _refuse_pickles(folder: Path, what: str) -> None:
     try:
         refuse_pickled_folder(folder, what)
@@ -113,9 +136,11 @@ class WanBaseModelLoader:
     def _load_clip(part: PartConfig):
         """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs."""
         path = Path(part.path)
-        if not path.is_dir():
-            raise ModelLoadError(f"model.image_encoder.path: {part.path!r} is not a folder")
         dtype = part.weight_dtype.torch_dtype()
+        if path.is_file():   # clip_vision_h.safetensors, the official CLIP .pth, an open_clip checkpoint
+            return load_part_file(path, "image_encoder", dtype)
+        if not path.is_dir():
+            raise ModelLoadError(f"model.image_encoder.path: {part.path!r} does not exist")
         if (path / "image_encoder").is_dir():
             _refuse_pickles(path / "image_encoder", "model.image_encoder.path")
             return (CLIPVisionModel.from_pretrained(path, subfolder="image_encoder", torch_dtype=dtype,
@@ -152,9 +177,10 @@ class WanBaseModelLoader:
         dtype = part.weight_dtype.torch_dtype()
         if part.path:
             path = Path(part.path)
+            if path.is_file():   # a hub-id base (a local base goes through the parts loader)
+                return load_part_file(path, subfolder, dtype)[0]
             if not path.is_dir():
-                raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} is not a folder (only the transformer "
-                                     f"can be loaded from a single file)")
+                raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
             if not (path / "config.json").is_file():
                 _refuse_pickles(path / subfolder, f"model.{subfolder}.path")
                 return cls.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype, local_files_only=True,
