@@ -108,11 +108,11 @@ def image_encoder_config(shapes: dict[str, tuple[int, ...]], source: str, given:
     if grid * grid != positions - 1:
         raise ModelFileError(f"{source}: {positions} position embeddings are not a square grid plus a class token")
     layers = 1 + max(int(m[1]) for name in shapes if (m := re.match(r"^encoder\.layers\.(\d+)\.", name)))
+    # what `given` leaves out is ViT-H/14's (GELU, eps 1e-5), not transformers' CLIP defaults (quick_gelu)
+    config = json.loads((CONFIG_DIR / "clip-vit-h-14.json").read_text(encoding="utf-8"))
     if given is not None:
-        config = dict(given)
-    elif width == VIT_H_WIDTH:
-        config = json.loads((CONFIG_DIR / "clip-vit-h-14.json").read_text(encoding="utf-8"))
-    else:
+        config.update(given)
+    elif width != VIT_H_WIDTH:
         raise ModelFileError(f"{source}: a CLIP vision tower {width} wide is not Wan's ViT-H/14 (1280) and its head "
                              f"count is in no tensor: put its transformers config.json (CLIPVisionConfig) beside "
                              f"the file")
