@@ -64,7 +64,7 @@ def _check_run(tmp_path, squares_dataset, base_model, reference_folder, override
                     overrides=["optimizer.learning_rate=0.01", *overrides])
     assert (tmp_path / "out.safetensors").is_file()
     lines = trainer.model.part_messages
-    assert [line.split(":")[0] for line in lines[1:]] == ["transformer", "vae", "text_encoder"], lines
+    assert [line.split(":")[0] for line in lines[1:]] == ["transformer", "vae", "text_encoder", "tokenizer"], lines
     # the parts read from these files are the diffusers folder's, exactly
     _same_weights(WanBaseModelLoader().load(trainer.config.model), reference)
     assert sample_tiny_video(base_model, tmp_path / "samples", sample_arguments) == 5
@@ -179,7 +179,7 @@ def test_a_comfyui_models_tree_of_an_i2v_model_loads(tiny_model, tmp_path):
     reference = WanBaseModelLoader().load(ModelConfig(base_model_name=str(i2v)))
     assert model.variant.value == "I2V"
     assert [line.split(":")[0] for line in model.part_messages[1:]] == ["transformer", "vae", "text_encoder",
-                                                                          "image_encoder"]
+                                                                          "image_encoder", "tokenizer"]
     _same_weights(model, reference)
     image = Image.new("RGB", (40, 24), (20, 130, 90))
     with torch.no_grad():

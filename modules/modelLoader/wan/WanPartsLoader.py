@@ -51,6 +51,8 @@ class WanPartsLoader:
         model = WanModel(variant=plan.variant, source=model_source(plan, config.base_model_name),
                          part_messages=list(plan.messages))
         model.tokenizer = load_tokenizer(plan, config)   # first: a missing tokenizer costs no weight reads
+        model.part_messages.append(f"tokenizer: {getattr(model.tokenizer, 'name_or_path', '') or 'found'} "
+                                   f"({type(model.tokenizer).__name__}, {len(model.tokenizer)} tokens)")
         for name in ("transformer", "transformer_2"):
             if name in plan.parts:
                 setattr(model, name, self._transformer(plan, name, getattr(config, name)))
