@@ -71,6 +71,13 @@ def test_full_fine_tune_of_fp8_weights_is_refused_before_loading(tiny_model, squ
         prepare_config(config)
     assert any("t_fp8_scaled.safetensors holds fp8_scaled weights; a full fine-tune needs full-precision" in p
                for p in error.value.problems)
+    dora = load_config(overrides=[f"model.base_model_name={base}", f"model.transformer.path={transformer}",
+                                  "training_method=LORA", "lora.dora=true", "device=cpu",
+                                  f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+                                  f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError) as error:
+        prepare_config(dora)
+    assert any(p.startswith("lora.dora: ") and "fp8_scaled" in p for p in error.value.problems), error.value.problems
 
 
 def _plan(base, **parts):

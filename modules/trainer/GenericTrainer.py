@@ -67,7 +67,8 @@ def prepare_config(config: TrainConfig) -> list:
             problems.append(f"model.base_model_name: {error}")
             variant = None
         if variant is not None:
-            problems += plan_problems(config.model, config.training_method.value == "FINE_TUNE")
+            problems += plan_problems(config.model, config.training_method.value == "FINE_TUNE",
+                                      dora=config.training_method.value == "LORA" and config.lora.dora)
         if variant is not None:
             try:
                 check_model_variant(config, variant, str(base))

@@ -220,8 +220,9 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
     return transformer_config_from_shapes(found.detail.shapes, source, given)
 
 
-def plan_problems(config: ModelConfig, full_fine_tune: bool) -> list[str]:
-    """Config-check problems (no weights read): the plan's errors, and fp8 base weights for a full fine-tune."""
+def plan_problems(config: ModelConfig, full_fine_tune: bool, dora: bool = False) -> list[str]:
+    """Config-check problems (no weights read): the plan's errors (a missing tokenizer included), fp8 base weights
+    for a full fine-tune, fp8_scaled weights under DoRA."""
     from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
     if not uses_parts_loader(config):
         return []
@@ -232,13 +233,17 @@ def plan_problems(config: ModelConfig, full_fine_tune: bool) -> list[str]:
     except ModelFileError as error:
         return [str(error)]
     problems = []
-    if full_fine_tune:
-        for name in ("transformer", "transformer_2"):
-            found = plan.parts.get(name)
-            if found is not None and found.dtype.startswith("fp8"):
-                problems.append(f"{plan.origins[name]}: {found.files[0]} holds {found.dtype} weights; a full "
-                                f"fine-tune needs full-precision weights (bf16/fp16/fp32): train a LoRA on it, or "
-                                f"use the bf16/fp16 release")
+    for name in ("transformer", "transformer_2"):
+        found = plan.parts.get(name)
+        if found is not None and found.dtype.startswith("fp8") and full_fine_tune:
+            problems.append(f"{plan.origins[name]}: {found.files[0]} holds {found.dtype} weights; a full "
+                            f"fine-tune needs full-precision weights (bf16/fp16/fp32): train a LoRA on it, or "
+                            f"use the bf16/fp16 release")
+        if found is not None and found.dtype == "fp8_scaled" and dora:
+            # peft's DoRA takes the norm of the stored weight, which here is weight / scale_weight
+            problems.append(f"lora.dora: {found.files[0]} holds fp8_scaled weights, whose stored numbers are the "
+                            f"weights divided by their scales; DoRA's weight norm would be wrong: train a plain "
+                            f"LoRA (lora.dora false) or use an fp8_e4m3fn / bf16 file")
     return problems
 
 
