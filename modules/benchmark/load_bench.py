@@ -127,6 +127,18 @@ def measure_in_this_process(layout: str, path: Path, weight_dtype: str) -> dict:
     return {"baseline_rss_bytes": baseline, "peak_rss_bytes": peak, "weights_bytes": weights, "seconds": seconds}
 
 
+def measure_in_fresh_process(module: str, arguments: str, what: str) -> dict:
+    """`module.measure_in_this_process(arguments)` in a new interpreter (so its peak is its own), as a dict."""
+    code = (f"import json; from pathlib import Path; from {module} import measure_in_this_process; "
+            f"print(json.dumps(measure_in_this_process({arguments})))")
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    if result.returncode != 0:
+        raise RuntimeError(f"loading {what} failed: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def run_load_benchmark(workdir: Path, release: str = "wan2.1-t2v-1.3b", layouts=LAYOUTS, keep_files: bool = False,
                        log=print) -> list[dict]:
     rows = []
@@ -136,15 +148,8 @@ def run_load_benchmark(workdir: Path, release: str = "wan2.1-t2v-1.3b", layouts=
         size = weight_file.stat().st_size
         weight_dtype = "FLOAT_8" if layout in ("fp8_scaled", "original_bf16_as_fp8") else "BFLOAT_16"
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process ({weight_dtype})")
-        code = ("import json, sys; from pathlib import Path; "
-                "from modules.benchmark.load_bench import measure_in_this_process; "
-                f"print(json.dumps(measure_in_this_process({layout!r}, Path({str(path)!r}), {weight_dtype!r})))")
-        root = Path(__file__).resolve().parents[2]
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                                env={**os.environ, "PYTHONPATH": str(root)})
-        if result.returncode != 0:
-            raise RuntimeError(f"loading {layout} failed: {result.stderr[-2000:]}")
-        measured = json.loads(result.stdout.strip().splitlines()[-1])
+        measured = measure_in_fresh_process("modules.benchmark.load_bench",
+                                            f"{layout!r}, Path({str(path)!r}), {weight_dtype!r}", layout)
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "baseline_rss_gib": measured["baseline_rss_bytes"] / GIB,
