@@ -2,8 +2,8 @@
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): `python tests/distributed_worker.py SPEC.json`.
 
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
-writes results/rank<R>.json (per-step losses, encode calls); {"argv", "fail_rank"} runs scripts/train.py with
-`argv`, rank `fail_rank` raising in its second batch."""
+writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs); {"argv", "fail_rank"}
+runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
 import json
 import os
 import sys
@@ -21,7 +21,8 @@ def run_training(spec: dict) -> int:
     trainer = train(Path(spec["tmp"]), spec["base"], spec["dataset"], method=spec["method"], steps=spec["steps"],
                     overrides=spec["overrides"])
     rank = os.environ["RANK"]
-    result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls()}
+    result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
+              "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else []}
     Path(spec["results"], f"rank{rank}.json").write_text(json.dumps(result))
     from modules.trainer.distributed import leave_process_group
     leave_process_group()

@@ -158,3 +158,29 @@ def test_a_missing_tokenizer_is_a_config_problem_before_anything_loads(tiny_mode
         prepare_config(config)
     assert any(problem.startswith("no UMT5 tokenizer found") and "set model.tokenizer.path" in problem
                for problem in error.value.problems), error.value.problems
+
+
+def test_a_comfyui_models_tree_of_an_i2v_model_loads(tiny_model, tmp_path):
+    """ComfyUI's own folders (models/diffusion_models, vae, text_encoders, clip_vision) as the base model."""
+    from PIL import Image
+    i2v = tiny_model("wan2.1-i2v")
+    models = tmp_path / "ComfyUI" / "models"
+    for sub in ("diffusion_models", "vae", "text_encoders", "clip_vision"):
+        (models / sub).mkdir(parents=True)
+    save_file(transformer_to_original(_state(i2v, "transformer"), prefix=COMFY_PREFIX),
+              str(models / "diffusion_models" / "wan2.1_i2v_tiny_fp32.safetensors"))
+    shutil.copy(i2v / "transformer" / "config.json", models / "diffusion_models" / "config.json")
+    save_file(vae21_to_original(_state(i2v, "vae")), str(models / "vae" / "wan_2.1_vae.safetensors"))
+    written = write_comfy_encoders(i2v, models / "text_encoders")
+    written["image_encoder"].rename(models / "clip_vision" / written["image_encoder"].name)
+    shutil.copy(i2v / "image_encoder" / "config.json", models / "clip_vision" / "config.json")   # tiny: 24 wide
+    config = ModelConfig(base_model_name=str(models), tokenizer={"path": str(i2v / "tokenizer")})
+    model = WanBaseModelLoader().load(config)
+    reference = WanBaseModelLoader().load(ModelConfig(base_model_name=str(i2v)))
+    assert model.variant.value == "I2V"
+    assert [line.split(":")[0] for line in model.part_messages[1:]] == ["transformer", "vae", "text_encoder",
+                                                                          "image_encoder"]
+    _same_weights(model, reference)
+    image = Image.new("RGB", (40, 24), (20, 130, 90))
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_image([image]), reference.encode_image([image]), atol=1e-6, rtol=0)

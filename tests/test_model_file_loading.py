@@ -203,6 +203,15 @@ def test_an_official_a14b_folder_is_planned_by_its_expert_folders(tiny_model, tm
     with pytest.raises(ModelFileError, match="2 transformers found .* model.transformer.path \\(high noise\\) and "
                                              "model.transformer_2.path \\(low noise\\)"):
         plan_model(ModelConfig(base_model_name=str(loose)))
+    # named one by one, the two files are the pair (the tiny width needs its config beside them)
+    (loose / "config.json").write_text((base / "transformer" / "config.json").read_text())
+    plan = plan_model(ModelConfig(base_model_name=str(release),
+                                  text_encoder=PartConfig(path=str(base / "text_encoder")),
+                                  transformer=PartConfig(path=str(loose / "transformer.safetensors")),
+                                  transformer_2=PartConfig(path=str(loose / "transformer_2.safetensors"))))
+    assert plan.variant.value == "T2V_A14B"
+    assert [plan.parts[e].files[0].name for e in ("transformer", "transformer_2")] == ["transformer.safetensors",
+                                                                                      "transformer_2.safetensors"]
 
 
 def test_convert_model_turns_a_comfyui_fp8_scaled_file_into_a_diffusers_folder(tiny_model, tmp_path):
@@ -306,3 +315,10 @@ def test_part_files_on_a_hub_id_base_use_the_same_readers(tiny_model, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(encoder(tokens).last_hidden_state, reference(tokens).last_hidden_state,
                                    atol=1e-6, rtol=0)
+
+
+def test_a_base_folder_with_too_many_folders_below_fails_fast(tmp_path):
+    for index in range(70):
+        (tmp_path / "home" / f"dir{index}").mkdir(parents=True)
+    with pytest.raises(ModelFileError, match="home: more than 64 folders below it; name the model's own folder"):
+        plan_model(ModelConfig(base_model_name=str(tmp_path / "home")))

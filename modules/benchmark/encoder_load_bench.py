@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from modules.benchmark.common import GIB
-from modules.benchmark.load_bench import measure_in_fresh_process, write_streaming_safetensors
+from modules.benchmark.common import GIB, run_in_fresh_process
+from modules.benchmark.load_bench import write_streaming_safetensors
 
 LAYOUTS = ("umt5_wan_pth", "umt5_comfyui_bf16", "umt5_comfyui_fp8_scaled", "clip_wan_pth", "clip_comfyui_fp16")
 
@@ -144,8 +144,8 @@ def run_encoder_load_benchmark(workdir: Path, layouts=LAYOUTS, text_layers: int 
         path = write_layout(layout, workdir, text_layers)
         size = path.stat().st_size
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process (bf16)")
-        measured = measure_in_fresh_process("modules.benchmark.encoder_load_bench",
-                                            f"{layout!r}, Path({str(path)!r})", layout)
+        measured = run_in_fresh_process("modules.benchmark.encoder_load_bench",
+                                        f"measure_in_this_process({layout!r}, Path({str(path)!r}))", f"loading {layout}")
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "load_growth_gib": growth / GIB, "growth_over_file": growth / size,

@@ -14,15 +14,12 @@ it, with every weight page touched (resident, as in training).
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from modules.benchmark.common import GIB
+from modules.benchmark.common import GIB, run_in_fresh_process
 
 LAYOUTS = ("diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8")
 _SAFETENSORS_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
@@ -127,18 +124,6 @@ def measure_in_this_process(layout: str, path: Path, weight_dtype: str) -> dict:
     return {"baseline_rss_bytes": baseline, "peak_rss_bytes": peak, "weights_bytes": weights, "seconds": seconds}
 
 
-def measure_in_fresh_process(module: str, arguments: str, what: str) -> dict:
-    """`module.measure_in_this_process(arguments)` in a new interpreter (so its peak is its own), as a dict."""
-    code = (f"import json; from pathlib import Path; from {module} import measure_in_this_process; "
-            f"print(json.dumps(measure_in_this_process({arguments})))")
-    root = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                            env={**os.environ, "PYTHONPATH": str(root)})
-    if result.returncode != 0:
-        raise RuntimeError(f"loading {what} failed: {result.stderr[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def run_load_benchmark(workdir: Path, release: str = "wan2.1-t2v-1.3b", layouts=LAYOUTS, keep_files: bool = False,
                        log=print) -> list[dict]:
     rows = []
@@ -148,8 +133,8 @@ def run_load_benchmark(workdir: Path, release: str = "wan2.1-t2v-1.3b", layouts=
         size = weight_file.stat().st_size
         weight_dtype = "FLOAT_8" if layout in ("fp8_scaled", "original_bf16_as_fp8") else "BFLOAT_16"
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process ({weight_dtype})")
-        measured = measure_in_fresh_process("modules.benchmark.load_bench",
-                                            f"{layout!r}, Path({str(path)!r}), {weight_dtype!r}", layout)
+        call = f"measure_in_this_process({layout!r}, Path({str(path)!r}), {weight_dtype!r})"
+        measured = run_in_fresh_process("modules.benchmark.load_bench", call, f"loading {layout}")
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "baseline_rss_gib": measured["baseline_rss_bytes"] / GIB,

@@ -14,11 +14,13 @@ from tqdm import tqdm
 
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
 from modules.dataLoader.e2v_scan import scan_e2v_dataset
+from modules.dataLoader.validation_split import split_validation
 from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
 from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
 from modules.util.config.DataConfig import ConceptConfig
 from modules.dataLoader.DiskCache import DiskCache, cache_key
 from modules.dataLoader.pipeline.ApplyConceptSettings import ApplyConceptSettings
+from modules.dataLoader.pipeline.BucketBatch import BucketBatch
 from modules.dataLoader.pipeline.RankBucketBatch import RankBucketBatch
 from modules.dataLoader.pipeline.EncodeText import EncodeText
 from modules.dataLoader.pipeline.EncodeVideo import EncodeVideo
@@ -60,6 +62,7 @@ class WanBaseDataLoader:
         self.e2v_datasets = e2v_datasets or []
         self.e2v = self.e2v_datasets[0] if self.e2v_datasets else None
         self.scan_result = ScanResult()
+        self.validation_records: list[dict] = []   # files held out for the validation loss (validation_split.py)
         self.failed: set[str] = set()   # files that probed fine but failed to decode while caching
         self.model = None
         self.device = torch.device("cpu")
@@ -83,6 +86,8 @@ class WanBaseDataLoader:
             for index, dataset in enumerate(self.e2v_datasets):
                 concept = ConceptConfig(name=f"e2v dataset {index}", path=dataset.data_root)
                 scan_e2v_dataset(dataset, concept, self.scan_result)
+        self.scan_result.records, self.validation_records = split_validation(self.scan_result.records,
+                                                                             self.config.data)
         pipeline = Pipeline(self._item_modules(), self.config.seed)
         pipeline.start_epoch(0)
         if len(pipeline) == 0:
@@ -92,25 +97,32 @@ class WanBaseDataLoader:
         concepts = [c.path for c in self.config.data.concepts if c.enabled] or ["(no enabled concept)"]
         skipped = self.scan_result.skipped + list(pipeline.skipped)
         lines = [f"no usable training item in {', '.join(concepts)}"]
+        if self.validation_records:
+            held_out = len({r["path"] for r in self.validation_records})
+            lines.append(f"  ({held_out} files are held out for the validation loss: concepts marked validation, "
+                         f"data.validation_split)")
         lines += [f"  skipped {path}: {reason}" for path, reason in skipped[:10]]
         if len(skipped) > 10:
             lines.append(f"  ... and {len(skipped) - 10} more")
         return "\n".join(lines)
 
-    def _records(self) -> list[dict]:
-        return [r for r in self.scan_result.records if r["path"] not in self.failed]
+    def _records(self, validation: bool = False) -> list[dict]:
+        records = self.validation_records if validation else self.scan_result.records
+        return [r for r in records if r["path"] not in self.failed]
 
-    def _item_modules(self) -> list:
+    def _item_modules(self, validation: bool = False) -> list:
+        """The item modules of training, or (`validation`) of the held-out items: each once, no random crop or
+        flip, the caption always kept."""
         data = self.config.data
         record_names = ["path", "concept", "caption"] + (["elements", "e2v_present"] if self.e2v else [])
         return [
-            ListSource(self._records(), record_names),
+            ListSource(self._records(validation), record_names),
             self.probe,
             FrameWindow(data.frame_buckets, self.fps, warned=self.warned),
-            RepeatConcepts(),
+            *([] if validation else [RepeatConcepts()]),
             ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale),
             LoadVideo(),
-            ResizeCropVideo(crop_jitter=data.crop_jitter, flip=data.flip),
+            ResizeCropVideo(crop_jitter=data.crop_jitter and not validation, flip=data.flip and not validation),
             ApplyConceptSettings(),
         ]
 
@@ -188,6 +200,8 @@ class WanBaseDataLoader:
             try:
                 for epoch in epochs:
                     self._cache_epoch(epoch, encoder)
+                if self.validation_records:
+                    self._cache_epoch(0, encoder, validation=True)
             finally:
                 for part in parts:
                     part.to("cpu")
@@ -199,16 +213,18 @@ class WanBaseDataLoader:
         data = self.config.data
         return data.crop_jitter or data.flip or any(c.extraction == "random" for c in data.concepts)
 
-    def _cache_epoch(self, epoch: int, encoder) -> None:
+    def _cache_epoch(self, epoch: int, encoder, validation: bool = False) -> None:
         """Fills the cache of one encoder module for one epoch (the pipeline computes only what it outputs).
         Several ranks split the work by what an entry depends on: text entries by prompt, the others by media
         file, so each entry has one owner and nothing is encoded twice (one rank alone does it all)."""
-        items = Pipeline(self._item_modules() + list(self.encoders.values()), self.config.seed,
+        items = Pipeline(self._item_modules(validation) + list(self.encoders.values()), self.config.seed,
                          threads=self.config.data.dataloader_threads, outputs=list(encoder.produces()))
         items.start_epoch(epoch)
-        share = self._rank_share(epoch, "prompt" if isinstance(encoder, EncodeText) else "path", len(items))
+        share = self._rank_share(epoch, "prompt" if isinstance(encoder, EncodeText) else "path", len(items),
+                                 validation)
         newly_failed: dict[str, str] = {}
-        for index in tqdm(share, desc=f"caching {type(encoder).__name__} epoch {epoch}", unit="item",
+        for index in tqdm(share, desc=f"caching {type(encoder).__name__} "
+                          f"{'validation items' if validation else f'epoch {epoch}'}", unit="item",
                           disable=not is_main()):
             try:
                 items.get_item(index)
@@ -226,14 +242,14 @@ class WanBaseDataLoader:
                 raise DataError(f"no usable training item: every file failed to decode ({len(self.failed)})")
             self.rebuild()
 
-    def _rank_share(self, epoch: int, group: str, count: int) -> list[int]:
+    def _rank_share(self, epoch: int, group: str, count: int, validation: bool = False) -> list[int]:
         """The item indices of `epoch` this rank encodes: the distinct values of `group` (path or prompt) are
         dealt out in order, and every item with a value goes to that value's rank (repeats, windows of one clip and
         clips of one caption share entries)."""
         rank, world = rank_and_world()
         if world == 1:
             return list(range(count))
-        values = Pipeline(self._item_modules(), self.config.seed, outputs=[group])
+        values = Pipeline(self._item_modules(validation), self.config.seed, outputs=[group])
         values.start_epoch(epoch)
         owner: dict[str, int] = {}
         share = []
@@ -269,6 +285,9 @@ class WanBaseDataLoader:
             lines.append(f"  concept {concept}: {counts['clips']} clip items, {counts['images']} image items")
         for (frames, height, width), count in sorted(stats.buckets.items()):
             lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
+        if self.validation_records:
+            files = len({r["path"] for r in self._records(validation=True)})
+            lines.append(f"  validation: {files} held-out files (never trained on)")
         lines.append(f"  skipped files: {len(stats.skipped)}")
         text = "\n".join(lines)
         if is_main():
@@ -281,6 +300,18 @@ class WanBaseDataLoader:
                          outputs=["path", "latents"])
         items.start_epoch(0)
         return {row["path"]: row["latents"] for row in (items.get_item(i) for i in range(len(items)))}
+
+    def validation_pipeline(self, batch_size: int) -> Pipeline:
+        """The held-out items in batches of one bucket each, cut in the same order on every run and world size
+        (no shuffle); its last module's `upstream_indices(i)` are the items of batch i. Reads the same caches as
+        training (the items were cached with it). The batches hold what training batches hold but the loss weight."""
+        training = self.pipeline.modules[-1]  # the training batcher (rebuild): its names and bucket keys
+        names = [name for name in training.names if name != "loss_weight"]
+        modules = self._item_modules(validation=True) + list(self.encoders.values()) + [
+            BucketBatch(names, batch_size, shuffle=False, key_names=training.key_names)]
+        pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)
+        pipeline.start_epoch(0)
+        return pipeline
 
     # ---- batches ----------------------------------------------------------------------------------------------
 

@@ -44,6 +44,10 @@ class BaseWanSetup:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
 
+    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """trainable_parameters() with their names (the optimizer's parameter groups are cut by name)."""
+        raise NotImplementedError
+
     def trainable_state_dict(self) -> dict[str, Tensor]:
         """Everything that trains, by a stable name: what backups store and resume restores."""
         raise NotImplementedError
@@ -135,12 +139,23 @@ class BaseWanSetup:
         device_generator = torch.Generator(self.device).manual_seed(generator.initial_seed())
         return torch.randn(x0.shape, generator=device_generator, device=self.device)
 
-    def predict(self, batch: dict, generator: torch.Generator) -> Prediction:
+    def expert_for_sigma(self, sigma: float) -> str:
+        """The expert that denoises at `sigma` (the high-noise one at and above the boundary, as in sampling)."""
+        boundary = self.model.boundary_ratio
+        if boundary is None or not self.model.variant.has_two_experts:
+            return "transformer"
+        return "transformer" if sigma >= boundary else "transformer_2"
+
+    def predict(self, batch: dict, generator: torch.Generator, sigmas: Tensor | None = None) -> Prediction:
+        """`sigmas`: fixed sigmas (B,) of one expert's range instead of drawn ones (the validation loss)."""
         model = self.model
         # batches arrive pinned on CUDA (WanBaseDataLoader.batches): the copies do not wait for the device
         x0 = model.normalize_latents(batch["latents"].to(self.device, non_blocking=True).float())
         item_generators = self.item_generators(batch, generator, x0.shape[0])
-        expert, sigmas = self._choose_expert_and_sigmas(generator, item_generators)
+        if sigmas is None:
+            expert, sigmas = self._choose_expert_and_sigmas(generator, item_generators)
+        else:
+            expert = self.expert_for_sigma(float(sigmas[0]))
         # (B, z, T, h, w) as B draws of (1, z, T, h, w), each from its item's generator
         noise = torch.cat([self._noise(x0[i:i + 1], g) for i, g in enumerate(item_generators)])
         sigmas = sigmas.to(self.device)

@@ -60,6 +60,9 @@ class WanEmbeddingSetup(BaseWanSetup):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [self.table.weight]
 
+    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(EMBEDDING_KEY, self.table.weight)]
+
     def vectors(self) -> Tensor:
         return self.table.weight.detach()[self.token_ids].clone()
 

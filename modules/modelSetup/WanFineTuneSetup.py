@@ -35,6 +35,9 @@ class WanFineTuneSetup(BaseWanSetup):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self._named_transformer_parameters() if p.requires_grad]
 
+    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self._named_transformer_parameters() if p.requires_grad]
+
     def trainable_state_dict(self) -> dict[str, Tensor]:
         return {n: p.detach().clone() for n, p in self._named_transformer_parameters() if p.requires_grad}
 

@@ -91,6 +91,9 @@ class WanLoRASetup(BaseWanSetup):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self._named_trainable()]
 
+    def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return list(self._named_trainable())
+
     def trainable_state_dict(self) -> dict[str, Tensor]:
         return {n: p.detach().clone() for n, p in self._named_trainable()}
 

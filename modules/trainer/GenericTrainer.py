@@ -18,6 +18,7 @@ from modules.trainer.distributed import Parallel, gradient_norm, join_process_gr
 from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
                                                     restore_backup_state)
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
+from modules.trainer.parameter_groups import group_mismatch, parameter_groups
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
@@ -154,6 +155,7 @@ class GenericTrainer:
         self.device = join_process_group(config) or resolve_device(config.device)
         self.parallel = Parallel(config)
         self.model = self.setup = self.data = None
+        self.validation = None  # the ValidationEvaluator when items are held out
         self.plan = None
         self.run_name = config.run_name
 
@@ -285,7 +287,8 @@ class GenericTrainer:
                 raise TrainingError(str(error)) from None
         self.parallel.wrap(self.setup, self.model, self.device)
         parameters = self.setup.trainable_parameters()
-        self.optimizer = create_optimizer(config.optimizer, parameters)
+        self.optimizer = create_optimizer(config.optimizer,
+                                          parameter_groups(config, self.setup.named_trainable_parameters()))
         self.plan = self._plan()  # again: caching may have left out files that failed to decode
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
@@ -299,6 +302,8 @@ class GenericTrainer:
             save_config(config, config_path)
         if config.backup.continue_last_backup:
             self._resume()
+        from modules.trainer.ValidationEvaluator import ValidationEvaluator
+        self.validation = ValidationEvaluator.create(self)
         if self.parallel.is_main:
             print(start_report(self, parameters), flush=True)
 
@@ -307,7 +312,11 @@ class GenericTrainer:
         previous_handler = self._install_sigint()
         try:
             self.hooks.before_training()
+            if self.validation is not None:
+                self.validation.before_training()
             self._run_epochs(parameters, self.plan.batches_per_epoch, self.plan.accumulation)
+            if self.validation is not None and not self.stop_requested.is_set():
+                self.validation.at_end()
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
@@ -376,6 +385,8 @@ class GenericTrainer:
                     step_started = time.perf_counter()
                     step_loss = self.hooks.last_loss
                     self.hooks.after_step(step_loss, step_time)
+                    if self.validation is not None:
+                        self.validation.after_step()
                     self._serve_requests()
                     step_bar.set_postfix(epoch=epoch, loss="-" if step_loss is None else f"{step_loss:.4f}",
                                          lr=f"{self.scheduler.get_last_lr()[0]:.2e}", s_step=f"{step_time:.2f}")
@@ -447,9 +458,12 @@ class GenericTrainer:
         folder, _ = newest_usable_backup(self.backup_root)
         return f"the last good backup is {folder}" if folder else "no backup was written yet"
 
-    def backup(self) -> Path:
+    def backup(self, folder: Path | None = None, extra_json: dict | None = None) -> Path:
+        """A rolling backup (`step-N`, pruned to backup.rolling_count), or one into `folder` that is not pruned
+        (validation.keep_best's `best`); `extra_json`: more files, name -> JSON value."""
         self.read_losses()  # never back up weights a non-finite loss has touched
-        folder = self.backup_root / f"step-{self.progress.global_step:08d}"
+        rolling = folder is None
+        folder = folder or self.backup_root / f"step-{self.progress.global_step:08d}"
         trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
         if self.parallel.is_main:
             broken = non_finite_tensors(trainable)
@@ -461,14 +475,17 @@ class GenericTrainer:
             try:
                 with phase("backup"):
                     write_backup(folder, self.progress, trainable, optimizer_state, self.scheduler, self.ema,
-                                 config_to_dict(self.config), rng=rng, extra_json={RANKS_FILE: layout})
+                                 config_to_dict(self.config), rng=rng,
+                                 extra_json={RANKS_FILE: layout, **(extra_json or {})})
             except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
                 raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
                                     f"{self._last_backup_text()}") from error
-            prune_backups(self.backup_root, self.config.backup.rolling_count)
+            if rolling:
+                prune_backups(self.backup_root, self.config.backup.rolling_count)
             log.info("backup written to %s", folder)
         barrier()
-        self.backed_up_step = self.progress.global_step
+        if rolling:
+            self.backed_up_step = self.progress.global_step
         return folder
 
     def _resume(self) -> None:
@@ -485,6 +502,9 @@ class GenericTrainer:
             state = read_backup(folder)
         except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
             raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
+        mismatch = group_mismatch(state["optimizer"], self.optimizer)  # every rank reads the same backup
+        if mismatch:
+            raise TrainingError(f"cannot resume from {folder}: {mismatch}")
         restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:

@@ -6,11 +6,14 @@ import torch
 from modules.util.config.OptimizerConfig import OptimizerConfig
 
 
-def create_optimizer(config: OptimizerConfig, parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def create_optimizer(config: OptimizerConfig,
+                     parameters: list[torch.nn.Parameter] | list[dict]) -> torch.optim.Optimizer:
+    """`parameters`: the parameters, or parameter groups (modules/trainer/parameter_groups.py), each with its lr."""
     kwargs = dict(lr=config.learning_rate, weight_decay=config.weight_decay)
     if config.optimizer == "ADAMW":
         # fused kernels exist for CUDA tensors only
-        fused = all(p.is_cuda for p in parameters)
+        flat = [p for g in parameters for p in g["params"]] if isinstance(parameters[0], dict) else parameters
+        fused = all(p.is_cuda for p in flat)
         return torch.optim.AdamW(parameters, betas=config.betas, eps=config.eps, fused=fused or None, **kwargs)
     if config.optimizer == "ADAMW_8BIT":
         import bitsandbytes

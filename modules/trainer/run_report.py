@@ -184,6 +184,10 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
     lines.append(f"  optimizer: {optimizer.optimizer} lr {optimizer.learning_rate:g}, schedule {optimizer.scheduler} "
                  f"over {plan.total_steps} steps" + (f", warmup {optimizer.warmup_steps}" if optimizer.warmup_steps
                                                      else ""))
+    from modules.trainer.parameter_groups import describe_groups
+    groups = describe_groups(trainer.optimizer)
+    if groups:
+        lines.append(f"  parameter groups: {groups}")
     timestep = config.timestep
     shift = f" (shift {timestep.shift:g})" if timestep.distribution.endswith("shift") else ""
     lines.append(f"  timesteps: {timestep.distribution}{shift}")
@@ -205,6 +209,8 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append(f"  previews: {trainer.samples_dir} ({before}{when})")
     else:
         lines.append("  previews: none (sampling.samples_file is empty)")
+    if getattr(trainer, "validation", None) is not None:
+        lines.append(trainer.validation.plan_line())
     if config.tensorboard:
         lines.append(f"  TensorBoard: {trainer.tensorboard_dir}")
     lines.append(f"  output: {config.output.destination} ({config.output.format.value})")
@@ -236,6 +242,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     newest_backup = newest_usable_backup(trainer.backup_root)[0]
     if newest_backup is not None:
         lines.append(f"  newest backup: {newest_backup}")
+    if getattr(trainer, "validation", None) is not None:
+        lines.append(trainer.validation.end_line(written))
     lines.append("next:")
     method = config.training_method.value
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))

@@ -12,7 +12,7 @@ from modules.ui.ConceptController import CONCEPTS, ConceptStatistics
 from modules.util.config.config_io import ConfigError
 from modules.ui.ctk_components import BoundField, button, draw_bars, render_section
 
-CARD_FIELDS = ["enabled", "name", "path", "caption_source", "repeats", "fps", "extraction"]
+CARD_FIELDS = ["enabled", "name", "path", "caption_source", "repeats", "fps", "extraction", "validation"]
 
 
 class CtkConceptsView:

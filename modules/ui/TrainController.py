@@ -7,7 +7,8 @@ Stop / sample now / backup now / save now are requests the trainer serves at its
 optimizer steps).
 
 Events, as (kind, payload): ("status", str), ("progress", dict from GenericTrainer.on_update plus "epochs",
-"epoch_fraction"), ("log", str), ("refused", [problems]), ("failed", message), ("finished", {"written": [paths],
+"epoch_fraction"), ("validation", {"validation_loss", "step", "validation_per_sigma"}: a validation loss, see
+docs/validation.md), ("log", str), ("refused", [problems]), ("failed", message), ("finished", {"written": [paths],
 "stopped": bool, "backups": [paths]}).
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ class RunState:
     epochs: int = 0
     epoch_fraction: float = 0.0
     step_times: list[float] = field(default_factory=list)
+    validation_losses: list[tuple[int, float]] = field(default_factory=list)   # (step, validation loss)
     started: float = 0.0
 
     @property
@@ -245,6 +247,9 @@ class TrainController:
 
     def _on_update(self, info: dict) -> None:
         # called in the worker thread: only queue the numbers
+        if "validation_loss" in info:
+            self.events.put(("validation", info))
+            return
         trainer = self.trainer
         plan = getattr(trainer, "plan", None)   # GenericTrainer's run plan (steps, batches per epoch)
         batches = (plan.batches_per_epoch if plan is not None else 0) or 1
@@ -288,6 +293,8 @@ class TrainController:
             # every step's loss, read back from the device every few steps (performance.loss_readback_steps)
             run.losses.extend(payload.get("losses", []))
             run.step_times.append(payload["step_time"])
+        elif kind == "validation":
+            run.validation_losses.append((payload["step"], payload["validation_loss"]))
         elif kind == "refused":
             run.running, run.status = False, "refused: the config has problems"
             self.state.add_problems(payload)

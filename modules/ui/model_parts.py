@@ -23,12 +23,19 @@ def field_of(part: str) -> str:
 
 def describe_model_part(state: UIState, part: str) -> str:
     """The line shown beside a part's path ("base": the parts the base model holds)."""
-    path = state.get(field_of(part)) or ""
-    if part == "base":
-        return describe_part(path) if path and Path(path).exists() else ""
-    if path:
+    return describe_for(part, state.get(field_of(part)) or "")
+
+
+def describe_for(part: str, path: str) -> str:
+    """`describe_model_part` for a path already read from the state (safe to run in a worker thread)."""
+    if part == "base" and not (path and Path(path).exists()):
+        return ""
+    if not path:
+        return "(from the base model)"
+    try:
         return describe_part(path)
-    return "(from the base model)"
+    except OSError as error:   # unreadable (permissions, a vanished network drive): said, not raised
+        return f"not usable: {path}: {error.strerror or error}"
 
 
 def model_config_from_state(state: UIState):

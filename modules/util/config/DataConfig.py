@@ -32,6 +32,8 @@ class ConceptConfig(BaseConfig):
     extraction: Literal["head", "uniform", "random", "slide", "chunk", "spaced", "full"] = "head"
     slide_stride: int = Field(16, ge=1, le=MAX_FRAMES, description="pixel frames between windows in slide mode")
     window_count: int = Field(1, ge=1, le=MAX_FRAMES, description="windows per clip in spaced mode")
+    validation: bool = Field(False, description="hold every item of this concept out of training for the "
+                             "validation loss (docs/validation.md)")
     max_frames: int = Field(81, ge=1, le=MAX_FRAMES)
     target_frames: list[int] = Field([], max_length=MAX_LIST, description="every listed frame count that a clip "
                                      "holds makes its own item(s) (musubi-tuner's target_frames); empty: one count "
@@ -71,6 +73,8 @@ class DataConfig(BaseConfig):
     no_upscale: bool = False
     crop_jitter: bool = False
     flip: bool = False
+    validation_split: float = Field(0.0, ge=0, lt=1, description="hold out this fraction of each concept's files "
+                                    "for the validation loss, chosen by file name (the same files on every run)")
     dataloader_threads: int = Field(2, ge=0, le=256)
     ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
                                           "image-to-video (first latent frame clean)")

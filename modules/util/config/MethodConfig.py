@@ -3,7 +3,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from modules.util.config.BaseConfig import BaseConfig
-from modules.util.config.bounds import MAX_RANK, PathText
+from modules.util.config.bounds import MAX_LR_RATIO, MAX_RANK, PathText
 from modules.util.lora.targets import LoraTargetError, custom_target_regex
 
 
@@ -22,12 +22,19 @@ class LoraConfig(BaseConfig):
     targets: Literal["attn-only", "attn-mlp", "blocks-full", "custom"] = "attn-mlp"
     custom_targets: list[str] = Field([], description="module names or one regex, used when targets is 'custom'")
     dora: bool = False
+    plus_lr_ratio: float = Field(1.0, ge=1, le=MAX_LR_RATIO, description="LoRA+: the B (up) matrices learn at this "
+                                 "multiple of optimizer.learning_rate (16 in the LoRA+ paper; 1: off). LORA and DoRA "
+                                 "only (DoRA's magnitudes keep the base rate)")
     init_from: PathText = Field("", description="an existing LoRA file to continue training")
 
     @model_validator(mode="after")
     def _check_type(self):
         if self.dora and self.type != "LORA":
             raise ValueError(f"lora.dora: DoRA is available with lora.type LORA only, not {self.type}")
+        if self.plus_lr_ratio != 1 and self.type != "LORA":
+            raise ValueError(f"lora.plus_lr_ratio: LoRA+ speeds up LoRA's zero-initialised B (up) matrices; "
+                             f"{self.type} has no such matrix (its factors are all products of one another): set "
+                             f"it to 1 or use lora.type LORA")
         if self.decompose_factor == 0 or self.decompose_factor < -1:
             raise ValueError(f"lora.decompose_factor: -1 or a positive integer, not {self.decompose_factor}")
         if self.targets == "custom" and not self.custom_targets:
@@ -49,6 +56,13 @@ class LoraConfig(BaseConfig):
 
 class FineTuneConfig(BaseConfig):
     layer_filter: list[str] = Field([], description="train only parameters whose names contain one of these")
+    # per-part learning rates: separate optimizer parameter groups (modules/trainer/parameter_groups.py)
+    blocks_learning_rate: float | None = Field(None, gt=0, description="the transformer blocks' learning rate; "
+                                               "empty: optimizer.learning_rate")
+    embeddings_learning_rate: float | None = Field(None, gt=0, description="the patch, time, text and image "
+                                                   "embedders' learning rate; empty: optimizer.learning_rate")
+    heads_learning_rate: float | None = Field(None, gt=0, description="the output norm, scale-shift table and "
+                                              "projection's learning rate; empty: optimizer.learning_rate")
 
 
 class EmbeddingConfig(BaseConfig):

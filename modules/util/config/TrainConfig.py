@@ -13,6 +13,7 @@ from modules.util.config.ModelConfig import ModelConfig, OutputConfig
 from modules.util.config.OptimizerConfig import OptimizerConfig, TimestepConfig
 from modules.util.config.PerformanceConfig import PerformanceConfig
 from modules.util.config.SchedulingConfig import BackupConfig, SamplingConfig
+from modules.util.config.ValidationConfig import ValidationConfig
 from modules.util.enum.DataType import DataType
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
@@ -58,6 +59,7 @@ class TrainConfig(BaseConfig):
     embedding: EmbeddingConfig = EmbeddingConfig()
     sampling: SamplingConfig = SamplingConfig()
     backup: BackupConfig = BackupConfig()
+    validation: ValidationConfig = ValidationConfig()
     e2v: E2VTrainConfig = E2VTrainConfig()
     performance: PerformanceConfig = PerformanceConfig()
     distributed: DistributedConfig = DistributedConfig()

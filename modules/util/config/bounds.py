@@ -24,6 +24,8 @@ MAX_BALANCING = 1_000_000
 MAX_REPEATS = 1000.0
 # Adapter rank before the model is known (the model's narrowest targeted layer bounds it again, in validation.py).
 MAX_RANK = 65536
+# LoRA+'s learning-rate ratio of the B matrices (the paper uses 16; beyond this it is a typo for a learning rate).
+MAX_LR_RATIO = 1000.0
 # A list of numbers (aspect ratios, frame buckets): more entries than this is a copy-paste accident.
 MAX_LIST = 1024
 

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 EXPERT_FOLDERS = {"high_noise_model": "transformer", "low_noise_model": "transformer_2"}
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
 SEARCH_DEPTH = 3
+SEARCH_FOLDERS = 64   # a model folder has a handful (release: google/umt5-xxl, assets, examples; ComfyUI: models/*)
 _DIFFUSERS_CLASSES = {"WanTransformer3DModel": "transformer", "AutoencoderKLWan": "vae",
                       "UMT5EncoderModel": "text_encoder", "T5EncoderModel": "text_encoder",
                       "CLIPVisionModel": "image_encoder", "CLIPVisionModelWithProjection": "image_encoder"}
@@ -110,6 +111,8 @@ def _part_folder(folder: Path) -> FoundPart | None:
     if len(groups) > 1:
         return None   # several weight files beside a config.json (a ComfyUI folder): searched file by file
     files = groups[0]
+    if not files[0].name.startswith(("model", "diffusion_pytorch_model")):
+        return None   # not the file name from_pretrained reads (clip_vision_h.safetensors beside a config): searched
     keys = read_keys_and_shapes(files)
     detail = recognise_transformer(keys) if part == "transformer" else recognise_vae(keys) if part == "vae" else None
     if part in ("transformer", "vae") and (detail is None or detail.layout != "diffusers"):
@@ -146,10 +149,14 @@ def find_parts(path: str | Path) -> list[FoundPart]:
     found = _part_folder(path)
     if found is not None:
         return [found]
-    return _search(path, SEARCH_DEPTH, role=EXPERT_FOLDERS.get(path.name))
+    return _search(path, SEARCH_DEPTH, role=EXPERT_FOLDERS.get(path.name), budget=[SEARCH_FOLDERS, path])
 
 
-def _search(folder: Path, depth: int, role: str | None) -> list[FoundPart]:
+def _search(folder: Path, depth: int, role: str | None, budget: list) -> list[FoundPart]:
+    budget[0] -= 1   # [folders left, the folder searched]: a mistyped base ("/", a home folder) fails fast
+    if budget[0] < 0:
+        raise ModelFileError(f"{budget[1]}: more than {SEARCH_FOLDERS} folders below it; name the model's own "
+                             f"folder (or each part's file)")
     parts: list[FoundPart] = []
     for group in group_weight_files(folder):
         try:
@@ -174,7 +181,7 @@ def _search(folder: Path, depth: int, role: str | None) -> list[FoundPart]:
                 part_folder.role = EXPERT_FOLDERS.get(sub.name, role) if part_folder.part == "transformer" else None
                 parts.append(part_folder)
             else:
-                parts += _search(sub, depth - 1, EXPERT_FOLDERS.get(sub.name, role))
+                parts += _search(sub, depth - 1, EXPERT_FOLDERS.get(sub.name, role), budget)
     return parts
 
 

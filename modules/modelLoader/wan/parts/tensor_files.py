@@ -13,6 +13,7 @@ import re
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -232,6 +233,17 @@ def _expand(paths: str | Path | Iterable[str | Path]) -> list[Path]:
 
 
 def _read_one(path: Path) -> dict[str, TensorInfo]:
+    """Cached by (path, size, mtime): planning, the GUI's descriptions and the loader read the same headers."""
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise ModelFileError(f"{path}: cannot be read ({error.strerror or error})") from None
+    return _read_one_cached(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _read_one_cached(name: str, size: int, mtime_ns: int) -> dict[str, TensorInfo]:
+    path = Path(name)
     if path.name.lower().endswith(SAFETENSORS_SUFFIX):
         return read_safetensors_header(path).tensors
     if path.name.lower().endswith(PICKLE_MODEL_SUFFIXES):

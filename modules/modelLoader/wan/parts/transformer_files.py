@@ -144,7 +144,9 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
             tensor = tensors[key]
             module = name.rsplit(".", 1)[0]
             if module in linear and name.endswith(".weight"):
-                state[name] = tensor.to(torch.float8_e4m3fn)
+                # kept as stored (an e5m2 file's range exceeds e4m3fn's); dequantised per call in any float8
+                state[name] = tensor if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) \
+                    else tensor.to(torch.float8_e4m3fn)
             elif module in scales and name.endswith(".weight"):
                 state[name] = (tensor.to(torch.float32) * scales[module]).to(compute)
             elif not tensor.is_floating_point():
