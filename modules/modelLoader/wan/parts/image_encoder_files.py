@@ -124,10 +124,11 @@ def image_encoder_config(shapes: dict[str, tuple[int, ...]], source: str, given:
 
 
 def image_processor_for(config: dict, path: Path) -> CLIPImageProcessor:
-    """A preprocessor_config.json beside the file, else the released ViT-H/14 processor at the tower's image size."""
-    beside = path.parent / "preprocessor_config.json"
-    if beside.is_file():
-        return CLIPImageProcessor.from_pretrained(path.parent, local_files_only=True)
+    """A preprocessor_config.json beside the file or in a diffusers folder's image_processor/ (the file being in its
+    image_encoder/), else the released ViT-H/14 processor at the tower's image size."""
+    for folder in (path.parent, path.parent.parent / "image_processor"):
+        if (folder / "preprocessor_config.json").is_file():
+            return CLIPImageProcessor.from_pretrained(folder, local_files_only=True)
     settings = json.loads((CONFIG_DIR / "clip-vit-h-14-preprocessor.json").read_text(encoding="utf-8"))
     settings.pop("image_processor_type", None)
     size = config["image_size"]
