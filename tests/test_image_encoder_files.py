@@ -123,3 +123,15 @@ def test_the_real_vit_h_14_file_names_and_shapes_plan_the_released_tower(layout)
     _, config = plan_image_encoder(keys, layout, "clip", None)
     assert {k: config[k] for k in released if k != "architectures"} == \
         {k: v for k, v in released.items() if k != "architectures"}
+
+
+def test_a_diffusers_image_encoder_file_takes_its_folders_config_and_processor(reference, tiny_model):
+    """model.image_encoder.path at a diffusers folder's image_encoder/model.safetensors: the config.json beside it
+    gives the head count, image_processor/ the processor."""
+    model, processor, _, image = reference
+    path = tiny_model("wan2.1-i2v") / "image_encoder" / "model.safetensors"
+    assert recognise_image_encoder(read_keys_and_shapes(path)) == "comfyui"
+    loaded, loaded_processor = load_image_encoder([path], "comfyui", torch.float32)
+    assert loaded_processor.to_dict() == processor.to_dict()
+    torch.testing.assert_close(_penultimate(loaded, loaded_processor, image), _penultimate(model, processor, image),
+                               atol=1e-6, rtol=0)

@@ -153,3 +153,12 @@ def test_the_real_umt5_xxl_file_names_and_shapes_plan_the_released_encoder(layou
     # (transformers 5 forces tie_word_embeddings for the T5 family; an encoder has no head to tie)
     compared = [k for k in released if k not in ("architectures", "tie_word_embeddings")]
     assert {k: getattr(config, k) for k in compared} == {k: released[k] for k in compared}
+
+
+def test_an_encoder_loaded_from_the_official_pth_saves_as_a_diffusers_text_encoder(reference, tmp_path):
+    """convert_model's path: what was read from Wan's file saves with save_pretrained and loads back the same."""
+    model, ids, state = reference
+    loaded = load_text_encoder([_write(tmp_path, "wan", state)], "wan", torch.float32)
+    loaded.save_pretrained(tmp_path / "text_encoder")
+    again = UMT5EncoderModel.from_pretrained(tmp_path / "text_encoder", torch_dtype=torch.float32)
+    assert torch.equal(_embed(again, ids), _embed(model, ids))

@@ -75,8 +75,13 @@ def test_another_models_tokenizer_is_skipped_in_a_search_and_refused_when_named(
         find_tokenizer(other, [encoder], False, HUB)
 
 
-def test_a_sentencepiece_file_as_the_tokenizer_path(spiece):
-    assert find_tokenizer(spiece, [], False, HUB)(PROMPT).input_ids == _sentencepiece_ids(spiece)
+def test_a_sentencepiece_file_as_the_tokenizer_path(spiece, tmp_path):
+    tokenizer = find_tokenizer(spiece, [], False, HUB)
+    assert tokenizer(PROMPT).input_ids == _sentencepiece_ids(spiece)
+    assert tokenizer.name_or_path == str(spiece)
+    # it saves as a diffusers tokenizer/ folder (convert_model, the savers) that loads back the same
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    assert AutoTokenizer.from_pretrained(tmp_path / "tokenizer")(PROMPT).input_ids == _sentencepiece_ids(spiece)
 
 
 def test_no_tokenizer_names_what_to_point_at_and_downloads_nothing(tmp_path, monkeypatch):

@@ -16,14 +16,11 @@ every weight page touched.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from modules.benchmark.common import GIB
+from modules.benchmark.common import GIB, run_in_fresh_process
 from modules.benchmark.load_bench import write_streaming_safetensors
 
 LAYOUTS = ("umt5_wan_pth", "umt5_comfyui_bf16", "umt5_comfyui_fp8_scaled", "clip_wan_pth", "clip_comfyui_fp16")
@@ -143,19 +140,12 @@ def measure_in_this_process(layout: str, path: Path) -> dict:
 def run_encoder_load_benchmark(workdir: Path, layouts=LAYOUTS, text_layers: int | None = None,
                                keep_files: bool = False, log=print) -> list[dict]:
     rows = []
-    root = Path(__file__).resolve().parents[2]
     for layout in layouts:
         path = write_layout(layout, workdir, text_layers)
         size = path.stat().st_size
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process (bf16)")
-        code = ("import json; from pathlib import Path; "
-                "from modules.benchmark.encoder_load_bench import measure_in_this_process; "
-                f"print(json.dumps(measure_in_this_process({layout!r}, Path({str(path)!r}))))")
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                                env={**os.environ, "PYTHONPATH": str(root)})
-        if result.returncode != 0:
-            raise RuntimeError(f"loading {layout} failed: {result.stderr[-2000:]}")
-        measured = json.loads(result.stdout.strip().splitlines()[-1])
+        measured = run_in_fresh_process("modules.benchmark.encoder_load_bench",
+                                        f"measure_in_this_process({layout!r}, Path({str(path)!r}))", f"loading {layout}")
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "load_growth_gib": growth / GIB, "growth_over_file": growth / size,

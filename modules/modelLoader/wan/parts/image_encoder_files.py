@@ -22,6 +22,7 @@ import torch
 from accelerate import init_empty_weights
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
+from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
 from modules.modelLoader.wan.parts.text_encoder_files import shape_mismatch
 from modules.util.encoder_keys import ClipSource, clip_vision_sources
@@ -123,10 +124,11 @@ def image_encoder_config(shapes: dict[str, tuple[int, ...]], source: str, given:
 
 
 def image_processor_for(config: dict, path: Path) -> CLIPImageProcessor:
-    """A preprocessor_config.json beside the file, else the released ViT-H/14 processor at the tower's image size."""
-    beside = path.parent / "preprocessor_config.json"
-    if beside.is_file():
-        return CLIPImageProcessor.from_pretrained(path.parent, local_files_only=True)
+    """A preprocessor_config.json beside the file or in a diffusers folder's image_processor/ (the file being in its
+    image_encoder/), else the released ViT-H/14 processor at the tower's image size."""
+    for folder in (path.parent, path.parent.parent / "image_processor"):
+        if (folder / "preprocessor_config.json").is_file():
+            return CLIPImageProcessor.from_pretrained(folder, local_files_only=True)
     settings = json.loads((CONFIG_DIR / "clip-vit-h-14-preprocessor.json").read_text(encoding="utf-8"))
     settings.pop("image_processor_type", None)
     size = config["image_size"]
@@ -153,24 +155,20 @@ def plan_image_encoder(keys: dict[str, TensorInfo], layout: str, source: str, co
 
 def load_image_encoder(paths: list[Path], layout: str, dtype: torch.dtype, config: dict | None = None
                        ) -> tuple[CLIPVisionModel, CLIPImageProcessor]:
-    """CLIPVisionModel in `dtype` (meta-built, filled one tensor at a time) and its image processor. `config`: a
-    CLIPVisionConfig dict for a tower whose head count is not the released ViT-H/14's."""
+    """CLIPVisionModel in `dtype` (meta-built, filled one tensor at a time by state_reads.py) and its processor.
+    `config`: a CLIPVisionConfig dict for a tower whose head count is not the released ViT-H/14's."""
     paths = [Path(p) for p in paths]
-    sources, settings = plan_image_encoder(read_keys_and_shapes(paths), layout, str(paths[0]),
-                                           config or _beside_config(paths[0]))
+    keys = read_keys_and_shapes(paths)
+    sources, settings = plan_image_encoder(keys, layout, str(paths[0]), config or _beside_config(paths[0]))
     with init_empty_weights():
         model = CLIPVisionModel(CLIPVisionConfig(**settings))
-    state: dict[str, torch.Tensor] = {}
+    shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    reads = {}
+    for name, src in sources.items():
+        reshaped = src.chunk is not None or src.ndim is not None
+        take = (lambda tensor, _, src=src: src.take(tensor)) if reshaped else None
+        reads[name] = TensorRead(src.key, shapes[name], dtype, keys[src.key].dtype, take)
     with open_tensors(paths) as tensors:
-        fused: dict[str, torch.Tensor] = {}   # a fused q/k/v tensor is read once for its three parts
-        for name, src in sources.items():
-            if src.chunk is not None:
-                if src.key not in fused:
-                    fused = {src.key: tensors[src.key]}
-                tensor = fused[src.key]
-            else:
-                tensor = tensors[src.key]
-            state[name] = src.take(tensor).to(dtype).contiguous()
-            del tensor
+        state = read_state(tensors, reads)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval(), image_processor_for(settings, paths[0])

@@ -26,6 +26,7 @@ import torch
 from accelerate import init_empty_weights
 from transformers import UMT5Config, UMT5EncoderModel
 
+from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
 from modules.util.encoder_keys import SCALED_FP8_MARKER, SPIECE_MODEL_KEY, WAN_T5_BLOCK_NAMES, WAN_T5_TOP_NAMES
 
@@ -182,26 +183,27 @@ def plan_text_encoder(keys: dict[str, TensorInfo], layout: str, source: str) -> 
 
 def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype) -> UMT5EncoderModel:
     """A UMT5EncoderModel in `dtype` from a file (or shard set) in `layout`, built on the meta device and filled one
-    tensor at a time, each cast as it is read (the weights exist once in memory).
+    tensor at a time (state_reads.py: the weights exist once in memory).
 
     An fp8_scaled encoder is dequantised to `dtype` here, tensor by tensor: it is frozen, runs once per caption (or
     once for the whole cache) and is small beside the transformer, so it is not kept in float8 as the transformer is.
     """
-    found, config = plan_text_encoder(read_keys_and_shapes(paths), layout, str(paths[0]))
+    keys = read_keys_and_shapes(paths)
+    found, config = plan_text_encoder(keys, layout, str(paths[0]))
     with init_empty_weights():
         model = UMT5EncoderModel(config)
+    shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     # as from_pretrained does: the feed-forward output stays float32 when loading in float16 (T5's activations
     # overflow float16 there)
     keep_fp32 = set(UMT5EncoderModel._keep_in_fp32_modules or []) if dtype == torch.float16 else set()
-    state: dict[str, torch.Tensor] = {}
+    reads = {}
+    for name, key in found.names.items():
+        scale = found.scales.get(name)
+        take = (lambda tensor, tensors, scale=scale: _dequantise(tensor, tensors[scale])) if scale else None
+        target = torch.float32 if keep_fp32.intersection(name.split(".")) else dtype
+        reads[name] = TensorRead(key, shapes[name], target, keys[key].dtype, take)
     with open_tensors(paths) as tensors:
-        for name, key in found.names.items():
-            tensor = tensors[key]
-            if name in found.scales:
-                tensor = _dequantise(tensor, tensors[found.scales[name]])
-            target = torch.float32 if keep_fp32.intersection(name.split(".")) else dtype
-            state[name] = tensor.to(target)
-            del tensor
+        state = read_state(tensors, reads)
     state["encoder.embed_tokens.weight"] = state["shared.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.encoder.embed_tokens = model.shared   # tied, as from_pretrained leaves them

@@ -45,9 +45,11 @@ def _from_sentencepiece_bytes(model: bytes, origin: str) -> PreTrainedTokenizerB
     with tempfile.TemporaryDirectory(prefix="spiece-") as folder:
         (Path(folder) / SENTENCEPIECE_FILE).write_bytes(model)
         try:
-            return T5Tokenizer.from_pretrained(folder, extra_ids=0, local_files_only=True)
+            tokenizer = T5Tokenizer.from_pretrained(folder, extra_ids=0, local_files_only=True)
         except (OSError, ValueError, RuntimeError) as error:
             raise ModelFileError(f"{origin}: not a sentencepiece model ({str(error)[:300]})") from None
+    tokenizer.name_or_path = origin   # messages name the file, not the deleted temporary folder
+    return tokenizer
 
 
 def _spiece_tensor(files: list[Path]) -> PreTrainedTokenizerBase | None:
