@@ -7,7 +7,7 @@
                      [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
   benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH]
   benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
-                    [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8 ...]
+                    [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
 
@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--workdir", required=True, help="where the (zero-filled, real-size) files are written")
     load.add_argument("--release", default="wan2.1-t2v-1.3b", help="a resources/wan_configs name")
     load.add_argument("--layout", action="append",
-                      choices=["diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8"],
+                      choices=["diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8",
+                               "original_fp16_as_bf16"],
                       help="repeatable; default: all")
     load.add_argument("--keep-files", action="store_true", help="keep the written files (default: deleted)")
     load.add_argument("--json", default=None)

@@ -8,6 +8,7 @@ tensor (zeros: the loader's memory does not depend on the values) as
 - `fp8_scaled`: the same as ComfyUI's `*_fp8_scaled.safetensors` (float8 block Linear weights + `scale_weight`, the
   `scaled_fp8` marker, the rest bf16);
 - `original_bf16_as_fp8`: the bf16 file loaded with FLOAT_8 weights (cast to float8 as read);
+- `original_fp16_as_bf16`: the file in fp16 (as ComfyUI's `*_fp16.safetensors`) loaded as BFLOAT_16 (cast as read);
 then each is loaded in a fresh process, which reports its peak resident set (ru_maxrss) before the load and after
 it, with every weight page touched (resident, as in training).
 """
@@ -21,7 +22,7 @@ import torch
 
 from modules.benchmark.common import GIB, run_in_fresh_process
 
-LAYOUTS = ("diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8")
+LAYOUTS = ("diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8", "original_fp16_as_bf16")
 _SAFETENSORS_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
                       torch.float8_e4m3fn: "F8_E4M3"}
 _CHUNK = 64 * 1024 * 1024
@@ -74,7 +75,8 @@ def write_layout(layout: str, folder: Path, release: str) -> Path:
                                     {k: (tuple(v.shape), torch.bfloat16) for k, v in meta.items()})
         return target
     original = diffusers_to_original_state_dict(meta, prefix="model.diffusion_model.")
-    layout = "original_bf16" if layout == "original_bf16_as_fp8" else layout
+    stored = torch.float16 if layout == "original_fp16_as_bf16" else torch.bfloat16
+    layout = {"original_bf16_as_fp8": "original_bf16", "original_fp16_as_bf16": "original_fp16"}.get(layout, layout)
     specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     for key, value in original.items():
         name = key.removeprefix("model.diffusion_model.")
@@ -82,7 +84,7 @@ def write_layout(layout: str, folder: Path, release: str) -> Path:
             specs[key] = (tuple(value.shape), torch.float8_e4m3fn)
             specs[key.removesuffix(".weight") + ".scale_weight"] = ((), torch.float32)
         else:
-            specs[key] = (tuple(value.shape), torch.bfloat16)
+            specs[key] = (tuple(value.shape), stored)
     if layout == "fp8_scaled":
         specs["model.diffusion_model.scaled_fp8"] = ((0,), torch.float8_e4m3fn)
     path = folder / f"{release}_{layout}.safetensors"

@@ -15,6 +15,7 @@ from accelerate import init_empty_weights
 from diffusers import WanTransformer3DModel
 
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
+from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import (ModelFileError, TensorInfo, detect_prefix, open_tensors,
                                                         strip_prefix_keys)
 from modules.util.enum.DataType import DataType
@@ -111,6 +112,14 @@ def fp8_compute_dtype(weight_dtype: DataType) -> torch.dtype:
     return weight_dtype.torch_dtype()
 
 
+def _cast_to(dtype: torch.dtype):
+    return lambda tensor, _tensors: tensor.to(dtype)
+
+
+def _dequantise_with(scale: torch.Tensor):
+    return lambda tensor, _tensors: tensor.to(torch.float32) * scale
+
+
 def load_transformer(paths: list[Path], file: TransformerFile, config: dict, weight_dtype: DataType,
                      source: str) -> WanTransformer3DModel:
     """Builds the model on the meta device and assigns the file's tensors one at a time, each cast to its target
@@ -140,24 +149,29 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute,
                                            skip_modules_classes=(ScaledFp8Linear,))
             stored_fp8 = {n for n, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn}
+        # each tensor's target dtype, then state_reads (files-enc) fills them with one copy in memory: cast
+        # tensors get their storage before any read, so freed read buffers leave no holes among the kept ones
+        reads: dict[str, TensorRead] = {}
         for name, key in file.names.items():
-            tensor = tensors[key]
+            info = file.shapes[name]
             module = name.rsplit(".", 1)[0]
+            stored, take = getattr(torch, info.dtype), None
             if module in linear and name.endswith(".weight"):
                 # kept as stored (an e5m2 file's range exceeds e4m3fn's); dequantised per call in any float8
-                state[name] = tensor if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) \
-                    else tensor.to(torch.float8_e4m3fn)
+                target = stored if info.dtype in FP8_DTYPES else torch.float8_e4m3fn
             elif module in scales and name.endswith(".weight"):
-                state[name] = (tensor.to(torch.float32) * scales[module]).to(compute)
-            elif not tensor.is_floating_point():
-                state[name] = tensor
+                target, take = compute, _dequantise_with(scales[module])
+            elif not stored.is_floating_point:
+                target = stored
             elif name in stored_fp8:
                 # through the compute dtype, as the diffusers-folder FLOAT_8 path rounds (load in bf16, then store)
-                state[name] = tensor.to(compute).to(torch.float8_e4m3fn)
+                target = torch.float8_e4m3fn
+                take = None if info.dtype == "float8_e4m3fn" else _cast_to(compute)
             elif _keeps_fp32(name, keep_fp32) and compute != torch.float32:
-                state[name] = tensor.to(torch.float32)
+                target = torch.float32
             else:
-                state[name] = tensor.to(compute)
-            del tensor
+                target = compute
+            reads[name] = TensorRead(key, info.shape, target, info.dtype, take)
+        state.update(read_state(tensors, reads))
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()

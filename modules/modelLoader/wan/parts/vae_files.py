@@ -16,6 +16,7 @@ from accelerate import init_empty_weights
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
+from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors
 from modules.modelLoader.wan.parts.transformer_files import dtype_label, key_mismatch
 from modules.modelLoader.wan.parts.wan_configs import released_configs
@@ -100,10 +101,12 @@ def load_vae(paths: list[Path], file: VaeFile, config: dict, dtype: torch.dtype,
     check_vae_keys(file, config, source)
     with init_empty_weights():
         model = AutoencoderKLWan.from_config(config)
-    state = {}
+    reads = {}
+    for name, key in file.names.items():
+        info = file.shapes[name]
+        stored = getattr(torch, info.dtype)
+        reads[name] = TensorRead(key, info.shape, dtype if stored.is_floating_point else stored, info.dtype)
     with open_tensors(paths) as tensors:
-        for name, key in file.names.items():
-            tensor = tensors[key]
-            state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        state = read_state(tensors, reads)   # one copy in memory, also when casting (files-enc's state_reads)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
