@@ -144,8 +144,8 @@ def run_encoder_load_benchmark(workdir: Path, layouts=LAYOUTS, text_layers: int 
         path = write_layout(layout, workdir, text_layers)
         size = path.stat().st_size
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process (bf16)")
-        measured = run_in_fresh_process("modules.benchmark.encoder_load_bench",
-                                        f"measure_in_this_process({layout!r}, Path({str(path)!r}))", f"loading {layout}")
+        call = f"measure_in_this_process({layout!r}, Path({str(path)!r}))"
+        measured = run_in_fresh_process("modules.benchmark.encoder_load_bench", call, f"loading {layout}")
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "load_growth_gib": growth / GIB, "growth_over_file": growth / size,

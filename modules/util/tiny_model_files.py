@@ -60,7 +60,8 @@ def umt5_to_comfyui(state: dict[str, torch.Tensor], stack_prefix: str = "encoder
 
 def is_scaled_text_encoder_weight(key: str, shape: tuple[int, ...]) -> bool:
     """A block's Linear weight (attention and feed-forward), which ComfyUI's scaled fp8 encoders store in float8."""
-    return ".block." in f".{key}" and key.endswith(".weight") and len(shape) == 2 and "relative_attention_bias" not in key
+    return (".block." in f".{key}" and key.endswith(".weight") and len(shape) == 2
+            and "relative_attention_bias" not in key)
 
 
 def to_scaled_fp8_text_encoder(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
