@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     encoders.add_argument("--text-layers", type=int, default=None,
                           help="UMT5 blocks to write (default: the released 24, an 11 GiB file)")
     encoders.add_argument("--layout", action="append", help="repeatable; default: all "
-                          "(umt5_wan_pth, umt5_comfyui_bf16, umt5_comfyui_fp8_scaled, clip_wan_pth, clip_comfyui_fp16)")
+                          "(umt5_wan_pth, umt5_comfyui_bf16, umt5_comfyui_fp8_scaled, umt5_comfyui_fp8_scaled_kept, "
+                          "clip_wan_pth, clip_comfyui_fp16)")
     encoders.add_argument("--keep-files", action="store_true", help="keep the written files (default: deleted)")
     encoders.add_argument("--json", default=None)
 

@@ -10,7 +10,9 @@ from transformers import CLIPImageProcessor, CLIPVisionModel
 from modules.modelLoader.wan.parts.image_encoder_files import (image_encoder_config, load_image_encoder,
                                                                recognise_image_encoder)
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, read_keys_and_shapes
-from modules.util.tiny_model_files import clip_vision_to_comfyui, hf_to_open_clip_names, hf_to_wan_clip
+from modules.modelLoader.wan.parts.text_encoder_files import recognise_text_encoder
+from modules.util.tiny_model_files import (clip_vision_to_comfyui, hf_to_open_clip_names, hf_to_wan_clip,
+                                           xlm_roberta_text_tower)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,7 @@ def _write(tmp_path, layout, state):
         save_file(clip_vision_to_comfyui(state, projection), str(path))
         return path
     converted = hf_to_wan_clip(state, projection) if layout == "wan" else hf_to_open_clip_names(state, projection)
-    converted["textual.token_embedding.weight"] = torch.randn(8, width)   # the text tower is ignored
-    converted["log_scale"] = torch.tensor(4.6)
+    converted.update(xlm_roberta_text_tower())   # the official file's text tower: ignored
     path = tmp_path / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
     torch.save(converted, path)
     return path
@@ -48,7 +49,9 @@ def _write(tmp_path, layout, state):
 def test_image_encoder_layouts_give_the_diffusers_penultimate_hidden_states(reference, tmp_path, layout):
     model, processor, state, image = reference
     path = _write(tmp_path, layout, state)
-    assert recognise_image_encoder(read_keys_and_shapes(path)) == layout
+    keys = read_keys_and_shapes(path)
+    assert recognise_image_encoder(keys) == layout
+    assert recognise_text_encoder(keys) is None   # the XLM-RoBERTa tower's names resemble Wan's T5
     # the tiny tower's head count is in no tensor shape: given alone, the rest (GELU, not transformers' default
     # quick_gelu) is ViT-H/14's
     heads = {"num_attention_heads": model.config.num_attention_heads}

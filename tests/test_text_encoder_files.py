@@ -10,6 +10,7 @@ from transformers import AutoTokenizer, UMT5EncoderModel
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, read_keys_and_shapes, shard_set
 from modules.modelLoader.wan.parts.text_encoder_files import (load_text_encoder, recognise_text_encoder,
                                                               text_encoder_config)
+from modules.util.fp8_scaled import ScaledFp8Linear
 from modules.util.tiny_model_files import to_scaled_fp8_text_encoder, umt5_to_comfyui, umt5_to_wan_t5
 
 PROMPT = "a red ball moving left in a wide scene"
@@ -96,6 +97,12 @@ def test_scaled_fp8_text_encoder_is_within_fp8_tolerance_of_its_dequantised_weig
     # and fp8 stays close to the full-precision encoder (the quantisation error, not a wrong mapping)
     error = (_embed(loaded, ids) - _embed(model, ids)).abs().max() / _embed(model, ids).abs().max()
     assert 0 < error < 0.1
+    # kept in float8 (text encoder weight dtype FLOAT_8): the same numbers, dequantised per call
+    kept = load_text_encoder([path], "comfyui", torch.float32, keep_fp8=True)
+    attention = kept.encoder.block[0].layer[0].SelfAttention
+    assert isinstance(attention.q, ScaledFp8Linear) and attention.q.weight.dtype == torch.float8_e4m3fn
+    assert kept.encoder.block[0].layer[1].DenseReluDense.wo.weight.dtype == torch.float32   # UMT5 casts wo's input
+    torch.testing.assert_close(_embed(kept, ids), _embed(reference_model, ids), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -8,6 +8,8 @@ loader's memory does not depend on the values):
 - `umt5_comfyui_bf16`: ComfyUI's transformers-named safetensors, bf16;
 - `umt5_comfyui_fp8_scaled`: the same with float8 block Linear weights, `scale_weight` tensors and the marker
   (dequantised to bf16 while loading: the growth is the bf16 model's, about twice the file);
+- `umt5_comfyui_fp8_scaled_kept`: the same file loaded with `keep_fp8` (text encoder weight dtype FLOAT_8): the
+  scaled layers stay float8 (the feed-forward outputs `wo` are dequantised);
 - `clip_wan_pth`: the official CLIP `.pth` (vision tower, fp16; the text tower left out, it is not read);
 - `clip_comfyui_fp16`: `clip_vision_h.safetensors`.
 Each is loaded in bf16 in a fresh process, which reports its peak resident set before and after the load, with
@@ -23,7 +25,8 @@ import torch
 from modules.benchmark.common import GIB, run_in_fresh_process
 from modules.benchmark.load_bench import write_streaming_safetensors
 
-LAYOUTS = ("umt5_wan_pth", "umt5_comfyui_bf16", "umt5_comfyui_fp8_scaled", "clip_wan_pth", "clip_comfyui_fp16")
+LAYOUTS = ("umt5_wan_pth", "umt5_comfyui_bf16", "umt5_comfyui_fp8_scaled", "umt5_comfyui_fp8_scaled_kept",
+           "clip_wan_pth", "clip_comfyui_fp16")
 
 
 def _meta_umt5(layers: int | None) -> dict[str, torch.Tensor]:
@@ -76,7 +79,7 @@ def write_layout(layout: str, folder: Path, text_layers: int | None) -> Path:
             _save_pth_of_zeros(path, {k: (tuple(v.shape), torch.bfloat16) for k, v in umt5_to_wan_t5(meta).items()})
             return path
         state = umt5_to_comfyui(meta)
-        if layout == "umt5_comfyui_fp8_scaled":
+        if layout.startswith("umt5_comfyui_fp8_scaled"):
             specs = {}
             for key, value in state.items():
                 if is_scaled_text_encoder_weight(key, tuple(value.shape)):
@@ -124,7 +127,8 @@ def measure_in_this_process(layout: str, path: Path) -> dict:
     start = time.perf_counter()
     keys = read_keys_and_shapes(path)
     if layout.startswith("umt5"):
-        model = load_text_encoder([path], recognise_text_encoder(keys), torch.bfloat16)
+        model = load_text_encoder([path], recognise_text_encoder(keys), torch.bfloat16,
+                                  keep_fp8=layout.endswith("_kept"))
     else:
         model, _ = load_image_encoder([path], recognise_image_encoder(keys), torch.bfloat16)
     seconds = time.perf_counter() - start
@@ -144,8 +148,8 @@ def run_encoder_load_benchmark(workdir: Path, layouts=LAYOUTS, text_layers: int 
         path = write_layout(layout, workdir, text_layers)
         size = path.stat().st_size
         log(f"{layout}: wrote {size / GIB:.2f} GiB to {path}; loading in a fresh process (bf16)")
-        measured = run_in_fresh_process("modules.benchmark.encoder_load_bench",
-                                        f"measure_in_this_process({layout!r}, Path({str(path)!r}))", f"loading {layout}")
+        call = f"measure_in_this_process({layout!r}, Path({str(path)!r}))"
+        measured = run_in_fresh_process("modules.benchmark.encoder_load_bench", call, f"loading {layout}")
         growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
         rows.append({"layout": layout, "file_gib": size / GIB, "weights_gib": measured["weights_bytes"] / GIB,
                      "load_growth_gib": growth / GIB, "growth_over_file": growth / size,

@@ -14,7 +14,8 @@ Key maps (sources; facts, not code):
 - CLIP vision tower, official `models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth`: the `XLMRobertaCLIP` of
   the official Wan repository's `wan/modules/clip.py`: `visual.{patch_embedding, cls_embedding, pos_embedding,
   pre_norm, transformer.N.{norm1, attn.to_qkv, attn.proj, norm2, mlp.0, mlp.2}, post_norm, head}` beside a `textual.*`
-  XLM-RoBERTa tower and `log_scale` (modules/util/encoder_keys.py has the map to transformers' CLIP names).
+  XLM-RoBERTa tower (wan/modules/xlm_roberta.py names) and `log_scale` (modules/util/encoder_keys.py has the map
+  to transformers' CLIP names).
 - open_clip ViT: mlfoundations/open_clip `transformer.py` VisionTransformer names (`visual.conv1`,
   `transformer.resblocks.N.attn.in_proj_weight`, ...), as transformers' `convert_clip_original_pytorch_to_hf.py`
   reads OpenAI CLIP's same names.
@@ -59,7 +60,8 @@ def umt5_to_comfyui(state: dict[str, torch.Tensor], stack_prefix: str = "encoder
 
 def is_scaled_text_encoder_weight(key: str, shape: tuple[int, ...]) -> bool:
     """A block's Linear weight (attention and feed-forward), which ComfyUI's scaled fp8 encoders store in float8."""
-    return ".block." in f".{key}" and key.endswith(".weight") and len(shape) == 2 and "relative_attention_bias" not in key
+    return (".block." in f".{key}" and key.endswith(".weight") and len(shape) == 2
+            and "relative_attention_bias" not in key)
 
 
 def to_scaled_fp8_text_encoder(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -149,10 +151,27 @@ def clip_vision_to_comfyui(state: dict[str, torch.Tensor], projection: torch.Ten
     return out
 
 
-def _text_tower_stub(width: int) -> dict[str, torch.Tensor]:
-    """A few tensors under `textual.` as the official CLIP .pth carries its XLM-RoBERTa text tower (ignored)."""
-    return {"textual.token_embedding.weight": torch.zeros(8, width), "textual.head.0.weight": torch.zeros(width, width),
-            "log_scale": torch.tensor(4.6052)}
+def xlm_roberta_text_tower(width: int = 8, layers: int = 2, vocab: int = 16) -> dict[str, torch.Tensor]:
+    """The official CLIP .pth's text tower, tiny: `textual.` + Wan2.1 `wan/modules/xlm_roberta.py` XLMRoberta names
+    (token / type / pos embeddings, `blocks.N.{attn.{q,k,v,o}, norm1, ffn.0, ffn.2, norm2}`, `norm`) and the
+    `head.0` / `head.2` of XLMRobertaWithHead (clip.py), plus `log_scale`. Its `token_embedding` and
+    `blocks.N.attn.q` resemble Wan's T5 names: it must not be taken for a text encoder (no per-block position
+    embedding), and it is not read."""
+    generator = torch.Generator().manual_seed(1)
+    tower = {"token_embedding.weight": (vocab, width), "type_embedding.weight": (1, width),
+             "pos_embedding.weight": (vocab, width), "norm.weight": (width,), "norm.bias": (width,),
+             "head.0.weight": (width, width), "head.2.weight": (width, width)}
+    for index in range(layers):
+        for name in ("q", "k", "v", "o"):
+            tower[f"blocks.{index}.attn.{name}.weight"] = (width, width)
+            tower[f"blocks.{index}.attn.{name}.bias"] = (width,)
+        for name, shape in (("norm1", (width,)), ("norm2", (width,)), ("ffn.0", (4 * width, width)),
+                            ("ffn.2", (width, 4 * width))):
+            tower[f"blocks.{index}.{name}.weight"] = shape
+            tower[f"blocks.{index}.{name}.bias"] = shape[:1]
+    out = {f"textual.{key}": torch.randn(shape, generator=generator) for key, shape in tower.items()}
+    out["log_scale"] = torch.tensor(4.6052)
+    return out
 
 
 def write_official_encoders(tiny_folder: Path, out: Path, with_clip: bool | None = None) -> None:
@@ -167,7 +186,7 @@ def write_official_encoders(tiny_folder: Path, out: Path, with_clip: bool | None
         vision = load_file(str(_only_weights(tiny_folder / "image_encoder")))
         width = vision["vision_model.post_layernorm.weight"].shape[0]
         official = hf_to_wan_clip(vision, torch.zeros(width // 2, width))
-        official.update(_text_tower_stub(8))
+        official.update(xlm_roberta_text_tower())
         torch.save(official, out / CLIP_FILE)
     shutil.copytree(tiny_folder / "tokenizer", out / TOKENIZER_FOLDER, dirs_exist_ok=True)
 

@@ -29,6 +29,7 @@ from transformers import UMT5Config, UMT5EncoderModel
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
 from modules.util.encoder_keys import SCALED_FP8_MARKER, SPIECE_MODEL_KEY, WAN_T5_BLOCK_NAMES, WAN_T5_TOP_NAMES
+from modules.util.fp8_scaled import make_scaled_fp8
 
 LAYOUT_WAN = "wan"
 LAYOUT_COMFYUI = "comfyui"
@@ -181,12 +182,16 @@ def plan_text_encoder(keys: dict[str, TensorInfo], layout: str, source: str) -> 
     return found, config
 
 
-def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype) -> UMT5EncoderModel:
+def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype, keep_fp8: bool = False
+                      ) -> UMT5EncoderModel:
     """A UMT5EncoderModel in `dtype` from a file (or shard set) in `layout`, built on the meta device and filled one
     tensor at a time (state_reads.py: the weights exist once in memory).
 
-    An fp8_scaled encoder is dequantised to `dtype` here, tensor by tensor: it is frozen, runs once per caption (or
-    once for the whole cache) and is small beside the transformer, so it is not kept in float8 as the transformer is.
+    An fp8_scaled encoder is dequantised to `dtype` tensor by tensor by default: it is frozen, runs once per caption
+    (or once for the whole cache) and is small beside the transformer. With `keep_fp8` (the text encoder's weight
+    dtype is FLOAT_8) its scaled Linear layers stay float8 with their scales and dequantise per call
+    (ScaledFp8Linear), half the memory; the feed-forward outputs `wo` are dequantised even then, because UMT5 casts
+    their input to their weight's dtype.
     """
     keys = read_keys_and_shapes(paths)
     found, config = plan_text_encoder(keys, layout, str(paths[0]))
@@ -196,14 +201,24 @@ def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype) -> UMT
     # as from_pretrained does: the feed-forward output stays float32 when loading in float16 (T5's activations
     # overflow float16 there)
     keep_fp32 = set(UMT5EncoderModel._keep_in_fp32_modules or []) if dtype == torch.float16 else set()
+    stays_fp8 = {name for name in found.scales if keep_fp8 and ".wo." not in name}
     reads = {}
     for name, key in found.names.items():
         scale = found.scales.get(name)
+        if name in stays_fp8:
+            reads[name] = TensorRead(key, shapes[name], getattr(torch, keys[key].dtype), keys[key].dtype)
+            continue
         take = (lambda tensor, tensors, scale=scale: _dequantise(tensor, tensors[scale])) if scale else None
         target = torch.float32 if keep_fp32.intersection(name.split(".")) else dtype
         reads[name] = TensorRead(key, shapes[name], target, keys[key].dtype, take)
     with open_tensors(paths) as tensors:
+        for name in stays_fp8:
+            module = model.get_submodule(name.removesuffix(".weight"))
+            make_scaled_fp8(module, tensors[found.scales[name]])
         state = read_state(tensors, reads)
+    for name in stays_fp8:
+        module_name = name.removesuffix(".weight")
+        state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
     state["encoder.embed_tokens.weight"] = state["shared.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     model.encoder.embed_tokens = model.shared   # tied, as from_pretrained leaves them
