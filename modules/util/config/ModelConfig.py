@@ -14,8 +14,16 @@ class PartConfig(BaseConfig):
     weight_dtype: DataType = DataType.FLOAT_32
 
 
+class TokenizerConfig(BaseConfig):
+    """Where the UMT5 tokenizer comes from when the base model does not hold it (ComfyUI files)."""
+
+    path: PathText = Field("", description="a tokenizer folder (google/umt5-xxl: tokenizer.json or spiece.model) or "
+                                           "file; empty: found beside the text encoder or in the base model")
+
+
 class ModelConfig(BaseConfig):
-    base_model_name: PathText = Field("", description="a diffusers folder, or a hub id when allow_download is true")
+    base_model_name: PathText = Field("", description="a diffusers folder, an official Wan release folder, a folder of "
+                                                      "ComfyUI single files, or a hub id when allow_download is true")
     allow_download: bool = False
     intended_variant: WanVariant | None = Field(
         None, description="the Wan variant this config (preset) is made for: T2V, I2V, FLF2V, TI2V_5B, T2V_A14B, "
@@ -25,6 +33,7 @@ class ModelConfig(BaseConfig):
     vae: PartConfig = PartConfig()
     text_encoder: PartConfig = PartConfig()
     image_encoder: PartConfig = PartConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
 
 
 class OutputConfig(BaseConfig):

@@ -39,7 +39,7 @@ def path_problems(config: TrainConfig) -> list[str]:
         problems.append("model.base_model_name: required, but empty (a diffusers folder, or a hub id)")
     elif not Path(base).is_dir() and not config.model.allow_download:
         problems.append(f"model.base_model_name: {base!r} is not a folder; a hub id needs model.allow_download=true")
-    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
         path = getattr(config.model, part).path
         if path and not Path(path).exists():
             problems.append(f"model.{part}.path: {path!r} does not exist")
@@ -63,8 +63,8 @@ def path_problems(config: TrainConfig) -> list[str]:
                 require_safetensors(path, field)
             except NotSafetensorsError as error:
                 problems.append(str(error))
-    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
-               "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
+    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"],
+               "FINE_TUNE": ["DIFFUSERS", "ORIGINAL", "ORIGINAL_FP8_SCALED"], "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
         problems.append(f"output.format: {config.output.format.value!r} cannot hold a {config.training_method.value} "
                         f"result; allowed: {', '.join(allowed)}")
