@@ -92,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseModelLoader
     from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
-    from modules.modelSampler.sampling_io import parse_lora_argument
+    from modules.modelSampler.sampling_io import apply_lora_files, parse_lora_argument
     from modules.util.config.ModelConfig import ModelConfig, PartConfig
-    from modules.util.lora.convert import merge_lora_files
     from modules.util.lora.formats import LoraMatchError
     from modules.util.wan_detection import NotAWanModelError
 
@@ -118,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = WanBaseModelLoader().load(config)
         if args.merge_lora:
-            for line in merge_lora_files(model, [parse_lora_argument(text) for text in args.merge_lora]):
+            # A14B: `_high_noise` files into `transformer`, `_low_noise` into `transformer_2`, as the sampler does
+            loras = [(Path(path), float(strength)) for path, strength in map(parse_lora_argument, args.merge_lora)]
+            for line in apply_lora_files(model, loras):
                 print(f"merged {line}", file=sys.stderr)
         written = WanBaseModelSaver().save(model, output_format, args.output_model_destination, dtype)
     except (ModelLoadError, NotAWanModelError, LoraMatchError, ValueError, OSError) as e:

@@ -58,7 +58,8 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
 def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
     """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
     inference. Returns one line per file applied."""
-    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model, merge_lora
+    from modules.util.lora.apply import merge_lora
+    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
     from modules.util.modelspec import lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from modules.model.WanModel import WanModel
-from modules.modelSaver.wan.portable_folder import make_portable
+from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.modelspec import modelspec_metadata

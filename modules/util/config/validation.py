@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.devices import available_devices
 from modules.util.lora.targets import LoraTargetError, lora_target_names
