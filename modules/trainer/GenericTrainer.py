@@ -53,7 +53,7 @@ def prepare_config(config: TrainConfig) -> list:
     problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
     spatial_unit = 16
-    if base.is_dir():
+    if config.model.base_model_name and base.is_dir():  # an empty name (Path "." ) is reported once, as empty
         from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
         try:
             variant = detect_variant_from_folder(base)

@@ -41,6 +41,7 @@ class RunState:
     epoch_fraction: float = 0.0
     step_times: list[float] = field(default_factory=list)
     started: float = 0.0
+    resumed_from: int | None = None  # the backup's step when the run continued one
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -100,6 +101,7 @@ class TrainController:
         self.run = RunState()
         self.trainer = None
         self._thread: threading.Thread | None = None
+        self._plan_sent = False
 
     # ---- presets and files -----------------------------------------------------------------------------------
 
@@ -203,6 +205,7 @@ class TrainController:
             return problems
         config = self.state.config()
         self.run = RunState(running=True, status="preparing", epochs=config.epochs, started=time.monotonic())
+        self._plan_sent = False
         self._thread = threading.Thread(target=self._work, args=(config,), name="training", daemon=True)
         self._thread.start()
         return []
@@ -229,7 +232,10 @@ class TrainController:
             from modules.trainer.backup_io import list_backups
             stopped = self.trainer.stop_requested.is_set()
             put(("finished", {"written": [str(p) for p in written], "stopped": stopped,
-                              "backups": [str(p) for p in list_backups(self.trainer.backup_root)]}))
+                              "backups": [str(p) for p in list_backups(self.trainer.backup_root)],
+                              "report": self._end_report(written) if not stopped else "",
+                              "output_dir": str(Path(config.output.destination).parent),
+                              "workspace": str(config.workspace_dir)}))
         except TrainingError as error:
             put(("failed", str(error)))
         except Exception as error:  # the window must survive any failure and a new run must be able to start
@@ -239,13 +245,28 @@ class TrainController:
             root.removeHandler(handler)
             root.setLevel(previous_level)
 
+    def _end_report(self, written) -> str:
+        """The terminal's end report (written files, next commands), for the window's end-of-run panel."""
+        from modules.trainer.run_report import end_report
+        trainer = self.trainer
+        return end_report(trainer, written, trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
+
     def _on_update(self, info: dict) -> None:
         # called in the worker thread: only queue the numbers
         trainer = self.trainer
         plan = getattr(trainer, "plan", None)   # GenericTrainer's run plan (steps, batches per epoch)
+        if not self._plan_sent and plan is not None:
+            self._plan_sent = True
+            # the first update comes after the run's first step: a resumed run's first step follows its backup's
+            resumed = info["step"] - 1 if info["step"] > 1 else None
+            self.events.put(("plan", {"epochs": plan.epochs, "total_steps": plan.total_steps,
+                                      "batches_per_epoch": plan.batches_per_epoch, "resumed_from": resumed,
+                                      "run_name": trainer.run_name}))
         batches = (plan.batches_per_epoch if plan is not None else 0) or 1
-        info = dict(info, epochs=trainer.config.epochs,
-                    epoch_fraction=min(1.0, trainer.progress.epoch_batch / batches))
+        epochs = plan.epochs if plan is not None else trainer.config.epochs
+        # the epoch bar shows the run's epochs done (it fills once over the run, it does not refill every epoch)
+        done = (trainer.progress.epoch + min(1.0, trainer.progress.epoch_batch / batches)) / max(1, epochs)
+        info = dict(info, epochs=epochs, epoch_fraction=min(1.0, done))
         self.events.put(("progress", info))
 
     def stop(self) -> None:
@@ -276,6 +297,9 @@ class TrainController:
         run = self.run
         if kind == "status":
             run.status = payload
+        elif kind == "plan":
+            run.epochs, run.total_steps = payload["epochs"], payload["total_steps"]
+            run.resumed_from = payload["resumed_from"]
         elif kind == "progress":
             run.status = "training"
             run.step, run.total_steps = payload["step"], payload["total_steps"]
