@@ -102,6 +102,9 @@ class TrainController:
         self.trainer = None
         self._thread: threading.Thread | None = None
         self._plan_sent = False
+        self._trainer_holder: list = []
+        self._queue_stop = False
+        self.current_job = None
 
     # ---- presets and files -----------------------------------------------------------------------------------
 
@@ -210,6 +213,78 @@ class TrainController:
         self._thread.start()
         return []
 
+    # ---- the job queue ------------------------------------------------------------------------------------------
+
+    def job_queue(self):
+        """The queue of the config's workspace (workspace/queue/queue.json), read again from its file."""
+        from modules.ui.JobQueue import JobQueue
+        workspace = Path(self.state.get("workspace_dir") or "workspace")
+        return JobQueue(workspace / "queue" / "queue.json")
+
+    def add_to_queue(self) -> list[str]:
+        """The config as it stands becomes a job (a snapshot); returns the problems that refuse it."""
+        problems = self.state.validate()
+        if problems:
+            return problems
+        self.job_queue().add(self.state.json_dict())
+        return []
+
+    def start_queue(self) -> list[str]:
+        """Runs the queue's waiting jobs one after another in the worker thread (one model at a time)."""
+        if self.running:
+            return ["training is already running"]
+        queue = self.job_queue()
+        if queue.next_job() is None:
+            return [f"the queue {queue.path} has no waiting job"]
+        self.run = RunState(running=True, status="queue: starting")
+        self._plan_sent = False
+        self._queue_stop = False
+        self._thread = threading.Thread(target=self._work_queue, args=(queue,), name="training", daemon=True)
+        self._thread.start()
+        return []
+
+    def _work_queue(self, queue) -> None:
+        from modules.ui.JobQueue import train_config_file
+
+        def train_one(config_path, job):
+            self.run = RunState(running=True, status=f"queue: {job.name}", started=time.monotonic())
+            self._plan_sent = False
+            self.current_job = job
+            self.events.put(("job", job.id))
+            holder: list = []
+            self._trainer_holder = holder
+            try:
+                return train_config_file(config_path, job, on_update=self._on_update, trainer_holder=holder)
+            finally:
+                self.trainer = None
+                self.events.put(("job", job.id))
+
+        handler = self._attach_log()
+        try:
+            ran = queue.run(train_one, should_stop=lambda: self._queue_stop)
+            failed = sum(job.state == "failed" for job in ran)
+            self.events.put(("queue_done", f"queue: {len(ran)} job(s) ran, {failed} failed"))
+        except Exception as error:  # the window must survive any failure
+            self.events.put(("log", traceback.format_exc()))
+            self.events.put(("failed", f"{type(error).__name__}: {error}"))
+        finally:
+            self.current_job = None
+            self._detach_log(handler)
+
+    def _attach_log(self):
+        handler = _QueueLogHandler(self.events)
+        root = logging.getLogger()
+        handler.previous_level = root.level
+        root.addHandler(handler)
+        root.setLevel(min(root.level, logging.INFO) if root.level else logging.INFO)
+        return handler
+
+    @staticmethod
+    def _detach_log(handler) -> None:
+        root = logging.getLogger()
+        root.removeHandler(handler)
+        root.setLevel(handler.previous_level)
+
     def _work(self, config) -> None:
         from modules.trainer.GenericTrainer import GenericTrainer, TrainingError, prepare_config
 
@@ -253,6 +328,8 @@ class TrainController:
 
     def _on_update(self, info: dict) -> None:
         # called in the worker thread: only queue the numbers
+        if self.trainer is None and self._trainer_holder:
+            self.trainer = self._trainer_holder[0]   # a queue job's trainer
         trainer = self.trainer
         plan = getattr(trainer, "plan", None)   # GenericTrainer's run plan (steps, batches per epoch)
         if not self._plan_sent and plan is not None:
@@ -267,11 +344,19 @@ class TrainController:
         # the epoch bar shows the run's epochs done (it fills once over the run, it does not refill every epoch)
         done = (trainer.progress.epoch + min(1.0, trainer.progress.epoch_batch / batches)) / max(1, epochs)
         info = dict(info, epochs=epochs, epoch_fraction=min(1.0, done))
+        job = self.current_job
+        if job is not None:
+            run = self.run
+            per_step = run.seconds_per_step
+            eta = per_step * max(0, info["total_steps"] - info["step"]) if per_step else None
+            job.step, job.total_steps, job.eta_seconds = info["step"], info["total_steps"], eta
         self.events.put(("progress", info))
 
     def stop(self) -> None:
-        if self.trainer is not None and self.running:
-            self.trainer.request_stop()
+        self._queue_stop = True   # a queue stops after the current job (which stops at its next step)
+        trainer = self.trainer or (self._trainer_holder[0] if self._trainer_holder else None)
+        if trainer is not None and self.running:
+            trainer.request_stop()
             self.events.put(("status", "stopping after this step (a backup is written)"))
 
     def request(self, action: str) -> str:
@@ -313,6 +398,8 @@ class TrainController:
             self.state.add_problems(payload)
         elif kind == "failed":
             run.running, run.status = False, f"failed: {str(payload).splitlines()[0]}"
+        elif kind == "queue_done":
+            run.running, run.status = False, payload
         elif kind == "finished":
             run.running = False
             run.status = "stopped; backup written" if payload["stopped"] else \
