@@ -192,7 +192,7 @@ def test_every_tab_renders_and_is_captured(app, tmp_path, tiny_model, squares_da
     window.close()
     app.elements_view.controller.state.set("e2v.datasets", [])
     app.elements_view.refresh()
-    assert len(names) == 10
+    assert len(names) == 12
 
 
 def test_every_simple_config_field_has_a_widget(app):
@@ -344,6 +344,37 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     backups = list_backups(tmp_path / "run" / "backup")
     assert backups and read_backup(backups[-1])["progress"].global_step == app.controller.run.step
     assert app.start_button.cget("state") == "normal"
+    # the loss tab holds the run's per-step losses (tensorboard is off here: the worker's numbers)
+    assert [step for step, _ in app.loss_view.run.curves["loss"]][:3] == [1, 2, 3]
+    # the gallery: one row (the sample), a column per preview step in step order, thumbnails playing
+    app.tabview.set("gallery")
+    gallery = app.gallery_view
+    assert len(gallery.runs[0].rows) == 1 and gallery.runs[0].steps[:2] == [0, 6]
+    assert run_until(app, lambda: gallery.thumbnails_shown == len(gallery.cells) >= 2, 60)
+    cell = gallery.cells[(gallery.runs[0].rows[0], 6)]["cell"]
+    assert "seed 1" in cell.tooltip and "a red square moving left" in cell.tooltip
+    settle(app, 0.5)
+    screenshot(app, "tab-gallery")
+    gallery.open(cell)
+    assert run_until(app, lambda: app.sampling_view.player.path == cell.path, 30)
+
+
+def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    for name in ("first", "second"):
+        app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
+        app.add_to_queue()
+    app.fields["output.destination"].set_text(str(tmp_path / "out" / "changed-after.safetensors"))  # a snapshot
+    app.tabview.set("queue")
+    assert len(app.queue_view.rows) == 2
+    app.queue_view.run_queue()
+    assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("queue:"),
+                     300), app.log_box.get("1.0", "end")[-3000:]
+    assert [job.state for job in app.controller.job_queue().jobs] == ["done", "done"]
+    assert (tmp_path / "out" / "first.safetensors").is_file() and (tmp_path / "out" / "second.safetensors").is_file()
+    assert not (tmp_path / "out" / "changed-after.safetensors").exists()
+    settle(app, 0.5)
+    screenshot(app, "tab-queue")
 
 
 def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_model, squares_dataset):

@@ -5,14 +5,13 @@ over a log pane. Every widget is touched from the Tk main loop only: the trainin
 from __future__ import annotations
 
 import time
-import tkinter as tk
 from pathlib import Path
 from tkinter import filedialog
 
 import customtkinter as ctk
 
 from modules.ui.ConceptController import ConceptController
-from modules.ui.ctk_components import BoundField, button, draw_line_plot, render_section, scrollable_tab
+from modules.ui.ctk_components import BoundField, button, render_section, scrollable_tab
 from modules.ui.ElementsController import ElementsController
 from modules.ui.SamplingController import SamplingController
 from modules.ui.desktop import open_folder
@@ -21,8 +20,8 @@ from modules.ui.ui_prefs import LEVELS, UIPrefs, shown_at
 from modules.util.config.config_io import ConfigError
 
 POLL_MS = 100
-TABS = ("general", "model", "concepts", "elements", "training", "LoRA / embedding", "sampling", "backup", "tools",
-        "queue")
+TABS = ("general", "model", "concepts", "elements", "training", "LoRA / embedding", "sampling", "gallery", "loss",
+        "backup", "tools", "queue")
 FIRST_RUN_HINT = ("New here? Pick \"#demo tiny CPU\" in the presets menu (top left) and press Start: it makes a tiny "
                   "model and dataset and trains a LoRA in a few minutes on the CPU.")
 
@@ -189,6 +188,12 @@ class CtkTrainView(ctk.CTk):
         self.tools_view = CtkToolsView(self.tabs["tools"], self)
         from modules.ui.CtkQueueView import CtkQueueView
         self.queue_view = CtkQueueView(self.tabs["queue"], self)
+        from modules.ui.CtkGalleryView import CtkGalleryView
+        self.gallery_view = CtkGalleryView(self.tabs["gallery"], self)
+        from modules.ui.CtkLossView import CtkLossView
+        self.loss_view = CtkLossView(self.tabs["loss"], self)
+        self.loss_canvas = self.loss_view.canvas
+        self._loss_drawn_at = 0.0
 
     def _render_method_tab(self) -> None:
         frame = self.method_frame
@@ -219,6 +224,8 @@ class CtkTrainView(ctk.CTk):
             self.sampling_view.reload_samples()
         if path == "workspace_dir":
             self.queue_view.refresh()
+            self.gallery_view.refresh()
+            self.loss_view.refresh_runs()
         self.elements_view.on_config_change(path)
         self.training_view.on_config_change(path)
 
@@ -257,8 +264,6 @@ class CtkTrainView(ctk.CTk):
         self.status_label.grid(row=0, column=0, columnspan=3, sticky="ew", padx=8)
         self.step_bar, self.step_label = self._progress_row(bar, 1, "step")
         self.epoch_bar, self.epoch_label = self._progress_row(bar, 2, "epoch")
-        self.loss_canvas = tk.Canvas(bar, width=300, height=70, background="#1d1d1d", highlightthickness=0)
-        self.loss_canvas.grid(row=0, column=3, rowspan=3, padx=6, pady=4)
         buttons = ctk.CTkFrame(bar, fg_color="transparent")
         buttons.grid(row=0, column=4, rowspan=3, padx=6)
         self.start_button = button(buttons, "Start", self.start, width=90, fg_color="#2e7d32",
@@ -357,7 +362,6 @@ class CtkTrainView(ctk.CTk):
 
     def _running_started(self) -> None:
         self._drawn_losses = 0
-        self.loss_canvas.delete("all")
         self.start_button.configure(state="disabled")
         self.queue_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
@@ -426,6 +430,8 @@ class CtkTrainView(ctk.CTk):
         self.after(POLL_MS, self._poll)
 
     def _run_ended(self) -> None:
+        self.loss_view.refresh_runs()
+        self.gallery_view.refresh()
         self.start_button.configure(state="normal")
         self.queue_button.configure(state="normal")
         self.stop_button.configure(state="disabled")
@@ -441,9 +447,11 @@ class CtkTrainView(ctk.CTk):
         if run.epochs:
             self.epoch_bar.set(run.epoch_fraction)
             self.epoch_label.configure(text=f"epoch {run.epoch + 1} / {run.epochs}")
-        if len(run.losses) != self._drawn_losses:
+        # the loss tab follows the run (its events are read again at most every 2 s)
+        if len(run.losses) != self._drawn_losses and time.monotonic() - self._loss_drawn_at > 2:
             self._drawn_losses = len(run.losses)
-            draw_line_plot(self.loss_canvas, run.losses, label="loss")
+            self._loss_drawn_at = time.monotonic()
+            self.loss_view.reload()
 
     def ask_close(self) -> None:
         """The window's close button: during training, ask first; the stopped run is offered on the next start."""

@@ -102,6 +102,7 @@ class TrainController:
         self.trainer = None
         self._thread: threading.Thread | None = None
         self._plan_sent = False
+        self.last_run_name: str | None = None   # the loss tab reads this run's TensorBoard events after it ended
         self._trainer_holder: list = []
         self._queue_stop = False
         self.current_job = None
@@ -385,6 +386,7 @@ class TrainController:
         elif kind == "plan":
             run.epochs, run.total_steps = payload["epochs"], payload["total_steps"]
             run.resumed_from = payload["resumed_from"]
+            self.last_run_name = payload["run_name"]
         elif kind == "progress":
             run.status = "training"
             run.step, run.total_steps = payload["step"], payload["total_steps"]
