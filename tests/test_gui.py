@@ -377,6 +377,40 @@ def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_mo
     screenshot(app, "tab-queue")
 
 
+def test_a_caption_edited_in_the_dataset_viewer_is_encoded_by_the_next_run(app, tmp_path, tiny_model,
+                                                                          squares_dataset):
+    data = tmp_path / "squares"
+    shutil.copytree(squares_dataset, data)   # the session's dataset stays as it is
+    _point_at_test_data(app, tmp_path, tiny_model, data, max_steps="1")
+    for attempt in range(2):
+        if attempt == 1:
+            app.tabview.set("concepts")
+            window = app.concepts_view.open_window(0)
+            viewer = window.browse()
+            assert run_until(app, lambda: viewer.loaded, 60)
+            assert len(viewer.items) == 24 and viewer.current is not None
+            item = viewer.current
+            settle(app, 0.3)
+            box = viewer.caption
+            x, y = box.winfo_rootx() + 40, box.winfo_rooty() + 20
+            xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+            xdotool("key", "ctrl+End")
+            xdotool("type", "--delay", "30", ", edited")
+            settle(app, 0.3)
+            screenshot(viewer, "dataset-viewer")
+            viewer.save()
+            assert Path(item.caption_file).read_text().strip().endswith(", edited")
+            viewer.destroy()
+            window.close()
+        app.start()
+        assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120), \
+            app.log_box.get("1.0", "end")[-2000:]
+        assert app.controller.run.status.startswith("done"), app.controller.run.status
+        calls = app.controller.trainer.data.encoders["EncodeText"].encode_calls
+        # the first run encodes the 6 captions; the second only the edited one
+        assert calls == (6 if attempt == 0 else 1), calls
+
+
 def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_model, squares_dataset):
     empty = tmp_path / "empty"
     empty.mkdir()
