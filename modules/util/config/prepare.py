@@ -34,7 +34,7 @@ def prepare_config(config: TrainConfig) -> list:
     problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
     spatial_unit = 16
-    if base.is_dir():
+    if config.model.base_model_name and base.is_dir():  # an empty name (Path ".") is reported once, as empty
         # the model's files are read by content (keys and shapes only), whatever their layout
         from modules.modelLoader.wan.parts.model_plan import detect_model_variant, plan_problems
         from modules.util.wan_detection import NotAWanModelError

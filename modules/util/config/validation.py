@@ -154,7 +154,8 @@ def linear_layer_shapes(config_text: str) -> dict[str, tuple[int, int]]:
 
 
 def model_problems(config: TrainConfig) -> list[str]:
-    if config.training_method.value != "LORA" or not Path(config.model.base_model_name).is_dir():
+    if config.training_method.value != "LORA" or not config.model.base_model_name \
+            or not Path(config.model.base_model_name).is_dir():
         return []
     experts = {"high": ["transformer"], "low": ["transformer_2"]}.get(config.expert, ["transformer", "transformer_2"])
     problems = []
