@@ -7,6 +7,7 @@ from pathlib import Path
 
 from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.E2VConfig import strip_llm_caption_prefix
+from modules.util.text_encoding import read_text_file  # noqa: F401 (imported from here by other modules)
 from modules.util.video_io import MEDIA_EXTENSIONS
 
 log = logging.getLogger(__name__)
@@ -20,22 +21,6 @@ class ScanResult:
     def skip(self, path, reason: str) -> None:
         log.warning("skipping %s: %s", path, reason)
         self.skipped.append((str(path), reason))
-
-
-def read_text_file(path: str | Path) -> str:
-    """A caption, prompt or manifest file as text: UTF-8 with its byte-order mark removed; a file that is not UTF-8
-    (a Latin-1 `caf\xe9` from an old tool) is read as Windows-1252 / Latin-1 with one warning naming it."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        try:
-            text = data.decode("cp1252")
-        except UnicodeDecodeError:
-            text = data.decode("latin-1")
-        log.warning("%s is not UTF-8 (byte 0x%02x at offset %d); read as Windows-1252 / Latin-1", path,
-                    data[error.start], error.start)
-        return text.removeprefix("\ufeff")
 
 
 def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | None) -> str | None:

@@ -1,0 +1,45 @@
+"""Inputs as their authors wrote them (issue 24, section 2): captions in UTF-16/32 with a byte-order mark, a concept
+path that is a file, musubi-tuner's folder-of-frames `video_path`, diffusion-pipe's per-directory buckets and
+`mask_path`, seed 004's flags, and the small notices (1x1 images, decompression bombs, a LoRA name without an
+extension)."""
+import logging
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from modules.dataLoader.concept_scan import scan_concepts
+from modules.util.config.DataConfig import ConceptConfig
+
+
+def image(path, height: int = 32, width: int = 32, colour=(200, 40, 40)):
+    Image.fromarray(np.full((height, width, 3), colour, np.uint8)).save(path)
+    return path
+
+
+# --- captions ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_a_caption_with_a_byte_order_mark_is_read_in_its_encoding(tmp_path, caplog, encoding):
+    image(tmp_path / "a.png")
+    caption = "a red square, café"
+    data = caption.encode(encoding)
+    if encoding in ("utf-16-le", "utf-16-be"):  # the explicit-endian codecs write no mark: add it as editors do
+        data = "\ufeff".encode(encoding) + data
+    (tmp_path / "a.txt").write_bytes(data)
+    with caplog.at_level(logging.WARNING):
+        result = scan_concepts([ConceptConfig(path=str(tmp_path))])
+    assert [r["caption"] for r in result.records] == [caption]
+    assert not [r for r in caplog.records if "not UTF-8" in r.getMessage()]
+
+
+def test_a_utf16_manifest_and_prompt_file_are_read(tmp_path):
+    from modules.util.sample_definitions import load_sample_definitions
+    image(tmp_path / "a.png")
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_bytes('{"path": "a.png", "prompt": "a square"}\n'.encode("utf-16"))
+    assert [r["caption"] for r in scan_concepts([ConceptConfig(path=str(manifest))]).records] == ["a square"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("a red square --w 32 --h 32\n".encode("utf-16"))
+    [sample] = load_sample_definitions(prompts)
+    assert (sample.prompt, sample.width, sample.height) == ("a red square", 32, 32)
