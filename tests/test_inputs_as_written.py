@@ -43,3 +43,24 @@ def test_a_utf16_manifest_and_prompt_file_are_read(tmp_path):
     prompts.write_bytes("a red square --w 32 --h 32\n".encode("utf-16"))
     [sample] = load_sample_definitions(prompts)
     assert (sample.prompt, sample.width, sample.height) == ("a red square", 32, 32)
+
+
+# --- concepts ---------------------------------------------------------------------------------------------------
+
+def run_train(*args: str) -> int:
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import train
+    return train.main(list(args))
+
+
+def test_a_concept_path_that_is_a_file_is_a_config_error(tmp_path, capsys):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"\x00" * 64)
+    code = run_train("--config-value", f"model.base_model_name={tmp_path}",
+                     "--config-value", f'data.concepts=[{{"path": "{clip}"}}]',
+                     "--config-value", f"workspace_dir={tmp_path / 'ws'}")
+    assert code == 2
+    assert f"data.concepts.0.path: {str(clip)!r} is a file; a concept is a folder or a .jsonl manifest" \
+        in capsys.readouterr().err

@@ -87,7 +87,7 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
             continue
         root = Path(concept.path)
         prompt_text = read_text_file(concept.prompt_path).strip() if concept.caption_source == "prompt_file" else None
-        if root.is_file() and root.suffix == ".jsonl":
+        if root.is_file() and root.suffix.lower() == ".jsonl":
             entries = [(path, caption if caption is not None else _caption_for(path, concept, prompt_text))
                        for path, caption in _manifest_media(root, result)]
         else:

@@ -48,6 +48,9 @@ def path_problems(config: TrainConfig) -> list[str]:
             problems.append(f"data.concepts.{index}.path: {concept.path!r} does not exist")
         elif concept.enabled and Path(concept.path).is_dir() and not any(Path(concept.path).iterdir()):
             problems.append(f"data.concepts.{index}.path: {concept.path!r} is an empty folder")
+        elif concept.enabled and not Path(concept.path).is_dir() and Path(concept.path).suffix.lower() != ".jsonl":
+            problems.append(f"data.concepts.{index}.path: {concept.path!r} is a file; a concept is a folder or a "
+                            f".jsonl manifest (put the file in a folder and name the folder)")
         if concept.caption_source == "prompt_file" and not Path(concept.prompt_path).is_file():
             problems.append(f"data.concepts.{index}.prompt_path: {concept.prompt_path!r} is not a file "
                             f"(caption_source is 'prompt_file')")
