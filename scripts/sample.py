@@ -14,8 +14,11 @@ defaults that a sample's own settings override. Exit status: 0 done, 1 error, 2 
 """
 import argparse
 import sys
+from pathlib import Path
 
 import _bootstrap  # noqa: F401
+
+from modules.util.seed_options import add_sample_options
 
 DTYPE_ALIASES = {"auto": None, "float32": "FLOAT_32", "fp32": "FLOAT_32", "float16": "FLOAT_16", "fp16": "FLOAT_16",
                  "bfloat16": "BFLOAT_16", "bf16": "BFLOAT_16", "float8": "FLOAT_8", "fp8": "FLOAT_8"}
@@ -23,7 +26,9 @@ DTYPE_ALIASES = {"auto": None, "float32": "FLOAT_32", "fp32": "FLOAT_32", "float
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-model-name", required=True, help="a diffusers Wan folder")
+    parser.add_argument("--base-model-name", "--base_model_name", "--model_name", dest="base_model_name",
+                        help="a diffusers Wan folder (or hub id); default: the base the first LoRA was trained on, "
+                             "as its header records")
     parser.add_argument("--lora", action="append", default=[], metavar="PATH[:STRENGTH]",
                         help="a LoRA file in any layout the loader reads (repeatable); for Wan 2.2 A14B a "
                              "_high_noise / _low_noise pair is found from their common name")
@@ -40,7 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--flow-shift", type=float, default=None, help="default: the model's scheduler config")
     parser.add_argument("--scheduler", choices=["UNIPC", "EULER"], type=str.upper, default=None)
     parser.add_argument("--seed", type=int, default=None, help="default 42; video k of a sample uses seed + k")
-    parser.add_argument("--num-videos", type=int, default=1, help="videos per sample")
+    parser.add_argument("--num-videos", "--num_videos", dest="num_videos", type=int, default=1, help="videos per sample")
     parser.add_argument("--image", default=None, help="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B)")
     parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
     parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH",
@@ -53,7 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--image-encoder", default="", metavar="DIR",
                         help="a CLIP vision model (or a diffusers folder with image_encoder/) for an E2V LoRA on a "
                              "base without one")
-    parser.add_argument("--output-dir", default="samples")
+    parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default=None,
+                        help="default: samples (with --output: that file's folder)")
+    add_sample_options(parser)
     parser.add_argument("--dtype", default="auto", type=str.lower,
                         choices=sorted(DTYPE_ALIASES) + ["float_32", "float_16", "bfloat_16", "float_8"],
                         help="weights of the transformer(s) and text encoders (VAE stays float32); "
@@ -67,10 +74,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{option} must be at least 1")
     try:
+        args.lora = resolve_lora_arguments(args.lora + args.lora_weights)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.output_dir is None:
+        args.output_dir = str(Path(args.output).parent) if args.output else "samples"
+    if not args.base_model_name:
+        from modules.util.modelspec import trained_base_model
+        args.base_model_name = next((trained_base_model(path) for path, _ in args.lora[:1]), None)
+        if not args.base_model_name:
+            parser.error("--base-model-name is required (a diffusers Wan folder); no LoRA given records the base it "
+                         "was trained on")
+    try:
         args.elements = dict(parse_element_argument(text) for text in args.element)
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def resolve_lora_arguments(values: list[str]) -> list[tuple]:
+    """--lora / --lora_weights values as (path, strength); a folder means the LoRA file in it (seed 004 names the
+    folder train --output_dir wrote)."""
+    from modules.modelSampler.sampling_io import parse_lora_argument
+    from modules.util.seed_options import lora_in_folder
+    loras = []
+    for text in values:
+        path, strength = parse_lora_argument(text)
+        loras.append((lora_in_folder(path) if path.is_dir() else path, strength))
+    return loras
 
 
 def parse_element_argument(text: str) -> tuple[str, str]:
@@ -104,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
     from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos, load_model_for_sampling,
-                                                  parse_lora_argument, resolve_device)
+                                                  resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
 
@@ -123,16 +154,29 @@ def main(argv: list[str] | None = None) -> int:
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         model = load_model_for_sampling(args.base_model_name, dtype, device, args.image_encoder)
-        for line in apply_lora_files(model, [parse_lora_argument(text) for text in args.lora]):
+        for line in apply_lora_files(model, args.lora):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
                                   e2v_config=e2v_config)
+        if args.output:
+            written = move_to_output(written, args.output)
     except (ModelLoadError, UnreadableMediaError, ValueError, OSError, RuntimeError) as error:
         print(f"sample: {error}", file=sys.stderr)
         return 1
     for path in written:
         print(path)
     return 0
+
+
+def move_to_output(written: list, output: str) -> list:
+    """--output: the videos renamed to the file named (numbered when several)."""
+    import shutil
+    from modules.util.seed_options import output_file_names
+    targets = output_file_names(output, written)
+    for source, target in zip(written, targets):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(source, target)
+    return targets
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import traceback
 import _bootstrap  # noqa: F401
 
 from modules.util.config.config_io import ConfigError, load_config
+from modules.util.seed_options import add_train_options, train_overrides
 
 
 def build_parser(description: str = __doc__, only_cache_option: bool = True) -> argparse.ArgumentParser:
@@ -45,6 +46,7 @@ def build_parser(description: str = __doc__, only_cache_option: bool = True) -> 
                           "model/, e2v_model/, embedding.safetensors), and the workspace goes in its workspace/")
     e2v.add_argument("--model_name", "--model-name", help="a diffusers folder or hub id")
     e2v.add_argument("--mixed_precision", "--mixed-precision", choices=sorted(MIXED_PRECISION))
+    add_train_options(parser)
     return parser
 
 
@@ -87,7 +89,7 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
             values.append("model.allow_download=true")  # naming a hub id is asking for the download
     if args.mixed_precision:
         values.append(f"train_dtype={MIXED_PRECISION[args.mixed_precision]}")
-    return values
+    return values + train_overrides(args)
 
 
 def output_dir_name(config) -> str:
