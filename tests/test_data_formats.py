@@ -97,7 +97,7 @@ def test_seed_004_layout_trains_through_run_cmd_from_the_users_folder(tiny_model
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (user / "outputs" / "smoke_test" / "lora.safetensors").is_file()
     assert "concept data/processed/train.jsonl: 3 clip items" in result.stdout
-    assert "bucket 9 frames x 32x48: 3" in result.stdout  # 56:32 picks the 16:9 bucket (48x32 at area 32^2)
+    assert "bucket 9 frames x 48x32: 3" in result.stdout  # 56:32 picks the 16:9 bucket (48x32 at area 32^2)
     assert not (project / "outputs").exists() and not (project / "data").exists()
 
 

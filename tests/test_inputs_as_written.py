@@ -113,3 +113,64 @@ def test_seed_004_train_and_generate_commands_run_as_written(tmp_path, monkeypat
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "test_generation.mp4").stat().st_size > 0
     assert not (tmp_path / "samples").exists()
+
+
+# --- the small notices ------------------------------------------------------------------------------------------
+
+def data_loader(concept_path, **data):
+    from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
+    from modules.util.config.config_io import load_config
+    import json
+    overrides = [f"data.concepts={json.dumps([{'path': str(concept_path)}])}", "data.frame_buckets=[1]",
+                 "data.dataloader_threads=0"] + [f"data.{k}={json.dumps(v)}" for k, v in data.items()]
+    loader = WanBaseDataLoader(load_config(overrides=overrides))
+    loader.scan()
+    return loader
+
+
+def test_the_data_summary_writes_buckets_width_x_height_as_the_plan_does(tmp_path):
+    image(tmp_path / "wide.png", height=32, width=56)
+    (tmp_path / "wide.txt").write_text("a wide square")
+    report = data_loader(tmp_path, resolution=32, aspect_ratios=[16 / 9]).report()
+    assert "bucket 1 frames x 48x32: 1" in report        # 48 wide, 32 high: 16:9 at the area 32^2
+    assert "width x height" in report
+
+
+def test_a_1x1_image_trains_with_a_notice_naming_it(tmp_path, caplog):
+    image(tmp_path / "dot.png", height=1, width=1)
+    (tmp_path / "dot.txt").write_text("a dot")
+    image(tmp_path / "fine.png")
+    (tmp_path / "fine.txt").write_text("a square")
+    with caplog.at_level(logging.WARNING):
+        loader = data_loader(tmp_path, resolution=32, aspect_ratios=[1.0])
+        loader.report()
+        loader.report()
+    notices = [r.getMessage() for r in caplog.records if "smaller than one latent cell" in r.getMessage()]
+    assert len(notices) == 1 and str(tmp_path / "dot.png") in notices[0] and "1x1" in notices[0]
+    assert loader.statistics().buckets[(1, 32, 32)] == 2   # it still trains
+
+
+def test_a_decompression_bomb_warning_names_the_image(tmp_path, caplog, monkeypatch):
+    from modules.util.video_io import read_image
+    # PIL's limit lowered so that a small picture crosses it (above the limit, below twice it: a warning)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    path = image(tmp_path / "huge.png", height=12, width=12)
+    with caplog.at_level(logging.WARNING):
+        assert read_image(path).shape == (12, 12, 3)
+    [message] = [r.getMessage() for r in caplog.records if "decompression-bomb" in r.getMessage()]
+    assert str(path) in message and "12x12" in message
+
+
+def test_a_lora_destination_without_an_extension_gets_safetensors_and_says_so(tmp_path, monkeypatch, tiny_model,
+                                                                               squares_dataset, caplog):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        code = run_train("--preset-path", "demo tiny CPU", "--model_name", str(tiny_model("wan2.1-t2v")),
+                         "--config-value", "sampling.samples_file=", "--config-value", "sampling.every_n_steps=0",
+                         "--config-value", "sampling.sample_before_training=false", "--max_steps", "1",
+                         "--config-value", f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+                         "--config-value", "output.destination=out/my_lora")
+    assert code == 0
+    assert (tmp_path / "out" / "my_lora.safetensors").is_file() and not (tmp_path / "out" / "my_lora").exists()
+    assert any("has no extension" in r.getMessage() and "my_lora.safetensors" in r.getMessage()
+               for r in caplog.records)

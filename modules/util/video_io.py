@@ -23,6 +23,7 @@ errors), never everything.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import zipfile
@@ -401,12 +402,28 @@ def _describe(error: BaseException) -> str:
 
 # ----------------------------------------------------------------------------------------------------------- reading
 
+_large_images_noted: set[str] = set()
+
+
+def _note_large_image(path: str, width: int, height: int) -> None:
+    """PIL's DecompressionBombWarning names no file (and scripts/_bootstrap.py hides it): say which image it is,
+    once per file. Images above twice the limit are refused by PIL (DecompressionBombError, a skipped file)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit and path not in _large_images_noted:
+        _large_images_noted.add(path)
+        logging.getLogger(__name__).warning(
+            "%s: %dx%d (%d pixels) is above PIL's decompression-bomb limit of %d pixels; read anyway (a picture "
+            "this large costs time and memory to decode; shrink it if it is not meant to be so large)",
+            path, width, height, width * height, limit)
+
+
 def read_image(path: str | os.PathLike) -> np.ndarray:
     """An image as uint8 (H, W, 3) RGB, EXIF orientation applied, alpha dropped; raises UnreadableMediaError."""
     path = str(path)
     _check_file(path)
     try:
         with Image.open(path) as image:
+            _note_large_image(path, image.width, image.height)
             image.load()  # decodes everything now: a truncated file fails here, not later
             image = ImageOps.exif_transpose(image)
             if image.mode != "RGB":

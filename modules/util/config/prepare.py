@@ -25,6 +25,8 @@ def prepare_config(config: TrainConfig) -> list:
         except OSError as error:
             raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
                                f"({error})"]) from None
+    from modules.util.config.output_destination import add_missing_extension
+    add_missing_extension(config)
     problems: list[str] = fp8_problems(config)
     try:
         check_paths(config)
