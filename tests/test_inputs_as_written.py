@@ -174,3 +174,48 @@ def test_a_lora_destination_without_an_extension_gets_safetensors_and_says_so(tm
     assert (tmp_path / "out" / "my_lora.safetensors").is_file() and not (tmp_path / "out" / "my_lora").exists()
     assert any("has no extension" in r.getMessage() and "my_lora.safetensors" in r.getMessage()
                for r in caplog.records)
+
+
+# --- musubi-tuner's folder of frames ----------------------------------------------------------------------------
+
+def test_a_musubi_video_path_naming_a_folder_of_images_is_one_clip_in_name_order(tmp_path, monkeypatch):
+    """musubi-tuner's dataset_config.md: a video_jsonl_file line's video_path may name a folder of images, read as
+    the frames of one video. Here 11 frames named so that name order differs from the order they were written."""
+    from modules.util.config.config_io import load_config
+    from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
+    from modules.dataLoader.pipeline.Pipeline import Pipeline
+    from modules.dataLoader.pipeline.LoadVideo import LoadVideo
+    import json
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "frames" / "clip_a"
+    folder.mkdir(parents=True)
+    shades = {}
+    for index in reversed(range(11)):          # written last-first: name order, not file time, decides
+        shades[f"{index:04d}.png"] = 20 * index
+        image(folder / f"{index:04d}.png", height=32, width=64, colour=(20 * index, 0, 0))
+    (folder / "notes.txt").write_text("not a frame")
+    (tmp_path / "empty_folder").mkdir()
+    (tmp_path / "metadata.jsonl").write_text(
+        json.dumps({"video_path": "frames/clip_a", "caption": "a fading square"}) + "\n"
+        + json.dumps({"video_path": "empty_folder", "caption": "nothing"}) + "\n")
+    (tmp_path / "dataset.toml").write_text("""
+[general]
+resolution = [64, 32]
+
+[[datasets]]
+video_jsonl_file = "metadata.jsonl"
+target_frames = [9]
+""")
+    config = load_config(overrides=["data.dataset_config=dataset.toml", "data.dataloader_threads=0"])
+    loader = WanBaseDataLoader(config)
+    loader.scan()
+    stats = loader.statistics()
+    assert stats.buckets == {(9, 32, 64): 1}
+    assert [path for path, _ in stats.skipped] == ["empty_folder"]
+    items = Pipeline(loader._item_modules()[:3] + [LoadVideo()], config.seed, outputs=["frames", "caption"])
+    items.start_epoch(0)
+    [row] = [items.get_item(i) for i in range(len(items))]
+    video = np.asarray(row["frames"])
+    assert row["caption"] == "a fading square"
+    reds = [int(v) for v in video[..., 0].reshape(video.shape[0], -1).mean(1).round()]
+    assert reds == [20 * i for i in range(9)], reds   # frames 0000..0008, in name order

@@ -8,7 +8,7 @@ from pathlib import Path
 from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.E2VConfig import strip_llm_caption_prefix
 from modules.util.text_encoding import read_text_file  # noqa: F401 (imported from here by other modules)
-from modules.util.video_io import MEDIA_EXTENSIONS
+from modules.util.video_io import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, frame_files
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,12 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
             entries = [(path, _caption_for(path, concept, prompt_text))
                        for path in _folder_media(root, concept.include_subdirectories)]
         for path, caption in entries:
-            if not path.is_file():
+            # musubi-tuner's video_path may name a folder of frames: one clip, its images in name order
+            frames_folder = path.is_dir() and root.is_file()
+            if frames_folder and not frame_files(path):
+                result.skip(path, f"a folder of frames needs images ({', '.join(sorted(IMAGE_EXTENSIONS))}); "
+                                  f"it has none")
+            elif not frames_folder and not path.is_file():
                 result.skip(path, "file does not exist")
             elif caption is None and concept.caption_required:
                 result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
