@@ -153,6 +153,10 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append("  " + warning)
     lines.append(f"  model: {model.variant} ({model.variant.model_type.value}) from {config.model.base_model_name}, "
                  f"transformer {_count(transformer_parameters)} parameters")
+    from modules.util.config.image_encoder_source import image_encoder_description
+    encoder = image_encoder_description(config, model)
+    if encoder:
+        lines.append("  " + encoder)
     lines.append(f"  device: {trainer.device} (config: {config.device})")
     weights = ", ".join(f"{part} {getattr(config.model, part).weight_dtype.value}" for part in
                         ("transformer", "transformer_2", "text_encoder") if getattr(model, part, None) is not None)

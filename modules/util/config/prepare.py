@@ -59,6 +59,8 @@ def prepare_config(config: TrainConfig) -> list:
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
         try:
             datasets = resolve_e2v_datasets(config, spatial_unit)
+            from modules.util.config.image_encoder_source import resolve_image_encoder
+            problems += resolve_image_encoder(config, datasets[0].uses_clip, datasets[0].e2v_type)
             apply_e2v_data_settings(config, datasets[0])
             for index, dataset in enumerate(datasets):
                 try:

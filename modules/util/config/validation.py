@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from modules.util.config.config_io import ConfigError
+from modules.util.config.image_encoder_source import looks_like_hub_id
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.devices import available_devices
 from modules.util.lora.targets import LoraTargetError, lora_target_names
@@ -41,6 +42,8 @@ def path_problems(config: TrainConfig) -> list[str]:
         problems.append(f"model.base_model_name: {base!r} is not a folder; a hub id needs model.allow_download=true")
     for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
         path = getattr(config.model, part).path
+        if part == "image_encoder" and config.model.allow_download and looks_like_hub_id(path):
+            continue  # a hub id (train --image_encoder): fetched by the loader
         if path and not Path(path).exists():
             problems.append(f"model.{part}.path: {path!r} does not exist")
     for index, concept in enumerate(config.data.concepts):

@@ -1,0 +1,69 @@
+"""Files that say what they are (issue 24, section 1): E2V's image encoder named on the command line (or Wan 2.1
+I2V's for a hub-id base), E2V LoRA and fine-tune files that carry their element layout and image encoder, A14B
+expert files that carry their expert and boundary, and the format notes at save time."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from modules.util.config.config_io import ConfigError, load_config
+from modules.util.config.prepare import prepare_config
+from modules.util.demo_e2v import make_e2v_dataset
+from seed_configs import fixture_text, user_seed_path, user_seed_text, with_data_root
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import train as train_script  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def e2v_dataset(tmp_path_factory):
+    return make_e2v_dataset(tmp_path_factory.mktemp("e2v") / "data", clips_per_class=1, frames=17)
+
+
+def seed_001_config(tmp_path, e2v_dataset) -> Path:
+    text = user_seed_text("001") if user_seed_path("001") else fixture_text("001")
+    path = tmp_path / "seed001.json"
+    path.write_text(with_data_root(text, e2v_dataset), encoding="utf-8")
+    return path
+
+
+def seed_001_flags(model: str, dataset_config: Path, output: Path) -> list[str]:
+    """Seed 001's example command line, its flags and values (the model and paths as given)."""
+    return ["--model_name", model, "--training_type", "e2v-lora", "--output_dir", str(output),
+            "--dataset_configs", str(dataset_config), "--e2v_type", "dual", "--frame_conditioning_type", "full",
+            "--frame_conditioning_concatenate_mask", "--mixed_precision", "bf16", "--rank", "64", "--lora_alpha", "64"]
+
+
+def prepared(argv: list[str]):
+    args = train_script.build_parser().parse_args(argv)
+    config = load_config(None, None, train_script.seed_options_as_overrides(args) + args.config_value)
+    prepare_config(config)
+    return config
+
+
+# --- the image encoder ------------------------------------------------------------------------------------------
+
+def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_dataset, monkeypatch, caplog):
+    """Seed 001's command as written (a T2V 1.3B hub id, e2v_type dual): no config error; the image encoder is Wan
+    2.1 I2V's, said before anything loads."""
+    from modules.util.config.image_encoder_source import WAN_I2V_IMAGE_ENCODER
+    monkeypatch.chdir(tmp_path)
+    config = prepared(seed_001_flags("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", seed_001_config(tmp_path, e2v_dataset),
+                                     tmp_path / "output"))
+    assert config.model.image_encoder.path == WAN_I2V_IMAGE_ENCODER and config.model.allow_download
+    assert any(WAN_I2V_IMAGE_ENCODER in r.getMessage() and "CLIP" in r.getMessage() for r in caplog.records)
+
+
+def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag(tmp_path, e2v_dataset, tiny_model,
+                                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    flags = seed_001_flags(str(tiny_model("wan2.1-t2v")), seed_001_config(tmp_path, e2v_dataset), tmp_path / "out")
+    with pytest.raises(ConfigError) as caught:
+        prepared(flags)
+    [problem] = [p for p in caught.value.problems if p.startswith("model.image_encoder.path")]
+    assert "--image_encoder PATH_OR_HUB_ID" in problem and "image_encoder/" in problem and "'dual'" in problem
+    # the flag names one: accepted
+    config = prepared(flags + ["--image_encoder", str(tiny_model("wan2.1-i2v"))])
+    assert config.model.image_encoder.path == str(tiny_model("wan2.1-i2v"))
