@@ -4,9 +4,10 @@
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
-Elements-to-Video (the first dataset's layout is used):
-  sample.py --base-model-name E2V_DIR --e2v-config e2v.json --element person=me.png --element background=bg.png \\
-      --prompt "..." --drop-reference-frames
+Elements-to-Video (the layout and image encoder the LoRA's header, or the folder's e2v_config.json, records):
+  sample.py --base-model-name T2V_DIR --lora e2v_lora.safetensors --element person=me.png \\
+      --element background=bg.png --prompt "..." --drop-reference-frames
+  (--e2v-config e2v.json for a model that records none: the first dataset's layout is used)
 
 --samples-file takes a samples JSON file or a musubi-tuner style prompt file (one prompt a line with inline options
 --w --h --f --s --g --d --fs --n --i --ei). The size, frame, step, guidance and seed options given here are the
@@ -49,15 +50,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--image", default=None, help="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B)")
     parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
     parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH",
-                        help="E2V reference image for the config's element NAME (repeatable; needs --e2v-config)")
+                        help="E2V reference image for the element NAME (repeatable) of the layout the LoRA's header "
+                             "or the model folder's e2v_config.json records (or --e2v-config gives)")
     parser.add_argument("--e2v-config", default=None, metavar="PATH",
                         help="E2V dataset config JSON the model was trained with (nested or flat form; the first "
-                             "dataset's elements and processors are used)")
+                             "dataset's elements and processors are used); only for a model that does not record "
+                             "its layout, or to check it: a difference from the recorded layout is an error")
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
     parser.add_argument("--image-encoder", default="", metavar="DIR",
                         help="a CLIP vision model (or a diffusers folder with image_encoder/) for an E2V LoRA on a "
-                             "base without one")
+                             "base without one; default: the one the LoRA's header records")
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default=None,
                         help="default: samples (with --output: that file's folder)")
     add_sample_options(parser)
@@ -145,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sample: --e2v-config: {error}", file=sys.stderr)
         return 2
     try:
+        e2v_config, image_encoder = e2v_layout(args, e2v_config)
+    except ConfigError as error:
+        print(f"sample: {error}", file=sys.stderr)
+        return 2
+    try:
         samples = build_samples(args)
         if not any(sample.enabled for sample in samples):
             print("sample: no enabled samples", file=sys.stderr)
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
-        model = load_model_for_sampling(args.base_model_name, dtype, device, args.image_encoder)
+        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder)
         for line in apply_lora_files(model, args.lora):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
@@ -166,6 +174,30 @@ def main(argv: list[str] | None = None) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def e2v_layout(args: argparse.Namespace, given):
+    """(the E2V dataset config, the image encoder) to sample with: --e2v-config and --image-encoder, else what the
+    LoRA's header (or the model folder's e2v_config.json) records; a given config that differs from the recorded
+    one is a ConfigError naming each difference."""
+    from modules.modelSampler.e2v_file_layout import BASE_IMAGE_ENCODER, layout_differences, recorded_layout
+    from modules.util.config.config_io import ConfigError
+    recorded = recorded_layout(args.base_model_name, [path for path, _ in args.lora])
+    if recorded is None:
+        return given, args.image_encoder
+    if given is not None:
+        differences = layout_differences(given, recorded)
+        if differences:
+            raise ConfigError([f"--e2v-config {args.e2v_config} differs from the E2V layout that {recorded.source} "
+                               f"records (drop --e2v-config to use the recorded one):"] + differences)
+    image_encoder = args.image_encoder
+    if not image_encoder and recorded.image_encoder not in ("", BASE_IMAGE_ENCODER):
+        image_encoder = recorded.image_encoder
+        from modules.util.config.image_encoder_source import looks_like_hub_id
+        if not Path(image_encoder).exists() and not looks_like_hub_id(image_encoder):
+            raise ConfigError([f"{recorded.source} was trained with the image encoder {image_encoder}, which is not "
+                               f"on this machine: name it with --image-encoder"])
+    return given or recorded.dataset_config(), image_encoder
 
 
 def move_to_output(written: list, output: str) -> list:

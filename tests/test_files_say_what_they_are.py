@@ -67,3 +67,73 @@ def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag
     # the flag names one: accepted
     config = prepared(flags + ["--image_encoder", str(tiny_model("wan2.1-i2v"))])
     assert config.model.image_encoder.path == str(tiny_model("wan2.1-i2v"))
+
+
+# --- E2V files carry their layout -------------------------------------------------------------------------------
+
+def run_sample(argv: list[str]) -> int:
+    import sample
+    return sample.main(argv)
+
+
+@pytest.fixture(scope="module")
+def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
+    """docs/e2v.md's worked example (T2V base, dual pathway), two steps, the image encoder named by the new flag."""
+    out = tmp_path_factory.mktemp("e2v_out")
+    code = train_script.main([
+        "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora", "--e2v_type", "dual",
+        "--model_name", str(tiny_model("wan2.1-t2v")), "--output_dir", str(out), "--rank", "16", "--lora_alpha", "16",
+        "--mixed_precision", "no", "--image_encoder", str(tiny_model("wan2.1-i2v")),
+        "--config-value", "device=cpu", "--config-value", "max_steps=2",
+        "--config-value", f"cache_dir={out / 'cache'}", "--config-value", "tensorboard=false"])
+    assert code == 0
+    return out / "e2v_lora.safetensors"
+
+
+def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
+    """The worked example's sample command without --image-encoder or --e2v-config: the LoRA's header records its
+    element layout and image encoder."""
+    from safetensors import safe_open
+    with safe_open(str(e2v_lora), "pt") as file:
+        metadata = file.metadata()
+    assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
+    layout = json.loads(metadata["e2v_config"])
+    assert layout["e2v_type"] == "dual" and [e["name"] for e in layout["elements"]][:1] == ["main_subject"]
+    code = run_sample(["--base-model-name", str(tiny_model("wan2.1-t2v")), "--lora", str(e2v_lora), "--prompt", "x",
+                       "--element", f"main_subject={e2v_dataset / '000_person.png'}", "--width", "32", "--height",
+                       "32", "--frames", "17", "--steps", "2", "--device", "cpu", "--output-dir", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    assert len(list(tmp_path.glob("*.mp4"))) == 1
+
+
+def test_an_e2v_config_that_differs_from_the_recorded_layout_is_an_error_naming_the_difference(
+        e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
+    config = json.loads((e2v_dataset / "e2v_config.json").read_text())
+    dataset = config["datasets"][0] if "datasets" in config else config
+    dataset["elements"][0]["name"] = "hero"
+    (tmp_path / "other.json").write_text(json.dumps(config))
+    code = run_sample(["--base-model-name", str(tiny_model("wan2.1-t2v")), "--lora", str(e2v_lora), "--prompt", "x",
+                       "--e2v-config", str(tmp_path / "other.json"), "--element", f"hero={e2v_dataset / '000_person.png'}",
+                       "--device", "cpu", "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "elements.0.name: --e2v-config has 'hero'" in err and "'main_subject'" in err and str(e2v_lora) in err
+    assert not list(tmp_path.glob("*.mp4"))
+
+
+def test_an_e2v_fine_tune_folder_carries_its_layout(tiny_model, e2v_dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = train_script.main([
+        "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-sft", "--e2v_type", "vae",
+        "--model_name", str(tiny_model("wan2.1-t2v")), "--output_dir", str(out), "--mixed_precision", "no",
+        "--config-value", "device=cpu", "--config-value", "max_steps=1", "--config-value", "tensorboard=false",
+        "--config-value", f"cache_dir={tmp_path / 'cache'}"])
+    assert code == 0, capsys.readouterr().err
+    folder = out / "e2v_model"
+    layout = json.loads((folder / "e2v_config.json").read_text())["datasets"][0]
+    assert layout["e2v_type"] == "vae"
+    code = run_sample(["--base-model-name", str(folder), "--prompt", "x", "--element",
+                       f"main_subject={e2v_dataset / '000_person.png'}", "--width", "32", "--height", "32",
+                       "--frames", "17", "--steps", "1", "--device", "cpu", "--output-dir", str(tmp_path / "s")])
+    assert code == 0, capsys.readouterr().err
+    assert len(list((tmp_path / "s").glob("*.mp4"))) == 1

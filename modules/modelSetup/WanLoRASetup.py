@@ -20,6 +20,7 @@ from modules.util.lora.formats import (expert_lora_paths, load_lora_file, load_l
                                        lora_weights_from_peft, match_to_model, save_lora_file)
 from modules.util.lora.targets import lora_target_names
 from modules.util.modelspec import modelspec_metadata
+from modules.model.e2v_file_metadata import e2v_file_metadata
 from modules.model.e2v_lora import save_e2v_lora
 from modules.util.registry import register
 
@@ -109,6 +110,7 @@ class WanLoRASetup(BaseWanSetup):
         check_output_format(self.config.lora.type, output_format)
         destination = Path(destination)
         metadata = modelspec_metadata(self.model.variant, lora=True, train_config=train_config)
+        metadata.update(e2v_file_metadata(self.model, self.config.model))  # an E2V LoRA samples from the file alone
         experts = self.experts_in_training()
         if self.model.variant.has_two_experts:
             high, low = expert_lora_paths(destination)

@@ -246,8 +246,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
     e2v_options = ""
     if config.e2v.enabled:
-        e2v_options = (f" --e2v-config {_quote(config.e2v.dataset_config)} --element NAME=IMAGE ..."
-                       if config.e2v.dataset_config else " --e2v-config E2V_CONFIG.json --element NAME=IMAGE ...")
+        # the LoRA's header (a fine-tune's e2v_config.json) records the layout and image encoder
+        e2v_options = " --element NAME=IMAGE ..."
     if method == "LORA" and written:
         lora = written[0] if len(written) == 1 else Path(str(written[0]).replace("_high_noise", "")
                                                           .replace("_low_noise", ""))
