@@ -137,3 +137,68 @@ def test_an_e2v_fine_tune_folder_carries_its_layout(tiny_model, e2v_dataset, tmp
                        "--frames", "17", "--steps", "1", "--device", "cpu", "--output-dir", str(tmp_path / "s")])
     assert code == 0, capsys.readouterr().err
     assert len(list((tmp_path / "s").glob("*.mp4"))) == 1
+
+
+# --- A14B expert files ------------------------------------------------------------------------------------------
+
+def tiny_run_values(base, dataset, out: Path) -> list[str]:
+    values = [f"model.base_model_name={base}", f"workspace_dir={out / 'ws'}", f"cache_dir={out / 'cache'}",
+              f"output.destination={out / 'lora.safetensors'}", "device=cpu", "train_dtype=FLOAT_32",
+              "gradient_checkpointing=false", "max_steps=1", f'data.concepts=[{{"path": "{dataset}"}}]',
+              "data.frame_buckets=[9]", "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0",
+              "tensorboard=false"]
+    return [argument for value in values for argument in ("--config-value", value)]
+
+
+@pytest.fixture(scope="module")
+def a14b_loras(tiny_model, squares_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("a14b")
+    values = tiny_run_values(tiny_model("wan2.2-t2v-a14b"), squares_dataset, out)
+    assert train_script.main(values + ["--config-value", "model_type=WAN_2_2"]) == 0
+    return out / "lora_high_noise.safetensors", out / "lora_low_noise.safetensors"
+
+
+def test_a14b_expert_files_record_their_expert_and_boundary(a14b_loras, tiny_model):
+    from modules.util.expert_metadata import recorded_expert
+    index = json.loads((tiny_model("wan2.2-t2v-a14b") / "model_index.json").read_text())
+    high, low = a14b_loras
+    assert recorded_expert(high) == ("high", index["boundary_ratio"])
+    assert recorded_expert(low) == ("low", index["boundary_ratio"])
+
+
+def test_an_expert_file_renamed_to_the_other_expert_is_refused(a14b_loras, tiny_model, tmp_path, capsys):
+    import shutil
+    high, _ = a14b_loras
+    shutil.copy(high, tmp_path / "swapped_low_noise.safetensors")     # the high-noise file, renamed
+    code = run_sample(["--base-model-name", str(tiny_model("wan2.2-t2v-a14b")), "--lora",
+                       str(tmp_path / "swapped_low_noise.safetensors"), "--prompt", "x", "--width", "32",
+                       "--height", "32", "--frames", "5", "--steps", "1", "--device", "cpu",
+                       "--output-dir", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 1 and "wan_expert='high'" in err and "low-noise expert" in err
+    # and as training's starting point for the low-noise expert: a config problem, found before any model loads
+    from modules.util.config.validation import expert_file_problems
+    config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.2-t2v-a14b')}", "expert=low",
+                                    "model_type=WAN_2_2", f"lora.init_from={tmp_path / 'swapped_low_noise.safetensors'}"])
+    [problem] = expert_file_problems(config)
+    assert problem.startswith("lora.init_from: ") and "wan_expert='high'" in problem
+
+
+def test_a_file_for_both_experts_loaded_into_one_is_noted(a14b_loras, tiny_model, tmp_path, caplog):
+    import logging
+    from safetensors.torch import load_file, save_file
+    from modules.model.WanModel import WanModel  # noqa: F401 - the loader's model
+    from modules.modelSampler.sampling_io import apply_lora_files, load_model_for_sampling
+    from modules.util.enum.DataType import DataType
+    import torch
+    high, _ = a14b_loras
+    from safetensors import safe_open
+    with safe_open(str(high), "pt") as file:
+        metadata = dict(file.metadata())
+    metadata["wan_expert"] = "both"
+    save_file(load_file(str(high)), str(tmp_path / "both_high_noise.safetensors"), metadata)
+    model = load_model_for_sampling(str(tiny_model("wan2.2-t2v-a14b")), DataType.FLOAT_32, torch.device("cpu"))
+    with caplog.at_level(logging.WARNING):
+        apply_lora_files(model, [(tmp_path / "both_high_noise.safetensors", 1.0)])
+    assert any("wan_expert='both'" in r.getMessage() and "high-noise expert only" in r.getMessage()
+               for r in caplog.records)

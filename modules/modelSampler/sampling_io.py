@@ -11,6 +11,7 @@ from modules.model.WanModel import WanModel
 from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
+from modules.util.expert_metadata import expert_notes, expert_problem, recorded_expert
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,11 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
             return {"transformer": path}
         if stem.endswith("_low_noise"):
             return {"transformer_2": path}
-        logger.warning("LoRA %s has no _high_noise / _low_noise suffix: applied to both experts", path)
+        recorded, _ = recorded_expert(path)
+        if recorded in ("high", "low"):  # its header says which expert it is for
+            return {"transformer" if recorded == "high" else "transformer_2": path}
+        if recorded != "both":
+            logger.warning("LoRA %s has no _high_noise / _low_noise suffix: applied to both experts", path)
         return {"transformer": path, "transformer_2": path}
     high, low = expert_lora_paths(path)
     pair = {name: p for name, p in (("transformer", high), ("transformer_2", low)) if p.is_file()}
@@ -66,7 +71,17 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
 
     applied = []
     for path, strength in loras:
-        for expert, file in _expert_files(model, Path(path)).items():
+        files = _expert_files(model, Path(path))
+        for expert, file in files.items():
+            if model.variant.has_two_experts:
+                problem = expert_problem(file, expert, "the LoRA")
+                if problem:
+                    raise SampleError(problem)
+                notes = expert_notes(file, expert, model.boundary_ratio)
+                if len(files) == 2:  # a 'both' file applied to both experts is what it was made for
+                    notes = [note for note in notes if "'both'" not in note]
+                for note in notes:
+                    logger.warning("notice: %s", note)
             transformer = getattr(model, expert)
             lora_tensors, e2v_parts, e2v_config = read_e2v_lora(file)
             if e2v_parts:

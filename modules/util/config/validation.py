@@ -33,6 +33,39 @@ def check_paths(config: TrainConfig) -> None:
         raise ConfigError(problems)
 
 
+def _has_two_experts(base: Path) -> bool:
+    try:
+        entry = json.loads((base / "model_index.json").read_text(encoding="utf-8")).get("transformer_2")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(entry) and entry[0] is not None
+
+
+def expert_file_problems(config: TrainConfig) -> list[str]:
+    """A14B single files given for one expert that record the other (modules/util/expert_metadata.py)."""
+    from modules.util.expert_metadata import expert_problem
+    from modules.util.lora.formats import expert_lora_paths
+    files = [(f"model.{part}.path", getattr(config.model, part).path, part) for part in ("transformer", "transformer_2")]
+    init_from = config.lora.init_from
+    if init_from and config.training_method.value == "LORA":
+        if Path(init_from).is_file():
+            # one file goes into every expert in training (only the transformer of a one-expert model)
+            two_experts = _has_two_experts(Path(config.model.base_model_name))
+            parts = {"high": ["transformer"], "low": ["transformer_2"],
+                     "both": ["transformer", "transformer_2"]}[config.expert] if two_experts else ["transformer"]
+            files += [("lora.init_from", init_from, part) for part in parts]
+        else:
+            files += [("lora.init_from", str(path), part)
+                      for path, part in zip(expert_lora_paths(init_from), ("transformer", "transformer_2"))]
+    problems = []
+    for field, path, part in files:
+        if path and Path(path).is_file():
+            problem = expert_problem(path, part, field)
+            if problem:
+                problems.append(f"{field}: {problem}")
+    return problems
+
+
 def path_problems(config: TrainConfig) -> list[str]:
     problems = []
     base = config.model.base_model_name
@@ -69,6 +102,7 @@ def path_problems(config: TrainConfig) -> list[str]:
                 require_safetensors(path, field)
             except NotSafetensorsError as error:
                 problems.append(str(error))
+    problems += expert_file_problems(config)
     allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
                "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
