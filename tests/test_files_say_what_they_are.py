@@ -202,3 +202,33 @@ def test_a_file_for_both_experts_loaded_into_one_is_noted(a14b_loras, tiny_model
         apply_lora_files(model, [(tmp_path / "both_high_noise.safetensors", 1.0)])
     assert any("wan_expert='both'" in r.getMessage() and "high-noise expert only" in r.getMessage()
                for r in caplog.records)
+
+
+# --- format notes at save time ----------------------------------------------------------------------------------
+
+def test_a_diffusers_lora_run_says_once_that_comfyui_ignores_it_and_the_summary_repeats_it(
+        tiny_model, squares_dataset, tmp_path, capsys):
+    values = tiny_run_values(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path)
+    assert train_script.main(values + ["--config-value", "output.format=DIFFUSERS_LORA", "--config-value",
+                                       "backup.save_every_n_steps=1", "--config-value", "max_steps=2"]) == 0
+    out = capsys.readouterr().out
+    before, summary = out.split("run finished:")
+    assert before.count("note: DIFFUSERS_LORA: ComfyUI's LoRA loader") == 1   # an intermediate save and the final
+    assert "for ComfyUI use COMFY_LORA" in summary.split("next:")[0]
+
+
+@pytest.mark.parametrize("lora_type, dora, fmt, expected", [
+    ("LORA", True, "COMFY_LORA", ["DoRA in COMFY_LORA: ComfyUI applies .dora_scale with another formula",
+                                   "30 %", "--merge-lora"]),
+    ("LOHA", False, "COMFY_LORA", ["LOHA in COMFY_LORA: diffusers' load_lora_weights refuses"]),
+    ("LOKR", False, "KOHYA_LORA", ["LOKR in KOHYA_LORA: diffusers' load_lora_weights refuses"]),
+    ("LORA", False, "COMFY_LORA", []),
+])
+def test_each_format_note_and_docs_formats_states_it(lora_type, dora, fmt, expected):
+    from modules.util.lora.format_notes import format_notes
+    notes = format_notes("LORA", fmt, lora_type, dora)
+    assert all(any(text in note for note in notes) for text in expected) and bool(notes) == bool(expected)
+    docs = " ".join((ROOT / "docs" / "formats.md").read_text(encoding="utf-8").split())
+    for statement in ("ComfyUI's LoRA loader recognises none of its keys", "up to about 30 % of the delta",
+                      "the trainer prints it once when it saves and repeats it in the run summary"):
+        assert statement in docs

@@ -241,6 +241,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
         lines.append(f"  newest backup: {newest_backup}")
     if getattr(trainer, "validation", None) is not None:
         lines.append(trainer.validation.end_line(written))
+    from modules.util.lora.format_notes import config_format_notes
+    lines += [f"  note: {note}" for note in (config_format_notes(config) if written else [])]
     lines.append("next:")
     method = config.training_method.value
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
