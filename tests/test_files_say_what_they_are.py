@@ -79,21 +79,26 @@ def run_sample(argv: list[str]) -> int:
 @pytest.fixture(scope="module")
 def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
     """docs/e2v.md's worked example (T2V base, dual pathway), two steps, the image encoder named by the new flag."""
+    import contextlib
+    import io
     out = tmp_path_factory.mktemp("e2v_out")
-    code = train_script.main([
-        "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora", "--e2v_type", "dual",
-        "--model_name", str(tiny_model("wan2.1-t2v")), "--output_dir", str(out), "--rank", "16", "--lora_alpha", "16",
-        "--mixed_precision", "no", "--image_encoder", str(tiny_model("wan2.1-i2v")),
-        "--config-value", "device=cpu", "--config-value", "max_steps=2",
-        "--config-value", f"cache_dir={out / 'cache'}", "--config-value", "tensorboard=false"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = train_script.main([
+            "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora", "--e2v_type",
+            "dual", "--model_name", str(tiny_model("wan2.1-t2v")), "--output_dir", str(out), "--rank", "16",
+            "--lora_alpha", "16", "--mixed_precision", "no", "--image_encoder", str(tiny_model("wan2.1-i2v")),
+            "--config-value", "device=cpu", "--config-value", "max_steps=2",
+            "--config-value", f"cache_dir={out / 'cache'}", "--config-value", "tensorboard=false"])
     assert code == 0
-    return out / "e2v_lora.safetensors"
+    return out / "e2v_lora.safetensors", printed.getvalue()
 
 
 def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
     """The worked example's sample command without --image-encoder or --e2v-config: the LoRA's header records its
     element layout and image encoder."""
     from safetensors import safe_open
+    e2v_lora, _ = e2v_lora
     with safe_open(str(e2v_lora), "pt") as file:
         metadata = file.metadata()
     assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
@@ -108,6 +113,7 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
 
 def test_an_e2v_config_that_differs_from_the_recorded_layout_is_an_error_naming_the_difference(
         e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
+    e2v_lora, _ = e2v_lora
     config = json.loads((e2v_dataset / "e2v_config.json").read_text())
     dataset = config["datasets"][0] if "datasets" in config else config
     dataset["elements"][0]["name"] = "hero"
@@ -119,6 +125,24 @@ def test_an_e2v_config_that_differs_from_the_recorded_layout_is_an_error_naming_
     assert code == 2
     assert "elements.0.name: --e2v-config has 'hero'" in err and "'main_subject'" in err and str(e2v_lora) in err
     assert not list(tmp_path.glob("*.mp4"))
+
+
+def test_the_run_plans_its_image_encoder_and_its_next_sample_line_runs(e2v_lora, tiny_model, e2v_dataset, tmp_path,
+                                                                        capsys):
+    """The plan names where the image encoder comes from; the "next: sample" line the run prints runs with its
+    placeholders filled (the prompt, the element) and the tiny model's size."""
+    import shlex
+    _, printed = e2v_lora
+    assert f"image encoder: {tiny_model('wan2.1-i2v')} (model.image_encoder.path)" in printed
+    [line] = [line for line in printed.splitlines() if "sample with the LoRA:" in line]
+    argv = shlex.split(line.split("sample with the LoRA:")[1])[2:]          # after run-cmd.sh sample
+    assert "--e2v-config" not in argv and "--image-encoder" not in argv
+    argv = argv[:argv.index("--element")] + ["--element", f"main_subject={e2v_dataset / '000_person.png'}"]
+    argv[argv.index("--prompt") + 1] = "a square moving left"
+    argv[argv.index("--output-dir") + 1] = str(tmp_path)
+    code = run_sample(argv + ["--width", "32", "--height", "32", "--frames", "17", "--steps", "1", "--device", "cpu"])
+    assert code == 0, capsys.readouterr().err
+    assert len(list(tmp_path.glob("*.mp4"))) == 1
 
 
 def test_an_e2v_fine_tune_folder_carries_its_layout(tiny_model, e2v_dataset, tmp_path, capsys):
