@@ -77,14 +77,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{option} must be at least 1")
     try:
-        args.lora = resolve_lora_arguments(args.lora + args.lora_weights)
+        args.loras = resolve_lora_arguments(args.lora + args.lora_weights)  # (path, strength)
     except ValueError as error:
         parser.error(str(error))
     if args.output_dir is None:
         args.output_dir = str(Path(args.output).parent) if args.output else "samples"
     if not args.base_model_name:
         from modules.util.modelspec import trained_base_model
-        args.base_model_name = next((trained_base_model(path) for path, _ in args.lora[:1]), None)
+        args.base_model_name = next((trained_base_model(path) for path, _ in args.loras[:1]), None)
         if not args.base_model_name:
             parser.error("--base-model-name is required (a diffusers Wan folder); no LoRA given records the base it "
                          "was trained on")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder)
-        for line in apply_lora_files(model, args.lora):
+        for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
                                   e2v_config=e2v_config)
@@ -182,7 +182,7 @@ def e2v_layout(args: argparse.Namespace, given):
     one is a ConfigError naming each difference."""
     from modules.modelSampler.e2v_file_layout import BASE_IMAGE_ENCODER, layout_differences, recorded_layout
     from modules.util.config.config_io import ConfigError
-    recorded = recorded_layout(args.base_model_name, [path for path, _ in args.lora])
+    recorded = recorded_layout(args.base_model_name, [path for path, _ in args.loras])
     if recorded is None:
         return given, args.image_encoder
     if given is not None:
