@@ -124,12 +124,12 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
     DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
     encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+    from modules.util.config.ModelConfig import ImageEncoderConfig, ModelConfig, PartConfig
 
     part = PartConfig(weight_dtype=weight_dtype)
     model = WanBaseModelLoader().load(ModelConfig(base_model_name=base_model_name, transformer=part,
                                                   transformer_2=part, text_encoder=part,
-                                                  image_encoder=PartConfig(weight_dtype=weight_dtype,
+                                                  image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype,
                                                                            path=image_encoder_path)))
     if not model.variant.has_two_experts:
         model.transformer.to(device)
