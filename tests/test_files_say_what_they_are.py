@@ -95,8 +95,8 @@ def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
 
 
 def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
-    """The worked example's sample command without --image-encoder or --e2v-config: the LoRA's header records its
-    element layout and image encoder."""
+    """`sample.py --lora F --element NAME=IMAGE`: the LoRA's header records its element layout, its image encoder
+    and its base (no --image-encoder, --e2v-config or --base-model-name needed)."""
     from safetensors import safe_open
     e2v_lora, _ = e2v_lora
     with safe_open(str(e2v_lora), "pt") as file:
@@ -104,7 +104,8 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
     layout = json.loads(metadata["e2v_config"])
     assert layout["e2v_type"] == "dual" and [e["name"] for e in layout["elements"]][:1] == ["main_subject"]
-    code = run_sample(["--base-model-name", str(tiny_model("wan2.1-t2v")), "--lora", str(e2v_lora), "--prompt", "x",
+    # not even --base-model-name: the header's training config names the base
+    code = run_sample(["--lora", str(e2v_lora), "--prompt", "x",
                        "--element", f"main_subject={e2v_dataset / '000_person.png'}", "--width", "32", "--height",
                        "32", "--frames", "17", "--steps", "2", "--device", "cpu", "--output-dir", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
