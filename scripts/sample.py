@@ -46,7 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--flow-shift", type=float, default=None, help="default: the model's scheduler config")
     parser.add_argument("--scheduler", choices=["UNIPC", "EULER"], type=str.upper, default=None)
     parser.add_argument("--seed", type=int, default=None, help="default 42; video k of a sample uses seed + k")
-    parser.add_argument("--num-videos", "--num_videos", dest="num_videos", type=int, default=1, help="videos per sample")
+    parser.add_argument("--num-videos", "--num_videos", dest="num_videos", type=int, default=1,
+                        help="videos per sample")
     parser.add_argument("--image", default=None, help="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B)")
     parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
     parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH",

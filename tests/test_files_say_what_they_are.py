@@ -120,7 +120,8 @@ def test_an_e2v_config_that_differs_from_the_recorded_layout_is_an_error_naming_
     dataset["elements"][0]["name"] = "hero"
     (tmp_path / "other.json").write_text(json.dumps(config))
     code = run_sample(["--base-model-name", str(tiny_model("wan2.1-t2v")), "--lora", str(e2v_lora), "--prompt", "x",
-                       "--e2v-config", str(tmp_path / "other.json"), "--element", f"hero={e2v_dataset / '000_person.png'}",
+                       "--e2v-config", str(tmp_path / "other.json"),
+                       "--element", f"hero={e2v_dataset / '000_person.png'}",
                        "--device", "cpu", "--output-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2
@@ -204,7 +205,8 @@ def test_an_expert_file_renamed_to_the_other_expert_is_refused(a14b_loras, tiny_
     # and as training's starting point for the low-noise expert: a config problem, found before any model loads
     from modules.util.config.validation import expert_file_problems
     config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.2-t2v-a14b')}", "expert=low",
-                                    "model_type=WAN_2_2", f"lora.init_from={tmp_path / 'swapped_low_noise.safetensors'}"])
+                                    "model_type=WAN_2_2",
+                                    f"lora.init_from={tmp_path / 'swapped_low_noise.safetensors'}"])
     [problem] = expert_file_problems(config)
     assert problem.startswith("lora.init_from: ") and "wan_expert='high'" in problem
 

@@ -45,7 +45,8 @@ def expert_file_problems(config: TrainConfig) -> list[str]:
     """A14B single files given for one expert that record the other (modules/util/expert_metadata.py)."""
     from modules.util.expert_metadata import expert_problem
     from modules.util.lora.formats import expert_lora_paths
-    files = [(f"model.{part}.path", getattr(config.model, part).path, part) for part in ("transformer", "transformer_2")]
+    files = [(f"model.{part}.path", getattr(config.model, part).path, part)
+             for part in ("transformer", "transformer_2")]
     init_from = config.lora.init_from
     if init_from and config.training_method.value == "LORA":
         if Path(init_from).is_file():
