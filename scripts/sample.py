@@ -28,8 +28,12 @@ DTYPE_ALIASES = {"auto": None, "float32": "FLOAT_32", "fp32": "FLOAT_32", "float
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-model-name", "--base_model_name", "--model_name", dest="base_model_name",
-                        help="a diffusers Wan folder (or hub id); default: the base the first LoRA was trained on, "
-                             "as its header records")
+                        help="a diffusers Wan folder, an official Wan release folder or a folder of ComfyUI files (or "
+                             "a hub id); default: the base the first LoRA was trained on, as its header records")
+    for part in ("transformer", "transformer-2", "vae", "text-encoder", "tokenizer"):
+        parser.add_argument(f"--{part}", default="", metavar="PATH",
+                            help=f"the {part.replace('-', ' ')} from this file or folder (any layout of "
+                                 f"docs/formats.md) instead of the base model's")
     parser.add_argument("--lora", action="append", default=[], metavar="PATH[:STRENGTH]",
                         help="a LoRA file in any layout the loader reads (repeatable); for Wan 2.2 A14B a "
                              "_high_noise / _low_noise pair is found from their common name")
@@ -59,9 +63,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "its layout, or to check it: a difference from the recorded layout is an error")
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
-    parser.add_argument("--image-encoder", default="", metavar="DIR",
-                        help="a CLIP vision model (or a diffusers folder with image_encoder/) for an E2V LoRA on a "
-                             "base without one; default: the one the LoRA's header records")
+    parser.add_argument("--image-encoder", default="", metavar="PATH",
+                        help="a CLIP vision model (a file such as clip_vision_h.safetensors, or a folder) for an "
+                             "I2V transformer file or an E2V LoRA on a base without one; default for an E2V LoRA: "
+                             "the one its header records")
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default=None,
                         help="default: samples (with --output: that file's folder)")
     add_sample_options(parser)
@@ -162,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
-        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder)
+        part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
+                                                              "tokenizer") if getattr(args, name)}
+        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths)
         for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,

@@ -339,10 +339,13 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
 
 
 def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_model, squares_dataset):
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    # a folder whose only clip cannot be decoded passes the config check (an empty folder is refused before loading)
+    # and fails once the data is read: a failure of the run itself, not a refusal
+    unusable = tmp_path / "unusable"
+    unusable.mkdir()
+    (unusable / "clip.mp4").write_bytes(b"not a video")
     _point_at_test_data(app, tmp_path, tiny_model, squares_dataset)
-    app.fields["data.concepts.0.path"].set_text(str(empty))
+    app.fields["data.concepts.0.path"].set_text(str(unusable))
     for attempt in range(2):
         dialogs = len(app.dialogs)
         app.start()

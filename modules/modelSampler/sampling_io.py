@@ -63,7 +63,8 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
 def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
     """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
     inference. Returns one line per file applied."""
-    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model, merge_lora
+    from modules.util.lora.apply import merge_lora
+    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
     from modules.util.modelspec import lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
@@ -119,18 +120,23 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
-                            image_encoder_path: str = "") -> WanModel:
-    """Loads a diffusers Wan folder for inference: transformer(s), text and image encoders in `weight_dtype` (a
-    DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
+                            image_encoder_path: str = "", part_paths: dict[str, str] | None = None) -> WanModel:
+    """Loads a Wan model for inference (any layout of docs/formats.md; `part_paths` maps transformer,
+    transformer_2, vae, text_encoder, tokenizer to a file or folder): transformer(s), text and image encoders in
+    `weight_dtype` (a DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
     encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ImageEncoderConfig, ModelConfig, PartConfig
 
+    from modules.util.config.ModelConfig import TokenizerConfig
+    paths = part_paths or {}
     part = PartConfig(weight_dtype=weight_dtype)
-    model = WanBaseModelLoader().load(ModelConfig(base_model_name=base_model_name, transformer=part,
-                                                  transformer_2=part, text_encoder=part,
-                                                  image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype,
-                                                                           path=image_encoder_path)))
+    model = WanBaseModelLoader().load(ModelConfig(
+        base_model_name=base_model_name, transformer=part.model_copy(update={"path": paths.get("transformer", "")}),
+        transformer_2=part.model_copy(update={"path": paths.get("transformer_2", "")}),
+        text_encoder=part.model_copy(update={"path": paths.get("text_encoder", "")}),
+        vae=PartConfig(path=paths.get("vae", "")), tokenizer=TokenizerConfig(path=paths.get("tokenizer", "")),
+        image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path)))
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model

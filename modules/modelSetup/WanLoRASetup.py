@@ -15,9 +15,8 @@ from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
-from modules.util.lora.apply import is_adapter_parameter
-from modules.util.lora.formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
-                                       lora_weights_from_peft, match_to_model, save_lora_file)
+from modules.util.lora.apply import is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft
+from modules.util.lora.formats import expert_lora_paths, load_lora_file, match_to_model, save_lora_file
 from modules.util.lora.targets import lora_target_names
 from modules.util.modelspec import modelspec_metadata
 from modules.model.e2v_file_metadata import e2v_file_metadata

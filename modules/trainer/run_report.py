@@ -153,6 +153,7 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append("  " + warning)
     lines.append(f"  model: {model.variant} ({model.variant.model_type.value}) from {config.model.base_model_name}, "
                  f"transformer {_count(transformer_parameters)} parameters")
+    lines += [f"    {message}" for message in model.part_messages]
     from modules.util.config.image_encoder_source import image_encoder_description
     encoder = image_encoder_description(config, model)
     if encoder:

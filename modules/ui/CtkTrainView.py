@@ -143,9 +143,14 @@ class CtkTrainView(ctk.CTk):
         row = render_section(model, self.config_state, "model",
                              only=["base_model_name", "allow_download", "intended_variant"], fields=self.fields,
                              title="base model")
-        for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+        from modules.ui.CtkModelPartPicker import CtkModelPartPicker
+        self.part_pickers = [CtkModelPartPicker(model, self.config_state, "base", row)]
+        row += 1
+        for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
             row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))
+            self.part_pickers.append(CtkModelPartPicker(model, self.config_state, part, row))
+            row += 1
         render_section(model, self.config_state, "output", start_row=row, fields=self.fields, title="output")
 
         self.concepts_view = CtkConceptsView(self.tabs["concepts"], self)
@@ -188,6 +193,9 @@ class CtkTrainView(ctk.CTk):
             self._render_method_tab()
         if path.startswith("model.") or path in ("", "demo_assets", "model_type"):
             self._update_variant()
+            for picker in self.part_pickers:
+                if path in ("", picker.field):
+                    picker.refresh()
         if path in ("sampling.samples_file", "workspace_dir"):
             self.sampling_view.reload_samples()
         self.elements_view.on_config_change(path)

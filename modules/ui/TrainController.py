@@ -153,6 +153,10 @@ class TrainController:
             if self.state.get("demo_assets"):
                 return "created on first Start (demo)"
             return "a hub id (downloaded at Start)" if self.state.get("model.allow_download") else "not a folder"
+        from modules.ui.model_parts import detect_variant_text
+        from_files = detect_variant_text(self.state)
+        if from_files is not None:
+            return from_files
         try:
             variant = detect_variant_from_folder(base)
         except (NotAWanModelError, ValueError, OSError) as error:

@@ -18,12 +18,20 @@ class ImageEncoderConfig(PartConfig):
     """The CLIP vision model of E2V's clip / dual pathway (`train --image_encoder`)."""
 
     path: PathText = Field("", description="a diffusers folder with image_encoder/ (a Wan 2.1 I2V folder), a CLIP "
-                           "vision folder, or a hub id (with allow_download); empty: the base's own, or for a base "
-                           "named by hub id Wan 2.1 I2V's (docs/e2v.md)")
+                           "vision folder or file (clip_vision_h.safetensors), or a hub id (with allow_download); "
+                           "empty: the base's own, or for a base named by hub id Wan 2.1 I2V's (docs/e2v.md)")
+
+
+class TokenizerConfig(BaseConfig):
+    """Where the UMT5 tokenizer comes from when the base model does not hold it (ComfyUI files)."""
+
+    path: PathText = Field("", description="a tokenizer folder (google/umt5-xxl: tokenizer.json or spiece.model) or "
+                                           "file; empty: found beside the text encoder or in the base model")
 
 
 class ModelConfig(BaseConfig):
-    base_model_name: PathText = Field("", description="a diffusers folder, or a hub id when allow_download is true")
+    base_model_name: PathText = Field("", description="a diffusers folder, an official Wan release folder, a folder of "
+                                                      "ComfyUI single files, or a hub id when allow_download is true")
     allow_download: bool = False
     intended_variant: WanVariant | None = Field(
         None, description="the Wan variant this config (preset) is made for: T2V, I2V, FLF2V, TI2V_5B, T2V_A14B, "
@@ -40,6 +48,7 @@ class ModelConfig(BaseConfig):
         # a plain PartConfig (the type this field had before) is taken as it is
         return value.model_dump() if isinstance(value, PartConfig) and not isinstance(value, ImageEncoderConfig) \
             else value
+    tokenizer: TokenizerConfig = TokenizerConfig()
 
 
 class OutputConfig(BaseConfig):

@@ -14,7 +14,7 @@ import logging
 import math
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
 
 log = logging.getLogger(__name__)

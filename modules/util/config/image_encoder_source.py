@@ -15,9 +15,9 @@ log = logging.getLogger(__name__)
 WAN_I2V_IMAGE_ENCODER = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
 
 WHAT_WORKS = ("a diffusers folder with image_encoder/ and image_processor/ (a Wan 2.1 I2V or FLF2V folder), a CLIP "
-              "vision model folder (config.json, model.safetensors, preprocessor_config.json), or, with "
-              f"model.allow_download, a hub id such as {WAN_I2V_IMAGE_ENCODER}; a single file (ComfyUI's "
-              "clip_vision_h.safetensors) is not read here")
+              "vision model folder (config.json, model.safetensors, preprocessor_config.json), a single file "
+              "(ComfyUI's clip_vision_h.safetensors, the official CLIP .pth), or, with model.allow_download, a hub "
+              f"id such as {WAN_I2V_IMAGE_ENCODER}")
 
 
 def looks_like_hub_id(text: str) -> bool:

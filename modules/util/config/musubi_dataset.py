@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
 from modules.util.text_encoding import read_text_file
 

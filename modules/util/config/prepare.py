@@ -5,7 +5,7 @@ import json
 import logging
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.devices import resolve_device
@@ -37,9 +37,11 @@ def prepare_config(config: TrainConfig) -> list:
     base = Path(config.model.base_model_name)
     spatial_unit = 16
     if base.is_dir():
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        # the model's files are read by content (keys and shapes only), whatever their layout
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant, plan_problems
+        from modules.util.wan_detection import NotAWanModelError
         try:
-            variant = detect_variant_from_folder(base)
+            variant = detect_model_variant(config.model)
             spatial_unit = variant.spatial_unit
             if variant.model_type is not config.model_type:
                 problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
@@ -48,6 +50,8 @@ def prepare_config(config: TrainConfig) -> list:
             problems.append(f"model.base_model_name: {error}")
             variant = None
         if variant is not None:
+            problems += plan_problems(config.model, config.training_method.value == "FINE_TUNE",
+                                      dora=config.training_method.value == "LORA" and config.lora.dora)
             try:
                 check_model_variant(config, variant, str(base))
             except ConfigError as error:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.image_encoder_source import looks_like_hub_id
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.devices import available_devices
@@ -74,7 +74,7 @@ def path_problems(config: TrainConfig) -> list[str]:
         problems.append("model.base_model_name: required, but empty (a diffusers folder, or a hub id)")
     elif not Path(base).is_dir() and not config.model.allow_download:
         problems.append(f"model.base_model_name: {base!r} is not a folder; a hub id needs model.allow_download=true")
-    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
         path = getattr(config.model, part).path
         if part == "image_encoder" and config.model.allow_download and looks_like_hub_id(path):
             continue  # a hub id (train --image_encoder): fetched by the loader
@@ -104,8 +104,8 @@ def path_problems(config: TrainConfig) -> list[str]:
             except NotSafetensorsError as error:
                 problems.append(str(error))
     problems += expert_file_problems(config)
-    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
-               "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
+    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"],
+               "FINE_TUNE": ["DIFFUSERS", "ORIGINAL", "ORIGINAL_FP8_SCALED"], "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
         problems.append(f"output.format: {config.output.format.value!r} cannot hold a {config.training_method.value} "
                         f"result; allowed: {', '.join(allowed)}")
