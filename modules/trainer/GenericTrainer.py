@@ -491,6 +491,11 @@ class GenericTrainer:
         barrier()
         for path in written:
             print(f"saved {path}", flush=True)
+        if written and not getattr(self, "format_notes_printed", False):  # once a run, intermediate saves too
+            self.format_notes_printed = True
+            from modules.util.lora.format_notes import config_format_notes
+            for note in config_format_notes(self.config):
+                print(f"note: {note}", flush=True)
         return written
 
     def _save_failed_message(self, destination: str, error: Exception) -> str:

@@ -122,7 +122,7 @@ class WanBaseModelLoader:
                                                                        local_files_only=local_only)
         elif config.image_encoder.path:
             # a model without one (T2V) gets a CLIP vision model for E2V's CLIP pathway
-            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder)
+            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder, config.allow_download)
         scheduler_class = getattr(diffusers, model_index["scheduler"][1])
         model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler",
                                                                 local_files_only=local_only)
@@ -133,14 +133,20 @@ class WanBaseModelLoader:
         return model
 
     @staticmethod
-    def _load_clip(part: PartConfig):
-        """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs."""
+    def _load_clip(part: PartConfig, allow_download: bool = False):
+        """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs; with
+        allow_download, a hub id of either."""
+        from modules.util.config.image_encoder_source import WHAT_WORKS, looks_like_hub_id
         path = Path(part.path)
         dtype = part.weight_dtype.torch_dtype()
         if path.is_file():   # clip_vision_h.safetensors, the official CLIP .pth, an open_clip checkpoint
             return load_part_file(path, "image_encoder", dtype)
+        if not path.is_dir() and allow_download and looks_like_hub_id(part.path):
+            from modules.modelLoader.wan.hub_image_encoder import load_hub_image_encoder
+            return load_hub_image_encoder(part.path, dtype)
         if not path.is_dir():
-            raise ModelLoadError(f"model.image_encoder.path: {part.path!r} does not exist")
+            raise ModelLoadError(f"model.image_encoder.path (--image_encoder): {part.path!r} does not exist; "
+                                 f"{WHAT_WORKS}")
         if (path / "image_encoder").is_dir():
             _refuse_pickles(path / "image_encoder", "model.image_encoder.path")
             return (CLIPVisionModel.from_pretrained(path, subfolder="image_encoder", torch_dtype=dtype,

@@ -10,6 +10,7 @@ from modules.model.WanModel import WanModel
 from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.expert_metadata import expert_metadata
 from modules.util.modelspec import modelspec_metadata
 from modules.util.lora.keys import diffusers_to_original_state_dict
 
@@ -127,6 +128,8 @@ class WanBaseModelSaver:
                 state = _scaled_fp8_state_dict(state)
             metadata = modelspec_metadata(model.variant, train_config=train_config)
             metadata["config"] = json.dumps(dict(transformer.config))
+            if model.variant.has_two_experts:
+                metadata.update(expert_metadata(expert, model.boundary_ratio))
             save_safetensors_atomic(state, path, metadata)
             written.append(path)
         return written

@@ -1,4 +1,4 @@
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.bounds import PathText, WritePath
@@ -12,6 +12,14 @@ class PartConfig(BaseConfig):
 
     path: PathText = Field("", description="a diffusers folder (or its subfolder) or a single file; empty: the base model's")
     weight_dtype: DataType = DataType.FLOAT_32
+
+
+class ImageEncoderConfig(PartConfig):
+    """The CLIP vision model of E2V's clip / dual pathway (`train --image_encoder`)."""
+
+    path: PathText = Field("", description="a diffusers folder with image_encoder/ (a Wan 2.1 I2V folder), a CLIP "
+                           "vision folder or file (clip_vision_h.safetensors), or a hub id (with allow_download); "
+                           "empty: the base's own, or for a base named by hub id Wan 2.1 I2V's (docs/e2v.md)")
 
 
 class TokenizerConfig(BaseConfig):
@@ -32,7 +40,14 @@ class ModelConfig(BaseConfig):
     transformer_2: PartConfig = PartConfig()
     vae: PartConfig = PartConfig()
     text_encoder: PartConfig = PartConfig()
-    image_encoder: PartConfig = PartConfig()
+    image_encoder: ImageEncoderConfig = ImageEncoderConfig()
+
+    @field_validator("image_encoder", mode="before")
+    @classmethod
+    def _any_part_config(cls, value):
+        # a plain PartConfig (the type this field had before) is taken as it is
+        return value.model_dump() if isinstance(value, PartConfig) and not isinstance(value, ImageEncoderConfig) \
+            else value
     tokenizer: TokenizerConfig = TokenizerConfig()
 
 

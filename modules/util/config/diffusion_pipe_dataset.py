@@ -3,24 +3,28 @@ concepts and data settings. The keys and their meaning follow diffusion-pipe's e
 utils/dataset.py; docs/data.md here maps them.
 
 Each `[[directory]]` becomes one concept. diffusion-pipe resamples videos to the model's frame rate and puts each
-in the longest frame bucket it holds, as `fps: model` with the default extraction does here. Resolution, aspect
-and frame buckets are global here: a directory may repeat them but not change them.
+in the longest frame bucket it holds, as `fps: model` with the default extraction does here. The top level's
+resolution, aspect and frame buckets are the data section's; a directory that sets its own (as diffusion-pipe's
+examples/dataset.toml shows) gets them as its concept's `resolution` / `aspect_ratios` / `frame_buckets`.
+`mask_path` / `default_mask_file` are accepted with a warning: masked training is not applied yet.
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
 from modules.util.config.ConfigError import ConfigError
 from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
 
+log = logging.getLogger(__name__)
+
 BUCKET_KEYS = {"resolutions", "enable_ar_bucket", "min_ar", "max_ar", "num_ar_buckets", "ar_buckets", "frame_buckets"}
 TOP_KEYS = BUCKET_KEYS | {"num_repeats", "skip_empty_caption", "shuffle_metadata", "directory"}
-DIRECTORY_KEYS = BUCKET_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata"}
+MASK_KEYS = {"mask_path", "default_mask_file"}
+DIRECTORY_KEYS = BUCKET_KEYS | MASK_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata"}
 REFUSED = {
     "size_buckets": "fixed (width, height, frames) buckets; use resolutions with ar_buckets and frame_buckets",
-    "mask_path": "masked training is not supported",
-    "default_mask_file": "masked training is not supported",
     "control_path": "control images are not trained here",
     "cache_shuffle_num": "caption tag shuffling is not supported",
     "cache_shuffle_delimiter": "caption tag shuffling is not supported",
@@ -111,22 +115,25 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
             problems.append(f"{where}path: required")
             continue
         check_exists(directory["path"], where + "path", problems)
+        own: dict = {}
         if any(k in directory for k in BUCKET_KEYS):
             inherited = {k: v for k, v in table.items() if k in BUCKET_KEYS}
             own = _buckets({**inherited, **directory}, where, problems)
             for key, value in own.items():
-                if key in data and data[key] != value:
-                    problems.append(f"{where}{key.replace('aspect_ratios', 'ar buckets')}: this directory's "
-                                    f"{value!r} differs from the top level's {data[key]!r}; one setting applies "
-                                    f"to every directory here")
-                data.setdefault(key, value)
+                data.setdefault(key, value)  # a directory's own settings stand in where the top level has none
+        for key in sorted(MASK_KEYS & set(directory)):
+            log.warning("%s%s: masks are not applied yet (masked training is not in this trainer): the directory "
+                        "%s trains on whole frames", where, key, directory.get("path"))
         repeats = directory.get("num_repeats", table.get("num_repeats", 1))
         if not isinstance(repeats, (int, float)) or isinstance(repeats, bool) or repeats <= 0:
             problems.append(f"{where}num_repeats: {repeats!r} is not a positive number")
             repeats = 1
         required = directory.get("skip_empty_caption", table.get("skip_empty_caption", True))
-        concepts.append({"name": f"{Path(source).name}: {where}path", "path": directory["path"], "repeats": repeats,
-                         "caption_required": required is True, "fps": "model", "extraction": "head"})
+        concept = {"name": f"{Path(source).name}: {where}path", "path": directory["path"], "repeats": repeats,
+                   "caption_required": required is True, "fps": "model", "extraction": "head"}
+        # this directory's buckets where they differ from the data section's (diffusion-pipe applies them to it)
+        concept.update({key: value for key, value in own.items() if data.get(key) != value})
+        concepts.append(concept)
     if problems:
         raise ConfigError(problems, source)
     data["concepts"] = concepts

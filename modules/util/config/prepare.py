@@ -25,6 +25,8 @@ def prepare_config(config: TrainConfig) -> list:
         except OSError as error:
             raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
                                f"({error})"]) from None
+    from modules.util.config.output_destination import add_missing_extension
+    add_missing_extension(config)
     problems: list[str] = fp8_problems(config)
     try:
         check_paths(config)
@@ -61,6 +63,8 @@ def prepare_config(config: TrainConfig) -> list:
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
         try:
             datasets = resolve_e2v_datasets(config, spatial_unit)
+            from modules.util.config.image_encoder_source import resolve_image_encoder
+            problems += resolve_image_encoder(config, datasets[0].uses_clip, datasets[0].e2v_type)
             apply_e2v_data_settings(config, datasets[0])
             for index, dataset in enumerate(datasets):
                 try:
