@@ -13,7 +13,10 @@ if [ $# -lt 1 ]; then
     echo "usage: $0 SCRIPT [ARGS...]; scripts: $(cd "$root/scripts" && ls [a-z]*.py | sed 's/\.py$//' | tr '\n' ' ')" >&2
     exit 2
 fi
-script="$root/scripts/$1.py"; shift
+name="$1"; shift
+# `queue` is scripts/job_queue.py: a script named queue.py would shadow Python's queue module for every script
+case "$name" in queue) name=job_queue ;; esac
+script="$root/scripts/$name.py"
 [ -f "$script" ] || { echo "run-cmd.sh: no such script: $script" >&2; exit 2; }
 "$root/install.sh"
 exec "$root/.venv/bin/python" "$script" "$@"

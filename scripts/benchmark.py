@@ -6,6 +6,10 @@
                      [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]
                      [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
   benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH]
+  benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
+                    [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
+                    [--keep-files] [--json PATH]
+  benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
 
 Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
 started, or out of CUDA memory during the steps).
@@ -21,6 +25,27 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    load = commands.add_parser("load", help="peak RSS while loading a real-size transformer from each file layout")
+    load.add_argument("--workdir", required=True, help="where the (zero-filled, real-size) files are written")
+    load.add_argument("--release", default="wan2.1-t2v-1.3b", help="a resources/wan_configs name")
+    load.add_argument("--layout", action="append",
+                      choices=["diffusers", "original_bf16", "fp8_scaled", "original_bf16_as_fp8",
+                               "original_fp16_as_bf16"],
+                      help="repeatable; default: all")
+    load.add_argument("--keep-files", action="store_true", help="keep the written files (default: deleted)")
+    load.add_argument("--json", default=None)
+
+    encoders = commands.add_parser("load-encoders", help="peak RSS while loading the real-size UMT5-XXL and CLIP "
+                                                         "ViT-H/14 from each file layout")
+    encoders.add_argument("--workdir", required=True, help="where the (zero-filled, real-size) files are written")
+    encoders.add_argument("--text-layers", type=int, default=None,
+                          help="UMT5 blocks to write (default: the released 24, an 11 GiB file)")
+    encoders.add_argument("--layout", action="append", help="repeatable; default: all "
+                          "(umt5_wan_pth, umt5_comfyui_bf16, umt5_comfyui_fp8_scaled, umt5_comfyui_fp8_scaled_kept, "
+                          "clip_wan_pth, clip_comfyui_fp16)")
+    encoders.add_argument("--keep-files", action="store_true", help="keep the written files (default: deleted)")
+    encoders.add_argument("--json", default=None)
 
     data = commands.add_parser("data", help="decode / resample / resize throughput and a warm cached epoch")
     data.add_argument("--clips", type=int, default=4, help="synthetic source clips to write")
@@ -153,11 +178,53 @@ def _presets(args) -> int:
     return 0 if all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows) else 3
 
 
+def _load(args) -> int:
+    from pathlib import Path
+
+    from modules.benchmark.common import format_table, write_json
+    from modules.benchmark.load_bench import LAYOUTS, run_load_benchmark
+
+    rows = run_load_benchmark(Path(args.workdir), args.release, args.layout or LAYOUTS, args.keep_files,
+                              log=lambda text: print(text, flush=True))
+    print(format_table(["layout", "file GiB", "weights GiB", "RSS before GiB", "peak RSS GiB", "growth GiB",
+                        "growth / file", "peak / file", "seconds"],
+                       [[r["layout"], r["file_gib"], r["weights_gib"], r["baseline_rss_gib"], r["peak_rss_gib"],
+                         r["load_growth_gib"], r["growth_over_file"], r["peak_over_file"], r["seconds"]]
+                        for r in rows]))
+    if args.json:
+        write_json(args.json, {"release": args.release, "rows": rows})
+    return 0
+
+
+def _load_encoders(args) -> int:
+    from pathlib import Path
+
+    from modules.benchmark.common import format_table, write_json
+    from modules.benchmark.encoder_load_bench import LAYOUTS, run_encoder_load_benchmark
+
+    unknown = sorted(set(args.layout or ()) - set(LAYOUTS))
+    if unknown:
+        raise ValueError(f"--layout {unknown}: not one of {', '.join(LAYOUTS)}")
+    rows = run_encoder_load_benchmark(Path(args.workdir), args.layout or LAYOUTS, args.text_layers, args.keep_files,
+                                      log=lambda text: print(text, flush=True))
+    print(format_table(["layout", "file GiB", "weights GiB", "growth GiB", "growth / file", "growth / weights",
+                        "seconds"],
+                       [[r["layout"], r["file_gib"], r["weights_gib"], r["load_growth_gib"], r["growth_over_file"],
+                         r["growth_over_weights"], r["seconds"]] for r in rows]))
+    if args.json:
+        write_json(args.json, {"text_layers": args.text_layers, "rows": rows})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "presets":
             return _presets(args)
+        if args.command == "load":
+            return _load(args)
+        if args.command == "load-encoders":
+            return _load_encoders(args)
         return _train(args) if args.command == "train" else _data(args)
     except ValueError as error:
         print(f"benchmark {args.command}: {error}", file=sys.stderr)

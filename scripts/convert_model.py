@@ -1,7 +1,8 @@
 """Converts a Wan model between a diffusers folder and an original-format single-file transformer, converts LoRA
 files between formats, and merges LoRA files into a base model.
 
-Base model:
+Base model (DIR: a diffusers folder, an official Wan release folder or a folder of ComfyUI single files; convert it
+once to a diffusers folder, or to an ORIGINAL / ORIGINAL_FP8_SCALED single file):
   convert_model.py --input-name DIR --output-model-format ORIGINAL --output-model-destination out.safetensors
   convert_model.py --input-name file.safetensors --base-model-name DIR --output-model-format DIFFUSERS \\
       --output-model-destination out_dir
@@ -91,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseModelLoader
     from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
-    from modules.modelSampler.sampling_io import parse_lora_argument
+    from modules.modelSampler.sampling_io import apply_lora_files, parse_lora_argument
     from modules.util.config.ModelConfig import ModelConfig, PartConfig
-    from modules.util.lora.convert import merge_lora_files
     from modules.util.lora.formats import LoraMatchError
     from modules.util.wan_detection import NotAWanModelError
 
@@ -103,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
               "--base-model-name the model to merge into)", file=sys.stderr)
         return 2
     input_path = Path(model_name)
-    if input_path.suffix == ".safetensors":
+    if input_path.is_file() or input_path.suffix == ".safetensors":
         if not args.base_model_name:
             print("convert_model: --input-name is a single transformer file; --base-model-name must name the "
-                  "diffusers folder that provides the config and the other parts", file=sys.stderr)
+                  "folder (diffusers, official Wan release or ComfyUI files) that provides the other parts",
+                  file=sys.stderr)
             return 2
         config = ModelConfig(base_model_name=args.base_model_name, allow_download=args.allow_download,
                              transformer=PartConfig(path=str(input_path)))
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = WanBaseModelLoader().load(config)
         if args.merge_lora:
-            for line in merge_lora_files(model, [parse_lora_argument(text) for text in args.merge_lora]):
+            # A14B: `_high_noise` files into `transformer`, `_low_noise` into `transformer_2`, as the sampler does
+            loras = [(Path(path), float(strength)) for path, strength in map(parse_lora_argument, args.merge_lora)]
+            for line in apply_lora_files(model, loras):
                 print(f"merged {line}", file=sys.stderr)
         written = WanBaseModelSaver().save(model, output_format, args.output_model_destination, dtype)
     except (ModelLoadError, NotAWanModelError, LoraMatchError, ValueError, OSError) as e:

@@ -4,9 +4,10 @@
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
-Elements-to-Video (the first dataset's layout is used):
-  sample.py --base-model-name E2V_DIR --e2v-config e2v.json --element person=me.png --element background=bg.png \\
-      --prompt "..." --drop-reference-frames
+Elements-to-Video (the layout and image encoder the LoRA's header, or the folder's e2v_config.json, records):
+  sample.py --base-model-name T2V_DIR --lora e2v_lora.safetensors --element person=me.png \\
+      --element background=bg.png --prompt "..." --drop-reference-frames
+  (--e2v-config e2v.json for a model that records none: the first dataset's layout is used)
 
 --samples-file takes a samples JSON file or a musubi-tuner style prompt file (one prompt a line with inline options
 --w --h --f --s --g --d --fs --n --i --ei). The size, frame, step, guidance and seed options given here are the
@@ -14,8 +15,11 @@ defaults that a sample's own settings override. Exit status: 0 done, 1 error, 2 
 """
 import argparse
 import sys
+from pathlib import Path
 
 import _bootstrap  # noqa: F401
+
+from modules.util.seed_options import add_sample_options
 
 DTYPE_ALIASES = {"auto": None, "float32": "FLOAT_32", "fp32": "FLOAT_32", "float16": "FLOAT_16", "fp16": "FLOAT_16",
                  "bfloat16": "BFLOAT_16", "bf16": "BFLOAT_16", "float8": "FLOAT_8", "fp8": "FLOAT_8"}
@@ -23,7 +27,13 @@ DTYPE_ALIASES = {"auto": None, "float32": "FLOAT_32", "fp32": "FLOAT_32", "float
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-model-name", required=True, help="a diffusers Wan folder")
+    parser.add_argument("--base-model-name", "--base_model_name", "--model_name", dest="base_model_name",
+                        help="a diffusers Wan folder, an official Wan release folder or a folder of ComfyUI files (or "
+                             "a hub id); default: the base the first LoRA was trained on, as its header records")
+    for part in ("transformer", "transformer-2", "vae", "text-encoder", "tokenizer"):
+        parser.add_argument(f"--{part}", default="", metavar="PATH",
+                            help=f"the {part.replace('-', ' ')} from this file or folder (any layout of "
+                                 f"docs/formats.md) instead of the base model's")
     parser.add_argument("--lora", action="append", default=[], metavar="PATH[:STRENGTH]",
                         help="a LoRA file in any layout the loader reads (repeatable); for Wan 2.2 A14B a "
                              "_high_noise / _low_noise pair is found from their common name")
@@ -40,20 +50,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--flow-shift", type=float, default=None, help="default: the model's scheduler config")
     parser.add_argument("--scheduler", choices=["UNIPC", "EULER"], type=str.upper, default=None)
     parser.add_argument("--seed", type=int, default=None, help="default 42; video k of a sample uses seed + k")
-    parser.add_argument("--num-videos", type=int, default=1, help="videos per sample")
+    parser.add_argument("--num-videos", "--num_videos", dest="num_videos", type=int, default=1,
+                        help="videos per sample")
     parser.add_argument("--image", default=None, help="first frame (I2V, FLF2V, I2V-A14B, TI2V-5B)")
     parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
     parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH",
-                        help="E2V reference image for the config's element NAME (repeatable; needs --e2v-config)")
+                        help="E2V reference image for the element NAME (repeatable) of the layout the LoRA's header "
+                             "or the model folder's e2v_config.json records (or --e2v-config gives)")
     parser.add_argument("--e2v-config", default=None, metavar="PATH",
                         help="E2V dataset config JSON the model was trained with (nested or flat form; the first "
-                             "dataset's elements and processors are used)")
+                             "dataset's elements and processors are used); only for a model that does not record "
+                             "its layout, or to check it: a difference from the recorded layout is an error")
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
-    parser.add_argument("--image-encoder", default="", metavar="DIR",
-                        help="a CLIP vision model (or a diffusers folder with image_encoder/) for an E2V LoRA on a "
-                             "base without one")
-    parser.add_argument("--output-dir", default="samples")
+    parser.add_argument("--image-encoder", default="", metavar="PATH",
+                        help="a CLIP vision model (a file such as clip_vision_h.safetensors, or a folder) for an "
+                             "I2V transformer file or an E2V LoRA on a base without one; default for an E2V LoRA: "
+                             "the one its header records")
+    parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default=None,
+                        help="default: samples (with --output: that file's folder)")
+    add_sample_options(parser)
     parser.add_argument("--dtype", default="auto", type=str.lower,
                         choices=sorted(DTYPE_ALIASES) + ["float_32", "float_16", "bfloat_16", "float_8"],
                         help="weights of the transformer(s) and text encoders (VAE stays float32); "
@@ -67,10 +83,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{option} must be at least 1")
     try:
+        args.loras = resolve_lora_arguments(args.lora + args.lora_weights)  # (path, strength)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.output_dir is None:
+        args.output_dir = str(Path(args.output).parent) if args.output else "samples"
+    if not args.base_model_name:
+        from modules.util.modelspec import trained_base_model
+        args.base_model_name = next((trained_base_model(path) for path, _ in args.loras[:1]), None)
+        if not args.base_model_name:
+            parser.error("--base-model-name is required (a diffusers Wan folder); no LoRA given records the base it "
+                         "was trained on")
+    try:
         args.elements = dict(parse_element_argument(text) for text in args.element)
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def resolve_lora_arguments(values: list[str]) -> list[tuple]:
+    """--lora / --lora_weights values as (path, strength); a folder means the LoRA file in it (seed 004 names the
+    folder train --output_dir wrote)."""
+    from modules.modelSampler.sampling_io import parse_lora_argument
+    from modules.util.seed_options import lora_in_folder
+    loras = []
+    for text in values:
+        path, strength = parse_lora_argument(text)
+        loras.append((lora_in_folder(path) if path.is_dir() else path, strength))
+    return loras
 
 
 def parse_element_argument(text: str) -> tuple[str, str]:
@@ -104,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
     from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos, load_model_for_sampling,
-                                                  parse_lora_argument, resolve_device)
+                                                  resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
 
@@ -112,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         e2v_config = load_e2v_dataset_configs(args.e2v_config)[0] if args.e2v_config else None
     except ConfigError as error:
         print(f"sample: --e2v-config: {error}", file=sys.stderr)
+        return 2
+    try:
+        e2v_config, image_encoder = e2v_layout(args, e2v_config)
+    except ConfigError as error:
+        print(f"sample: {error}", file=sys.stderr)
         return 2
     try:
         samples = build_samples(args)
@@ -122,17 +167,56 @@ def main(argv: list[str] | None = None) -> int:
         dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
-        model = load_model_for_sampling(args.base_model_name, dtype, device, args.image_encoder)
-        for line in apply_lora_files(model, [parse_lora_argument(text) for text in args.lora]):
+        part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
+                                                              "tokenizer") if getattr(args, name)}
+        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths)
+        for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
                                   e2v_config=e2v_config)
+        if args.output:
+            written = move_to_output(written, args.output)
     except (ModelLoadError, UnreadableMediaError, ValueError, OSError, RuntimeError) as error:
         print(f"sample: {error}", file=sys.stderr)
         return 1
     for path in written:
         print(path)
     return 0
+
+
+def e2v_layout(args: argparse.Namespace, given):
+    """(the E2V dataset config, the image encoder) to sample with: --e2v-config and --image-encoder, else what the
+    LoRA's header (or the model folder's e2v_config.json) records; a given config that differs from the recorded
+    one is a ConfigError naming each difference."""
+    from modules.modelSampler.e2v_file_layout import BASE_IMAGE_ENCODER, layout_differences, recorded_layout
+    from modules.util.config.config_io import ConfigError
+    recorded = recorded_layout(args.base_model_name, [path for path, _ in args.loras])
+    if recorded is None:
+        return given, args.image_encoder
+    if given is not None:
+        differences = layout_differences(given, recorded)
+        if differences:
+            raise ConfigError([f"--e2v-config {args.e2v_config} differs from the E2V layout that {recorded.source} "
+                               f"records (drop --e2v-config to use the recorded one):"] + differences)
+    image_encoder = args.image_encoder
+    if not image_encoder and recorded.image_encoder not in ("", BASE_IMAGE_ENCODER):
+        image_encoder = recorded.image_encoder
+        from modules.util.config.image_encoder_source import looks_like_hub_id
+        if not Path(image_encoder).exists() and not looks_like_hub_id(image_encoder):
+            raise ConfigError([f"{recorded.source} was trained with the image encoder {image_encoder}, which is not "
+                               f"on this machine: name it with --image-encoder"])
+    return given or recorded.dataset_config(), image_encoder
+
+
+def move_to_output(written: list, output: str) -> list:
+    """--output: the videos renamed to the file named (numbered when several)."""
+    import shutil
+    from modules.util.seed_options import output_file_names
+    targets = output_file_names(output, written)
+    for source, target in zip(written, targets):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(source, target)
+    return targets
 
 
 if __name__ == "__main__":

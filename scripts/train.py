@@ -12,6 +12,7 @@ import traceback
 import _bootstrap  # noqa: F401
 
 from modules.util.config.config_io import ConfigError, load_config
+from modules.util.seed_options import add_train_options, train_overrides
 
 
 def build_parser(description: str = __doc__, only_cache_option: bool = True) -> argparse.ArgumentParser:
@@ -45,6 +46,11 @@ def build_parser(description: str = __doc__, only_cache_option: bool = True) -> 
                           "model/, e2v_model/, embedding.safetensors), and the workspace goes in its workspace/")
     e2v.add_argument("--model_name", "--model-name", help="a diffusers folder or hub id")
     e2v.add_argument("--mixed_precision", "--mixed-precision", choices=sorted(MIXED_PRECISION))
+    e2v.add_argument("--image_encoder", "--image-encoder", metavar="PATH_OR_HUB_ID",
+                     help="the CLIP vision model of E2V's clip / dual pathway for a base without one "
+                          "(model.image_encoder.path): a diffusers folder with image_encoder/ (a Wan 2.1 I2V folder), "
+                          "a CLIP vision folder, or a hub id; default for a hub-id base: Wan 2.1 I2V's")
+    add_train_options(parser)
     return parser
 
 
@@ -87,7 +93,11 @@ def seed_options_as_overrides(args: argparse.Namespace) -> list[str]:
             values.append("model.allow_download=true")  # naming a hub id is asking for the download
     if args.mixed_precision:
         values.append(f"train_dtype={MIXED_PRECISION[args.mixed_precision]}")
-    return values
+    if args.image_encoder:
+        values.append(f"model.image_encoder.path={args.image_encoder}")
+        if not Path(args.image_encoder).exists():
+            values.append("model.allow_download=true")  # a hub id: naming it is asking for the download
+    return values + train_overrides(args)
 
 
 def output_dir_name(config) -> str:

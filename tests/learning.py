@@ -2,9 +2,9 @@
 the generated latents are closer to that caption's encoded videos than to the other captions'."""
 import torch
 
+from modules.modelLoader.wan.parts.model_plan import detect_model_variant
 from modules.trainer.GenericTrainer import GenericTrainer
 from modules.util.config.prepare import prepare_config
-from modules.util.wan_detection import detect_variant_from_folder
 from modules.util.config.config_io import load_config
 
 
@@ -18,7 +18,7 @@ def train(tmp_path, base_model, dataset, method="LORA", steps=300, overrides=(),
         "batch_size=4", f'data.concepts=[{{"path": "{dataset}"}}]', "data.frame_buckets=[9]",
         "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0",
         "optimizer.weight_decay=0", "timestep.distribution=uniform", "tensorboard=false", *overrides])
-    config.model_type = detect_variant_from_folder(base_model).model_type
+    config.model_type = detect_model_variant(config.model).model_type
     trainer = GenericTrainer(config, on_update=on_update, e2v_datasets=prepare_config(config))
     trainer.train()
     return trainer

@@ -25,7 +25,7 @@ def test_lora_learns_what_its_base_does_not_know(tiny_model, squares_dataset, tm
     for caption in colour_only.glob("*.txt"):
         caption.write_text(" ".join(caption.read_text().split()[:3]))
     base = train(tmp_path / "base", tiny_model("wan2.1-t2v"), colour_only, "FINE_TUNE", 1500, LEARNING)
-    trainer = train(tmp_path / "lora", tiny_model("wan2.1-t2v"), squares_dataset, "LORA", 2000,
+    trainer = train(tmp_path / "lora", tiny_model("wan2.1-t2v"), squares_dataset, "LORA", 2500,
                     LEARNING + ["optimizer.learning_rate=0.005", "lora.rank=16", "lora.alpha=16",
                                 f"model.transformer.path={tmp_path / 'base' / 'out.safetensors'}"])
     del base

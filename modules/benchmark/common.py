@@ -92,6 +92,20 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def run_in_fresh_process(module: str, call: str, what: str) -> dict:
+    """`module.call` in a new interpreter (its own peak RSS, no memory left over from this one); the call prints
+    nothing and returns a JSON-able dict, which is returned here."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    code = f"import json; from pathlib import Path; import {module} as m; print(json.dumps(m.{call}))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} failed: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def available_memory_bytes(device: torch.device) -> int:
     """Memory the run can still use: free GPU memory on CUDA, MemAvailable (plus what this process holds) on CPU."""
     if device.type == "cuda":

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from modules.util.atomic import save_safetensors_atomic
+from modules.util.video_io import frame_files
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ def cache_key(*parts) -> str:
 
 
 def file_identity(path: str) -> list:
+    if Path(path).is_dir():  # a folder of frames: every frame's identity (editing one frame changes the key)
+        return [str(Path(path).resolve())] + [file_identity(str(p))[1:] + [p.name] for p in frame_files(path)]
     stat = Path(path).stat()
     return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
 

@@ -131,7 +131,8 @@ class WanBaseDataLoader:
             self.probe,
             FrameWindow(data.frame_buckets, self.fps, warned=self.warned),
             *([] if validation else [RepeatConcepts()]),
-            ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale),
+            ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale,
+                             warned=self.warned),
             LoadVideo(),
             ResizeCropVideo(crop_jitter=data.crop_jitter and not validation, flip=data.flip and not validation),
             ApplyConceptSettings(),
@@ -294,11 +295,11 @@ class WanBaseDataLoader:
 
     def report(self) -> str:
         stats = self.statistics()
-        lines = ["data:"]
+        lines = ["data (buckets: frames x width x height, as the plan writes them):"]
         for concept, counts in stats.per_concept.items():
             lines.append(f"  concept {concept}: {counts['clips']} clip items, {counts['images']} image items")
         for (frames, height, width), count in sorted(stats.buckets.items()):
-            lines.append(f"  bucket {frames} frames x {height}x{width}: {count}")
+            lines.append(f"  bucket {frames} frames x {width}x{height}: {count}")
         if self.has_masks:
             records = self._records() + self._records(validation=True)
             masked = len({r["path"] for r in records if r.get("mask")})

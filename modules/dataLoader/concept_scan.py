@@ -7,8 +7,9 @@ from pathlib import Path
 
 from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.E2VConfig import strip_llm_caption_prefix
+from modules.util.text_encoding import read_text_file  # noqa: F401 (imported from here by other modules)
 from modules.dataLoader.mask_scan import find_mask, is_beside_mask, mask_is_black
-from modules.util.video_io import MEDIA_EXTENSIONS, UnreadableMediaError
+from modules.util.video_io import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, UnreadableMediaError, frame_files
 
 log = logging.getLogger(__name__)
 
@@ -21,22 +22,6 @@ class ScanResult:
     def skip(self, path, reason: str) -> None:
         log.warning("skipping %s: %s", path, reason)
         self.skipped.append((str(path), reason))
-
-
-def read_text_file(path: str | Path) -> str:
-    """A caption, prompt or manifest file as text: UTF-8 with its byte-order mark removed; a file that is not UTF-8
-    (a Latin-1 `caf\xe9` from an old tool) is read as Windows-1252 / Latin-1 with one warning naming it."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        try:
-            text = data.decode("cp1252")
-        except UnicodeDecodeError:
-            text = data.decode("latin-1")
-        log.warning("%s is not UTF-8 (byte 0x%02x at offset %d); read as Windows-1252 / Latin-1", path,
-                    data[error.start], error.start)
-        return text.removeprefix("\ufeff")
 
 
 def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | None) -> str | None:
@@ -122,14 +107,19 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
             continue
         root = Path(concept.path)
         prompt_text = read_text_file(concept.prompt_path).strip() if concept.caption_source == "prompt_file" else None
-        if root.is_file() and root.suffix == ".jsonl":
+        if root.is_file() and root.suffix.lower() == ".jsonl":
             entries = [(path, caption if caption is not None else _caption_for(path, concept, prompt_text),
                         mask or find_mask(path, concept)) for path, caption, mask in _manifest_media(root, result)]
         else:
             entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept))
                        for path in _folder_media(root, concept.include_subdirectories)]
         for path, caption, mask in entries:
-            if not path.is_file():
+            # musubi-tuner's video_path may name a folder of frames: one clip, its images in name order
+            frames_folder = path.is_dir() and root.is_file()
+            if frames_folder and not frame_files(path):
+                result.skip(path, f"a folder of frames needs images ({', '.join(sorted(IMAGE_EXTENSIONS))}); "
+                                  f"it has none")
+            elif not frames_folder and not path.is_file():
                 result.skip(path, "file does not exist")
             elif caption is None and concept.caption_required:
                 result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")

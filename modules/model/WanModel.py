@@ -30,6 +30,8 @@ class WanModel:
     expand_timesteps: bool = False
     # Where the weights came from, for modelspec metadata and cache keys.
     source: str = ""
+    # one line per part read from files (file, layout, dtype), for the run plan; empty for a diffusers folder
+    part_messages: list[str] = field(default_factory=list)
     # E2V: the dataset config whose condition layout the model learns, and the parameters an expansion added or
     # widened (they train fully, also under LoRA, and are saved with the adapter)
     e2v_config: object = None

@@ -15,11 +15,16 @@ import torch
 from accelerate import init_empty_weights
 from diffusers import WanTransformer3DModel
 
+from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
+
 # The parameters that expansion creates or changes: they train fully (also under LoRA) and are saved with the adapter.
 _EXPANDED = re.compile(r"(^|\.)(patch_embedding|condition_embedder\.image_embedder|add_k_proj|add_v_proj|"
                        r"norm_added_k)\.")
 # peft's own parameters inside a wrapped module (a LoRA on add_k_proj, say) are adapter weights, not these.
 _ADAPTER = re.compile(r"\.(lora_[AB]|lora_embedding_[AB]|lora_magnitude_vector|hada_\w+|lokr_\w+)\.")
+
+
+_NEW_MODULES = ("image_embedder", "add_k_proj", "add_v_proj", "norm_added_k")
 
 
 def _image_branch_modules(transformer: WanTransformer3DModel) -> dict[str, torch.nn.Module]:
@@ -38,7 +43,7 @@ def expand_t2v_for_e2v(transformer: WanTransformer3DModel, condition_channels: i
     Built from the widened config without allocating weights, then given the base's tensors (no copy: the base
     transformer shares them and should be discarded) and a `patch_embedding` whose new input-channel weights are 0.
     The image branch starts with the modules' own initialisation (Linear: Kaiming-uniform; norms: 1 / 0), except
-    `add_v_proj`, which is 0. Expects a plain transformer: no peft adapters, no layerwise-casting hooks."""
+    `add_v_proj`, which is 0. Expects no peft adapters; float8 storage (layerwise casting, fp8_scaled layers) carries over."""
     config = transformer.config
     if hasattr(transformer, "peft_config"):
         raise ValueError("expand the transformer before adding adapters to it")
@@ -59,6 +64,9 @@ def expand_t2v_for_e2v(transformer: WanTransformer3DModel, condition_channels: i
         new_config.update(image_dim=image_dim, added_kv_proj_dim=inner_dim)
     with init_empty_weights():
         expanded = WanTransformer3DModel.from_config(new_config)
+    for name, module in transformer.named_modules():
+        if isinstance(module, ScaledFp8Linear):   # a base read from a ComfyUI fp8_scaled file keeps its scales
+            make_scaled_fp8(expanded.get_submodule(name), module.scale_weight)
 
     state = transformer.state_dict()
     weight = state["patch_embedding.weight"]
@@ -99,6 +107,12 @@ def expand_t2v_for_e2v(transformer: WanTransformer3DModel, condition_channels: i
                                  name != "patch_embedding.weight" else requires_grad)
     if getattr(transformer, "gradient_checkpointing", False):
         expanded.enable_gradient_checkpointing()
+    if any(p.dtype == torch.float8_e4m3fn for p in transformer.parameters()):
+        # float8 base weights (FLOAT_8, fp8 files): the same per-layer upcast, never on the new (trained) modules
+        from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+        expanded.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
+                                          skip_modules_pattern=tuple(DEFAULT_SKIP_MODULES_PATTERN) + _NEW_MODULES,
+                                          skip_modules_classes=(ScaledFp8Linear,))
     return expanded.train(transformer.training)
 
 

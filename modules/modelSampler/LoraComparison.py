@@ -14,10 +14,12 @@ import torch
 
 from modules.model.WanModel import WanModel
 from modules.model.e2v_lora import read_e2v_lora
+from modules.util.expert_metadata import expert_problem
 from modules.modelSampler.WanModelSampler import SampleError, SampleResult, WanModelSampler
 from modules.modelSampler.lora_checkpoints import Checkpoint, backup_lora_weights
 from modules.util.config.SampleConfig import SampleConfig
-from modules.util.lora.formats import LoraMatchError, LoraWeights, load_lora_file, match_to_model, merge_lora
+from modules.util.lora.apply import merge_lora
+from modules.util.lora.formats import LoraMatchError, LoraWeights, load_lora_file, match_to_model
 
 
 @dataclass
@@ -53,6 +55,10 @@ class LoraComparison:
             raw = {}
             for file in checkpoint.files:
                 for expert, path in _expert_files(self.model, file).items():
+                    # A14B: a file recorded for the other expert is refused, as sample.py refuses it
+                    problem = expert_problem(path, expert, "the LoRA") if self.model.variant.has_two_experts else None
+                    if problem:
+                        raise SampleError(problem)
                     if read_e2v_lora(path)[1]:
                         raise SampleError(f"{path}: an Elements-to-Video LoRA (it expands the model): compare it "
                                           f"with sample --lora, one strength at a time")

@@ -10,6 +10,7 @@ so it can be edited while training runs.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 import time
@@ -209,7 +210,7 @@ class TrainingSampler:
     def _sample_one(self, sampler: WanModelSampler, item: TrainingSample, writer) -> PreviewOutput:
         from PIL import Image
 
-        from modules.util.atomic import atomic_path
+        from modules.util.atomic import atomic_path, atomic_write_text
         from modules.util.video_io import write_video
 
         progress = self.trainer.progress
@@ -225,6 +226,9 @@ class TrainingSampler:
         write_video(video_path, frames, result.fps)
         with atomic_path(strip_path) as tmp:
             Image.fromarray(frame_strip(frames)).save(tmp, format="PNG")
+        # the settings it was made with (prompt, seed, size): the GUI's gallery shows them on hover
+        atomic_write_text(folder / f"{step}-{epoch}.json", json.dumps(
+            {"step": step, "epoch": epoch, **result.sample.model_dump(mode="json")}, indent=1) + "\n")
         if writer is not None:
             add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
         self._other_strengths(sampler, sample, folder, f"{step}-{epoch}", writer, item.folder_name, step)

@@ -11,6 +11,7 @@ from modules.model.WanModel import WanModel
 from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
+from modules.util.expert_metadata import expert_notes, expert_problem, recorded_expert
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,11 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
             return {"transformer": path}
         if stem.endswith("_low_noise"):
             return {"transformer_2": path}
-        logger.warning("LoRA %s has no _high_noise / _low_noise suffix: applied to both experts", path)
+        recorded, _ = recorded_expert(path)
+        if recorded in ("high", "low"):  # its header says which expert it is for
+            return {"transformer" if recorded == "high" else "transformer_2": path}
+        if recorded != "both":
+            logger.warning("LoRA %s has no _high_noise / _low_noise suffix: applied to both experts", path)
         return {"transformer": path, "transformer_2": path}
     high, low = expert_lora_paths(path)
     pair = {name: p for name, p in (("transformer", high), ("transformer_2", low)) if p.is_file()}
@@ -58,7 +63,8 @@ def _expert_files(model: WanModel, path: Path) -> dict[str, Path]:
 def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[str]:
     """Merges LoRA files (any layout `load_lora_file` reads) into the transformer weights at their strengths, for
     inference. Returns one line per file applied."""
-    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model, merge_lora
+    from modules.util.lora.apply import merge_lora
+    from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
     from modules.util.modelspec import lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
@@ -66,7 +72,17 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
 
     applied = []
     for path, strength in loras:
-        for expert, file in _expert_files(model, Path(path)).items():
+        files = _expert_files(model, Path(path))
+        for expert, file in files.items():
+            if model.variant.has_two_experts:
+                problem = expert_problem(file, expert, "the LoRA")
+                if problem:
+                    raise SampleError(problem)
+                notes = expert_notes(file, expert, model.boundary_ratio)
+                if len(files) == 2:  # a 'both' file applied to both experts is what it was made for
+                    notes = [note for note in notes if "'both'" not in note]
+                for note in notes:
+                    logger.warning("notice: %s", note)
             transformer = getattr(model, expert)
             lora_tensors, e2v_parts, e2v_config = read_e2v_lora(file)
             if e2v_parts:
@@ -104,18 +120,23 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
-                            image_encoder_path: str = "") -> WanModel:
-    """Loads a diffusers Wan folder for inference: transformer(s), text and image encoders in `weight_dtype` (a
-    DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
+                            image_encoder_path: str = "", part_paths: dict[str, str] | None = None) -> WanModel:
+    """Loads a Wan model for inference (any layout of docs/formats.md; `part_paths` maps transformer,
+    transformer_2, vae, text_encoder, tokenizer to a file or folder): transformer(s), text and image encoders in
+    `weight_dtype` (a DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
     encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+    from modules.util.config.ModelConfig import ImageEncoderConfig, ModelConfig, PartConfig
 
+    from modules.util.config.ModelConfig import TokenizerConfig
+    paths = part_paths or {}
     part = PartConfig(weight_dtype=weight_dtype)
-    model = WanBaseModelLoader().load(ModelConfig(base_model_name=base_model_name, transformer=part,
-                                                  transformer_2=part, text_encoder=part,
-                                                  image_encoder=PartConfig(weight_dtype=weight_dtype,
-                                                                           path=image_encoder_path)))
+    model = WanBaseModelLoader().load(ModelConfig(
+        base_model_name=base_model_name, transformer=part.model_copy(update={"path": paths.get("transformer", "")}),
+        transformer_2=part.model_copy(update={"path": paths.get("transformer_2", "")}),
+        text_encoder=part.model_copy(update={"path": paths.get("text_encoder", "")}),
+        vae=PartConfig(path=paths.get("vae", "")), tokenizer=TokenizerConfig(path=paths.get("tokenizer", "")),
+        image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path)))
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model

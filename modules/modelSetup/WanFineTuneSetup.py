@@ -4,6 +4,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from modules.model.e2v_file_metadata import write_e2v_folder_config
 from modules.modelSaver.WanModelSaver import WanModelSaver
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
@@ -48,4 +49,7 @@ class WanFineTuneSetup(BaseWanSetup):
 
     def save_result(self, destination: str, output_format: ModelFormat, dtype: torch.dtype | None,
                     train_config: dict | None) -> list[Path]:
-        return WanModelSaver().save(self.model, output_format, destination, dtype, train_config)
+        written = WanModelSaver().save(self.model, output_format, destination, dtype, train_config)
+        if output_format is ModelFormat.DIFFUSERS:
+            write_e2v_folder_config(self.model, destination)  # an E2V model's layout, beside its parts
+        return written

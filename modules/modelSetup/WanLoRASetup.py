@@ -15,11 +15,13 @@ from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
-from modules.util.lora.apply import is_adapter_parameter
-from modules.util.lora.formats import (expert_lora_paths, load_lora_file, load_lora_weights_into_peft,
-                                       lora_weights_from_peft, match_to_model, save_lora_file)
+from modules.util.lora.apply import is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft
+from modules.util.lora.formats import expert_lora_paths, load_lora_file, match_to_model, save_lora_file
 from modules.util.lora.targets import lora_target_names
 from modules.util.modelspec import modelspec_metadata
+from modules.model.e2v_file_metadata import e2v_file_metadata
+from modules.util.config.config_io import ConfigError
+from modules.util.expert_metadata import expert_metadata, expert_problem
 from modules.model.e2v_lora import save_e2v_lora
 from modules.util.registry import register
 
@@ -75,6 +77,10 @@ class WanLoRASetup(BaseWanSetup):
             if self.model.variant.has_two_experts and not path.is_file() else {e: path for e in experts}
         for expert in experts:
             transformer = getattr(self.model, expert)
+            if self.model.variant.has_two_experts:
+                problem = expert_problem(paths[expert], expert, "lora.init_from")
+                if problem:
+                    raise ConfigError([f"lora.init_from: {problem}"])
             weights, _layout = load_lora_file(paths[expert])
             weights = match_to_model(weights, {n for n, _ in transformer.named_modules()})
             load_lora_weights_into_peft(transformer, weights, ADAPTER)
@@ -109,6 +115,7 @@ class WanLoRASetup(BaseWanSetup):
         check_output_format(self.config.lora.type, output_format)
         destination = Path(destination)
         metadata = modelspec_metadata(self.model.variant, lora=True, train_config=train_config)
+        metadata.update(e2v_file_metadata(self.model, self.config.model))  # an E2V LoRA samples from the file alone
         experts = self.experts_in_training()
         if self.model.variant.has_two_experts:
             high, low = expert_lora_paths(destination)
@@ -121,9 +128,12 @@ class WanLoRASetup(BaseWanSetup):
             if dtype is not None:
                 for module in weights.values():
                     module.cast_factors(dtype)
+            file_metadata = dict(metadata)
+            if self.model.variant.has_two_experts:  # which expert this file is for, and where they hand over
+                file_metadata.update(expert_metadata(expert, self.model.boundary_ratio))
             if expert == "transformer" and self.full_names:
-                save_e2v_lora(weights, output_format, paths[expert], metadata, self.model, dtype)
+                save_e2v_lora(weights, output_format, paths[expert], file_metadata, self.model, dtype)
             else:
-                save_lora_file(weights, output_format, paths[expert], metadata)
+                save_lora_file(weights, output_format, paths[expert], file_metadata)
             written.append(paths[expert])
         return written

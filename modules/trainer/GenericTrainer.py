@@ -98,14 +98,15 @@ class GenericTrainer:
 
         from modules.dataLoader.WanBaseDataLoader import DataError
         from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant
+        from modules.util.wan_detection import NotAWanModelError
 
         config = self.config
         base = Path(config.model.base_model_name)
         # the data is scanned before any model loads: no usable item is an error that costs nothing
         e2v_datasets = self.e2v_datasets
         try:
-            self.data = WanBaseDataLoader(config, detect_variant_from_folder(base) if base.is_dir() else None,
+            self.data = WanBaseDataLoader(config, detect_model_variant(config.model) if base.is_dir() else None,
                                           e2v_datasets)
             self.data.scan()
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
@@ -490,6 +491,11 @@ class GenericTrainer:
         barrier()
         for path in written:
             print(f"saved {path}", flush=True)
+        if written and not getattr(self, "format_notes_printed", False):  # once a run, intermediate saves too
+            self.format_notes_printed = True
+            from modules.util.lora.format_notes import config_format_notes
+            for note in config_format_notes(self.config):
+                print(f"note: {note}", flush=True)
         return written
 
     def _save_failed_message(self, destination: str, error: Exception) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.trainer.backup_io import restore_rng_state, rng_state
-from modules.util.ranks import all_gather_json, rank_and_world
+from modules.util.ranks import all_gather_json, any_rank, rank_and_world
 
 RANKS_FILE = "ranks.json"
 
@@ -81,6 +81,11 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
     for expert, transformer in trainer.parallel.sharded.items():
         full = get_model_state_dict(transformer, options=options)  # whole on rank 0, empty elsewhere
         trainable.update({f"{expert}.{n}": full[n] for e, n, _ in names if e == expert and rank == 0})
+    if not any_rank(bool(trainer.optimizer.state)):
+        # no optimizer step yet (Ctrl-C at step 0): no state to write. torch's get_optimizer_state_dict would make
+        # one with a zero-gradient step (step=1 in every Adam state) in this live optimizer and in the backup, so
+        # the run, and a resume from the backup, would differ from one that never stopped
+        return trainable, (_empty_optimizer_state(trainer.optimizer, names) if rank == 0 else {}), rng, layout
     # (single expert for fine-tunes) optimizer keys by parameter name -> by position, as optimizer.state_dict()
     expert = next(iter(trainer.parallel.sharded))
     full_optimizer = get_optimizer_state_dict(trainer.parallel.sharded[expert], trainer.optimizer, options=options)
@@ -91,6 +96,14 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
                        "param_groups": [{**g, "params": [position[n] for n in g["params"]]}
                                         for g in full_optimizer["param_groups"]]}
     return trainable, optimizer_state, rng, layout
+
+
+def _empty_optimizer_state(optimizer: torch.optim.Optimizer, names: list) -> dict:
+    """optimizer.state_dict()'s form for an optimizer that has not stepped: its groups, parameters by position."""
+    position = {id(p): i for i, (_, _, p) in enumerate(names)}
+    return {"state": {}, "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
+                                           "params": [position[id(p)] for p in group["params"]]}
+                                          for group in optimizer.param_groups]}
 
 
 def restore_backup_state(trainer, state: dict) -> None:
@@ -123,6 +136,10 @@ def _restore_sharded(trainer, state: dict) -> None:
         weights = {n: state["trainable"][f"{expert}.{n}"] for e, n, _ in names if e == expert} if main else {}
         set_model_state_dict(transformer, weights, options=options)
     saved = state["optimizer"]
+    if not saved["state"]:
+        # a backup from before the first optimizer step (every rank reads the same backup): the new optimizer is
+        # already in that state; torch's set_optimizer_state_dict would first step it with zero gradients (step=1)
+        return
     full_optimizer = {}
     if main:
         full_optimizer = {"state": {names[int(i)][1]: s for i, s in saved["state"].items()},

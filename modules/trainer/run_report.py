@@ -153,6 +153,11 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append("  " + warning)
     lines.append(f"  model: {model.variant} ({model.variant.model_type.value}) from {config.model.base_model_name}, "
                  f"transformer {_count(transformer_parameters)} parameters")
+    lines += [f"    {message}" for message in model.part_messages]
+    from modules.util.config.image_encoder_source import image_encoder_description
+    encoder = image_encoder_description(config, model)
+    if encoder:
+        lines.append("  " + encoder)
     lines.append(f"  device: {trainer.device} (config: {config.device})")
     weights = ", ".join(f"{part} {getattr(config.model, part).weight_dtype.value}" for part in
                         ("transformer", "transformer_2", "text_encoder") if getattr(model, part, None) is not None)
@@ -237,13 +242,15 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
         lines.append(f"  newest backup: {newest_backup}")
     if getattr(trainer, "validation", None) is not None:
         lines.append(trainer.validation.end_line(written))
+    from modules.util.lora.format_notes import config_format_notes
+    lines += [f"  note: {note}" for note in (config_format_notes(config) if written else [])]
     lines.append("next:")
     method = config.training_method.value
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
     e2v_options = ""
     if config.e2v.enabled:
-        e2v_options = (f" --e2v-config {_quote(config.e2v.dataset_config)} --element NAME=IMAGE ..."
-                       if config.e2v.dataset_config else " --e2v-config E2V_CONFIG.json --element NAME=IMAGE ...")
+        # the LoRA's header (a fine-tune's e2v_config.json) records the layout and image encoder
+        e2v_options = " --element NAME=IMAGE ..."
     if method == "LORA" and written:
         lora = written[0] if len(written) == 1 else Path(str(written[0]).replace("_high_noise", "")
                                                           .replace("_low_noise", ""))

@@ -50,7 +50,8 @@ class ConceptController:
         from modules.dataLoader.WanBaseDataLoader import DataError, WanBaseDataLoader
         from modules.util.config.config_io import ConfigError
         from modules.util.video_io import read_frames, UnreadableMediaError
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant
+        from modules.util.wan_detection import NotAWanModelError
 
         if config is None:
             try:
@@ -65,7 +66,7 @@ class ConceptController:
                                                                                 "datasets": []})})
         base = Path(config.model.base_model_name)
         try:
-            variant = detect_variant_from_folder(base) if base.is_dir() else None
+            variant = detect_model_variant(config.model) if base.is_dir() else None
         except NotAWanModelError:
             variant = None
         loader = WanBaseDataLoader(config, variant)

@@ -77,7 +77,10 @@ class CtkConceptWindow(ctk.CTkToplevel):
         stats = ctk.CTkScrollableFrame(self)
         stats.grid(row=0, column=1, sticky="nsew", padx=6, pady=6)
         stats.grid_columnconfigure(0, weight=1)
-        button(stats, "Compute statistics", self.compute, width=160).grid(row=0, column=0, sticky="w", pady=4)
+        actions = ctk.CTkFrame(stats, fg_color="transparent")
+        actions.grid(row=0, column=0, sticky="w", pady=4)
+        button(actions, "Compute statistics", self.compute, width=160).grid(row=0, column=0, padx=(0, 6))
+        button(actions, "Browse items and captions…", self.browse, width=200).grid(row=0, column=1)
         self.summary = ctk.CTkLabel(stats, text="", anchor="w", justify="left")
         self.summary.grid(row=1, column=0, sticky="w", pady=4)
         ctk.CTkLabel(stats, text="items per resolution bucket", anchor="w").grid(row=2, column=0, sticky="w")
@@ -144,6 +147,11 @@ class CtkConceptWindow(ctk.CTkToplevel):
         self.skipped.delete("1.0", "end")
         self.skipped.insert("end", "\n".join(f"{path}: {reason}" for path, reason in result.skipped) or
                             "no file was skipped")
+
+    def browse(self):
+        from modules.ui.CtkDatasetWindow import CtkDatasetWindow
+        self.dataset_window = CtkDatasetWindow(self.view.app, self.index)
+        return self.dataset_window
 
     def close(self) -> None:
         self.view.windows.pop(self.index, None)

@@ -193,7 +193,7 @@ class CtkElementsView:
         if self.frames_menu.get() not in choices:
             # the smallest frame bucket that holds the reference frames
             try:
-                needed = self.controller.dataset_config().num_reference_frames
+                needed = self.controller.dataset_config(for_drawing=True).num_reference_frames
             except ConfigError:
                 needed = 1
             self.frames_menu.set(next((c for c in choices if int(c) >= needed), choices[-1]))

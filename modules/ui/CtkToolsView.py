@@ -31,7 +31,15 @@ class CtkToolsView:
         forms.grid(row=0, column=0, sticky="nw")
         out = ctk.CTkFrame(frame, fg_color="transparent")
         out.grid(row=0, column=1, sticky="nw", padx=8)
-        row = self._form(forms, 0, "convert a model", "model", [("input", "a diffusers folder or a .safetensors file"),
+        # sampling first: its Run button and the player beside it are in view together
+        row = self._form(forms, 0, "sample a model", "sample", [
+                         ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
+                         ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"),
+                         ("height", "480"), ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
+                         ("elements", "E2V: {\"name\": \"image path\"}"),
+                         ("e2v config", "E2V: the dataset config JSON"),
+                         ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
+        row = self._form(forms, row, "convert a model", "model", [("input", "a diffusers folder or a .safetensors file"),
                          ("base model", "with a single file: the diffusers folder with the other parts"),
                          ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.convert_model)
         row = self._form(forms, row, "convert a LoRA", "lora", [("input", "a LoRA file (any layout the trainer reads)"),
@@ -39,21 +47,15 @@ class CtkToolsView:
         row = self._form(forms, row, "merge LoRA files into a model", "merge", [
                          ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
                          ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.merge_lora)
-        row = self._form(forms, row, "sample a model", "sample", [
-                   ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
-                   ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"), ("height", "480"),
-                   ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
-                   ("elements", "E2V: {\"name\": \"image path\"}"), ("e2v config", "E2V: the dataset config JSON"),
-                   ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
         self._form(forms, row, "compare checkpoints x strengths", "compare", [
                    ("base model", "a diffusers folder"), ("loras", "LoRA files, save or backup folders, comma separated"),
                    ("strengths", "0.5 0.75 1.0"), ("samples file", "a samples JSON or prompt file"),
                    ("prompt", "or one prompt"), ("device", "auto"), ("output dir", "workspace/compare")], self.compare)
-        self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
-        self.output.grid(row=0, column=0, sticky="nw", pady=4)
         self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
                                         fg_color="#111111")
-        self.video_label.grid(row=1, column=0, sticky="nw", pady=4)
+        self.video_label.grid(row=0, column=0, sticky="nw", pady=4)
+        self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
+        self.output.grid(row=1, column=0, sticky="nw", pady=4)
 
     def _form(self, master, row: int, title: str, key: str, fields: list, action) -> int:
         ctk.CTkLabel(master, text=title, font=ctk.CTkFont(weight="bold")).grid(row=row, column=0, columnspan=2,

@@ -5,31 +5,38 @@ over a log pane. Every widget is touched from the Tk main loop only: the trainin
 from __future__ import annotations
 
 import time
-import tkinter as tk
 from pathlib import Path
 from tkinter import filedialog
 
 import customtkinter as ctk
 
 from modules.ui.ConceptController import ConceptController
-from modules.ui.ctk_components import BoundField, button, draw_line_plot, render_section, scrollable_tab
+from modules.ui.ctk_components import BoundField, button, render_section, scrollable_tab
 from modules.ui.ElementsController import ElementsController
 from modules.ui.SamplingController import SamplingController
+from modules.ui.desktop import open_folder
 from modules.ui.TrainController import TrainController, format_duration
+from modules.ui.ui_prefs import LEVELS, UIPrefs, shown_at
 from modules.util.config.config_io import ConfigError
 
 POLL_MS = 100
-TABS = ("general", "model", "concepts", "elements", "training", "LoRA / embedding", "sampling", "backup", "tools")
+TABS = ("general", "model", "concepts", "elements", "training", "LoRA / embedding", "sampling", "gallery", "loss",
+        "backup", "tools", "queue")
+FIRST_RUN_HINT = ("New here? Pick \"#demo tiny CPU\" in the presets menu (top left) and press Start: it makes a tiny "
+                  "model and dataset and trains a LoRA in a few minutes on the CPU.")
 
 
 class CtkTrainView(ctk.CTk):
     def __init__(self, controller: TrainController | None = None, restore_last_used: bool = True):
-        ctk.set_appearance_mode("dark")  # the plots are drawn on dark canvases
+        self.controller = controller or TrainController()
+        self.prefs_path = self.controller.last_used.parent / "prefs.json"
+        self.prefs = UIPrefs.read(self.prefs_path)
+        ctk.set_appearance_mode(self.prefs.appearance)
         super().__init__()
         self.title("Wan trainer")
-        self.geometry("1280x900")
+        self.geometry(self.prefs.geometry)  # the size (and place) it had when it was last closed
         self.minsize(1000, 700)
-        self.controller = controller or TrainController()
+        self.log_lines: list[str] = []
         self.config_state = self.controller.state
         self.concepts = ConceptController(self.config_state)
         self.elements = ElementsController(self.config_state)
@@ -45,10 +52,13 @@ class CtkTrainView(ctk.CTk):
         self._build_tabs()
         self._build_bottom_bar()
         self.config_state.on_change(self._on_config_change)
-        self.protocol("WM_DELETE_WINDOW", self.close)
+        self.protocol("WM_DELETE_WINDOW", self.ask_close)
+        self._bind_keys()
         self._update_variant()
         self.preloaded = False
         self.after(200, self._preload)
+        if self.prefs.interrupted_config:
+            self.after(400, self._offer_resume)
         self.after(POLL_MS, self._poll)
 
     def _preload(self) -> None:
@@ -81,6 +91,18 @@ class CtkTrainView(ctk.CTk):
         self.variant_label = ctk.CTkLabel(bar, text="", anchor="w")
         self.variant_label.grid(row=0, column=9, padx=8, sticky="w")
         bar.grid_columnconfigure(9, weight=1)
+        self.appearance_menu = ctk.CTkOptionMenu(bar, values=["dark", "light"], width=80,
+                                                 command=self.set_appearance)
+        self.appearance_menu.set(self.prefs.appearance)
+        self.appearance_menu.grid(row=0, column=10, padx=4)
+        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT if not self.prefs.has_run else "", anchor="w",
+                                       text_color="#ffb74d", wraplength=1100, justify="left")
+        if not self.prefs.has_run:
+            self.hint_label.grid(row=1, column=0, columnspan=11, sticky="w", padx=8)
+
+    def set_appearance(self, mode: str) -> None:
+        ctk.set_appearance_mode(mode)
+        self.prefs.appearance = mode
 
     def load_preset(self, name: str) -> None:
         self.load_file(self.preset_paths[name])
@@ -92,6 +114,8 @@ class CtkTrainView(ctk.CTk):
             self.show_dialog("Cannot load", str(error))
             return
         self.log(f"loaded {path}")
+        if not self.controller.running:
+            self.controller.run.status = "idle"   # a refused Start's status is about the config just replaced
         self.preset_menu.set(Path(path).stem)
         self.refresh_lists()
         self._update_variant()
@@ -143,9 +167,14 @@ class CtkTrainView(ctk.CTk):
         row = render_section(model, self.config_state, "model",
                              only=["base_model_name", "allow_download", "intended_variant"], fields=self.fields,
                              title="base model")
-        for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+        from modules.ui.CtkModelPartPicker import CtkModelPartPicker
+        self.part_pickers = [CtkModelPartPicker(model, self.config_state, "base", row)]
+        row += 1
+        for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
             row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))
+            self.part_pickers.append(CtkModelPartPicker(model, self.config_state, part, row))
+            row += 1
         render_section(model, self.config_state, "output", start_row=row, fields=self.fields, title="output")
 
         self.concepts_view = CtkConceptsView(self.tabs["concepts"], self)
@@ -162,6 +191,14 @@ class CtkTrainView(ctk.CTk):
         button(buttons, "Backup now", lambda: self.request("backup")).grid(row=0, column=0, padx=4)
         button(buttons, "Save now", lambda: self.request("save")).grid(row=0, column=1, padx=4)
         self.tools_view = CtkToolsView(self.tabs["tools"], self)
+        from modules.ui.CtkQueueView import CtkQueueView
+        self.queue_view = CtkQueueView(self.tabs["queue"], self)
+        from modules.ui.CtkGalleryView import CtkGalleryView
+        self.gallery_view = CtkGalleryView(self.tabs["gallery"], self)
+        from modules.ui.CtkLossView import CtkLossView
+        self.loss_view = CtkLossView(self.tabs["loss"], self)
+        self.loss_canvas = self.loss_view.canvas
+        self._loss_drawn_at = 0.0
 
     def _render_method_tab(self) -> None:
         frame = self.method_frame
@@ -188,8 +225,15 @@ class CtkTrainView(ctk.CTk):
             self._render_method_tab()
         if path.startswith("model.") or path in ("", "demo_assets", "model_type"):
             self._update_variant()
+            for picker in self.part_pickers:
+                if path in ("", picker.field):
+                    picker.refresh()
         if path in ("sampling.samples_file", "workspace_dir"):
             self.sampling_view.reload_samples()
+        if path == "workspace_dir":
+            self.queue_view.refresh()
+            self.gallery_view.refresh()
+            self.loss_view.refresh_runs()
         self.elements_view.on_config_change(path)
         self.training_view.on_config_change(path)
 
@@ -228,8 +272,6 @@ class CtkTrainView(ctk.CTk):
         self.status_label.grid(row=0, column=0, columnspan=3, sticky="ew", padx=8)
         self.step_bar, self.step_label = self._progress_row(bar, 1, "step")
         self.epoch_bar, self.epoch_label = self._progress_row(bar, 2, "epoch")
-        self.loss_canvas = tk.Canvas(bar, width=300, height=70, background="#1d1d1d", highlightthickness=0)
-        self.loss_canvas.grid(row=0, column=3, rowspan=3, padx=6, pady=4)
         buttons = ctk.CTkFrame(bar, fg_color="transparent")
         buttons.grid(row=0, column=4, rowspan=3, padx=6)
         self.start_button = button(buttons, "Start", self.start, width=90, fg_color="#2e7d32",
@@ -238,15 +280,68 @@ class CtkTrainView(ctk.CTk):
         self.stop_button = button(buttons, "Stop", self.stop, width=90, fg_color="#b71c1c", hover_color="#7f0000",
                                   state="disabled")
         self.stop_button.grid(row=1, column=0, pady=3)
+        self.queue_button = button(buttons, "Add to queue", self.add_to_queue, width=90)
+        self.queue_button.grid(row=2, column=0, pady=3)
+        folders = ctk.CTkFrame(bar, fg_color="transparent")
+        folders.grid(row=0, column=5, rowspan=3, padx=6)
+        button(folders, "open output folder", self.open_output_folder, width=130).grid(row=0, column=0, pady=3)
+        button(folders, "open workspace", self.open_workspace, width=130).grid(row=1, column=0, pady=3)
+        self.level_menu = ctk.CTkOptionMenu(folders, values=list(LEVELS), width=130, command=self.set_log_level)
+        self.level_menu.set(self.prefs.log_level)
+        self.level_menu.grid(row=2, column=0, pady=3)
+        from modules.ui.CtkRunEndPanel import CtkRunEndPanel
+        self.end_panel = CtkRunEndPanel(self)   # shown (row 3) at the end of a run
         self.log_box = ctk.CTkTextbox(self, height=90, wrap="word")
-        self.log_box.grid(row=3, column=0, sticky="ew", padx=6, pady=(2, 6))
+        self.log_box.grid(row=4, column=0, sticky="ew", padx=6, pady=(2, 6))
         self.log_box.configure(state="disabled")
 
     def log(self, text: str) -> None:
+        line = text.rstrip("\n")
+        self.log_lines.append(line)
+        if shown_at(line, self.prefs.log_level):
+            self._append_log(line)
+
+    def _append_log(self, line: str) -> None:
         self.log_box.configure(state="normal")
-        self.log_box.insert("end", text.rstrip("\n") + "\n")
+        self.log_box.insert("end", line + "\n")
         self.log_box.see("end")
         self.log_box.configure(state="disabled")
+
+    def set_log_level(self, level: str) -> None:
+        """The log panel shows the lines at `level` and above (all lines are kept: a lower level shows them again)."""
+        self.prefs.log_level = level
+        self.log_box.configure(state="normal")
+        self.log_box.delete("1.0", "end")
+        self.log_box.configure(state="disabled")
+        for line in self.log_lines:
+            if shown_at(line, level):
+                self._append_log(line)
+
+    def output_folder(self) -> Path:
+        return Path(self.config_state.get("output.destination") or "workspace/output").parent
+
+    def open_output_folder(self) -> None:
+        problem = open_folder(self.output_folder())
+        if problem:
+            self.show_dialog("Open folder", problem)
+
+    def open_workspace(self) -> None:
+        problem = open_folder(self.config_state.get("workspace_dir") or "workspace")
+        if problem:
+            self.show_dialog("Open folder", problem)
+
+    def _bind_keys(self) -> None:
+        """Ctrl+Enter starts, Ctrl+. stops; Ctrl+A selects a whole entry (Tk's default moves to the line start)."""
+        self.bind("<Control-Return>", lambda _e: self.start())
+        self.bind("<Control-period>", lambda _e: self.stop())
+
+        def select_all(event):
+            event.widget.select_range(0, "end")
+            event.widget.icursor("end")
+            return "break"
+
+        self.bind_class("Entry", "<Control-a>", select_all)
+        self.bind_class("Entry", "<Control-A>", select_all)
 
     def show_dialog(self, title: str, text: str) -> ctk.CTkToplevel:
         """A message window that does not block the main loop (training and timers go on)."""
@@ -270,11 +365,34 @@ class CtkTrainView(ctk.CTk):
             self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in problems))
             self.show_dialog("Start refused", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
             return
+        self._running_started()
+        self.log("Start: checking the config")
+
+    def _running_started(self) -> None:
         self._drawn_losses = 0
-        self.loss_canvas.delete("all")
         self.start_button.configure(state="disabled")
+        self.queue_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
-        self.log("training started")
+        self.end_panel.hide()
+        if not self.prefs.has_run:
+            self.prefs.has_run = True
+            self.hint_label.grid_remove()
+
+    def add_to_queue(self) -> None:
+        problems = self.controller.add_to_queue()
+        if problems:
+            self.show_dialog("Not added to the queue", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
+            return
+        self.queue_view.refresh()
+        self.log(f"added to the queue ({len(self.controller.job_queue().jobs)} job(s)): see the queue tab")
+
+    def start_queue(self) -> None:
+        problems = self.controller.start_queue()
+        if problems:
+            self.show_dialog("Queue", "\n".join(problems))
+            return
+        self._running_started()
+        self.log("queue: running the waiting jobs")
 
     def stop(self) -> None:
         self.controller.stop()
@@ -299,13 +417,31 @@ class CtkTrainView(ctk.CTk):
             elif kind == "finished":
                 self._run_ended()
                 self.log(self.controller.run.status)
+                if not payload["stopped"]:
+                    self.end_panel.show(payload, self.controller.run)
+            elif kind == "plan":
+                self.log(f"training started: {payload['total_steps']} steps over {payload['epochs']} epoch(s) of "
+                         f"{payload['batches_per_epoch']} batches")
+                if payload["resumed_from"]:
+                    self.log(f"resumed from step {payload['resumed_from']}")
+                self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
+            elif kind == "job":
+                self.queue_view.refresh()
+            elif kind == "queue_done":
+                self._run_ended()
+                self.queue_view.refresh()
+                self.log(str(payload))
         self._show_progress()
+        self.queue_view.show_progress()
         self.sampling_view.poll()
         self.tools_view.poll()
         self.after(POLL_MS, self._poll)
 
     def _run_ended(self) -> None:
+        self.loss_view.refresh_runs()
+        self.gallery_view.refresh()
         self.start_button.configure(state="normal")
+        self.queue_button.configure(state="normal")
         self.stop_button.configure(state="disabled")
         self.sampling_view.refresh_previews()
 
@@ -319,15 +455,54 @@ class CtkTrainView(ctk.CTk):
         if run.epochs:
             self.epoch_bar.set(run.epoch_fraction)
             self.epoch_label.configure(text=f"epoch {run.epoch + 1} / {run.epochs}")
-        if len(run.losses) != self._drawn_losses:
+        # the loss tab follows the run (its events are read again at most every 2 s)
+        if len(run.losses) != self._drawn_losses and time.monotonic() - self._loss_drawn_at > 2:
             self._drawn_losses = len(run.losses)
-            draw_line_plot(self.loss_canvas, run.losses, label="loss")
+            self._loss_drawn_at = time.monotonic()
+            self.loss_view.reload()
+
+    def ask_close(self) -> None:
+        """The window's close button: during training, ask first; the stopped run is offered on the next start."""
+        if self.controller.running:
+            from tkinter import messagebox
+            if not messagebox.askyesno("Training is running", "Stop the run (a backup is written) and close? The "
+                                       "next start offers to resume it.", parent=self):
+                return
+            trainer = self.controller.trainer
+            if trainer is not None and getattr(trainer, "run_name", None):
+                self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
+        self.close()
+
+    def _offer_resume(self) -> None:
+        path = Path(self.prefs.interrupted_config)
+        self.prefs.interrupted_config = ""
+        self._save_prefs()
+        if not path.is_file():
+            return
+        dialog = self.show_dialog("Resume?", f"The last session closed during a run ({path.stem}). Resume the "
+                                             f"interrupted run from its newest backup?")
+        button(dialog, "Resume the interrupted run", lambda: (dialog.destroy(), self.resume_run(path)),
+               width=220).pack(pady=(0, 10))
+
+    def resume_run(self, config_path: str | Path) -> None:
+        """Loads a run's config with backup.continue_last_backup on and starts it."""
+        self.load_file(config_path)
+        self.config_state.set_text("backup.continue_last_backup", "true")
+        self.start()
+
+    def _save_prefs(self) -> None:
+        try:
+            self.prefs.write(self.prefs_path)
+        except OSError as error:
+            self.log(f"the window's settings were not saved: {error}")
 
     def close(self) -> None:
         try:
             self.controller.save_last_used()
         except OSError as error:
             self.log(f"the last-used config was not saved: {error}")
+        self.prefs.geometry = self.geometry()
+        self._save_prefs()
         if self.controller.running:
             self.controller.stop()
             deadline = time.monotonic() + 30

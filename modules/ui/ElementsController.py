@@ -46,9 +46,11 @@ def new_element(position: int) -> dict:
 
 def new_dataset() -> dict:
     """A one-element dataset in the nested form with every field written out (so each has its widget)."""
-    return E2VDatasetConfig.model_validate(
-        {"data_root": "path/to/e2v/dataset", "target_resolution": [480, 832], "elements": [new_element(0)],
+    dataset = E2VDatasetConfig.model_validate(
+        {"data_root": "unset", "target_resolution": [480, 832], "elements": [new_element(0)],
          "processors": {"vae": {}}}).model_dump(mode="json")
+    dataset["data_root"] = ""   # the user's to fill: marked as required, never a made-up path stored as a value
+    return dataset
 
 
 def latent_mask_for(kept: list[bool], repeats: list[int], num_frames: int, combine: str) -> torch.Tensor:
@@ -90,11 +92,15 @@ class ElementsController:
     def remove_element(self, index: int) -> None:
         self.state.list_remove(f"{DATASET}.elements", index)
 
-    def dataset_config(self) -> E2VDatasetConfig:
-        """The first dataset, validated as training validates it (ConfigError naming the fields otherwise)."""
+    def dataset_config(self, for_drawing: bool = False) -> E2VDatasetConfig:
+        """The first dataset, validated as training validates it (ConfigError naming the fields otherwise). The
+        drawing does not need the data folder: `for_drawing` draws a dataset whose data_root is still empty."""
         if self.state.get("e2v.dataset_config"):
             return load_e2v_dataset_configs(self.state.get("e2v.dataset_config"))[0]
-        return load_e2v_dataset_configs({"datasets": self.state.get("e2v.datasets") or []})[0]
+        datasets = self.state.get("e2v.datasets") or []
+        if for_drawing and datasets and not datasets[0].get("data_root"):
+            datasets = [dict(datasets[0], data_root="(not set yet)")] + list(datasets[1:])
+        return load_e2v_dataset_configs({"datasets": datasets})[0]
 
     # ---- import / export ----------------------------------------------------------------------------------------
 
@@ -123,7 +129,7 @@ class ElementsController:
         and the e2v overrides, as training resolves them. ConfigError / ValueError when the settings do not fit."""
         from modules.model.e2v_condition import apply_frame_conditioning, pixel_frame_mask, slot_starts
 
-        dataset = self.dataset_config()
+        dataset = self.dataset_config(for_drawing=True)
         vae = dataset.processors.vae
         mode = self.state.get("e2v.frame_conditioning") or vae.frame_conditioning
         index = self.state.get("e2v.frame_index")

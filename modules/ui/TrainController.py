@@ -43,6 +43,7 @@ class RunState:
     step_times: list[float] = field(default_factory=list)
     validation_losses: list[tuple[int, float]] = field(default_factory=list)   # (step, validation loss)
     started: float = 0.0
+    resumed_from: int | None = None  # the backup's step when the run continued one
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -102,6 +103,11 @@ class TrainController:
         self.run = RunState()
         self.trainer = None
         self._thread: threading.Thread | None = None
+        self._plan_sent = False
+        self.last_run_name: str | None = None   # the loss tab reads this run's TensorBoard events after it ended
+        self._trainer_holder: list = []
+        self._queue_stop = False
+        self.current_job = None
 
     # ---- presets and files -----------------------------------------------------------------------------------
 
@@ -153,6 +159,10 @@ class TrainController:
             if self.state.get("demo_assets"):
                 return "created on first Start (demo)"
             return "a hub id (downloaded at Start)" if self.state.get("model.allow_download") else "not a folder"
+        from modules.ui.model_parts import detect_variant_text
+        from_files = detect_variant_text(self.state)
+        if from_files is not None:
+            return from_files
         try:
             variant = detect_variant_from_folder(base)
         except (NotAWanModelError, ValueError, OSError) as error:
@@ -205,9 +215,82 @@ class TrainController:
             return problems
         config = self.state.config()
         self.run = RunState(running=True, status="preparing", epochs=config.epochs, started=time.monotonic())
+        self._plan_sent = False
         self._thread = threading.Thread(target=self._work, args=(config,), name="training", daemon=True)
         self._thread.start()
         return []
+
+    # ---- the job queue ------------------------------------------------------------------------------------------
+
+    def job_queue(self):
+        """The queue of the config's workspace (workspace/queue/queue.json), read again from its file."""
+        from modules.ui.JobQueue import JobQueue
+        workspace = Path(self.state.get("workspace_dir") or "workspace")
+        return JobQueue(workspace / "queue" / "queue.json")
+
+    def add_to_queue(self) -> list[str]:
+        """The config as it stands becomes a job (a snapshot); returns the problems that refuse it."""
+        problems = self.state.validate()
+        if problems:
+            return problems
+        self.job_queue().add(self.state.json_dict())
+        return []
+
+    def start_queue(self) -> list[str]:
+        """Runs the queue's waiting jobs one after another in the worker thread (one model at a time)."""
+        if self.running:
+            return ["training is already running"]
+        queue = self.job_queue()
+        if queue.next_job() is None:
+            return [f"the queue {queue.path} has no waiting job"]
+        self.run = RunState(running=True, status="queue: starting")
+        self._plan_sent = False
+        self._queue_stop = False
+        self._thread = threading.Thread(target=self._work_queue, args=(queue,), name="training", daemon=True)
+        self._thread.start()
+        return []
+
+    def _work_queue(self, queue) -> None:
+        from modules.ui.JobQueue import train_config_file
+
+        def train_one(config_path, job):
+            self.run = RunState(running=True, status=f"queue: {job.name}", started=time.monotonic())
+            self._plan_sent = False
+            self.current_job = job
+            self.events.put(("job", job.id))
+            holder: list = []
+            self._trainer_holder = holder
+            try:
+                return train_config_file(config_path, job, on_update=self._on_update, trainer_holder=holder)
+            finally:
+                self.trainer = None
+                self.events.put(("job", job.id))
+
+        handler = self._attach_log()
+        try:
+            ran = queue.run(train_one, should_stop=lambda: self._queue_stop)
+            failed = sum(job.state == "failed" for job in ran)
+            self.events.put(("queue_done", f"queue: {len(ran)} job(s) ran, {failed} failed"))
+        except Exception as error:  # the window must survive any failure
+            self.events.put(("log", traceback.format_exc()))
+            self.events.put(("failed", f"{type(error).__name__}: {error}"))
+        finally:
+            self.current_job = None
+            self._detach_log(handler)
+
+    def _attach_log(self):
+        handler = _QueueLogHandler(self.events)
+        root = logging.getLogger()
+        handler.previous_level = root.level
+        root.addHandler(handler)
+        root.setLevel(min(root.level, logging.INFO) if root.level else logging.INFO)
+        return handler
+
+    @staticmethod
+    def _detach_log(handler) -> None:
+        root = logging.getLogger()
+        root.removeHandler(handler)
+        root.setLevel(handler.previous_level)
 
     def _work(self, config) -> None:
         from modules.trainer.GenericTrainer import GenericTrainer, TrainingError
@@ -232,7 +315,10 @@ class TrainController:
             from modules.trainer.backup_io import list_backups
             stopped = self.trainer.stop_requested.is_set()
             put(("finished", {"written": [str(p) for p in written], "stopped": stopped,
-                              "backups": [str(p) for p in list_backups(self.trainer.backup_root)]}))
+                              "backups": [str(p) for p in list_backups(self.trainer.backup_root)],
+                              "report": self._end_report(written) if not stopped else "",
+                              "output_dir": str(Path(config.output.destination).parent),
+                              "workspace": str(config.workspace_dir)}))
         except TrainingError as error:
             put(("failed", str(error)))
         except Exception as error:  # the window must survive any failure and a new run must be able to start
@@ -241,6 +327,12 @@ class TrainController:
         finally:
             root.removeHandler(handler)
             root.setLevel(previous_level)
+
+    def _end_report(self, written) -> str:
+        """The terminal's end report (written files, next commands), for the window's end-of-run panel."""
+        from modules.trainer.run_report import end_report
+        trainer = self.trainer
+        return end_report(trainer, written, trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
 
     def _on_update(self, info: dict) -> None:
         # called in the worker thread: only queue the numbers
@@ -253,16 +345,35 @@ class TrainController:
         if "note" in info:
             self.events.put(("log", info["note"]))
             return
+        if self.trainer is None and self._trainer_holder:
+            self.trainer = self._trainer_holder[0]   # a queue job's trainer
         trainer = self.trainer
         plan = getattr(trainer, "plan", None)   # GenericTrainer's run plan (steps, batches per epoch)
+        if not self._plan_sent and plan is not None:
+            self._plan_sent = True
+            # the first update comes after the run's first step: a resumed run's first step follows its backup's
+            resumed = info["step"] - 1 if info["step"] > 1 else None
+            self.events.put(("plan", {"epochs": plan.epochs, "total_steps": plan.total_steps,
+                                      "batches_per_epoch": plan.batches_per_epoch, "resumed_from": resumed,
+                                      "run_name": trainer.run_name}))
         batches = (plan.batches_per_epoch if plan is not None else 0) or 1
-        info = dict(info, epochs=trainer.config.epochs,
-                    epoch_fraction=min(1.0, trainer.progress.epoch_batch / batches))
+        epochs = plan.epochs if plan is not None else trainer.config.epochs
+        # the epoch bar shows the run's epochs done (it fills once over the run, it does not refill every epoch)
+        done = (trainer.progress.epoch + min(1.0, trainer.progress.epoch_batch / batches)) / max(1, epochs)
+        info = dict(info, epochs=epochs, epoch_fraction=min(1.0, done))
+        job = self.current_job
+        if job is not None:
+            run = self.run
+            per_step = run.seconds_per_step
+            eta = per_step * max(0, info["total_steps"] - info["step"]) if per_step else None
+            job.step, job.total_steps, job.eta_seconds = info["step"], info["total_steps"], eta
         self.events.put(("progress", info))
 
     def stop(self) -> None:
-        if self.trainer is not None and self.running:
-            self.trainer.request_stop()
+        self._queue_stop = True   # a queue stops after the current job (which stops at its next step)
+        trainer = self.trainer or (self._trainer_holder[0] if self._trainer_holder else None)
+        if trainer is not None and self.running:
+            trainer.request_stop()
             self.events.put(("status", "stopping after this step (a backup is written)"))
 
     def request(self, action: str) -> str:
@@ -288,6 +399,10 @@ class TrainController:
         run = self.run
         if kind == "status":
             run.status = payload
+        elif kind == "plan":
+            run.epochs, run.total_steps = payload["epochs"], payload["total_steps"]
+            run.resumed_from = payload["resumed_from"]
+            self.last_run_name = payload["run_name"]
         elif kind == "progress":
             run.status = "training"
             run.step, run.total_steps = payload["step"], payload["total_steps"]
@@ -303,6 +418,8 @@ class TrainController:
             self.state.add_problems(payload)
         elif kind == "failed":
             run.running, run.status = False, f"failed: {str(payload).splitlines()[0]}"
+        elif kind == "queue_done":
+            run.running, run.status = False, payload
         elif kind == "finished":
             run.running = False
             run.status = "stopped; backup written" if payload["stopped"] else \

@@ -148,12 +148,19 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
+def _short(value: Any) -> str:
+    """16/9 shows as 1.77778, not 1.7777777777777777 (the stored value stays exact until the field is edited)."""
+    if isinstance(value, float) and len(repr(value)) > 10:
+        return f"{value:.6g}"
+    return json.dumps(value)
+
+
 def format_value(spec: FieldSpec, value: Any) -> str:
     """A stored JSON value -> the text a widget shows (the inverse of parse_text for valid values)."""
     if value is None:
         return ""
     if spec.kind in ("list", "tuple") and isinstance(value, (list, tuple)):
-        return ", ".join(v if isinstance(v, str) else json.dumps(v) for v in value)
+        return ", ".join(v if isinstance(v, str) else _short(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tkinter as tk
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import customtkinter as ctk
 
@@ -49,6 +50,20 @@ class ToolTip:
             self._window = None
 
 
+FOLDER_FIELDS = {"workspace_dir", "cache_dir", "base_model_name", "data_root"}
+FILE_FIELDS = {"samples_file", "prompt_path", "init_from", "dataset_config", "image"}
+
+
+def path_kind(path: str) -> str | None:
+    """Which browse dialog a text field gets: "folder", "file", "save" (a destination), or None."""
+    name = path.rsplit(".", 1)[-1]
+    if name in FOLDER_FIELDS or (name == "path" and path.startswith("data.concepts.")):
+        return "folder"
+    if name in FILE_FIELDS or (name == "path" and path.startswith("model.")):
+        return "file"
+    return "save" if name == "destination" else None
+
+
 def label_text(spec: FieldSpec) -> str:
     return spec.name.replace("_", " ")
 
@@ -57,7 +72,8 @@ class BoundField:
     """One config field: its label, its widget (by the field's kind) and its error line, bound through UIState."""
 
     def __init__(self, master, state: UIState, path: str, row: int, label: str | None = None, width: int = 260,
-                 column: int = 0, label_width: int = LABEL_WIDTH, error_width: int = 420):
+                 column: int = 0, label_width: int = LABEL_WIDTH, error_width: int = 420,
+                 reserve_error: bool = False):
         self.state, self.path = state, path
         self.spec = spec = state.spec(path)
         self.label = ctk.CTkLabel(master, text=label or label_text(spec), anchor="w", width=label_width)
@@ -76,11 +92,23 @@ class BoundField:
                                           command=lambda _value: self._commit())
             self.widget.bind("<KeyRelease>", lambda _e: self._commit(), add="+")
         else:
-            self.widget = ctk.CTkEntry(master, textvariable=self.variable, width=width)
+            browse = path_kind(path) if spec.kind == "str" else None
+            holder = master
+            if browse:   # the entry and its "…" button share the widget's grid cell: the columns stay as they are
+                holder = ctk.CTkFrame(master, fg_color="transparent")
+                holder.grid(row=row, column=column + 1, sticky="w", padx=4, pady=2)
+                width -= 34
+            self.widget = ctk.CTkEntry(holder, textvariable=self.variable, width=width)
             self.widget.bind("<KeyRelease>", lambda _e: self._commit(), add="+")
-        self.widget.grid(row=row, column=column + 1, sticky="w", padx=4, pady=2)
+            if browse:
+                self.widget.grid(row=0, column=0)
+                self.browse_button = ctk.CTkButton(holder, text="…", width=30, command=lambda: self.browse(browse))
+                self.browse_button.grid(row=0, column=1, padx=(4, 0))
+        if self.widget.master is master:
+            self.widget.grid(row=row, column=column + 1, sticky="w", padx=4, pady=2)
+        # the error column keeps its width whether a message shows or not, so no field moves when one appears
         self.error = ctk.CTkLabel(master, text="", text_color=ERROR_COLOR, anchor="w", justify="left",
-                                  wraplength=error_width)
+                                  wraplength=error_width, width=error_width if reserve_error else 0)
         self.error.grid(row=row, column=column + 2, sticky="w", padx=4)
         tip = spec.description or ""
         if tip:
@@ -107,6 +135,19 @@ class BoundField:
             text = ""
         self.state.set_text(self.path, text, origin=self.show)
 
+    def browse(self, kind: str) -> None:
+        from tkinter import filedialog
+        current = self.variable.get().strip()
+        start = current if current and Path(current).is_dir() else str(Path(current).parent) if current else "."
+        if kind == "folder":
+            chosen = filedialog.askdirectory(parent=self.widget, initialdir=start)
+        elif kind == "save":
+            chosen = filedialog.asksaveasfilename(parent=self.widget, initialdir=start)
+        else:
+            chosen = filedialog.askopenfilename(parent=self.widget, initialdir=start)
+        if chosen:
+            self.set_text(chosen)
+
     def set_text(self, text: str) -> None:
         """As if the user typed `text` (tests drive widgets through this as well as through xdotool)."""
         self.variable.set(text)
@@ -132,7 +173,7 @@ def render_section(master, state: UIState, section_path: str, *, only: Iterable[
     for spec in specs:
         if not spec.simple or spec.name in skip:
             continue
-        field = BoundField(master, state, spec.path, row, width=width, error_width=error_width)
+        field = BoundField(master, state, spec.path, row, width=width, error_width=error_width, reserve_error=True)
         if fields is not None:
             fields[spec.path] = field
         row += 1

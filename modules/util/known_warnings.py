@@ -6,6 +6,8 @@
 - torch: "Mismatch dtype between input and weight ... Cannot dispatch to fused implementation" from rms_norm, when
   bf16 activations meet the float32 norm weights that diffusers keeps in float32 on purpose; the unfused path gives
   the same result.
+- PIL: DecompressionBombWarning ("Image size (N pixels) exceeds limit ...") names no file; video_io.read_image logs
+  its own warning naming the image instead.
 - bitsandbytes: "Failed to load CPU gemm_4bit_forward from kernels-community" - an optional CPU kernel of 4-bit
   layers, which this project does not use on the CPU.
 """
@@ -30,6 +32,8 @@ class _DropMessage(logging.Filter):
 
 def hide_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"Mismatch dtype between input and weight", category=UserWarning)
+    from PIL import Image
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     for name, text in _LOGGED.items():
         logger = logging.getLogger(name)  # the same object the library gets later with getLogger(__name__)
         if not any(isinstance(f, _DropMessage) for f in logger.filters):

@@ -71,6 +71,18 @@ def file_architecture(path: str | Path) -> str | None:
         return None
 
 
+def trained_base_model(path: str | Path) -> str | None:
+    """The `model.base_model_name` of the training config in a file's header (None when it has none)."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            config = json.loads((f.metadata() or {}).get("training_config", "null"))
+    except Exception:  # noqa: BLE001 - an unreadable file names no base; loading it says why
+        return None
+    base = (config.get("model") or {}).get("base_model_name") if isinstance(config, dict) else None
+    return base if isinstance(base, str) and base else None
+
+
 def lora_model_mismatch(path: str | Path, variant: WanVariant) -> str | None:
     """A sentence naming both models when the LoRA's header says it was made for another variant; None when it
     matches or says nothing."""

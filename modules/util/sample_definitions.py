@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from modules.util.config.SampleConfig import SampleConfig
+from modules.util.text_encoding import read_text_file
 
 logger = logging.getLogger(__name__)
 
@@ -139,8 +140,8 @@ def load_sample_definitions(path: str | os.PathLike) -> list[SampleConfig]:
     if not path.is_file():
         raise SampleDefinitionError(f"samples file {str(path)!r} does not exist")
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_text_file(path)  # a prompt file from Notepad may be UTF-16
+    except OSError as error:
         raise SampleDefinitionError(f"samples file {str(path)!r} cannot be read: {error}") from None
     samples = parse_samples_json(text, str(path)) if is_samples_json(path, text) else parse_prompt_lines(text)
     return [_resolve_paths(sample, path.parent) for sample in samples]

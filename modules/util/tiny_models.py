@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from modules.modelSaver.wan.portable_folder import make_portable
+from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b")

@@ -23,6 +23,7 @@ errors), never everything.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import zipfile
@@ -46,7 +47,7 @@ VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", "
 CLIP_EXTENSIONS = frozenset({".npz"})
 MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS | CLIP_EXTENSIONS
 
-MediaKind = Literal["image", "video", "clip"]
+MediaKind = Literal["image", "video", "clip", "frames"]
 
 # the errors that a bad or truncated file makes PyAV raise (FFmpegError covers every av.error class)
 _AV_ERRORS = (av.error.FFmpegError, OSError, ValueError, EOFError)
@@ -104,7 +105,15 @@ class MediaInfo:
         return list(cached)
 
 
+def frame_files(folder: str | os.PathLike) -> list[Path]:
+    """The images of a folder of frames (musubi-tuner's `video_path` naming a folder), in name order."""
+    return sorted((p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS),
+                  key=lambda p: p.name)
+
+
 def media_kind(path: str | os.PathLike) -> MediaKind | None:
+    if Path(path).is_dir():
+        return "frames"
     ext = Path(path).suffix.lower()
     if ext in IMAGE_EXTENSIONS:
         return "image"
@@ -164,6 +173,8 @@ def probe_media(path: str | os.PathLike) -> MediaInfo:
     if kind is None:
         raise UnreadableMediaError(path, f"unsupported file type {Path(path).suffix!r}; "
                                          f"supported: {sorted(MEDIA_EXTENSIONS)}")
+    if kind == "frames":
+        return _probe_frame_folder(path)
     _check_file(path)
     if kind == "image":
         image = read_image(path)
@@ -171,6 +182,33 @@ def probe_media(path: str | os.PathLike) -> MediaInfo:
     if kind == "clip":
         return _probe_npz(path)
     return _probe_video(path)
+
+
+def _probe_frame_folder(path: str) -> MediaInfo:
+    """A folder of images is one clip, a frame per image in name order. Its images carry no frame times, so, as an
+    .npz without 'fps', every image is one frame of the training clip (the dataset's own rate)."""
+    files = frame_files(path)
+    if not files:
+        raise UnreadableMediaError(path, f"a folder of frames needs images ({', '.join(sorted(IMAGE_EXTENSIONS))}); "
+                                         f"it has none")
+    sizes = {}
+    for file in files:
+        _check_file(str(file))
+        try:
+            with Image.open(file) as image:  # the header only: nothing is decoded here
+                _note_large_image(str(file), image.width, image.height)
+                # EXIF orientations 5..8 turn the picture a quarter: read_image applies them
+                turned = image.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+                size = (image.height, image.width) if turned else image.size
+        except _IMAGE_ERRORS as error:
+            raise UnreadableMediaError(path, f"frame {file.name}: cannot read the image: {_describe(error)}") \
+                from error
+        sizes.setdefault(size, file.name)
+    if len(sizes) > 1:
+        shown = ", ".join(f"{w}x{h} ({name})" for (w, h), name in sizes.items())
+        raise UnreadableMediaError(path, f"its frames differ in size: {shown}; a clip's frames share one size")
+    (width, height), = sizes
+    return MediaInfo(path, "frames", width, height, len(files), None, None)
 
 
 def _check_file(path: str) -> None:
@@ -401,12 +439,28 @@ def _describe(error: BaseException) -> str:
 
 # ----------------------------------------------------------------------------------------------------------- reading
 
+_large_images_noted: set[str] = set()
+
+
+def _note_large_image(path: str, width: int, height: int) -> None:
+    """PIL's DecompressionBombWarning names no file (and scripts/_bootstrap.py hides it): say which image it is,
+    once per file. Images above twice the limit are refused by PIL (DecompressionBombError, a skipped file)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit and path not in _large_images_noted:
+        _large_images_noted.add(path)
+        logging.getLogger(__name__).warning(
+            "%s: %dx%d (%d pixels) is above PIL's decompression-bomb limit of %d pixels; read anyway (a picture "
+            "this large costs time and memory to decode; shrink it if it is not meant to be so large)",
+            path, width, height, width * height, limit)
+
+
 def read_image(path: str | os.PathLike) -> np.ndarray:
     """An image as uint8 (H, W, 3) RGB, EXIF orientation applied, alpha dropped; raises UnreadableMediaError."""
     path = str(path)
     _check_file(path)
     try:
         with Image.open(path) as image:
+            _note_large_image(path, image.width, image.height)
             image.load()  # decodes everything now: a truncated file fails here, not later
             image = ImageOps.exif_transpose(image)
             if image.mode != "RGB":
@@ -439,6 +493,14 @@ def read_frames(path: str | os.PathLike, indices: Sequence[int], info: MediaInfo
         return np.repeat(image[None], len(indices), axis=0)
     if info.kind == "clip":
         return _read_npz_frames(path, indices)
+    if info.kind == "frames":
+        files = frame_files(path)
+        if len(files) != info.frame_count:
+            raise UnreadableMediaError(path, f"it held {info.frame_count} frames when probed and {len(files)} now")
+        images = {i: read_image(files[i]) for i in sorted(set(indices))}
+        if len({image.shape for image in images.values()}) > 1:
+            raise UnreadableMediaError(path, "its frames differ in size")
+        return np.stack([images[i] for i in indices])
     frames = _decode_video(path, sorted(set(indices)), info)
     return np.stack([frames[i] for i in indices])
 
@@ -572,9 +634,14 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float | Fracti
             stream = container.add_stream("libx264", rate=rate)
             stream.width, stream.height = frames.shape[2], frames.shape[1]
             stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": str(int(crf))}
-            for frame in frames:
+            # x264's macroblock tree encoded the same small frames (32x32) to different pixels from run to run
+            # (5 outcomes in 25 encodes, with or without threads), so a dataset written twice differed and seeded
+            # runs on it did too; without it every encode was the same (25 of 25, 40 of 40 with frame timestamps)
+            stream.options = {"crf": str(int(crf)), "x264-params": "mbtree=0"}
+            for index, frame in enumerate(frames):
                 video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+                video_frame.pts = index
+                video_frame.time_base = 1 / rate
                 for packet in stream.encode(video_frame):
                     container.mux(packet)
             for packet in stream.encode(None):

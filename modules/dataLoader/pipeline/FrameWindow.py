@@ -70,15 +70,20 @@ class FrameWindow(IndexMapModule):
             fps = self.model_fps
         return Fraction(fps).limit_denominator(1001)
 
+    def buckets_of(self, concept: Any) -> list[int]:
+        """The concept's own frame buckets (diffusion-pipe's per-directory frame_buckets), else the run's."""
+        return list(getattr(concept, "frame_buckets", None) or self.frame_buckets)
+
     def frame_counts(self, n: int, concept: Any) -> list[int]:
         """The counts F a clip of n resampled frames is cut at; empty when it is too short for all of them."""
         limit = min(n, int(getattr(concept, "max_frames", n)))
+        buckets = self.buckets_of(concept)
         if getattr(concept, "extraction", "head") == "full":
-            return [(limit - 1) // 4 * 4 + 1] if n >= self.frame_buckets[0] and limit >= 1 else []
+            return [(limit - 1) // 4 * 4 + 1] if n >= buckets[0] and limit >= 1 else []
         targets = list(getattr(concept, "target_frames", None) or [])
         if targets:
             return [t for t in targets if t <= limit]
-        fitting = [b for b in self.frame_buckets if b <= limit]
+        fitting = [b for b in buckets if b <= limit]
         return fitting[-1:]
 
     @staticmethod
@@ -128,14 +133,15 @@ class FrameWindow(IndexMapModule):
             targets = list(getattr(concept, "target_frames", None) or [])
             if getattr(concept, "extraction", "head") == "full":
                 targets = []
-            shortest, what = (targets[0], "target frame count") if targets else (self.frame_buckets[0], "frame bucket")
+            shortest, what = (targets[0], "target frame count") if targets else (self.buckets_of(concept)[0],
+                                                                                  "frame bucket")
             if n < shortest:
                 return [], f"{n} frame(s) {rate} is shorter than the smallest {what} ({shortest})"
             return [], f"max_frames {int(getattr(concept, 'max_frames', n))} is below the smallest {what} ({shortest})"
         # a 1-frame item that target_frames asked for (musubi-tuner's [1, ...]) is no fallback: no notice
         targeted = bool(getattr(concept, "target_frames", None)) and getattr(concept, "extraction", "head") != "full"
         if n > 1 and info.kind != "image" and not targeted and windows[0][0] == 1:
-            videos = [b for b in self.frame_buckets if b > 1]
+            videos = [b for b in self.buckets_of(concept) if b > 1]
             shortest = f"the smallest video bucket ({videos[0]})" if videos else "every video bucket (there is none)"
             self._warn_once(str(row[self.path_name]), f"{n} frames is shorter than {shortest}: it trains as a still "
                                                      f"image (its first frame, frame bucket 1)", "notice: %s: %s")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -20,15 +21,32 @@ class ResolutionBucket(PipelineModule):
     """
 
     def __init__(self, resolution: int | str, aspect_ratios: list[float], unit: int = 16, no_upscale: bool = False,
-                 info_name: str = "media_info", name: str | None = None):
+                 info_name: str = "media_info", name: str | None = None, path_name: str = "path",
+                 concept_name: str = "concept", warned: set | None = None):
         super().__init__(name)
         self.unit = int(unit)
         self.no_upscale = no_upscale
         self.info_name = info_name
+        self.path_name = path_name
+        self.concept_name = concept_name
+        self.resolution, self.aspect_ratios = resolution, list(aspect_ratios)
         self.buckets = self.make_buckets(resolution, aspect_ratios, self.unit)
+        self._concept_buckets: dict[tuple, list[tuple[int, int]]] = {}
+        self._warned: set = warned if warned is not None else set()
 
     def needs(self) -> list[str]:
-        return [self.info_name]
+        return [self.info_name, self.path_name, self.concept_name]
+
+    def buckets_of(self, concept: Any) -> list[tuple[int, int]]:
+        """The concept's own buckets (diffusion-pipe's per-directory resolutions / ar_buckets), else the run's."""
+        resolution = getattr(concept, "resolution", None)
+        ratios = getattr(concept, "aspect_ratios", None)
+        if resolution is None and ratios is None:
+            return self.buckets
+        key = (resolution if resolution is not None else self.resolution, tuple(ratios or self.aspect_ratios))
+        if key not in self._concept_buckets:
+            self._concept_buckets[key] = self.make_buckets(key[0], list(key[1]), self.unit)
+        return self._concept_buckets[key]
 
     def produces(self) -> list[str]:
         return ["resolution_bucket"]
@@ -52,4 +70,19 @@ class ResolutionBucket(PipelineModule):
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         info = ctx.get(self.info_name, index)
-        return {"resolution_bucket": self.choose(info.width, info.height, self.buckets, self.unit, self.no_upscale)}
+        buckets = self.buckets_of(ctx.get(self.concept_name, index))
+        bucket = self.choose(info.width, info.height, buckets, self.unit, self.no_upscale)
+        if min(info.width, info.height) < self.unit:
+            self._note_tiny(str(ctx.get(self.path_name, index)), info.width, info.height, bucket)
+        return {"resolution_bucket": bucket}
+
+    def _note_tiny(self, path: str, width: int, height: int, bucket: tuple[int, int]) -> None:
+        """A source smaller than one latent cell on a side (a 1x1 placeholder, a favicon) is blown up to its
+        bucket and teaches little but blur: trained, with one notice per run."""
+        key = (path, "tiny source")
+        if key not in self._warned:
+            self._warned.add(key)
+            logging.getLogger(__name__).warning(
+                "notice: %s is %dx%d, smaller than one latent cell (%d pixels) on a side: it trains enlarged to "
+                "%dx%d (width x height), which teaches little; remove it if it is a placeholder", path, width,
+                height, self.unit, bucket[1], bucket[0])

@@ -5,55 +5,58 @@ from pathlib import Path
 
 import diffusers
 import torch
-from accelerate import init_empty_weights
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from safetensors import safe_open
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
-from modules.util.lora.keys import is_original_format, original_to_diffusers_state_dict, strip_original_prefix
-from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder, require_safetensors
+from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder
 
 
 class ModelLoadError(Exception):
     pass
 
 
-def _keeps_fp32(key: str, keep_modules: list[str] | None) -> bool:
-    return bool(keep_modules) and any(module in key.split(".") for module in keep_modules)
-
-
-def load_single_file_transformer(path: Path, config: dict, dtype: torch.dtype) -> WanTransformer3DModel:
-    """Builds the transformer without allocating weights, then assigns the file's tensors one at a time, cast to
-    `dtype` as they are read, so a bf16 checkpoint never exists as a float32 copy in RAM."""
-    with init_empty_weights():
-        model = WanTransformer3DModel.from_config(config)
-    keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+def load_single_file_transformer(path: Path, config: dict, weight_dtype: DataType) -> WanTransformer3DModel:
+    """A transformer file in any layout (diffusers, official Wan, ComfyUI, fp8 / fp8_scaled) with `config` giving
+    the head count (checked against the file's shapes): built on the meta device, filled one tensor at a time."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    from modules.modelLoader.wan.parts.transformer_files import load_transformer
+    from modules.modelLoader.wan.parts.wan_configs import transformer_config_from_shapes
     try:
-        require_safetensors(path, "model.transformer.path")
-    except NotSafetensorsError as error:
+        found = [f for f in find_parts(path) if f.part == "transformer"]
+        if not found:
+            raise ModelFileError(f"{path}: holds no Wan transformer")
+        full_config = transformer_config_from_shapes(found[0].detail.shapes, str(path), config)
+        return load_transformer(found[0].files, found[0].detail, full_config, weight_dtype, str(path))
+    except ModelFileError as error:
         raise ModelLoadError(str(error)) from None
-    state = {}
-    with safe_open(str(path), framework="pt") as file:
-        for key in file.keys():
-            tensor = file.get_tensor(key)
-            target = torch.float32 if _keeps_fp32(key, keep_fp32) and dtype != torch.float32 else dtype
-            state[key] = tensor.to(target) if tensor.is_floating_point() else tensor
-    state = original_to_diffusers_state_dict(state) if is_original_format(state.keys()) else \
-        strip_original_prefix(state)
-    # keys of the fp32 modules are the same in both namings' last parts, but re-check after conversion
-    state = {k: (v.float() if _keeps_fp32(k, keep_fp32) and v.is_floating_point() else v) for k, v in state.items()}
-    expected = set(model.state_dict().keys())
-    missing, unexpected = expected - state.keys(), state.keys() - expected
-    if missing or unexpected:
-        raise ModelLoadError(f"{path}: the file does not fit the transformer config: "
-                             f"{len(missing)} missing keys (e.g. {sorted(missing)[:3]}), "
-                             f"{len(unexpected)} unexpected keys (e.g. {sorted(unexpected)[:3]})")
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+
+
+def load_part_file(path: Path, part: str, dtype: torch.dtype) -> tuple:
+    """A VAE, text encoder or image encoder from one file in any layout (docs/formats.md); a tuple (the image encoder
+    comes with its processor)."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    try:
+        found = [f for f in find_parts(path) if f.part == part]
+        if not found:
+            raise ModelFileError(f"model.{part}.path: {path} holds no {part.replace('_', ' ')}")
+        found = found[0]
+        if part == "vae":
+            from modules.modelLoader.wan.parts.vae_files import load_vae, vae_config_for
+            config = found.config if found.config and found.config.get("_class_name") == "AutoencoderKLWan" else None
+            return (load_vae(found.files, found.detail, vae_config_for(found.detail, config), dtype, str(path)),)
+        if part == "text_encoder":
+            from modules.modelLoader.wan.parts.text_encoder_files import load_text_encoder
+            return (load_text_encoder(found.files, found.layout, dtype),)
+        from modules.modelLoader.wan.parts.image_encoder_files import load_image_encoder
+        return load_image_encoder(found.files, found.layout, dtype)
+    except ModelFileError as error:
+        raise ModelLoadError(str(error)) from None
 
 
 def _refuse_pickles(folder: Path, what: str) -> None:
@@ -63,8 +66,37 @@ def _refuse_pickles(folder: Path, what: str) -> None:
         raise ModelLoadError(str(error)) from None
 
 
+def uses_parts_loader(config: ModelConfig) -> bool:
+    """True unless the whole model is a diffusers folder (or hub id) with diffusers-folder overrides only: then the
+    parts are found by content (modules/modelLoader/wan/parts/)."""
+    base = Path(config.base_model_name) if config.base_model_name else None
+    if base is None or not base.is_dir():
+        return False
+    if not (base / "model_index.json").is_file() or config.tokenizer.path:
+        return True
+    for name in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+        path = Path(getattr(config, name).path) if getattr(config, name).path else None
+        if path is not None and (path.is_file() or path.is_dir() and not (path / "config.json").is_file()
+                                 and not (path / "model_index.json").is_file()):
+            return True
+    return False
+
+
+def load_quantized_transformer(folder: Path, weight_dtype: DataType) -> WanTransformer3DModel:
+    part = PartConfig(path=str(folder), weight_dtype=weight_dtype)
+    return WanBaseModelLoader._load_quantized_transformer(part, "", "transformer", {})
+
+
 class WanBaseModelLoader:
     def load(self, config: ModelConfig) -> WanModel:
+        if uses_parts_loader(config):
+            from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
+            from modules.modelLoader.wan.parts.model_plan import plan_model
+            from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+            try:
+                return WanPartsLoader().load(config, plan_model(config))
+            except ModelFileError as error:
+                raise ModelLoadError(str(error)) from None
         base, local_only = self._resolve_base(config)
         model_index = self._read_json(base, "model_index.json", local_only)
         check_wan_pipeline(model_index, str(base))
@@ -90,7 +122,7 @@ class WanBaseModelLoader:
                                                                        local_files_only=local_only)
         elif config.image_encoder.path:
             # a model without one (T2V) gets a CLIP vision model for E2V's CLIP pathway
-            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder)
+            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder, config.allow_download)
         scheduler_class = getattr(diffusers, model_index["scheduler"][1])
         model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler",
                                                                 local_files_only=local_only)
@@ -101,12 +133,20 @@ class WanBaseModelLoader:
         return model
 
     @staticmethod
-    def _load_clip(part: PartConfig):
-        """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs."""
+    def _load_clip(part: PartConfig, allow_download: bool = False):
+        """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs; with
+        allow_download, a hub id of either."""
+        from modules.util.config.image_encoder_source import WHAT_WORKS, looks_like_hub_id
         path = Path(part.path)
-        if not path.is_dir():
-            raise ModelLoadError(f"model.image_encoder.path: {part.path!r} is not a folder")
         dtype = part.weight_dtype.torch_dtype()
+        if path.is_file():   # clip_vision_h.safetensors, the official CLIP .pth, an open_clip checkpoint
+            return load_part_file(path, "image_encoder", dtype)
+        if not path.is_dir() and allow_download and looks_like_hub_id(part.path):
+            from modules.modelLoader.wan.hub_image_encoder import load_hub_image_encoder
+            return load_hub_image_encoder(part.path, dtype)
+        if not path.is_dir():
+            raise ModelLoadError(f"model.image_encoder.path (--image_encoder): {part.path!r} does not exist; "
+                                 f"{WHAT_WORKS}")
         if (path / "image_encoder").is_dir():
             _refuse_pickles(path / "image_encoder", "model.image_encoder.path")
             return (CLIPVisionModel.from_pretrained(path, subfolder="image_encoder", torch_dtype=dtype,
@@ -143,9 +183,10 @@ class WanBaseModelLoader:
         dtype = part.weight_dtype.torch_dtype()
         if part.path:
             path = Path(part.path)
+            if path.is_file():   # a hub-id base (a local base goes through the parts loader)
+                return load_part_file(path, subfolder, dtype)[0]
             if not path.is_dir():
-                raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} is not a folder (only the transformer "
-                                     f"can be loaded from a single file)")
+                raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
             if not (path / "config.json").is_file():
                 _refuse_pickles(path / subfolder, f"model.{subfolder}.path")
                 return cls.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype, local_files_only=True,
@@ -160,7 +201,8 @@ class WanBaseModelLoader:
             return self._load_quantized_transformer(part, base, subfolder, common)
         if part.path and Path(part.path).is_file():
             config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
-            transformer = load_single_file_transformer(Path(part.path), config, part.weight_dtype.torch_dtype())
+            # a hub-id base (a local folder goes through the parts loader): the file's own layout and dtype decide
+            return load_single_file_transformer(Path(part.path), config, part.weight_dtype)
         elif part.path and not Path(part.path).exists():
             raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
         else:

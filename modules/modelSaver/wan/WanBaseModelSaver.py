@@ -7,9 +7,10 @@ import torch
 from safetensors.torch import save_file
 
 from modules.model.WanModel import WanModel
-from modules.modelSaver.wan.portable_folder import make_portable
+from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.expert_metadata import expert_metadata
 from modules.util.modelspec import modelspec_metadata
 from modules.util.lora.keys import diffusers_to_original_state_dict
 
@@ -29,8 +30,35 @@ def _cast_tensor(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> t
     return value.to(dtype)
 
 
-def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    return {k: _cast_tensor(k, v, dtype) for k, v in module.state_dict().items()}
+def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None,
+                     computable: bool = False) -> dict[str, torch.Tensor]:
+    """The weights as plain tensors: layers loaded from an fp8_scaled file are dequantised (weight * scale) in
+    float32 first; with `computable` (a diffusers folder) float8 weights kept as stored go to bfloat16 when no dtype
+    is asked for, as no diffusers layer computes in float8."""
+    from modules.util.fp8_scaled import ScaledFp8Linear
+    state = module.state_dict()
+    for name, layer in module.named_modules():
+        if isinstance(layer, ScaledFp8Linear):
+            prefix = f"{name}." if name else ""
+            state.pop(prefix + "scale_weight", None)
+            state[prefix + "weight"] = layer.dequantised_weight(torch.float32)
+    if dtype is None and computable:
+        state = {k: v.to(torch.bfloat16) if v.dtype in (FLOAT8, torch.float8_e5m2) else v for k, v in state.items()}
+    return {k: _cast_tensor(k, v, dtype) for k, v in state.items()}
+
+
+def _scaled_fp8_state_dict(original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ComfyUI's `*_fp8_scaled` layout (comfy/ops.py scaled_fp8_ops): each Linear weight of the blocks as float8 with
+    a float32 `scale_weight` (its absmax / 448), the other tensors in bfloat16, and the `scaled_fp8` marker."""
+    from modules.util.fp8_scaled import quantise_scaled_fp8
+    out: dict[str, torch.Tensor] = {}
+    for key, value in original.items():
+        if key.startswith("blocks.") and key.endswith(".weight") and value.dim() == 2:
+            out[key], out[key.removesuffix(".weight") + ".scale_weight"] = quantise_scaled_fp8(value)
+        else:
+            out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
+    out["scaled_fp8"] = torch.empty(0, dtype=FLOAT8)
+    return out
 
 
 def expert_file_path(destination: Path, expert: str, model: WanModel) -> Path:
@@ -50,7 +78,10 @@ class WanBaseModelSaver:
             return [destination]
         if output_format is ModelFormat.ORIGINAL:
             return self._save_original(model, destination, dtype, train_config)
-        raise ValueError(f"output format {output_format} is not a base-model format; use DIFFUSERS or ORIGINAL")
+        if output_format is ModelFormat.ORIGINAL_FP8_SCALED:
+            return self._save_original(model, destination, torch.float32, train_config, scaled_fp8=True)
+        raise ValueError(f"output format {output_format} is not a base-model format; use DIFFUSERS, ORIGINAL or "
+                         f"ORIGINAL_FP8_SCALED")
 
     @staticmethod
     def _save_diffusers(model: WanModel, destination: Path, dtype: torch.dtype | None) -> None:
@@ -66,7 +97,7 @@ class WanBaseModelSaver:
             if model.image_processor is not None:
                 model.image_processor.save_pretrained(tmp / "image_processor")
             for name, part in model.parts().items():
-                state = _cast_state_dict(part, dtype)
+                state = _cast_state_dict(part, dtype, computable=True)
                 if hasattr(part, "save_config"):  # diffusers models
                     part.save_config(tmp / name)
                     save_file({k: v.contiguous() for k, v in state.items()},
@@ -85,7 +116,7 @@ class WanBaseModelSaver:
 
     @staticmethod
     def _save_original(model: WanModel, destination: Path, dtype: torch.dtype | None,
-                       train_config: dict | None) -> list[Path]:
+                       train_config: dict | None, scaled_fp8: bool = False) -> list[Path]:
         written = []
         for expert in ("transformer", "transformer_2"):
             transformer = getattr(model, expert)
@@ -93,8 +124,12 @@ class WanBaseModelSaver:
                 continue
             path = expert_file_path(destination, expert, model)
             state = diffusers_to_original_state_dict(_cast_state_dict(transformer, dtype))
+            if scaled_fp8:
+                state = _scaled_fp8_state_dict(state)
             metadata = modelspec_metadata(model.variant, train_config=train_config)
             metadata["config"] = json.dumps(dict(transformer.config))
+            if model.variant.has_two_experts:
+                metadata.update(expert_metadata(expert, model.boundary_ratio))
             save_safetensors_atomic(state, path, metadata)
             written.append(path)
         return written

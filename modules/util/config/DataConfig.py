@@ -8,6 +8,23 @@ from modules.util.config.bounds import (MAX_ASPECT_RATIO, MAX_BALANCING, MAX_FPS
 from modules.util.resolution import parse_resolution
 
 
+def check_resolution(value: int | str) -> int | str:
+    size = parse_resolution(value)
+    if max(size or (int(value),)) > MAX_SIDE:
+        raise ValueError(f"{value!r}: a side (or an integer resolution) is at most {MAX_SIDE}")
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+def check_frame_buckets(value: list[int]) -> list[int]:
+    bad = [f for f in value if f < 1 or f > MAX_FRAMES or (f - 1) % 4 != 0]
+    if bad or not value:
+        raise ValueError(f"every frame bucket must be 4k+1 (1, 5, 9, ... {MAX_FRAMES}); got {bad or 'an empty list'}")
+    return sorted(set(value))
+
+
+AspectRatio = Annotated[float, Field(ge=MIN_ASPECT_RATIO, le=MAX_ASPECT_RATIO)]
+
+
 class ConceptConfig(BaseConfig):
     """One input: a folder of videos and images, or a jsonl manifest."""
 
@@ -45,6 +62,22 @@ class ConceptConfig(BaseConfig):
     target_frames: list[int] = Field([], max_length=MAX_LIST, description="every listed frame count that a clip "
                                      "holds makes its own item(s) (musubi-tuner's target_frames); empty: one count "
                                      "per clip, the largest data.frame_buckets bucket that fits")
+    # diffusion-pipe's per-directory buckets (docs/data.md); null: the data section's
+    resolution: int | str | None = Field(None, description="this concept's own data.resolution; null: data.resolution")
+    aspect_ratios: list[AspectRatio] | None = Field(None, min_length=1, max_length=MAX_LIST, description="this "
+                                                    "concept's own data.aspect_ratios; null: data.aspect_ratios")
+    frame_buckets: list[int] | None = Field(None, max_length=MAX_LIST, description="this concept's own "
+                                            "data.frame_buckets; null: data.frame_buckets")
+
+    @field_validator("resolution")
+    @classmethod
+    def _own_resolution(cls, value: int | str | None) -> int | str | None:
+        return None if value is None else check_resolution(value)
+
+    @field_validator("frame_buckets")
+    @classmethod
+    def _own_frame_buckets(cls, value: list[int] | None) -> list[int] | None:
+        return None if value is None else check_frame_buckets(value)
 
     @field_validator("target_frames")
     @classmethod
@@ -89,16 +122,9 @@ class DataConfig(BaseConfig):
     @field_validator("resolution")
     @classmethod
     def _known_resolution(cls, value: int | str) -> int | str:
-        size = parse_resolution(value)
-        if max(size or (int(value),)) > MAX_SIDE:
-            raise ValueError(f"{value!r}: a side (or an integer resolution) is at most {MAX_SIDE}")
-        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+        return check_resolution(value)
 
     @field_validator("frame_buckets")
     @classmethod
     def _frames_are_4k_plus_1(cls, value: list[int]) -> list[int]:
-        bad = [f for f in value if f < 1 or f > MAX_FRAMES or (f - 1) % 4 != 0]
-        if bad or not value:
-            raise ValueError(f"every frame bucket must be 4k+1 (1, 5, 9, ... {MAX_FRAMES}); "
-                             f"got {bad or 'an empty list'}")
-        return sorted(set(value))
+        return check_frame_buckets(value)

@@ -27,6 +27,7 @@ from pydantic import (Field, ValidationError, ValidationInfo, field_serializer, 
                       model_validator)
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.bounds import MAX_FRAMES, MAX_SIDE, PathText
 
 logger = logging.getLogger(__name__)
@@ -265,12 +266,6 @@ def dataset_problems(config: E2VDatasetConfig) -> list[str]:
     return problems
 
 
-def _config_error(problems: list[str], source: str = ""):
-    # imported here: config_io imports TrainConfig, which may come to import this module
-    from modules.util.config.config_io import ConfigError
-    return ConfigError(problems, source)
-
-
 def check_against_frames(config: E2VDatasetConfig, num_frames: int, prefix: str = "") -> None:
     """Raises ConfigError when the reference frames do not fit a clip of `num_frames` pixel frames."""
     problems = []
@@ -278,7 +273,7 @@ def check_against_frames(config: E2VDatasetConfig, num_frames: int, prefix: str 
     if not (config.uses_vae or config.reference_frames == "prepend"):
         return
     if num_frames < 1 or (num_frames - 1) % stride:
-        raise _config_error([f"{prefix}num_frames: {num_frames} is not {stride}k+1 (1, 5, 9, ... 81)"])
+        raise ConfigError([f"{prefix}num_frames: {num_frames} is not {stride}k+1 (1, 5, 9, ... 81)"])
     latent_frames = (num_frames - 1) // stride + 1
     total = 0
     ordered = config.elements_in_position_order()
@@ -297,7 +292,7 @@ def check_against_frames(config: E2VDatasetConfig, num_frames: int, prefix: str 
                         f"{num_frames}-frame clip ({latent_frames} latent frames); combine 'after' puts element k "
                         f"at latent frame k")
     if problems:
-        raise _config_error(problems)
+        raise ConfigError(problems)
 
 
 def min_clip_frames(config: E2VDatasetConfig, stride: int = VAE_TEMPORAL_STRIDE) -> int:
@@ -457,18 +452,18 @@ def load_e2v_dataset_configs(source: str | os.PathLike | dict | list) -> list[E2
     if isinstance(source, dict) and "datasets" in source:
         extra = sorted(set(source) - {"datasets"})
         if extra:
-            raise _config_error([f"{key}: unknown key next to datasets" for key in extra], where)
+            raise ConfigError([f"{key}: unknown key next to datasets" for key in extra], where)
         datasets, prefix = source["datasets"], "datasets."
         if not isinstance(datasets, list) or not datasets:
-            raise _config_error(["datasets: must be a non-empty list of dataset objects"], where)
+            raise ConfigError(["datasets: must be a non-empty list of dataset objects"], where)
     elif isinstance(source, list):
         datasets, prefix = source, "datasets."
         if not datasets:
-            raise _config_error(["datasets: must be a non-empty list of dataset objects"], where)
+            raise ConfigError(["datasets: must be a non-empty list of dataset objects"], where)
     elif isinstance(source, dict):
         datasets, prefix = [source], ""
     else:
-        raise _config_error([f"(top level): expected a JSON object, not {type(source).__name__}"], where)
+        raise ConfigError([f"(top level): expected a JSON object, not {type(source).__name__}"], where)
 
     configs, problems = [], []
     for index, raw in enumerate(datasets):
@@ -478,7 +473,7 @@ def load_e2v_dataset_configs(source: str | os.PathLike | dict | list) -> list[E2
         if config is not None:
             configs.append(config)
     if problems:
-        raise _config_error(problems, where)
+        raise ConfigError(problems, where)
     for index, config in enumerate(configs):
         warn_if_unaligned(config, f"{prefix}{index} ({config.data_root})" if prefix else config.data_root)
     return configs

@@ -10,20 +10,12 @@ from pydantic import ValidationError
 
 from modules.util.atomic import atomic_write_text
 from modules.util.config.bounds import check_usable_path
+from modules.util.config.ConfigError import MAX_CONFIG_BYTES, ConfigError  # re-exported: the older import path
+from modules.util.config.dataset_toml import merge_dataset_settings, read_dataset_toml
 from modules.util.config.TrainConfig import TrainConfig
 
 CONFIG_VERSION = 2
 VERSION_KEY = "__version"
-
-
-class ConfigError(Exception):
-    """A config that cannot be used. `problems` holds one line per problem; scripts exit with code 2."""
-
-    def __init__(self, problems: list[str], source: str = ""):
-        self.problems = problems
-        self.source = source
-        where = f" in {source}" if source else ""
-        super().__init__(f"invalid configuration{where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def _migrate_0_to_1(data: dict, _named_version: bool) -> dict:
@@ -75,8 +67,7 @@ def migrate(data: dict, source: str = "") -> dict:
     return data
 
 
-# A config is a few kilobytes; these limits keep a wrong file (a video, a dump) from costing memory or a traceback.
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
+# with MAX_CONFIG_BYTES, keeps a wrong file (a video, a dump) from costing memory or a traceback
 MAX_JSON_DEPTH = 64
 
 
@@ -236,7 +227,6 @@ def with_dataset_config(data: dict, overrides: list[tuple[list[str], Any]] = ())
         check_usable_path(dataset_file)
     except ValueError as error:
         raise ConfigError([f"data.dataset_config: {error}"]) from None
-    from modules.util.config.dataset_toml import merge_dataset_settings, read_dataset_toml
     data = merge_dataset_settings(data, read_dataset_toml(dataset_file))
     for parts, value in overrides:
         apply_override(data, parts, value)

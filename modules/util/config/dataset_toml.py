@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from modules.util.config.config_io import MAX_CONFIG_BYTES, ConfigError
+from modules.util.config.ConfigError import MAX_CONFIG_BYTES, ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -3,21 +3,23 @@ concepts and data settings. The keys and their meaning follow diffusion-pipe's e
 utils/dataset.py; docs/data.md here maps them.
 
 Each `[[directory]]` becomes one concept. diffusion-pipe resamples videos to the model's frame rate and puts each
-in the longest frame bucket it holds, as `fps: model` with the default extraction does here. Resolution, aspect
-and frame buckets are global here: a directory may repeat them but not change them.
+in the longest frame bucket it holds, as `fps: model` with the default extraction does here. The top level's
+resolution, aspect and frame buckets are the data section's; a directory that sets its own (as diffusion-pipe's
+examples/dataset.toml shows) gets them as its concept's `resolution` / `aspect_ratios` / `frame_buckets`.
+`mask_path` / `default_mask_file` become the concept's loss masks (docs/masks.md).
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
 
 BUCKET_KEYS = {"resolutions", "enable_ar_bucket", "min_ar", "max_ar", "num_ar_buckets", "ar_buckets", "frame_buckets"}
 TOP_KEYS = BUCKET_KEYS | {"num_repeats", "skip_empty_caption", "shuffle_metadata", "directory"}
-DIRECTORY_KEYS = BUCKET_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata", "mask_path",
-                                "default_mask_file"}
+MASK_KEYS = {"mask_path", "default_mask_file"}
+DIRECTORY_KEYS = BUCKET_KEYS | MASK_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata"}
 REFUSED = {
     "size_buckets": "fixed (width, height, frames) buckets; use resolutions with ar_buckets and frame_buckets",
     "control_path": "control images are not trained here",
@@ -110,15 +112,12 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
             problems.append(f"{where}path: required")
             continue
         check_exists(directory["path"], where + "path", problems)
+        own: dict = {}
         if any(k in directory for k in BUCKET_KEYS):
             inherited = {k: v for k, v in table.items() if k in BUCKET_KEYS}
             own = _buckets({**inherited, **directory}, where, problems)
             for key, value in own.items():
-                if key in data and data[key] != value:
-                    problems.append(f"{where}{key.replace('aspect_ratios', 'ar buckets')}: this directory's "
-                                    f"{value!r} differs from the top level's {data[key]!r}; one setting applies "
-                                    f"to every directory here")
-                data.setdefault(key, value)
+                data.setdefault(key, value)  # a directory's own settings stand in where the top level has none
         repeats = directory.get("num_repeats", table.get("num_repeats", 1))
         if not isinstance(repeats, (int, float)) or isinstance(repeats, bool) or repeats <= 0:
             problems.append(f"{where}num_repeats: {repeats!r} is not a positive number")
@@ -126,6 +125,8 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
         required = directory.get("skip_empty_caption", table.get("skip_empty_caption", True))
         concept = {"name": f"{Path(source).name}: {where}path", "path": directory["path"], "repeats": repeats,
                    "caption_required": required is True, "fps": "model", "extraction": "head"}
+        # this directory's buckets where they differ from the data section's (diffusion-pipe applies them to it)
+        concept.update({key: value for key, value in own.items() if data.get(key) != value})
         # masked training: masks named as the media files in a folder, and one mask for the files without
         # (diffusion-pipe's examples/dataset.toml); docs/masks.md
         if "mask_path" in directory:

@@ -11,8 +11,9 @@ import json
 import logging
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
+from modules.util.text_encoding import read_text_file
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,8 @@ def musubi_buckets_aspects(width: int, height: int, step: int = 16) -> list[floa
 def _refused_jsonl_keys(manifest: str) -> list[str]:
     found = set()
     try:
-        lines = Path(manifest).read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = read_text_file(manifest).splitlines()
+    except OSError:
         return []  # the scan reports unreadable manifests with the file named
     for line in lines:
         try:

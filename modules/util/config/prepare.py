@@ -5,7 +5,7 @@ import json
 import logging
 from pathlib import Path
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.devices import resolve_device
@@ -25,6 +25,8 @@ def prepare_config(config: TrainConfig) -> list:
         except OSError as error:
             raise ConfigError([f"demo_assets: the demo model or dataset cannot be created at the configured paths "
                                f"({error})"]) from None
+    from modules.util.config.output_destination import add_missing_extension
+    add_missing_extension(config)
     problems: list[str] = fp8_problems(config)
     try:
         check_paths(config)
@@ -34,10 +36,12 @@ def prepare_config(config: TrainConfig) -> list:
     problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
     spatial_unit = 16
-    if base.is_dir():
-        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+    if config.model.base_model_name and base.is_dir():  # an empty name (Path ".") is reported once, as empty
+        # the model's files are read by content (keys and shapes only), whatever their layout
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant, plan_problems
+        from modules.util.wan_detection import NotAWanModelError
         try:
-            variant = detect_variant_from_folder(base)
+            variant = detect_model_variant(config.model)
             spatial_unit = variant.spatial_unit
             if variant.model_type is not config.model_type:
                 problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
@@ -46,6 +50,8 @@ def prepare_config(config: TrainConfig) -> list:
             problems.append(f"model.base_model_name: {error}")
             variant = None
         if variant is not None:
+            problems += plan_problems(config.model, config.training_method.value == "FINE_TUNE",
+                                      dora=config.training_method.value == "LORA" and config.lora.dora)
             try:
                 check_model_variant(config, variant, str(base))
             except ConfigError as error:
@@ -57,6 +63,8 @@ def prepare_config(config: TrainConfig) -> list:
         from modules.util.config.e2v_setup import apply_e2v_data_settings, resolve_e2v_datasets
         try:
             datasets = resolve_e2v_datasets(config, spatial_unit)
+            from modules.util.config.image_encoder_source import resolve_image_encoder
+            problems += resolve_image_encoder(config, datasets[0].uses_clip, datasets[0].e2v_type)
             apply_e2v_data_settings(config, datasets[0])
             for index, dataset in enumerate(datasets):
                 try:

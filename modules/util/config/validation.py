@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from modules.util.config.config_io import ConfigError
+from modules.util.config.ConfigError import ConfigError
+from modules.util.config.image_encoder_source import looks_like_hub_id
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.devices import available_devices
 from modules.util.lora.targets import LoraTargetError, lora_target_names
@@ -32,6 +33,40 @@ def check_paths(config: TrainConfig) -> None:
         raise ConfigError(problems)
 
 
+def _has_two_experts(base: Path) -> bool:
+    try:
+        entry = json.loads((base / "model_index.json").read_text(encoding="utf-8")).get("transformer_2")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(entry) and entry[0] is not None
+
+
+def expert_file_problems(config: TrainConfig) -> list[str]:
+    """A14B single files given for one expert that record the other (modules/util/expert_metadata.py)."""
+    from modules.util.expert_metadata import expert_problem
+    from modules.util.lora.formats import expert_lora_paths
+    files = [(f"model.{part}.path", getattr(config.model, part).path, part)
+             for part in ("transformer", "transformer_2")]
+    init_from = config.lora.init_from
+    if init_from and config.training_method.value == "LORA":
+        if Path(init_from).is_file():
+            # one file goes into every expert in training (only the transformer of a one-expert model)
+            two_experts = _has_two_experts(Path(config.model.base_model_name))
+            parts = {"high": ["transformer"], "low": ["transformer_2"],
+                     "both": ["transformer", "transformer_2"]}[config.expert] if two_experts else ["transformer"]
+            files += [("lora.init_from", init_from, part) for part in parts]
+        else:
+            files += [("lora.init_from", str(path), part)
+                      for path, part in zip(expert_lora_paths(init_from), ("transformer", "transformer_2"))]
+    problems = []
+    for field, path, part in files:
+        if path and Path(path).is_file():
+            problem = expert_problem(path, part, field)
+            if problem:
+                problems.append(f"{field}: {problem}")
+    return problems
+
+
 def path_problems(config: TrainConfig) -> list[str]:
     problems = []
     base = config.model.base_model_name
@@ -39,8 +74,10 @@ def path_problems(config: TrainConfig) -> list[str]:
         problems.append("model.base_model_name: required, but empty (a diffusers folder, or a hub id)")
     elif not Path(base).is_dir() and not config.model.allow_download:
         problems.append(f"model.base_model_name: {base!r} is not a folder; a hub id needs model.allow_download=true")
-    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
         path = getattr(config.model, part).path
+        if part == "image_encoder" and config.model.allow_download and looks_like_hub_id(path):
+            continue  # a hub id (train --image_encoder): fetched by the loader
         if path and not Path(path).exists():
             problems.append(f"model.{part}.path: {path!r} does not exist")
     for index, concept in enumerate(config.data.concepts):
@@ -48,6 +85,9 @@ def path_problems(config: TrainConfig) -> list[str]:
             problems.append(f"data.concepts.{index}.path: {concept.path!r} does not exist")
         elif concept.enabled and Path(concept.path).is_dir() and not any(Path(concept.path).iterdir()):
             problems.append(f"data.concepts.{index}.path: {concept.path!r} is an empty folder")
+        elif concept.enabled and not Path(concept.path).is_dir() and Path(concept.path).suffix.lower() != ".jsonl":
+            problems.append(f"data.concepts.{index}.path: {concept.path!r} is a file; a concept is a folder or a "
+                            f".jsonl manifest (put the file in a folder and name the folder)")
         if concept.caption_source == "prompt_file" and not Path(concept.prompt_path).is_file():
             problems.append(f"data.concepts.{index}.prompt_path: {concept.prompt_path!r} is not a file "
                             f"(caption_source is 'prompt_file')")
@@ -63,8 +103,9 @@ def path_problems(config: TrainConfig) -> list[str]:
                 require_safetensors(path, field)
             except NotSafetensorsError as error:
                 problems.append(str(error))
-    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"], "FINE_TUNE": ["DIFFUSERS", "ORIGINAL"],
-               "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
+    problems += expert_file_problems(config)
+    allowed = {"LORA": ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"],
+               "FINE_TUNE": ["DIFFUSERS", "ORIGINAL", "ORIGINAL_FP8_SCALED"], "EMBEDDING": ["SAFETENSORS"]}[config.training_method.value]
     if config.output.format.value not in allowed:
         problems.append(f"output.format: {config.output.format.value!r} cannot hold a {config.training_method.value} "
                         f"result; allowed: {', '.join(allowed)}")
@@ -157,7 +198,8 @@ def linear_layer_shapes(config_text: str) -> dict[str, tuple[int, int]]:
 
 
 def model_problems(config: TrainConfig) -> list[str]:
-    if config.training_method.value != "LORA" or not Path(config.model.base_model_name).is_dir():
+    if config.training_method.value != "LORA" or not config.model.base_model_name \
+            or not Path(config.model.base_model_name).is_dir():
         return []
     experts = {"high": ["transformer"], "low": ["transformer_2"]}.get(config.expert, ["transformer", "transformer_2"])
     problems = []

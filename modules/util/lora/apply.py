@@ -82,7 +82,9 @@ def merge_lora(transformer: torch.nn.Module, weights: LoraWeights, strength: flo
     for name, lora in weights.items():
         base = _base_layer(modules[name])
         weight = base.weight
-        w32 = weight.detach().to(torch.float32)
+        # a layer read from a ComfyUI fp8_scaled file holds weight / scale_weight (modules/util/fp8_scaled.py)
+        scale = getattr(base, "scale_weight", None)
+        w32 = weight.detach().to(torch.float32) * (scale.float() if scale is not None else 1.0)
         delta = lora.delta(dtype=torch.float32, device=weight.device)
         if delta.numel() != w32.numel():
             raise ValueError(f"{name}: LoRA delta {tuple(delta.shape)} does not fit weight {tuple(weight.shape)}")
@@ -91,6 +93,9 @@ def merge_lora(transformer: torch.nn.Module, weights: LoraWeights, strength: flo
             merged = w32 + strength * delta
         else:
             merged = w32 + strength * (dora_weight(w32, delta, lora.dora_scale.to(weight.device)) - w32)
+        if scale is not None:
+            finite = torch.finfo(weight.dtype).max   # float8 has no infinity: out-of-range values would become NaN
+            merged = (merged / scale.float()).clamp(-finite, finite)
         weight.copy_(merged.to(weight.dtype))
 
 

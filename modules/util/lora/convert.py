@@ -1,14 +1,11 @@
-"""LoRA files between formats, and LoRA files merged into a base model (scripts/convert_model.py).
+"""LoRA files between formats (scripts/convert_model.py; merging into a base model is the sampler's
+`apply_lora_files`).
 
 Converting (`convert_lora_files`): any layout `load_lora_file` reads -> COMFY_LORA, KOHYA_LORA or DIFFUSERS_LORA
 (`formats.save_lora_file`), the input's safetensors metadata (modelspec, training config) kept. Wan 2.2 A14B
 pairs (`expert_lora_pairs`): an input named `x_high_noise.safetensors` or `x_low_noise.safetensors`, or `x.safetensors`
 that does not exist while `x_high_noise` / `x_low_noise` do, converts every existing file of the pair into the output's
 `_high_noise` / `_low_noise` names.
-
-Merging (`merge_lora_files`): the files at their strengths added into the transformer weights of a loaded `WanModel`,
-with the expert rules of `WanModelSampler.apply_lora_files` (A14B: `_high_noise` into `transformer`, `_low_noise` into
-`transformer_2`, a bare name whose pair exists into both).
 """
 import logging
 import os
@@ -118,9 +115,3 @@ def convert_lora_files(input_path: str | os.PathLike, output_path: str | os.Path
         layout = convert_lora_file(source, target, fmt, dtype)
         done.append((source, target, layout))
     return done
-
-
-def merge_lora_files(model, loras: list[tuple[str | os.PathLike, float]]) -> list[str]:
-    """Adds the LoRA files (path, strength) into `model`'s transformer weights; one line per file merged."""
-    from modules.modelSampler.sampling_io import apply_lora_files
-    return apply_lora_files(model, [(Path(path), float(strength)) for path, strength in loras])

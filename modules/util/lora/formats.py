@@ -440,14 +440,3 @@ def match_to_model(weights: LoraWeights, model_module_names: Iterable[str]) -> L
         logger.warning("LoRA: %d of %d modules do not match the model and are skipped (e.g. %s)",
                        len(unmatched), len(weights), unmatched[:5])
     return matched
-
-
-# merge_lora and the peft bridge live in apply.py; importable from here too (lazily, no import cycle).
-_APPLY_NAMES = ("merge_lora", "lora_weights_from_peft", "load_lora_weights_into_peft", "dora_weight")
-
-
-def __getattr__(name: str):
-    if name in _APPLY_NAMES:
-        from modules.util.lora import apply as lora_apply
-        return getattr(lora_apply, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

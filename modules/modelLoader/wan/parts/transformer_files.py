@@ -1,0 +1,177 @@
+"""The Wan transformer in the layouts users hold it: a diffusers `transformer/` folder, the official Wan key names
+(single file or sharded, as the Wan-AI repositories ship them), and ComfyUI single files (the same names, with or
+without a `model.diffusion_model.` / `diffusion_model.` prefix) in fp32 / fp16 / bf16 / fp8_e4m3fn / fp8_scaled.
+
+fp8_scaled (ComfyUI `*_fp8_scaled.safetensors`): the Linear weights are float8_e4m3fn with a float32 `scale_weight`
+beside each (weight = fp8 * scale), an optional `scale_input` (used only by fp8 matrix multiplication, which is not
+done here) and a `scaled_fp8` marker tensor. Those layers stay in float8 and are dequantised per call
+(`ScaledFp8Linear`); the other weights go through diffusers' layerwise casting as FLOAT_8 does.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from diffusers import WanTransformer3DModel
+
+from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
+from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
+from modules.modelLoader.wan.parts.tensor_files import (ModelFileError, TensorInfo, detect_prefix, open_tensors,
+                                                        strip_prefix_keys)
+from modules.util.enum.DataType import DataType
+from modules.util.lora.keys import _TO_DIFFUSERS, _rename
+
+SCALE_SUFFIXES = (".scale_weight", ".scale_input")
+SCALED_FP8_MARKER = "scaled_fp8"
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class TransformerFile:
+    layout: str                 # "diffusers", "wan" (official names), "comfyui" (official names, prefixed)
+    dtype: str                  # "fp32", "bf16", "fp16", "fp8_e4m3fn", "fp8_scaled"
+    names: dict[str, str]       # diffusers name -> key in the file (weights only; scales are in `scales`)
+    scales: dict[str, str]      # diffusers Linear module name -> key of its scale_weight
+    shapes: dict[str, TensorInfo]   # diffusers name -> shape / dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype.startswith("fp8")
+
+
+def dtype_label(dtype: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8_e4m3fn",
+            "float8_e5m2": "fp8_e5m2"}.get(dtype, dtype)
+
+
+def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None:
+    """The layout of a Wan transformer state dict from its key names, or None when it is not one."""
+    prefix = detect_prefix(keys)
+    # name without prefix -> key in the file; with a prefix, keys without it (the VAE / text encoder of a ComfyUI
+    # checkpoint that bundles them) are not the transformer's, as ComfyUI reads such files
+    stripped = strip_prefix_keys([k for k in keys if k.startswith(prefix)], prefix)
+    if "patch_embedding.weight" not in stripped:
+        return None
+    if "head.head.weight" in stripped and "blocks.0.self_attn.q.weight" in stripped:
+        layout = "comfyui" if prefix else "wan"
+    elif "proj_out.weight" in stripped and "blocks.0.attn1.to_q.weight" in stripped:
+        layout = "diffusers"
+    else:
+        return None
+    names: dict[str, str] = {}
+    scales: dict[str, str] = {}
+    for name, key in stripped.items():
+        if name == SCALED_FP8_MARKER or name.endswith(".scale_input"):
+            continue
+        if layout != "diffusers":
+            renamed = _rename(name, _TO_DIFFUSERS)
+            if renamed is None:
+                continue   # reported as unexpected by the loader's key check (keeps the name the user sees)
+            name = renamed
+        if name.endswith(".scale_weight"):
+            scales[name.removesuffix(".scale_weight")] = key
+        else:
+            names[name] = key
+    shapes = {name: keys[key] for name, key in names.items()}
+    matrix = shapes.get("blocks.0.attn1.to_q.weight")
+    dtype = dtype_label(matrix.dtype) if matrix is not None else "unknown"
+    if scales or SCALED_FP8_MARKER in stripped:
+        dtype = "fp8_scaled"
+    return TransformerFile(layout, dtype, names, scales, shapes)
+
+
+def key_mismatch(model_class, config: dict, shapes: dict[str, TensorInfo]) -> str | None:
+    """What keeps `shapes` (diffusers names) from filling a meta-built `model_class(config)`, or None."""
+    with init_empty_weights():
+        model = model_class.from_config(config)
+    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = [f"{n}: {shapes[n].shape} (expected {s})" for n, s in expected.items() if n in shapes
+             and shapes[n].shape != s]
+    if not (missing or unexpected or wrong):
+        return None
+    return (f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), "
+            f"{len(wrong)} of the wrong shape (e.g. {wrong[:2]})")
+
+
+def check_transformer_keys(file: TransformerFile, config: dict, source: str) -> None:
+    """Every parameter the config's model has, with its shape, before any weight is read."""
+    problem = key_mismatch(WanTransformer3DModel, config, file.shapes)
+    if problem:
+        raise ModelFileError(f"{source}: the tensors do not make a Wan transformer of this config: {problem}")
+
+
+def _keeps_fp32(name: str, keep_modules: list[str] | None) -> bool:
+    return bool(keep_modules) and any(module in name.split(".") for module in keep_modules)
+
+
+def fp8_compute_dtype(weight_dtype: DataType) -> torch.dtype:
+    """fp8 weights compute in the configured weight dtype's compute type: bfloat16 for FLOAT_8 and BFLOAT_16 (the
+    presets), float32 when FLOAT_32 is asked for (CPU runs); the stored fp8 numbers are the same either way."""
+    return weight_dtype.torch_dtype()
+
+
+def _cast_to(dtype: torch.dtype):
+    return lambda tensor, _tensors: tensor.to(dtype)
+
+
+def _dequantise_with(scale: torch.Tensor):
+    return lambda tensor, _tensors: tensor.to(torch.float32) * scale
+
+
+def load_transformer(paths: list[Path], file: TransformerFile, config: dict, weight_dtype: DataType,
+                     source: str) -> WanTransformer3DModel:
+    """Builds the model on the meta device and assigns the file's tensors one at a time, each cast to its target
+    dtype as it is read: the weights exist once in memory. fp8 files stay fp8 (upcasting adds no precision), computed
+    in `weight_dtype`'s compute dtype (bfloat16 for FLOAT_8); FLOAT_8 of a wider file is cast to fp8 as it is read,
+    never held whole in the wider dtype."""
+    check_transformer_keys(file, config, source)
+    with init_empty_weights():
+        model = WanTransformer3DModel.from_config(config)
+    keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+    store_fp8 = file.is_fp8 or weight_dtype is DataType.FLOAT_8
+    compute = fp8_compute_dtype(weight_dtype) if store_fp8 else weight_dtype.torch_dtype()
+    state: dict[str, torch.Tensor] = {}
+    with open_tensors(paths) as tensors:
+        scales = {module: tensors[key].to(torch.float32) for module, key in file.scales.items()}
+        # Linear layers keep float8 + scale (ScaledFp8Linear); any other scaled layer (a conv, should a file scale
+        # one) is small and dequantised once here
+        linear = {m for m in scales if isinstance(model.get_submodule(m), torch.nn.Linear)}
+        for module_name in linear:
+            make_scaled_fp8(model.get_submodule(module_name), scales[module_name])
+            state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
+        stored_fp8: set[str] = set()
+        if store_fp8:
+            # the project's FLOAT_8 path (diffusers' layerwise casting: float8 storage, per-layer upcast), set up on
+            # the meta model so its choice of layers says which tensors to cast to fp8 as they are read; the scaled
+            # layers dequantise themselves and keep their float32 scales out of these casts
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute,
+                                           skip_modules_classes=(ScaledFp8Linear,))
+            stored_fp8 = {n for n, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn}
+        # each tensor's target dtype, then state_reads (files-enc) fills them with one copy in memory: cast
+        # tensors get their storage before any read, so freed read buffers leave no holes among the kept ones
+        reads: dict[str, TensorRead] = {}
+        for name, key in file.names.items():
+            info = file.shapes[name]
+            module = name.rsplit(".", 1)[0]
+            stored, take = getattr(torch, info.dtype), None
+            if module in linear and name.endswith(".weight"):
+                # kept as stored (an e5m2 file's range exceeds e4m3fn's); dequantised per call in any float8
+                target = stored if info.dtype in FP8_DTYPES else torch.float8_e4m3fn
+            elif module in scales and name.endswith(".weight"):
+                target, take = compute, _dequantise_with(scales[module])
+            elif not stored.is_floating_point:
+                target = stored
+            elif name in stored_fp8:
+                # through the compute dtype, as the diffusers-folder FLOAT_8 path rounds (load in bf16, then store)
+                target = torch.float8_e4m3fn
+                take = None if info.dtype == "float8_e4m3fn" else _cast_to(compute)
+            elif _keeps_fp32(name, keep_fp32) and compute != torch.float32:
+                target = torch.float32
+            else:
+                target = compute
+            reads[name] = TensorRead(key, info.shape, target, info.dtype, take)
+        state.update(read_state(tensors, reads))
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()

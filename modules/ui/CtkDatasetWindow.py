@@ -1,0 +1,142 @@
+"""A concept's dataset viewer and caption editor (modules/ui/DatasetBrowser.py): the items on the left (search by
+caption, filter by bucket or skipped), the chosen one on the right: first / middle / last frame, frames, fps,
+resolution bucket, skip reason, and its caption in an editable box that Save writes next to the clip."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import customtkinter as ctk
+from PIL import Image
+
+from modules.ui import DatasetBrowser as browser
+from modules.ui.ctk_components import button
+from modules.util.config.config_io import ConfigError
+
+ALL = "(all buckets)"
+SKIP_FILTER = {"all items": None, "kept": False, "skipped": True}
+
+
+class CtkDatasetWindow(ctk.CTkToplevel):
+    def __init__(self, app, index: int):
+        super().__init__(app)
+        self.app, self.index = app, index
+        self.title(f"dataset: {app.concepts.title(index)}")
+        self.geometry("1100x720")
+        self.transient(app)
+        self.grid_columnconfigure(1, weight=1)
+        self.grid_rowconfigure(1, weight=1)
+        bar = ctk.CTkFrame(self, fg_color="transparent")
+        bar.grid(row=0, column=0, columnspan=2, sticky="ew", padx=6, pady=4)
+        self.search = ctk.CTkEntry(bar, width=260, placeholder_text="search captions")
+        self.search.grid(row=0, column=0, padx=4)
+        self.search.bind("<KeyRelease>", lambda _e: self.show_list())
+        self.bucket_menu = ctk.CTkOptionMenu(bar, values=[ALL], width=160, command=lambda _v: self.show_list())
+        self.bucket_menu.grid(row=0, column=1, padx=4)
+        self.skip_menu = ctk.CTkOptionMenu(bar, values=list(SKIP_FILTER), width=120, command=lambda _v: self.show_list())
+        self.skip_menu.grid(row=0, column=2, padx=4)
+        self.count_label = ctk.CTkLabel(bar, text="scanning…", anchor="w")
+        self.count_label.grid(row=0, column=3, padx=8)
+        self.listing = ctk.CTkScrollableFrame(self, width=300)
+        self.listing.grid(row=1, column=0, sticky="nsw", padx=6, pady=6)
+        detail = ctk.CTkFrame(self)
+        detail.grid(row=1, column=1, sticky="nsew", padx=6, pady=6)
+        detail.grid_columnconfigure(0, weight=1)
+        self.thumbs = ctk.CTkFrame(detail, fg_color="transparent")
+        self.thumbs.grid(row=0, column=0, sticky="w", padx=6, pady=6)
+        self.info = ctk.CTkLabel(detail, text="", anchor="w", justify="left")
+        self.info.grid(row=1, column=0, sticky="w", padx=6)
+        self.caption = ctk.CTkTextbox(detail, height=140, wrap="word")
+        self.caption.grid(row=2, column=0, sticky="ew", padx=6, pady=6)
+        self.save_button = button(detail, "Save caption", self.save, width=130)
+        self.save_button.grid(row=3, column=0, sticky="w", padx=6)
+        self.items: list[browser.DatasetItem] = []
+        self.shown: list[browser.DatasetItem] = []
+        self.current: browser.DatasetItem | None = None
+        self._images = []
+        self.loaded = False
+        self.load()
+
+    def load(self) -> None:
+        try:
+            config = self.app.config_state.config()   # on the main loop: the user may be typing
+        except ConfigError as error:
+            self.count_label.configure(text="; ".join(error.problems))
+            return
+        done: list = []
+
+        def work():  # no Tk call in this thread
+            try:
+                done.append(browser.browse(config, self.index))
+            except Exception as error:  # noqa: BLE001  shown in the window
+                done.append(error)
+
+        def wait():
+            if not self.winfo_exists():
+                return
+            if not done:
+                self.after(100, wait)
+                return
+            if isinstance(done[0], Exception):
+                self.count_label.configure(text=f"cannot list the concept: {done[0]}")
+                return
+            self.items = done[0]
+            buckets = sorted({item.bucket for item in self.items if item.bucket})
+            self.bucket_menu.configure(values=[ALL] + buckets)
+            self.loaded = True
+            self.show_list()
+
+        threading.Thread(target=work, name="dataset-browse", daemon=True).start()
+        self.after(100, wait)
+
+    def show_list(self) -> None:
+        bucket = self.bucket_menu.get()
+        self.shown = browser.select(self.items, self.search.get(), "" if bucket == ALL else bucket,
+                                    SKIP_FILTER[self.skip_menu.get()])
+        for child in self.listing.winfo_children():
+            child.destroy()
+        for row, item in enumerate(self.shown[:500]):
+            text = ("⚠ " if item.skipped else "") + Path(item.path).name
+            ctk.CTkButton(self.listing, text=text, anchor="w", width=280, fg_color="transparent",
+                          command=lambda i=item: self.choose(i)).grid(row=row, column=0, sticky="w")
+        self.count_label.configure(text=f"{len(self.shown)} of {len(self.items)} items")
+        if self.shown and (self.current is None or self.current not in self.shown):
+            self.choose(self.shown[0])
+
+    def choose(self, item: browser.DatasetItem) -> None:
+        self.current = item
+        for child in self.thumbs.winfo_children():
+            child.destroy()
+        self._images = []
+        try:
+            frames = browser.thumbnails(item)
+        except Exception as error:  # noqa: BLE001  an unreadable file shows its reason instead of pictures
+            frames, item.skip_reason = [], item.skip_reason or str(error)
+        for column, frame in enumerate(frames):
+            image = Image.fromarray(frame)
+            scale = 200 / max(image.size)
+            size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
+            picture = ctk.CTkImage(light_image=image, dark_image=image, size=size)
+            self._images.append(picture)
+            ctk.CTkLabel(self.thumbs, image=picture, text="").grid(row=0, column=column, padx=3)
+        fps = f"{item.fps:.3g}" if item.fps else "unknown"
+        lines = [item.path, f"frames {item.frames}, fps {fps}, {item.width}x{item.height}",
+                 f"bucket (frames x height x width): {item.bucket or '-'}"]
+        if item.skipped:
+            lines.append(f"skipped: {item.skip_reason}")
+        lines.append(f"caption file: {item.caption_file or '(not a file: see the concept caption source)'}")
+        self.info.configure(text="\n".join(lines))
+        self.caption.delete("1.0", "end")
+        self.caption.insert("end", item.caption)
+        self.save_button.configure(state="normal" if item.caption_file else "disabled")
+
+    def save(self) -> None:
+        if self.current is None:
+            return
+        try:
+            browser.save_caption(self.current, self.caption.get("1.0", "end"))
+        except (ValueError, OSError) as error:
+            self.app.show_dialog("Caption not saved", str(error))
+            return
+        self.app.log(f"caption saved: {self.current.caption_file} (the next run encodes the new text)")
+        self.show_list()

@@ -1,0 +1,163 @@
+"""The loss tab: training loss raw and smoothed, learning rate and validation loss of the current run and of the
+workspace's earlier runs (modules/ui/LossHistory.py reads their TensorBoard events), over a step axis; the step range
+is zoomed with the from / to fields or by dragging across the graph (right click: the whole run)."""
+from __future__ import annotations
+
+import tkinter as tk
+from pathlib import Path
+
+import customtkinter as ctk
+
+from modules.ui import LossHistory as history
+from modules.ui.ctk_components import button
+
+COLORS = {"loss": "#335f7f", "smoothed": "#4aa3df", "lr": "#ffb74d", "validation": "#e57373"}
+CURRENT = "(this window's run)"
+
+
+class CtkLossView:
+    def __init__(self, frame, app):
+        self.app = app
+        bar = ctk.CTkFrame(frame, fg_color="transparent")
+        bar.grid(row=0, column=0, sticky="w", padx=8, pady=4)
+        self.run_menu = ctk.CTkOptionMenu(bar, values=[CURRENT], width=260, command=lambda _v: self.reload())
+        self.run_menu.grid(row=0, column=0, padx=4)
+        self.shown = {}
+        for column, name in enumerate(("loss", "smoothed", "lr", "validation"), 1):
+            variable = tk.BooleanVar(value=True)
+            ctk.CTkCheckBox(bar, text=name, variable=variable, width=90, command=self.draw,
+                            text_color=COLORS[name]).grid(row=0, column=column, padx=2)
+            self.shown[name] = variable
+        self.first, self.last = tk.StringVar(), tk.StringVar()
+        ctk.CTkLabel(bar, text="steps").grid(row=0, column=5, padx=(12, 2))
+        for column, variable in ((6, self.first), (7, self.last)):
+            entry = ctk.CTkEntry(bar, textvariable=variable, width=70, placeholder_text="from" if column == 6
+                                 else "to")
+            entry.grid(row=0, column=column, padx=2)
+            entry.bind("<Return>", lambda _e: self.draw())
+        button(bar, "whole run", self.reset_range, width=90).grid(row=0, column=8, padx=4)
+        button(bar, "reload", self.reload, width=70).grid(row=0, column=9, padx=4)
+        self.canvas = tk.Canvas(frame, width=1180, height=520, background="#1d1d1d", highlightthickness=0)
+        self.canvas.grid(row=1, column=0, padx=8, pady=4, sticky="nw")
+        self.canvas.bind("<ButtonPress-1>", self._drag_start)
+        self.canvas.bind("<ButtonRelease-1>", self._drag_end)
+        self.canvas.bind("<Button-3>", lambda _e: self.reset_range())
+        self.run: history.RunCurves | None = None
+        self._frame = (60, 12, 1120, 490)   # left, top, right, bottom of the plot area
+        self._span = (0, 1)
+        self.refresh_runs()
+
+    # ---- data ----------------------------------------------------------------------------------------------------
+
+    def workspace(self) -> str:
+        return self.app.config_state.get("workspace_dir") or "workspace"
+
+    def refresh_runs(self) -> None:
+        names = [CURRENT] + [folder.name for folder in reversed(history.run_folders(self.workspace()))]
+        self.run_menu.configure(values=names)
+        if self.run_menu.get() not in names:
+            self.run_menu.set(CURRENT)
+        self.reload()
+
+    def reload(self) -> None:
+        choice = self.run_menu.get()
+        controller = self.app.controller
+        trainer = controller.trainer
+        if choice == CURRENT:
+            name = getattr(trainer, "run_name", None) or controller.last_run_name
+            folder = history.run_folders(self.workspace())
+            folder = next((f for f in folder if f.name == name), None)
+            if folder is not None:
+                self.run = history.read_run(folder)
+            else:   # TensorBoard off: the losses the worker reported
+                self.run = history.from_losses(name or "this run", controller.run.losses,
+                                               (controller.run.resumed_from or 0) + 1)
+        else:
+            self.run = history.read_run(Path(self.workspace()) / "tensorboard" / choice)
+        self.draw()
+
+    def reset_range(self) -> None:
+        self.first.set("")
+        self.last.set("")
+        self.draw()
+
+    def _range(self) -> tuple[int | None, int | None]:
+        def number(text: str) -> int | None:
+            return int(text) if text.strip().lstrip("-").isdigit() else None
+        return number(self.first.get()), number(self.last.get())
+
+    # ---- zoom by dragging ------------------------------------------------------------------------------------------
+
+    def _step_at(self, x: float) -> int:
+        left, _, right, _ = self._frame
+        low, high = self._span
+        return round(low + (high - low) * min(1.0, max(0.0, (x - left) / (right - left))))
+
+    def _drag_start(self, event) -> None:
+        self._drag_from = event.x
+
+    def _drag_end(self, event) -> None:
+        a, b = sorted((self._step_at(self._drag_from), self._step_at(event.x)))
+        if b - a >= 2:
+            self.first.set(str(a))
+            self.last.set(str(b))
+            self.draw()
+
+    # ---- drawing ---------------------------------------------------------------------------------------------------
+
+    def draw(self) -> None:
+        canvas = self.canvas
+        canvas.delete("all")
+        left, top, right, bottom = self._frame
+        canvas.create_rectangle(left, top, right, bottom, outline="#666666")
+        run = self.run
+        first, last = self._range()
+        curves = {name: history.in_range(points, first, last) for name, points in (run.curves if run else {}).items()
+                  if self.shown[name].get()}
+        curves = {name: points for name, points in curves.items() if points}
+        if not curves:
+            canvas.create_text((left + right) / 2, (top + bottom) / 2, fill="#aaaaaa",
+                               text="no loss yet: start a run, or pick an earlier run of the workspace above")
+            return
+        steps = [s for points in curves.values() for s, _ in points]
+        low_step, high_step = min(steps), max(steps)
+        self._span = (low_step, max(high_step, low_step + 1))
+        losses = [v for name in ("loss", "smoothed", "validation") for _, v in curves.get(name, [])]
+
+        def x_of(step):
+            return left + (right - left) * (step - self._span[0]) / (self._span[1] - self._span[0])
+
+        for tick in history.nice_ticks(*self._span):
+            x = x_of(tick)
+            canvas.create_line(x, bottom, x, bottom + 4, fill="#888888")
+            canvas.create_text(x, bottom + 6, text=f"{tick:g}", anchor="n", fill="#aaaaaa")
+        canvas.create_text((left + right) / 2, bottom + 22, text="step", fill="#aaaaaa")
+        if losses:
+            low, high = min(losses), max(losses)
+            span = (high - low) or 1.0
+            for tick in history.nice_ticks(low, high, 5):
+                y = bottom - (bottom - top) * (tick - low) / span
+                canvas.create_text(left - 4, y, text=f"{tick:.3g}", anchor="e", fill="#aaaaaa")
+                canvas.create_line(left, y, right, y, fill="#2a2a2a")
+            for name in ("loss", "smoothed", "validation"):
+                points = curves.get(name)
+                if points:
+                    self._line(points, x_of, lambda v: bottom - (bottom - top) * (v - low) / span, COLORS[name],
+                               2 if name != "loss" else 1)
+        if "lr" in curves:   # its own scale, labelled on the right
+            values = [v for _, v in curves["lr"]]
+            lr_low, lr_high = min(values), max(values)
+            lr_span = (lr_high - lr_low) or abs(lr_high) or 1.0
+            self._line(curves["lr"], x_of, lambda v: bottom - (bottom - top) * (v - lr_low) / lr_span,
+                       COLORS["lr"], 1)
+            canvas.create_text(right + 4, top, text=f"lr {lr_high:.3g}", anchor="nw", fill=COLORS["lr"])
+            canvas.create_text(right + 4, bottom, text=f"{lr_low:.3g}", anchor="sw", fill=COLORS["lr"])
+        canvas.create_text(left + 6, top + 4, anchor="nw", fill="#cccccc",
+                           text=f"{run.name}: steps {low_step}-{high_step}")
+
+    def _line(self, points, x_of, y_of, color: str, width: int) -> None:
+        if len(points) == 1:
+            x, y = x_of(points[0][0]), y_of(points[0][1])
+            self.canvas.create_oval(x - 2, y - 2, x + 2, y + 2, fill=color, outline="")
+            return
+        self.canvas.create_line(*[c for s, v in points for c in (x_of(s), y_of(v))], fill=color, width=width)

@@ -1,0 +1,218 @@
+"""The training job queue: complete config files that run one after another. Imports no toolkit.
+
+The queue is one JSON file (default `workspace/queue/queue.json`); each job keeps a copy of its config next to it
+(`jobs/<id>.json`, a complete config as a run writes to run-configs/), so a job is a snapshot: editing the window's
+config after "Add to queue" does not change the job. The file is rewritten atomically after every change, so the
+queue survives a restart of the app (a job that was running when the app died is "interrupted" and runs again).
+
+`run(train_one)` takes the first waiting job, marks it running, calls `train_one(config_path, job)` and marks the job
+done with its outputs or failed with its error; then the next one. A failed job never stops the queue. The runner
+(`train_config_file` here, the GUI's worker there) frees the model between jobs (GenericTrainer is dropped and the
+garbage collected before the next one loads).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from modules.util.atomic import atomic_write_text
+
+DEFAULT_QUEUE = Path("workspace") / "queue" / "queue.json"
+STATES = ("waiting", "paused", "running", "done", "failed", "stopped", "interrupted")
+RUNNABLE = ("waiting", "interrupted")
+
+
+@dataclass
+class Job:
+    id: str
+    name: str
+    config: str                      # the job's own copy of the config, a complete config file
+    state: str = "waiting"
+    error: str = ""
+    outputs: list[str] = field(default_factory=list)
+    step: int = 0
+    total_steps: int = 0
+    eta_seconds: float | None = None
+    added: float = 0.0
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.total_steps if self.total_steps else 0.0
+
+
+class JobQueue:
+    def __init__(self, path: str | Path = DEFAULT_QUEUE):
+        self.path = Path(path)
+        self.jobs: list[Job] = []
+        self.load()
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.path.parent / "jobs"
+
+    # ---- persistence ---------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        if not self.path.is_file():
+            self.jobs = []
+            return
+        data = json.loads(self.path.read_text(encoding="utf-8"))
+        known = set(Job.__dataclass_fields__)
+        self.jobs = [Job(**{k: v for k, v in item.items() if k in known}) for item in data.get("jobs", [])]
+        for job in self.jobs:
+            if job.state == "running":  # the process that ran it is gone
+                job.state = "interrupted"
+
+    def save(self) -> None:
+        atomic_write_text(self.path, json.dumps({"jobs": [asdict(job) for job in self.jobs]}, indent=2) + "\n")
+
+    # ---- editing -------------------------------------------------------------------------------------------
+
+    def add(self, config: dict, name: str = "") -> Job:
+        """A job from a config dict (a full config: the window's `json_dict()` or a file's content)."""
+        job_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        config_path = self.jobs_dir / f"{job_id}.json"
+        atomic_write_text(config_path, json.dumps(config, indent=2) + "\n")
+        job = Job(id=job_id, name=name or Path(str(config.get("output", {}).get("destination", job_id))).name,
+                  config=str(config_path), added=time.time())
+        self.jobs.append(job)
+        self.save()
+        return job
+
+    def add_file(self, path: str | Path) -> Job:
+        """A job from a config file; refuses (ConfigError, naming the file) one the trainer cannot read."""
+        from modules.util.config.config_io import config_to_dict, load_config
+        config = load_config(config_path=str(path))   # validates now: a broken file never waits in the queue
+        return self.add(config_to_dict(config), name=Path(path).stem)
+
+    def index_of(self, number: int) -> int:
+        """A job by its 1-based number as `list` prints it; IndexError names the range."""
+        if not 1 <= number <= len(self.jobs):
+            raise IndexError(f"no job {number}: the queue has {len(self.jobs)} job(s)")
+        return number - 1
+
+    def remove(self, index: int) -> Job:
+        job = self.jobs[index]
+        if job.state == "running":
+            raise ValueError(f"job {index + 1} ({job.name}) is running: stop it first")
+        del self.jobs[index]
+        Path(job.config).unlink(missing_ok=True)
+        self.save()
+        return job
+
+    def move(self, index: int, offset: int) -> int:
+        """Moves a job up (offset -1) or down (+1); returns its new index."""
+        new = max(0, min(len(self.jobs) - 1, index + offset))
+        self.jobs.insert(new, self.jobs.pop(index))
+        self.save()
+        return new
+
+    def pause(self, index: int) -> None:
+        """A waiting job is paused (skipped by run) and a paused one waits again."""
+        job = self.jobs[index]
+        if job.state in RUNNABLE:
+            job.state = "paused"
+        elif job.state == "paused":
+            job.state = "waiting"
+        else:
+            raise ValueError(f"job {index + 1} is {job.state}: only waiting or paused jobs can be paused or resumed")
+        self.save()
+
+    def retry(self, index: int) -> None:
+        if self.jobs[index].state in ("failed", "stopped", "done"):
+            self.jobs[index].state, self.jobs[index].error = "waiting", ""
+            self.save()
+
+    def next_job(self) -> Job | None:
+        return next((job for job in self.jobs if job.state in RUNNABLE), None)
+
+    def update_progress(self, job: Job, step: int, total_steps: int, eta_seconds: float | None) -> None:
+        """From the training worker: kept in memory (saved with the job's end, not every step)."""
+        job.step, job.total_steps, job.eta_seconds = step, total_steps, eta_seconds
+
+    # ---- running -------------------------------------------------------------------------------------------
+
+    def run(self, train_one: Callable[[str, Job], tuple[list[str], bool]],
+            should_stop: Callable[[], bool] = lambda: False) -> list[Job]:
+        """Runs every waiting job in order; returns the jobs it ran. `train_one(config_path, job)` returns
+        (files written, stopped); it raises for a failed run. Paused jobs are skipped; jobs added meanwhile run too
+        (the file is read again between jobs)."""
+        ran = []
+        while not should_stop():
+            self.load()
+            job = self.next_job()
+            if job is None:
+                break
+            job.state, job.started, job.error = "running", time.time(), ""
+            self.save()
+            try:
+                outputs, stopped = train_one(job.config, job)
+            except Exception as error:  # noqa: BLE001  a failed job is marked with its error; the queue goes on
+                self._finish(job, "failed", error=str(error).strip() or type(error).__name__)
+            else:
+                self._finish(job, "stopped" if stopped else "done", outputs=[str(p) for p in outputs])
+            ran.append(job)
+            gc.collect()  # one model in memory at a time: the last job's is freed before the next loads
+            if job.state == "stopped":
+                break
+        return ran
+
+    def _finish(self, job: Job, state: str, error: str = "", outputs: list[str] | None = None) -> None:
+        saved_progress = (job.step, job.total_steps)
+        self.load()   # another process (the CLI) may have edited the queue meanwhile
+        current = next((j for j in self.jobs if j.id == job.id), None)
+        if current is None:       # removed while it ran: nothing to mark
+            return
+        current.state, current.error, current.ended = state, error, time.time()
+        current.outputs = outputs or []
+        current.step, current.total_steps = saved_progress
+        current.eta_seconds = None
+        job.state, job.error, job.outputs = state, error, current.outputs
+        self.save()
+
+
+def train_config_file(config_path: str, job: Job | None = None,
+                      on_update: Callable[[dict], None] | None = None, trainer_holder: list | None = None):
+    """Trains one complete config file as `train.py --config-path` does; returns (files written, stopped).
+    ConfigError / TrainingError propagate (the queue marks the job failed with the message)."""
+    from modules.trainer.GenericTrainer import GenericTrainer
+    from modules.util.config.prepare import prepare_config
+    from modules.util.config.config_io import load_config
+    config = load_config(config_path=config_path)
+    datasets = prepare_config(config)
+    trainer = GenericTrainer(config, on_update=on_update, e2v_datasets=datasets)
+    if trainer_holder is not None:
+        trainer_holder.append(trainer)
+    try:
+        written = trainer.train()
+        return [str(p) for p in written], trainer.stop_requested.is_set()
+    finally:
+        if trainer_holder is not None:
+            trainer_holder.remove(trainer)
+        del trainer
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+def describe(queue: JobQueue) -> str:
+    """`queue list`: one line per job, numbered from 1."""
+    if not queue.jobs:
+        return f"the queue {queue.path} is empty"
+    lines = [f"queue {queue.path}:"]
+    for number, job in enumerate(queue.jobs, 1):
+        progress = f" {job.step}/{job.total_steps}" if job.total_steps else ""
+        detail = f": {job.error.splitlines()[0]}" if job.error else \
+            (f" -> {', '.join(job.outputs)}" if job.outputs else "")
+        lines.append(f"  {number}. [{job.state}{progress}] {job.name}  ({job.config}){detail}")
+    return "\n".join(lines)

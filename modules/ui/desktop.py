@@ -1,0 +1,26 @@
+"""Opening a folder in the desktop's file manager. Imports no toolkit."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def open_command(path: str | Path) -> list[str]:
+    """The command that shows `path` in the file manager (xdg-open on Linux, open on macOS)."""
+    return ["open", str(path)] if sys.platform == "darwin" else ["xdg-open", str(path)]
+
+
+def open_folder(path: str | Path) -> str | None:
+    """Opens the folder (made first, so a run's output folder opens before it has files); returns why not, or None."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if sys.platform == "win32":
+            os.startfile(folder)  # noqa: S606  (Windows' own "open with the file manager")
+            return None
+        subprocess.Popen(open_command(folder), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as error:
+        return f"cannot open {folder}: {error}"
+    return None

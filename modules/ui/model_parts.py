@@ -1,0 +1,62 @@
+"""Toolkit-free controller of the model tab's part pickers: what each chosen file or folder holds (part, layout,
+dtype), read from tensor headers before Start, and the variant of the model the tab describes."""
+from pathlib import Path
+
+from modules.ui.UIState import UIState
+
+PICKER_PARTS = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer")
+
+
+def describe_part(path: str) -> str:
+    """One line: what `path` holds, or why it cannot be used (never raises for a bad path)."""
+    from modules.modelLoader.wan.parts.recognise import describe_part as describe, is_tokenizer_folder
+    path = (path or "").strip()
+    if path and Path(path).is_dir() and is_tokenizer_folder(Path(path)):
+        return "tokenizer folder"
+    return describe(path)
+
+
+def field_of(part: str) -> str:
+    """The config field a picker sets: `model.base_model_name` for "base", else `model.<part>.path`."""
+    return "model.base_model_name" if part == "base" else f"model.{part}.path"
+
+
+def describe_model_part(state: UIState, part: str) -> str:
+    """The line shown beside a part's path ("base": the parts the base model holds)."""
+    return describe_for(part, state.get(field_of(part)) or "")
+
+
+def describe_for(part: str, path: str) -> str:
+    """`describe_model_part` for a path already read from the state (safe to run in a worker thread)."""
+    if part == "base" and not (path and Path(path).exists()):
+        return ""
+    if not path:
+        return "(from the base model)"
+    try:
+        return describe_part(path)
+    except OSError as error:   # unreadable (permissions, a vanished network drive): said, not raised
+        return f"not usable: {path}: {error.strerror or error}"
+
+
+def model_config_from_state(state: UIState):
+    from modules.util.config.ModelConfig import ModelConfig
+    return ModelConfig.model_validate(state.get("model") or {})
+
+
+def detect_variant_text(state: UIState) -> str | None:
+    """The variant of a model given as files (an official release or ComfyUI folder, or part overrides), or None
+    when the base is a plain diffusers folder (the caller's own detection applies)."""
+    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
+    from modules.modelLoader.wan.parts.model_plan import plan_model
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    try:
+        config = model_config_from_state(state)
+    except ValueError as error:
+        return f"config problem: {str(error).splitlines()[0]}"
+    if not uses_parts_loader(config):
+        return None
+    try:
+        plan = plan_model(config)
+    except ModelFileError as error:
+        return f"not a Wan model: {error}"
+    return f"{plan.variant.value} ({plan.variant.model_type.value}), from files"

@@ -1,0 +1,71 @@
+"""The training job queue (the GUI's "Add to queue" uses the same file). Exit codes: 0 success, 2 a bad command or
+config, 1 a job failed (`run`: the queue still ran every job).
+
+  run-cmd.sh queue add C.json [C2.json ...]   a job per complete config file (as a run writes to run-configs/)
+  run-cmd.sh queue list
+  run-cmd.sh queue run                         every waiting job in order, one model in memory at a time
+  run-cmd.sh queue remove N                    the job numbered N in `list`
+  every command: --queue FILE          (default: workspace/queue/queue.json)
+"""
+import argparse
+import sys
+
+import _bootstrap  # noqa: F401
+
+from modules.ui.JobQueue import DEFAULT_QUEUE, JobQueue, describe, train_config_file
+from modules.util.config.config_io import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run-cmd.sh queue", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--queue", default=str(DEFAULT_QUEUE), help=f"the queue file (default: {DEFAULT_QUEUE})")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add = commands.add_parser("add", parents=[common], help="add config files as jobs")
+    add.add_argument("configs", nargs="+", metavar="CONFIG.json")
+    commands.add_parser("list", parents=[common], help="list the jobs")
+    commands.add_parser("run", parents=[common], help="run the waiting jobs in order")
+    remove = commands.add_parser("remove", parents=[common], help="remove a job")
+    remove.add_argument("number", type=int, help="the job's number in `list`")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    queue = JobQueue(args.queue)
+    if args.command == "add":
+        problems = []
+        for path in args.configs:
+            try:
+                job = queue.add_file(path)
+            except ConfigError as error:
+                problems.append(str(error))
+                continue
+            print(f"added job {len(queue.jobs)}: {job.name} ({job.config})")
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            return 2
+    elif args.command == "list":
+        print(describe(queue))
+    elif args.command == "remove":
+        try:
+            job = queue.remove(queue.index_of(args.number))
+        except (IndexError, ValueError) as error:
+            print(f"queue remove: {error}", file=sys.stderr)
+            return 2
+        print(f"removed job {args.number}: {job.name}")
+    elif args.command == "run":
+        def train_one(config_path, job):
+            print(f"queue: running {job.name} ({config_path})", flush=True)
+            return train_config_file(config_path, job)
+
+        ran = queue.run(train_one)
+        print(describe(queue))
+        failed = [job for job in ran if job.state == "failed"]
+        return 1 if failed else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

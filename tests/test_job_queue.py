@@ -1,0 +1,103 @@
+"""Issue 25 item 1: the job queue without a display: order, persistence across a restart, a failing job, the CLI."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modules.ui.JobQueue import JobQueue, describe
+from modules.util.config.config_io import config_to_dict, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "training_presets" / "#demo tiny CPU.json"
+
+
+def job_config(tmp_path: Path, tiny_model, dataset, name: str, **values) -> dict:
+    """A complete config (as run-configs/ holds) for a 2-step run on the tiny model."""
+    overrides = {"demo_assets": "false", "model.base_model_name": str(tiny_model("wan2.1-t2v")),
+                 "data.concepts": json.dumps([{"path": str(dataset)}]), "workspace_dir": str(tmp_path / name),
+                 "cache_dir": str(tmp_path / "cache"),
+                 "output.destination": str(tmp_path / "out" / f"{name}.safetensors"), "max_steps": "2",
+                 "tensorboard": "false", "sampling.samples_file": "", "backup.every_n_steps": "0", **values}
+    return config_to_dict(load_config(str(DEMO), overrides=[f"{k}={v}" for k, v in overrides.items()]))
+
+
+def test_order_edits_and_persistence_across_a_restart(tmp_path):
+    queue = JobQueue(tmp_path / "q" / "queue.json")
+    for name in ("a", "b", "c"):
+        queue.add({"epochs": 1, "output": {"destination": f"/x/{name}.safetensors"}})
+    assert [job.name for job in queue.jobs] == ["a.safetensors", "b.safetensors", "c.safetensors"]
+    queue.move(2, -1)                      # c before b
+    queue.pause(0)                         # a is skipped until resumed
+    queue.jobs[1].state = "running"        # the app dies while c runs
+    queue.save()
+    removed = queue.remove(2)
+    assert not Path(removed.config).exists()
+    restarted = JobQueue(tmp_path / "q" / "queue.json")
+    assert [(job.name, job.state) for job in restarted.jobs] == [("a.safetensors", "paused"),
+                                                                 ("c.safetensors", "interrupted")]
+    assert restarted.next_job().name == "c.safetensors"   # an interrupted job runs again; a paused one waits
+    restarted.pause(0)
+    assert restarted.jobs[0].state == "waiting"
+    with pytest.raises(IndexError, match="no job 5: the queue has 2"):
+        restarted.index_of(5)
+
+
+def test_a_job_is_a_snapshot_of_the_config(tmp_path):
+    queue = JobQueue(tmp_path / "queue.json")
+    config = {"epochs": 3}
+    job = queue.add(config)
+    config["epochs"] = 7
+    assert json.loads(Path(job.config).read_text())["epochs"] == 3
+
+
+def test_jobs_run_in_order_a_failed_one_is_marked_and_the_queue_goes_on(tmp_path):
+    queue = JobQueue(tmp_path / "queue.json")
+    for name in ("one", "broken", "three"):
+        queue.add({"name": name}, name=name)
+    order = []
+
+    def train_one(config_path, job):
+        name = json.loads(Path(config_path).read_text())["name"]
+        order.append(name)
+        if name == "broken":
+            raise RuntimeError("the data gives no batch in an epoch")
+        return [f"/out/{name}.safetensors"], False
+
+    ran = queue.run(train_one)
+    assert order == ["one", "broken", "three"] and len(ran) == 3
+    states = [(job.state, job.error, job.outputs) for job in JobQueue(tmp_path / "queue.json").jobs]
+    assert states == [("done", "", ["/out/one.safetensors"]),
+                      ("failed", "the data gives no batch in an epoch", []),
+                      ("done", "", ["/out/three.safetensors"])]
+    assert "failed: the data gives no batch" not in describe(queue) and \
+        "[failed] broken" in describe(queue) and ": the data gives no batch in an epoch" in describe(queue)
+
+
+def test_cli_add_list_run_remove_trains_two_jobs(tmp_path, tiny_model, squares_dataset):
+    configs = []
+    for name in ("first", "second"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(job_config(tmp_path, tiny_model, squares_dataset, name)))
+        configs.append(path)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"optimizer": {"learning_rate": -1}}))
+    queue_file = tmp_path / "q.json"
+
+    def cli(*args):
+        return subprocess.run([str(ROOT / "run-cmd.sh"), "queue", *args, "--queue", str(queue_file)],
+                              capture_output=True, text=True, timeout=600)
+
+    assert cli("add", *map(str, configs)).returncode == 0
+    refused = cli("add", str(bad))
+    assert refused.returncode == 2 and "optimizer.learning_rate" in refused.stderr and str(bad) in refused.stderr
+    listed = cli("list")
+    assert "1. [waiting] first" in listed.stdout and "2. [waiting] second" in listed.stdout
+    result = cli("run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "out" / "first.safetensors").is_file() and (tmp_path / "out" / "second.safetensors").is_file()
+    assert "1. [done 2/0]" not in result.stdout and "[done] first" in result.stdout
+    assert cli("remove", "3").returncode == 2
+    assert cli("remove", "1").returncode == 0
+    assert [job.name for job in JobQueue(queue_file).jobs] == ["second"]

@@ -1,0 +1,67 @@
+"""Issue 25 items 2 and 3 without a display: the loss graph's numbers from TensorBoard event files, and the sample
+gallery's grid (rows samples, columns steps in step order)."""
+from pathlib import Path
+
+from modules.ui import LossHistory as history
+
+
+def test_loss_history_reads_tensorboard_events_and_a_resume_overwrites_its_steps(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "ws" / "tensorboard" / "2026-01-01_10-00-00"
+    first = SummaryWriter(str(folder))            # the killed run: steps 1-5
+    for step in range(1, 6):
+        first.add_scalar("loss/step", 1.0, step)
+        first.add_scalar("lr/group_0", 1e-4 * step, step)
+    first.close()
+    resumed = SummaryWriter(str(folder))          # resumed from the backup at step 3: steps 4-6 again
+    for step in range(4, 7):
+        resumed.add_scalar("loss/step", 0.5, step)
+        resumed.add_scalar("loss/smoothed", 0.6, step)
+    resumed.add_scalar("validation/loss", 0.7, 6)
+    resumed.close()
+    (tmp_path / "ws" / "tensorboard" / "empty").mkdir()
+    assert [f.name for f in history.run_folders(tmp_path / "ws")] == ["2026-01-01_10-00-00"]
+    run = history.read_run(folder)
+    assert run.curves["loss"] == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 0.5), (5, 0.5), (6, 0.5)]
+    assert [s for s, _ in run.curves["lr"]] == [1, 2, 3, 4, 5]
+    assert run.curves["validation"] == [(6, 0.699999988079071)]
+    assert run.steps() == (1, 6)
+    assert history.in_range(run.curves["loss"], 3, 4) == [(3, 1.0), (4, 0.5)]
+
+
+def test_smoothing_and_axis_ticks():
+    points = history.smoothed([(1, 2.0), (2, 2.0), (3, 2.0)], 0.9)
+    assert [round(v, 9) for _, v in points] == [2.0, 2.0, 2.0]   # debiased: a constant stays itself
+    assert history.nice_ticks(0, 100, 6) == [0, 20, 40, 60, 80, 100]
+    assert history.nice_ticks(3, 17, 5)[0] == 5 and history.nice_ticks(3, 17, 5)[-1] == 15
+    run = history.from_losses("r", [1.0, 3.0], first_step=11)
+    assert run.curves["loss"] == [(11, 1.0), (12, 3.0)]
+
+
+def test_gallery_rows_are_samples_and_columns_steps_in_step_order(tmp_path):
+    import json
+
+    from modules.ui.SampleGallery import gallery_runs
+
+    run = tmp_path / "samples" / "2026-01-02_09-00-00"
+    for folder in ("0-a_red_square", "1-a_blue_square", "10-late", "notes"):
+        (run / folder).mkdir(parents=True)
+    for step in (2, 10, 9, 100):
+        (run / "0-a_red_square" / f"{step}-0.mp4").write_bytes(b"")
+        (run / "0-a_red_square" / f"{step}-0.json").write_text(json.dumps({"prompt": "a red square", "seed": 7}))
+    (run / "1-a_blue_square" / "10-1.mp4").write_bytes(b"")
+    (run / "10-late" / "9-0.mp4").write_bytes(b"")
+    (run / "notes" / "readme.txt").write_text("x")
+    older = tmp_path / "samples" / "2026-01-01_09-00-00" / "0-x"
+    older.mkdir(parents=True)
+    (older / "1-0.mp4").write_bytes(b"")
+    runs = gallery_runs(tmp_path)
+    assert [r.name for r in runs] == ["2026-01-02_09-00-00", "2026-01-01_09-00-00"]   # newest first
+    newest = runs[0]
+    assert newest.rows == ["0-a_red_square", "1-a_blue_square", "10-late"]              # by sample index
+    assert newest.steps == [2, 9, 10, 100]                                             # numbers, not strings
+    cell = newest.cells[("0-a_red_square", 10)]
+    assert cell.tooltip == "step 10 (epoch 0)\nseed 7\na red square"
+    assert newest.cells[("1-a_blue_square", 10)].prompt == "a blue square"             # no sidecar: the slug
+    assert ("1-a_blue_square", 2) not in newest.cells
