@@ -4,7 +4,7 @@ The base model is loaded once; each cell merges its LoRA exactly as sample.py do
 
   compare.py --base-model-name DIR --lora a.safetensors b.safetensors --strengths 0.5 0.75 1.0 \\
       --samples-file samples.json --output-dir compare
-  compare.py --base-model-name DIR --lora workspace/run/save --prompt "a red square moving left"
+  compare.py --lora workspace/run/save --prompt "a red square moving left"   (the base the saves record)
   compare.py --base-model-name DIR --lora workspace/run/backup/<run> --strengths 1.0 ...   (training backups)
 
 Exit status: 0 done, 1 error, 2 bad arguments.
@@ -21,7 +21,9 @@ from modules.util.config.bounds import MAX_LORA_STRENGTH  # noqa: E402
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-model-name", required=True, help="a diffusers Wan folder")
+    parser.add_argument("--base-model-name", "--base_model_name", dest="base_model_name", default=None,
+                        help="a diffusers Wan folder; default: the base the first checkpoint was trained on, as its "
+                             "header (or the backup's config) records")
     parser.add_argument("--lora", nargs="+", required=True, metavar="PATH",
                         help="LoRA files, folders of them (workspace/save) or training backups (a step-N folder or "
                              "a run's backup folder); A14B: a _high_noise / _low_noise pair by its common name")
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
     from modules.modelSampler.compare_run import compare_checkpoints
-    from modules.modelSampler.lora_checkpoints import find_checkpoints
+    from modules.modelSampler.lora_checkpoints import find_checkpoints, trained_base
     from modules.modelSampler.sampling_io import load_model_for_sampling, resolve_device
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
@@ -72,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         if not any(sample.enabled for sample in samples):
             print("compare: no enabled samples", file=sys.stderr)
             return 1
-        find_checkpoints(args.lora)  # a missing file or an empty folder stops before the model loads
+        checkpoints = find_checkpoints(args.lora)  # a missing file or an empty folder stops before the model loads
+        if not args.base_model_name:
+            args.base_model_name = trained_base(checkpoints[0])
+            if not args.base_model_name:
+                print("compare: --base-model-name is required: the first checkpoint records no base model",
+                      file=sys.stderr)
+                return 2
+            print(f"compare: base model {args.base_model_name} (recorded by {checkpoints[0].source})",
+                  file=sys.stderr)
     except (ValueError, OSError) as error:
         print(f"compare: {error}", file=sys.stderr)
         return 2

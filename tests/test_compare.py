@@ -195,11 +195,13 @@ def test_a_training_backup_compares_as_its_adapter(tiny_model, tmp_path):
     backup.mkdir(parents=True)
     save_file({f"transformer.{n}": p.detach().clone() for n, p in trained.transformer.named_parameters()
                if "lora_" in n}, str(backup / "trainable.safetensors"))
-    (backup / "config.json").write_text(json.dumps({"training_method": "LORA",
+    (backup / "config.json").write_text(json.dumps({"training_method": "LORA", "model": {"base_model_name": str(folder)},
                                                     "lora": {"type": "LORA", "rank": 4, "alpha": 8.0}}))
     (backup / "progress.json").write_text(json.dumps({"global_step": 40, "epoch": 2}))
     checkpoints = find_checkpoints([tmp_path / "backup" / "my-run"])
     assert [(c.label, c.step) for c in checkpoints] == [("my-run/step-40", 40)]
+    from modules.modelSampler.lora_checkpoints import trained_base
+    assert trained_base(checkpoints[0]) == str(folder)
 
     base = load_model_for_sampling(str(folder), DataType.FLOAT_32, torch.device("cpu"))
     comparison = LoraComparison(base, checkpoints, [1.0], torch.device("cpu"))
@@ -248,3 +250,17 @@ def test_the_sampling_tab_lists_previews_at_other_strengths_apart(tmp_path):
     series = SamplingController(UIState({"workspace_dir": str(tmp_path)})).previews()
     assert [(s.name, [v.step for v in s.videos]) for s in series] == [
         ("0-a-red-square", [10, 20]), ("0-a-red-square (LoRA x-1)", [20]), ("0-a-red-square (LoRA x0.5)", [10, 20])]
+
+
+def test_the_base_model_comes_from_the_first_checkpoint_when_not_given(tmp_path, capsys):
+    from modules.modelSampler.lora_checkpoints import trained_base
+    weights = {"blocks.0.attn1.to_q": LoraModule(down=torch.ones(2, 8), up=torch.ones(8, 2), alpha=2.0)}
+    recorded = tmp_path / "recorded.safetensors"
+    save_lora_file(weights, ModelFormat.COMFY_LORA, recorded,
+                   metadata={"training_config": json.dumps({"model": {"base_model_name": "models/wan-base"}})})
+    bare = tmp_path / "bare.safetensors"
+    save_lora_file(weights, ModelFormat.COMFY_LORA, bare)
+    assert [trained_base(c) for c in find_checkpoints([recorded, bare])] == ["models/wan-base", None]
+    # no --base-model-name and nothing recorded: exit 2 before any model loads
+    assert compare_script().main(["--lora", str(bare), "--prompt", "x", "--output-dir", str(tmp_path)]) == 2
+    assert "--base-model-name is required" in capsys.readouterr().err

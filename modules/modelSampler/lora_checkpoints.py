@@ -97,3 +97,17 @@ def backup_lora_weights(folder: Path) -> dict[str, LoraWeights]:
             module.alpha = float(lora.get("alpha", module.rank))
         weights[expert] = loaded
     return weights
+
+
+def trained_base(checkpoint: Checkpoint) -> str | None:
+    """The base model a checkpoint was trained on: its file's header (the training config this trainer records), or
+    the backup's config.json; None when it records none."""
+    if checkpoint.backup is not None:
+        config = json.loads((checkpoint.backup / "config.json").read_text())
+        base = (config.get("model") or {}).get("base_model_name")
+        return base if isinstance(base, str) and base else None
+    from modules.util.lora.formats import expert_lora_paths
+    from modules.util.modelspec import trained_base_model
+    file = checkpoint.files[0]
+    candidates = [file] if file.is_file() else [p for p in expert_lora_paths(file) if p.is_file()]
+    return next((base for base in map(trained_base_model, candidates) if base), None)
