@@ -121,19 +121,12 @@ def official_transformer_config(diffusers_config: dict) -> dict:
 def sample_tiny_video(base, out, extra: list[str]) -> int:
     """scripts/sample.py in this process: one 5-frame 32x32 video of 2 steps from `base` (+ `extra` arguments) into
     `out`; returns the frame count of the one video written."""
-    import importlib.util
-    import sys
     from pathlib import Path
 
     import av
-    scripts = Path(__file__).resolve().parent.parent / "scripts"
-    spec = importlib.util.spec_from_file_location("sample_script", scripts / "sample.py")
-    sys.path.insert(0, str(scripts))
-    try:
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
-    finally:
-        sys.path.remove(str(scripts))
+
+    from tests.script_loader import load_script
+    script = load_script("sample")
     assert script.main(["--base-model-name", str(base), "--prompt", "a red square moving left", "--width", "32",
                         "--height", "32", "--frames", "5", "--steps", "2", "--device", "cpu", "--output-dir",
                         str(out), *extra]) == 0
