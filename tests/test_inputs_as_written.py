@@ -270,14 +270,14 @@ mask_path = 'own/masks'
 # --- what the docs promise --------------------------------------------------------------------------------------
 
 def test_multi_gpu_docs_state_the_bound_the_tests_check_and_its_cause():
-    """docs/multi-gpu.md promised weights equal to 1e-5 while a run at the demo's rate differed by 2.5e-5: the doc
-    must give the bound as it is (rate x steps, from float rounding through Adam) and the test settings it quotes
-    must be those tests/test_multi_gpu.py uses."""
+    """docs/multi-gpu.md promised weights equal to 1e-5 while a run at the demo's rate differed by more: the doc
+    must give the bound as it is (rate x steps, from float rounding through Adam), with the figures measured, and the
+    test settings it quotes must be those tests/test_multi_gpu.py uses."""
     import re
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     text = " ".join((root / "docs" / "multi-gpu.md").read_text(encoding="utf-8").split())
-    assert "learning rate x steps" in text and "rounding" in text and "2.5e-5" in text
+    assert "learning rate x steps" in text and "rounding" in text and "2e-3 over 5 steps 1.1e-4" in text
     quoted = re.search(r"to 1e-5 at learning rate ([0-9e.-]+) over (\d+) steps", text)
     tests = (root / "tests" / "test_multi_gpu.py").read_text(encoding="utf-8")
     assert quoted and f"optimizer.learning_rate={float(quoted.group(1)):.4f}" in tests
