@@ -64,9 +64,11 @@ def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag
         prepared(flags)
     [problem] = [p for p in caught.value.problems if p.startswith("model.image_encoder.path")]
     assert "--image_encoder PATH_OR_HUB_ID" in problem and "image_encoder/" in problem and "'dual'" in problem
-    # the flag names one: accepted
+    # the flag names one: a folder, or a hub id (its download implied), accepted before anything loads
     config = prepared(flags + ["--image_encoder", str(tiny_model("wan2.1-i2v"))])
     assert config.model.image_encoder.path == str(tiny_model("wan2.1-i2v"))
+    config = prepared(flags + ["--image_encoder", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"])
+    assert config.model.image_encoder.path == "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers" and config.model.allow_download
 
 
 # --- E2V files carry their layout -------------------------------------------------------------------------------
@@ -259,3 +261,24 @@ def test_each_format_note_and_docs_formats_states_it(lora_type, dora, fmt, expec
     for statement in ("ComfyUI's LoRA loader recognises none of its keys", "up to about 30 % of the delta",
                       "the trainer prints it once when it saves and repeats it in the run summary"):
         assert statement in docs
+
+
+def test_an_image_encoder_named_by_hub_id_loads_from_the_hub_cache(tiny_model, tmp_path, monkeypatch):
+    """The hub path of --image_encoder, offline: a hub cache holding a diffusers repository (the tiny I2V model's
+    image_encoder/ and image_processor/, in huggingface_hub's cache layout) is what a download leaves."""
+    import shutil
+    import huggingface_hub.constants
+    import torch
+    from modules.modelLoader.wan.hub_image_encoder import load_hub_image_encoder
+    snapshot = tmp_path / "models--Wan-AI--Wan2.1-I2V-14B-480P-Diffusers" / "snapshots" / ("0" * 40)
+    for part in ("image_encoder", "image_processor"):
+        shutil.copytree(tiny_model("wan2.1-i2v") / part, snapshot / part)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    encoder, processor = load_hub_image_encoder("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", torch.float32)
+    from transformers import CLIPVisionModel
+    reference = CLIPVisionModel.from_pretrained(tiny_model("wan2.1-i2v"), subfolder="image_encoder")
+    pixels = torch.randn(1, 3, processor.crop_size["height"], processor.crop_size["width"])
+    with torch.no_grad():
+        assert torch.equal(encoder(pixels).last_hidden_state, reference(pixels).last_hidden_state)
