@@ -289,3 +289,17 @@ def test_readme_gives_the_demo_time_on_a_2_core_machine():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert "under a minute" not in text
     assert "(2 to 2.5 minutes on a machine\nwith 2 CPU cores: 1 min 51 s measured" in text
+
+
+def test_a_config_and_a_dataset_toml_saved_as_utf16_are_read(tmp_path, monkeypatch):
+    """Notepad's "Unicode" (UTF-16 with a byte-order mark) for the config JSON and a musubi-tuner dataset TOML."""
+    from modules.util.config.config_io import load_config
+    monkeypatch.chdir(tmp_path)
+    image(tmp_path / "a.png")
+    (tmp_path / "a.txt").write_text("a square")
+    (tmp_path / "dataset.toml").write_bytes('[general]\nresolution = [32, 32]\n\n[[datasets]]\nimage_directory = "."\n'
+                                            .encode("utf-16"))
+    (tmp_path / "config.json").write_bytes('{"epochs": 3, "data": {"dataset_config": "dataset.toml"}}'
+                                           .encode("utf-16"))
+    config = load_config(str(tmp_path / "config.json"))
+    assert config.epochs == 3 and [c.path for c in config.data.concepts] == ["."]
