@@ -97,8 +97,8 @@ def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
 
 
 def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
-    """`sample.py --lora F --element NAME=IMAGE`: the LoRA's header records its element layout, its image encoder
-    and its base (no --image-encoder, --e2v-config or --base-model-name needed)."""
+    """`sample.py --lora F --element NAME=IMAGE` (as the GUI's tools tab runs it): the LoRA's header records its
+    element layout, its image encoder and its base (no --image-encoder, --e2v-config or --base-model-name)."""
     from safetensors import safe_open
     e2v_lora, _ = e2v_lora
     with safe_open(str(e2v_lora), "pt") as file:
@@ -106,10 +106,13 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
     layout = json.loads(metadata["e2v_config"])
     assert layout["e2v_type"] == "dual" and [e["name"] for e in layout["elements"]][:1] == ["main_subject"]
-    # not even --base-model-name: the header's training config names the base
-    code = run_sample(["--lora", str(e2v_lora), "--prompt", "x",
-                       "--element", f"main_subject={e2v_dataset / '000_person.png'}", "--width", "32", "--height",
-                       "32", "--frames", "17", "--steps", "2", "--device", "cpu", "--output-dir", str(tmp_path)])
+    # the GUI's tools tab with only the LoRA, the prompt and the element filled in: not even a base model (the
+    # header's training config names it)
+    from modules.ui.ToolsController import sample_command
+    command = sample_command("", "x", str(tmp_path), loras=[str(e2v_lora)], width=32, height=32, frames=17, steps=2,
+                             elements={"main_subject": str(e2v_dataset / "000_person.png")}, device="cpu")
+    assert command[0] == "sample" and "--base-model-name" not in command and "--e2v-config" not in command
+    code = run_sample(command[1:])
     assert code == 0, capsys.readouterr().err
     assert len(list(tmp_path.glob("*.mp4"))) == 1
 

@@ -39,10 +39,12 @@ class CtkToolsView:
                          ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
                          ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.merge_lora)
         self._form(forms, row, "sample a model", "sample", [
-                   ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
-                   ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"), ("height", "480"),
+                   ("base model", "a diffusers folder; empty: the LoRA's"),
+                   ("loras", "PATH[:STRENGTH], comma separated"), ("prompt", ""),
+                   ("negative prompt", "empty: Wan's default"), ("width", "832"), ("height", "480"),
                    ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
-                   ("elements", "E2V: {\"name\": \"image path\"}"), ("e2v config", "E2V: the dataset config JSON"),
+                   ("elements", "E2V: {\"name\": \"image path\"}"),
+                   ("e2v config", "E2V: only for a model that records none"),
                    ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
         self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
         self.output.grid(row=0, column=0, sticky="nw", pady=4)
