@@ -303,3 +303,38 @@ def test_a_config_and_a_dataset_toml_saved_as_utf16_are_read(tmp_path, monkeypat
                                            .encode("utf-16"))
     config = load_config(str(tmp_path / "config.json"))
     assert config.epochs == 3 and [c.path for c in config.data.concepts] == ["."]
+
+
+def test_a_folder_of_frames_with_musubi_source_fps_is_resampled_from_that_rate(tmp_path, monkeypatch):
+    """musubi-tuner's source_fps on a video_jsonl_file dataset: its folder of frames is a clip at that rate,
+    resampled to the model's 16 fps (11 frames at 32 fps -> frames 0, 2, 4, ...)."""
+    from modules.util.config.config_io import load_config
+    from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
+    from modules.dataLoader.pipeline.Pipeline import Pipeline
+    from modules.dataLoader.pipeline.LoadVideo import LoadVideo
+    import json
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for index in range(11):
+        image(folder / f"{index:03d}.png", colour=(20 * index, 0, 0))
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"video_path": "frames", "caption": "a fading square"}))
+    (tmp_path / "dataset.toml").write_text("""
+[general]
+resolution = [32, 32]
+
+[[datasets]]
+video_jsonl_file = "metadata.jsonl"
+target_frames = [5]
+source_fps = 32.0
+""")
+    config = load_config(overrides=["data.dataset_config=dataset.toml", "data.dataloader_threads=0"])
+    assert config.data.concepts[0].frames_fps == 32.0
+    loader = WanBaseDataLoader(config)
+    loader.scan()
+    items = Pipeline(loader._item_modules()[:3] + [LoadVideo()], config.seed, outputs=["frames", "frame_fps"])
+    items.start_epoch(0)
+    [row] = [items.get_item(i) for i in range(len(items))]
+    video = np.asarray(row["frames"])
+    assert [int(v) for v in video[..., 0].reshape(video.shape[0], -1).mean(1).round()] == [0, 40, 80, 120, 160]
+    assert row["frame_fps"] == 16
