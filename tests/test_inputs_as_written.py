@@ -338,3 +338,38 @@ source_fps = 32.0
     video = np.asarray(row["frames"])
     assert [int(v) for v in video[..., 0].reshape(video.shape[0], -1).mean(1).round()] == [0, 40, 80, 120, 160]
     assert row["frame_fps"] == 16
+
+
+def test_a_diffusion_pipe_directory_with_its_own_buckets_trains_and_the_plan_names_them(tmp_path, monkeypatch,
+                                                                                        tiny_model, capsys):
+    from modules.util.demo_assets import COLOURS, square_clip
+    from modules.util.video_io import write_video
+    monkeypatch.chdir(tmp_path)
+    for folder in ("plain", "own"):
+        (tmp_path / folder).mkdir()
+        for index in range(2):
+            write_video(tmp_path / folder / f"{index}.mp4", square_clip(COLOURS["red"], "left", 17, 64, index)[:, :32],
+                        16)
+            (tmp_path / folder / f"{index}.txt").write_text("a square")
+    (tmp_path / "dataset.toml").write_text("""
+resolutions = [32]
+frame_buckets = [9]
+
+[[directory]]
+path = 'plain'
+
+[[directory]]
+path = 'own'
+resolutions = [[48, 16]]
+enable_ar_bucket = true
+ar_buckets = [[48, 16]]
+frame_buckets = [5]
+""")
+    values = [f"model.base_model_name={tiny_model('wan2.1-t2v')}", "device=cpu", "train_dtype=FLOAT_32",
+              "gradient_checkpointing=false", "max_steps=2", "data.dataloader_threads=0", "tensorboard=false",
+              "batch_size=2", f"output.destination={tmp_path / 'out.safetensors'}"]
+    code = run_train("--dataset-config", "dataset.toml", *[a for v in values for a in ("--config-value", v)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "concept dataset.toml: directory.1.path: resolution 28 -> 48x16; frames [1, 5]" in out
+    assert "bucket 9 frames x 32x32: 2" in out and "bucket 5 frames x 48x16: 2" in out

@@ -107,6 +107,8 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
     if "resolutions" not in table and not all("resolutions" in d for d in directories):
         problems.append("resolutions: required (diffusion-pipe has no default), e.g. resolutions = [512]")
     data = _buckets(table, "", problems)
+    # the top level's own aspects, square without enable_ar_bucket (diffusion-pipe's default), never a directory's
+    data.setdefault("aspect_ratios", [1.0])
     concepts = []
     for index, directory in enumerate(directories):
         where = f"directory.{index}."
@@ -119,8 +121,8 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
         if any(k in directory for k in BUCKET_KEYS):
             inherited = {k: v for k, v in table.items() if k in BUCKET_KEYS}
             own = _buckets({**inherited, **directory}, where, problems)
-            for key, value in own.items():
-                data.setdefault(key, value)  # a directory's own settings stand in where the top level has none
+            if "resolution" in own:  # required somewhere: a directory's stands in where the top level has none
+                data.setdefault("resolution", own["resolution"])
         for key in sorted(MASK_KEYS & set(directory)):
             log.warning("%s%s: masks are not applied yet (masked training is not in this trainer): the directory "
                         "%s trains on whole frames", where, key, directory.get("path"))
