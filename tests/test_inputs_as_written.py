@@ -178,6 +178,13 @@ def test_a_lora_destination_without_an_extension_gets_safetensors_and_says_so(tm
 
 # --- musubi-tuner's folder of frames ----------------------------------------------------------------------------
 
+def write_musubi_jsonl_dataset(folder, resolution: str, target_frames: str, extra: str = "") -> None:
+    """musubi-tuner's dataset.toml with one video_jsonl_file dataset (metadata.jsonl), as its docs write it."""
+    (folder / "dataset.toml").write_text(f"[general]\nresolution = {resolution}\n\n[[datasets]]\n"
+                                         f"video_jsonl_file = \"metadata.jsonl\"\ntarget_frames = {target_frames}\n"
+                                         + extra)
+
+
 def test_a_musubi_video_path_naming_a_folder_of_images_is_one_clip_in_name_order(tmp_path, monkeypatch):
     """musubi-tuner's dataset_config.md: a video_jsonl_file line's video_path may name a folder of images, read as
     the frames of one video. Here 11 frames named so that name order differs from the order they were written."""
@@ -198,14 +205,7 @@ def test_a_musubi_video_path_naming_a_folder_of_images_is_one_clip_in_name_order
     (tmp_path / "metadata.jsonl").write_text(
         json.dumps({"video_path": "frames/clip_a", "caption": "a fading square"}) + "\n"
         + json.dumps({"video_path": "empty_folder", "caption": "nothing"}) + "\n")
-    (tmp_path / "dataset.toml").write_text("""
-[general]
-resolution = [64, 32]
-
-[[datasets]]
-video_jsonl_file = "metadata.jsonl"
-target_frames = [9]
-""")
+    write_musubi_jsonl_dataset(tmp_path, "[64, 32]", "[9]")
     config = load_config(overrides=["data.dataset_config=dataset.toml", "data.dataloader_threads=0"])
     loader = WanBaseDataLoader(config)
     loader.scan()
@@ -319,15 +319,7 @@ def test_a_folder_of_frames_with_musubi_source_fps_is_resampled_from_that_rate(t
     for index in range(11):
         image(folder / f"{index:03d}.png", colour=(20 * index, 0, 0))
     (tmp_path / "metadata.jsonl").write_text(json.dumps({"video_path": "frames", "caption": "a fading square"}))
-    (tmp_path / "dataset.toml").write_text("""
-[general]
-resolution = [32, 32]
-
-[[datasets]]
-video_jsonl_file = "metadata.jsonl"
-target_frames = [5]
-source_fps = 32.0
-""")
+    write_musubi_jsonl_dataset(tmp_path, "[32, 32]", "[5]", "source_fps = 32.0\n")
     config = load_config(overrides=["data.dataset_config=dataset.toml", "data.dataloader_threads=0"])
     assert config.data.concepts[0].frames_fps == 32.0
     loader = WanBaseDataLoader(config)
