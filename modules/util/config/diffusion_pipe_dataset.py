@@ -107,8 +107,10 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
     if "resolutions" not in table and not all("resolutions" in d for d in directories):
         problems.append("resolutions: required (diffusion-pipe has no default), e.g. resolutions = [512]")
     data = _buckets(table, "", problems)
-    # the top level's own aspects, square without enable_ar_bucket (diffusion-pipe's default), never a directory's
+    # the top level's own buckets, never a directory's; diffusion-pipe's defaults where it sets none (utils/dataset.py:
+    # square without enable_ar_bucket, frame_buckets [1])
     data.setdefault("aspect_ratios", [1.0])
+    data.setdefault("frame_buckets", [1])
     concepts = []
     for index, directory in enumerate(directories):
         where = f"directory.{index}."
