@@ -64,9 +64,11 @@ def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag
         prepared(flags)
     [problem] = [p for p in caught.value.problems if p.startswith("model.image_encoder.path")]
     assert "--image_encoder PATH_OR_HUB_ID" in problem and "image_encoder/" in problem and "'dual'" in problem
-    # the flag names one: accepted
+    # the flag names one: a folder, or a hub id (its download implied), accepted before anything loads
     config = prepared(flags + ["--image_encoder", str(tiny_model("wan2.1-i2v"))])
     assert config.model.image_encoder.path == str(tiny_model("wan2.1-i2v"))
+    config = prepared(flags + ["--image_encoder", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"])
+    assert config.model.image_encoder.path == "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers" and config.model.allow_download
 
 
 # --- E2V files carry their layout -------------------------------------------------------------------------------
@@ -95,8 +97,8 @@ def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
 
 
 def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
-    """`sample.py --lora F --element NAME=IMAGE`: the LoRA's header records its element layout, its image encoder
-    and its base (no --image-encoder, --e2v-config or --base-model-name needed)."""
+    """`sample.py --lora F --element NAME=IMAGE` (as the GUI's tools tab runs it): the LoRA's header records its
+    element layout, its image encoder and its base (no --image-encoder, --e2v-config or --base-model-name)."""
     from safetensors import safe_open
     e2v_lora, _ = e2v_lora
     with safe_open(str(e2v_lora), "pt") as file:
@@ -104,10 +106,13 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
     layout = json.loads(metadata["e2v_config"])
     assert layout["e2v_type"] == "dual" and [e["name"] for e in layout["elements"]][:1] == ["main_subject"]
-    # not even --base-model-name: the header's training config names the base
-    code = run_sample(["--lora", str(e2v_lora), "--prompt", "x",
-                       "--element", f"main_subject={e2v_dataset / '000_person.png'}", "--width", "32", "--height",
-                       "32", "--frames", "17", "--steps", "2", "--device", "cpu", "--output-dir", str(tmp_path)])
+    # the GUI's tools tab with only the LoRA, the prompt and the element filled in: not even a base model (the
+    # header's training config names it)
+    from modules.ui.ToolsController import sample_command
+    command = sample_command("", "x", str(tmp_path), loras=[str(e2v_lora)], width=32, height=32, frames=17, steps=2,
+                             elements={"main_subject": str(e2v_dataset / "000_person.png")}, device="cpu")
+    assert command[0] == "sample" and "--base-model-name" not in command and "--e2v-config" not in command
+    code = run_sample(command[1:])
     assert code == 0, capsys.readouterr().err
     assert len(list(tmp_path.glob("*.mp4"))) == 1
 
@@ -259,3 +264,24 @@ def test_each_format_note_and_docs_formats_states_it(lora_type, dora, fmt, expec
     for statement in ("ComfyUI's LoRA loader recognises none of its keys", "up to about 30 % of the delta",
                       "the trainer prints it once when it saves and repeats it in the run summary"):
         assert statement in docs
+
+
+def test_an_image_encoder_named_by_hub_id_loads_from_the_hub_cache(tiny_model, tmp_path, monkeypatch):
+    """The hub path of --image_encoder, offline: a hub cache holding a diffusers repository (the tiny I2V model's
+    image_encoder/ and image_processor/, in huggingface_hub's cache layout) is what a download leaves."""
+    import shutil
+    import huggingface_hub.constants
+    import torch
+    from modules.modelLoader.wan.hub_image_encoder import load_hub_image_encoder
+    snapshot = tmp_path / "models--Wan-AI--Wan2.1-I2V-14B-480P-Diffusers" / "snapshots" / ("0" * 40)
+    for part in ("image_encoder", "image_processor"):
+        shutil.copytree(tiny_model("wan2.1-i2v") / part, snapshot / part)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    encoder, processor = load_hub_image_encoder("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", torch.float32)
+    from transformers import CLIPVisionModel
+    reference = CLIPVisionModel.from_pretrained(tiny_model("wan2.1-i2v"), subfolder="image_encoder")
+    pixels = torch.randn(1, 3, processor.crop_size["height"], processor.crop_size["width"])
+    with torch.no_grad():
+        assert torch.equal(encoder(pixels).last_hidden_state, reference(pixels).last_hidden_state)

@@ -131,8 +131,12 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
     from modules.util.config.ModelConfig import TokenizerConfig
     paths = part_paths or {}
     part = PartConfig(weight_dtype=weight_dtype)
+    from modules.util.config.image_encoder_source import looks_like_hub_id
+    # a hub id named for sampling (or recorded by a LoRA's header) is asked for: downloads allowed for it
+    hub = looks_like_hub_id(base_model_name) or looks_like_hub_id(image_encoder_path)
     model = WanBaseModelLoader().load(ModelConfig(
-        base_model_name=base_model_name, transformer=part.model_copy(update={"path": paths.get("transformer", "")}),
+        base_model_name=base_model_name, allow_download=hub,
+        transformer=part.model_copy(update={"path": paths.get("transformer", "")}),
         transformer_2=part.model_copy(update={"path": paths.get("transformer_2", "")}),
         text_encoder=part.model_copy(update={"path": paths.get("text_encoder", "")}),
         vae=PartConfig(path=paths.get("vae", "")), tokenizer=TokenizerConfig(path=paths.get("tokenizer", "")),

@@ -190,6 +190,14 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
     buckets = ResolutionBucket.make_buckets(config.data.resolution, config.data.aspect_ratios, model.spatial_unit)
     lines.append(f"  buckets: resolution {config.data.resolution!s} -> "
                  f"{', '.join(f'{w}x{h}' for h, w in buckets)} (width x height); frames {config.data.frame_buckets}")
+    for concept in config.data.concepts:  # a concept's own buckets (a diffusion-pipe directory's)
+        if concept.enabled and (concept.resolution, concept.aspect_ratios, concept.frame_buckets) != (None,) * 3:
+            resolution = concept.resolution if concept.resolution is not None else config.data.resolution
+            own = ResolutionBucket.make_buckets(resolution, concept.aspect_ratios or config.data.aspect_ratios,
+                                                model.spatial_unit)
+            lines.append(f"    concept {concept.name or concept.path}: resolution {resolution!s} -> "
+                         f"{', '.join(f'{w}x{h}' for h, w in own)}; frames "
+                         f"{concept.frame_buckets or config.data.frame_buckets}")
     backup = config.backup
     when = describe_schedule(plan, backup.every_n_steps, backup.every_n_epochs, backup.every_n_minutes)
     if backup.backup_before_save:

@@ -33,11 +33,12 @@ class CtkToolsView:
         out.grid(row=0, column=1, sticky="nw", padx=8)
         # sampling first: its Run button and the player beside it are in view together
         row = self._form(forms, 0, "sample a model", "sample", [
-                         ("base model", "a diffusers folder"), ("loras", "PATH[:STRENGTH], comma separated"),
+                         ("base model", "a diffusers folder; empty: the LoRA's"),
+                         ("loras", "PATH[:STRENGTH], comma separated"),
                          ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"),
                          ("height", "480"), ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
                          ("elements", "E2V: {\"name\": \"image path\"}"),
-                         ("e2v config", "E2V: the dataset config JSON"),
+                         ("e2v config", "E2V: only for a model that records none"),
                          ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
         row = self._form(forms, row, "convert a model", "model", [("input", "a diffusers folder or a .safetensors file"),
                          ("base model", "with a single file: the diffusers folder with the other parts"),

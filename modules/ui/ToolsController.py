@@ -45,8 +45,8 @@ def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list
                    height: int = 0, frames: int = 0, steps: int = 0, guidance: float | None = None, seed: int = -1,
                    negative_prompt: str = "", image: str = "", elements: dict[str, str] | None = None,
                    e2v_config: str = "", device: str = "auto") -> list[str]:
-    command = ["sample", "--base-model-name", base_model, "--prompt", prompt, "--output-dir", output_dir,
-               "--device", device]
+    command = ["sample"] + (["--base-model-name", base_model] if base_model else []) + [
+        "--prompt", prompt, "--output-dir", output_dir, "--device", device]  # no base: the one the LoRA records
     for lora in loras:
         command += ["--lora", lora]
     for option, value in (("--width", width), ("--height", height), ("--frames", frames), ("--steps", steps)):

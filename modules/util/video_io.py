@@ -211,6 +211,14 @@ def _probe_frame_folder(path: str) -> MediaInfo:
     return MediaInfo(path, "frames", width, height, len(files), None, None)
 
 
+def with_frame_rate(info: MediaInfo, fps: float) -> MediaInfo:
+    """A folder of frames (no frame times of its own) timed at `fps`, so that it resamples like a video."""
+    rate = _as_fraction(fps)
+    timestamps = tuple(Fraction(i) / rate for i in range(info.frame_count))
+    return MediaInfo(info.path, info.kind, info.width, info.height, info.frame_count, timestamps,
+                     Fraction(info.frame_count) / rate)
+
+
 def _check_file(path: str) -> None:
     try:
         size = os.path.getsize(path)

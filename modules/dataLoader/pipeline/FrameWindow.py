@@ -119,12 +119,22 @@ class FrameWindow(IndexMapModule):
             result.extend((f, start) for start in starts)
         return result
 
+    @staticmethod
+    def timed(info, concept: Any):
+        """A folder of frames timed at its concept's frames_fps (musubi-tuner's source_fps), else as probed."""
+        fps = getattr(concept, "frames_fps", None)
+        if info is not None and info.kind == "frames" and fps:
+            from modules.util.video_io import with_frame_rate
+            return with_frame_rate(info, fps)
+        return info
+
     def _plan(self, row: dict[str, Any]) -> tuple[list[tuple[int, int]], str | None]:
         """(the windows, skip reason) of one upstream clip."""
         info = row[self.info_name]
         if info is None:
             return [], row[self.error_name] or "unreadable"
         concept = row[self.concept_name]
+        info = self.timed(info, concept)
         target = self.target_fps(concept)
         n = len(info.resample(target))
         windows = self.windows(n, concept)
@@ -174,8 +184,8 @@ class FrameWindow(IndexMapModule):
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
         upstream, f, start = self._map[index]
-        info = ctx.get(self.info_name, upstream)
         concept = ctx.get(self.concept_name, upstream)
+        info = self.timed(ctx.get(self.info_name, upstream), concept)
         target = self.target_fps(concept)
         resampled = info.resample(target)
         n = len(resampled)

@@ -62,6 +62,9 @@ class ConceptConfig(BaseConfig):
     target_frames: list[int] = Field([], max_length=MAX_LIST, description="every listed frame count that a clip "
                                      "holds makes its own item(s) (musubi-tuner's target_frames); empty: one count "
                                      "per clip, the largest data.frame_buckets bucket that fits")
+    frames_fps: float | None = Field(None, gt=0, le=MAX_FPS, description="the frame rate of a folder of images "
+                                     "read as a clip (musubi-tuner's source_fps); null: every image one frame, as "
+                                     "stored")
     # diffusion-pipe's per-directory buckets (docs/data.md); null: the data section's
     resolution: int | str | None = Field(None, description="this concept's own data.resolution; null: data.resolution")
     aspect_ratios: list[AspectRatio] | None = Field(None, min_length=1, max_length=MAX_LIST, description="this "

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from modules.util.atomic import atomic_write_text
 from modules.util.config.bounds import check_usable_path
+from modules.util.text_encoding import decode_with_bom
 from modules.util.config.ConfigError import MAX_CONFIG_BYTES, ConfigError  # re-exported: the older import path
 from modules.util.config.dataset_toml import merge_dataset_settings, read_dataset_toml
 from modules.util.config.TrainConfig import TrainConfig
@@ -117,7 +118,9 @@ def read_json_file(path: str | os.PathLike, what: str = "config") -> Any:
     except OSError as e:
         raise ConfigError([f"{what} file cannot be read: {e.strerror or e}"], str(path)) from None
     try:
-        text = raw.decode("utf-8-sig")
+        # a byte-order mark names the encoding (Notepad's "Unicode" is UTF-16); without one, UTF-8
+        text = decode_with_bom(raw, path)
+        text = raw.decode("utf-8") if text is None else text
     except UnicodeDecodeError as e:
         raise ConfigError([f"not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start} (save the file as "
                            f"UTF-8)"], str(path)) from None

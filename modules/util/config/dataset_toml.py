@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from modules.util.text_encoding import decode_with_bom
 from modules.util.config.ConfigError import MAX_CONFIG_BYTES, ConfigError
 
 if sys.version_info >= (3, 11):
@@ -37,7 +38,9 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError([f"data.dataset_config: {path.stat().st_size} bytes; a dataset TOML is at most "
                            f"{MAX_CONFIG_BYTES}"], str(path))
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8-sig"))
+        raw = path.read_bytes()
+        text = decode_with_bom(raw, path)  # a byte-order mark names the encoding; without one, UTF-8
+        return tomllib.loads(raw.decode("utf-8") if text is None else text)
     except RecursionError:
         raise ConfigError(["nested too deeply"], str(path)) from None
     except tomllib.TOMLDecodeError as error:

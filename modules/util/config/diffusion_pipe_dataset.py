@@ -104,6 +104,10 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
     if "resolutions" not in table and not all("resolutions" in d for d in directories):
         problems.append("resolutions: required (diffusion-pipe has no default), e.g. resolutions = [512]")
     data = _buckets(table, "", problems)
+    # the top level's own buckets, never a directory's; diffusion-pipe's defaults where it sets none (utils/dataset.py:
+    # square without enable_ar_bucket, frame_buckets [1])
+    data.setdefault("aspect_ratios", [1.0])
+    data.setdefault("frame_buckets", [1])
     concepts = []
     for index, directory in enumerate(directories):
         where = f"directory.{index}."
@@ -116,8 +120,8 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
         if any(k in directory for k in BUCKET_KEYS):
             inherited = {k: v for k, v in table.items() if k in BUCKET_KEYS}
             own = _buckets({**inherited, **directory}, where, problems)
-            for key, value in own.items():
-                data.setdefault(key, value)  # a directory's own settings stand in where the top level has none
+            if "resolution" in own:  # required somewhere: a directory's stands in where the top level has none
+                data.setdefault("resolution", own["resolution"])
         repeats = directory.get("num_repeats", table.get("num_repeats", 1))
         if not isinstance(repeats, (int, float)) or isinstance(repeats, bool) or repeats <= 0:
             problems.append(f"{where}num_repeats: {repeats!r} is not a positive number")

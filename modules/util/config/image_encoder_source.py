@@ -42,7 +42,9 @@ def resolve_image_encoder(config: TrainConfig, uses_clip: bool, e2v_type: str) -
         return []
     base = Path(config.model.base_model_name)
     if base.is_dir():
-        if base_has_image_encoder(base):
+        if base_has_image_encoder(base) or not (base / "model_index.json").is_file():
+            # a folder of single files (ComfyUI, an official release): its parts are found by content when it
+            # loads, a CLIP file among them included
             return []
         return [f"model.image_encoder.path: e2v_type {e2v_type!r} uses the CLIP pathway, but {str(base)!r} has no "
                 f"image_encoder; name one with --image_encoder PATH_OR_HUB_ID (model.image_encoder.path): "
