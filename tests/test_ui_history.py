@@ -28,6 +28,12 @@ def test_loss_history_reads_tensorboard_events_and_a_resume_overwrites_its_steps
     assert run.curves["validation"] == [(6, 0.699999988079071)]
     assert run.steps() == (1, 6)
     assert history.in_range(run.curves["loss"], 3, 4) == [(3, 1.0), (4, 0.5)]
+    # file names need not sort in time order (writers opened in one second are told apart by a counter, '.10'
+    # sorts before '.9'): the value logged last still wins
+    killed, continued = sorted(folder.glob("events.out.tfevents.*"))
+    killed.rename(folder / "events.out.tfevents.2.host")
+    continued.rename(folder / "events.out.tfevents.1.host")
+    assert history.read_run(folder).curves["loss"] == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 0.5), (5, 0.5), (6, 0.5)]
 
 
 def test_smoothing_and_axis_ticks():

@@ -42,8 +42,13 @@ def read_run(folder: str | Path) -> RunCurves:
     run = RunCurves(Path(folder).name)
     for name, tag in TAGS.items():
         if tag in available:
-            by_step = {event.step: float(event.value) for event in accumulator.Scalars(tag)}   # the last one wins
-            run.curves[name] = sorted(by_step.items())
+            # the value logged last for a step wins, by its time: the accumulator reads a folder's event files in
+            # name order, and two writers opened in one second are named by a counter ('.10' before '.9')
+            latest: dict[int, tuple[float, float]] = {}
+            for event in accumulator.Scalars(tag):
+                if event.step not in latest or event.wall_time >= latest[event.step][0]:
+                    latest[event.step] = (event.wall_time, float(event.value))
+            run.curves[name] = sorted((step, value) for step, (_, value) in latest.items())
     return run
 
 
