@@ -42,7 +42,8 @@ class CtkSamplingView:
         left.grid(row=0, column=0, sticky="nw")
         right = ctk.CTkFrame(frame)
         right.grid(row=0, column=1, sticky="nw", padx=8)
-        row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160)
+        row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160,
+                             error_width=300)   # beside the player: the tab fits the window
         bar = ctk.CTkFrame(left, fg_color="transparent")
         bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
         button(bar, "Sample now", lambda: app.request("sample")).grid(row=0, column=0, padx=3)
