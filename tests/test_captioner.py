@@ -93,3 +93,27 @@ def test_run_cmd_caption_runs_the_script(tiny_vlm, tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "red.txt").read_text().strip()
     assert "1 to caption" in done.stdout
+
+
+def test_caption_controller_plans_refuses_and_runs_without_a_display(tiny_vlm, media_folder, tmp_path):
+    from modules.ui.CaptionController import CaptionController
+    from modules.ui.UIState import UIState
+
+    state = UIState()
+    state.list_append("data.concepts", {"path": str(tmp_path / "list.jsonl")})
+    (tmp_path / "list.jsonl").write_text("")
+    controller = CaptionController(state, 0)
+    assert not controller.start() and "a manifest" in controller.progress.error
+    state.set("data.concepts.0.path", str(media_folder))
+    (media_folder / "still.txt").write_text("kept\n")
+    assert controller.plan() == "4 files, 1 with a caption; 3 to caption (existing captions are kept)"
+    controller.settings.model = "someone/no-such-captioner-model"
+    assert controller.start()
+    controller.wait(60)
+    assert controller.progress.status == "refused" and "downloads are off" in controller.progress.error
+    controller.settings.model, controller.settings.max_new_tokens = str(tiny_vlm), 4
+    assert controller.start()
+    controller.wait(120)
+    assert controller.progress.written == 2 and len(controller.progress.skipped) == 1, controller.progress
+    assert (media_folder / "still.txt").read_text() == "kept\n"
+    assert (media_folder / "clip_a.txt").is_file() and (media_folder / "clip_b.txt").is_file()

@@ -432,3 +432,37 @@ def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_mo
     message = app.fields["data.concepts.0.path"].error.cget("text")
     assert message == f"data.concepts.0.path: {str(tmp_path / 'missing')!r} does not exist"
     app.dialogs[-1].destroy()
+
+
+def test_the_concept_window_captions_the_missing_items_with_a_model(app, tmp_path, squares_dataset):
+    from modules.util.tiny_vlm import make_tiny_qwen_vl
+    model = make_tiny_qwen_vl(tmp_path / "tiny_qwen_vl")
+    data = tmp_path / "squares"
+    shutil.copytree(squares_dataset, data)
+    missing = sorted(data.glob("red_*.txt"))
+    kept = {path: path.read_text() for path in data.glob("*.txt") if path not in missing}
+    for path in missing:
+        path.unlink()
+    app.fields["data.concepts.0.path"].set_text(str(data))
+    app.tabview.set("concepts")
+    window = app.concepts_view.open_window(0)
+    captioner = window.caption()
+    assert run_until(app, lambda: captioner.winfo_ismapped(), 30)
+    assert f"{len(missing)} to caption" in captioner.status.cget("text")
+    captioner.model.delete(0, "end")
+    type_into(app, captioner.model, str(model))
+    captioner.frames.delete(0, "end")
+    captioner.frames.insert(0, "3")
+    captioner.prefix.insert(0, "sks, ")
+    captioner.controller.settings.max_new_tokens = 6   # nonsense from a random model: a few tokens show the pipeline
+    x = captioner.start_button.winfo_rootx() + 20
+    y = captioner.start_button.winfo_rooty() + 10
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+    assert run_until(app, lambda: captioner.controller.progress.status.startswith("wrote"), 120), \
+        (captioner.controller.progress.status, captioner.controller.progress.error)
+    assert run_until(app, lambda: captioner.bar.get() == 1 and "wrote" in captioner.status.cget("text"), 10)
+    assert captioner.controller.progress.written == len(missing)
+    assert all(path.read_text().startswith("sks, ") for path in missing)
+    assert all(path.read_text() == text for path, text in kept.items())   # existing captions kept
+    captioner.close()
+    window.close()

@@ -130,14 +130,18 @@ class QwenVLCaptioner:
 
 
 def caption_folder(captioner, targets, prompt: str, frames: int, max_pixels: int, batch_size: int, prefix: str,
-                   progress: Callable[[int, int], None] | None = None) -> tuple[int, list[str]]:
+                   progress: Callable[[int, int], None] | None = None,
+                   stop: Callable[[], bool] | None = None) -> tuple[int, list[str]]:
     """Captions `targets` in batches, writing each caption as its batch finishes (so a stopped run resumes where it
-    stopped). Unreadable media are skipped with one warning each. Returns (written, the skipped files' reasons)."""
+    stopped); `stop` is asked before each batch. Unreadable media are skipped with one warning each. Returns
+    (written, the skipped files' reasons)."""
     from modules.captioning.caption_targets import evenly_spaced, format_prompt, write_caption
     from modules.util.video_io import UnreadableMediaError, probe_media, read_frames
 
     written, skipped, done = 0, [], 0
     for start in range(0, len(targets), batch_size):
+        if stop and stop():
+            break
         batch, loaded = targets[start:start + batch_size], []
         for target in batch:
             try:
