@@ -377,6 +377,39 @@ def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_mo
     screenshot(app, "tab-queue")
 
 
+def test_queue_jobs_are_reordered_paused_and_removed_in_the_tab_and_survive_a_restart(app, tmp_path, tiny_model,
+                                                                                       squares_dataset):
+    from modules.ui.JobQueue import JobQueue
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    for name in ("a", "b", "c"):
+        app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
+        app.add_to_queue()
+    app.tabview.set("queue")
+    settle(app, 0.3)
+
+    def click(row: int, action: str) -> None:
+        widget = app.queue_view.rows[row]["buttons"][action]
+        assert run_until(app, widget.winfo_ismapped, 10)
+        x, y = widget.winfo_rootx() + widget.winfo_width() // 2, widget.winfo_rooty() + widget.winfo_height() // 2
+        rows_before = app.queue_view.rows
+        xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+        assert run_until(app, lambda: app.queue_view.rows is not rows_before, 10), action   # the tab redrew
+        settle(app, 0.2)
+
+    click(0, "↓")        # b, a, c
+    click(1, "pause")    # a paused
+    click(2, "remove")   # c removed
+    expected = [("b.safetensors", "waiting"), ("a.safetensors", "paused")]
+    assert [(job.name, job.state) for job in app.controller.job_queue().jobs] == expected
+    # a restart of the app: a new queue object reads the workspace's file, and the tab shows it as it was
+    restarted = JobQueue(Path(app.controller.state.get("workspace_dir")) / "queue" / "queue.json")
+    assert [(job.name, job.state) for job in restarted.jobs] == expected
+    assert restarted.next_job().name == "b.safetensors"
+    app.queue_view.refresh()
+    assert [row["state"].cget("text") for row in app.queue_view.rows] == ["waiting", "paused"]
+    assert app.queue_view.rows[1]["buttons"].keys() >= {"resume"}
+
+
 def test_a_caption_edited_in_the_dataset_viewer_is_encoded_by_the_next_run(app, tmp_path, tiny_model,
                                                                           squares_dataset):
     data = tmp_path / "squares"

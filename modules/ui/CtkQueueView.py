@@ -54,14 +54,16 @@ class CtkQueueView:
                 row=row, column=5, sticky="w", padx=4)
             actions = ctk.CTkFrame(self.table, fg_color="transparent")
             actions.grid(row=row, column=6, padx=4)
+            buttons = {}
             for col, (text, command) in enumerate((("↑", lambda i=index: self._edit("move", i, -1)),
                                                    ("↓", lambda i=index: self._edit("move", i, 1)),
                                                    ("pause" if job.state != "paused" else "resume",
                                                     lambda i=index: self._edit("pause", i)),
                                                    ("retry", lambda i=index: self._edit("retry", i)),
                                                    ("remove", lambda i=index: self._edit("remove", i)))):
-                button(actions, text, command, width=28 if len(text) == 1 else 60).grid(row=0, column=col, padx=1)
-            self.rows.append({"id": job.id, "state": state, "bar": bar, "eta": eta})
+                buttons[text] = button(actions, text, command, width=28 if len(text) == 1 else 60)
+                buttons[text].grid(row=0, column=col, padx=1)
+            self.rows.append({"id": job.id, "state": state, "bar": bar, "eta": eta, "buttons": buttons})
 
     def _edit(self, action: str, index: int, *args) -> None:
         queue = self.queue()
