@@ -499,3 +499,68 @@ def test_the_concept_window_captions_the_missing_items_with_a_model(app, tmp_pat
     assert all(path.read_text() == text for path, text in kept.items())   # existing captions kept
     captioner.close()
     window.close()
+
+
+def test_what_a_newcomer_tripped_on(app, tmp_path):
+    # Start with the default config: one message for the one empty field, no "training started" before the refusal
+    default = tmp_path / "default.json"
+    default.write_text("{}")
+    app.load_file(default)
+    app.log_box.delete("1.0", "end")
+    dialogs = len(app.dialogs)
+    app.start()
+    assert run_until(app, lambda: len(app.dialogs) > dialogs or app.controller.run.status.startswith("refused"), 60)
+    assert run_until(app, lambda: len(app.dialogs) > dialogs, 30)
+    text = app.dialogs[-1].winfo_children()[0].get("1.0", "end")
+    assert text.count("base_model_name") == 1, text
+    log = app.log_box.get("1.0", "end")
+    assert "Start refused" in log and "started" not in log.split("Start refused")[0], log
+    for dialog in app.dialogs[dialogs:]:
+        dialog.destroy()
+    # a refused status is about the config that was replaced: loading a preset clears it
+    app.controller.run.status = "refused: the config has problems"
+    app.load_preset("#demo tiny CPU")
+    assert run_until(app, lambda: not app.status_label.cget("text").startswith("refused"), 10)
+
+    # the first screen says what to do until a run has been made
+    assert "#demo tiny CPU" in app.hint_label.cget("text") and app.hint_label.winfo_ismapped()
+
+    app.tabview.set("training")
+    settle(app)
+    # Ctrl+A selects the whole entry: typing then replaces it (Tk's default moves to the line start)
+    field = app.fields["optimizer.learning_rate"]
+    x, y = field.widget.winfo_rootx() + 20, field.widget.winfo_rooty() + field.widget.winfo_height() // 2
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+    settle(app, 0.2)
+    xdotool("key", "ctrl+a")
+    xdotool("type", "--delay", "50", "0.0007")
+    assert run_until(app, lambda: field.variable.get() == "0.0007", 10), field.variable.get()
+    box = app.log_box._textbox     # and in a text box (the caption editor's, the log's)
+    box.focus_force()
+    box.event_generate("<Control-a>")
+    assert box.tag_ranges("sel") and box.get("sel.first", "sel.last") == box.get("1.0", "end-1c")
+
+    # fields do not move sideways when an error label appears
+    neighbour = app.fields["optimizer.weight_decay"] if "optimizer.weight_decay" in app.fields else field
+    before = (field.widget.winfo_rootx(), neighbour.widget.winfo_rootx())
+    type_into(app, field.widget, "-1")
+    assert field.error.cget("text")
+    settle(app, 0.2)
+    assert (field.widget.winfo_rootx(), neighbour.widget.winfo_rootx()) == before
+    type_into(app, field.widget, "0.0003")
+    assert field.error.cget("text") == ""
+
+    # aspect ratios show short, and the value is kept exact
+    app.controller.state.set("data.aspect_ratios", [16 / 9, 1.0])
+    assert app.fields["data.aspect_ratios"].variable.get() == "1.77778, 1.0"
+    assert app.controller.state.get("data.aspect_ratios") == [16 / 9, 1.0]
+
+    # the sampling table scrolls sideways: the seed column is whole, not cut to "se"
+    app.tabview.set("sampling")
+    settle(app, 0.3)
+    import customtkinter as ctk
+    table = app.sampling_view.table
+    headers = {w.cget("text"): w for w in table.winfo_children() if isinstance(w, ctk.CTkLabel)}
+    seed = headers["seed"]
+    assert seed.winfo_width() >= seed.winfo_reqwidth()
+    assert table._scrollbar.winfo_ismapped()   # the columns are wider than the table: a horizontal scrollbar

@@ -332,8 +332,15 @@ class CtkTrainView(ctk.CTk):
             event.widget.icursor("end")
             return "break"
 
+        def select_all_text(event):   # the caption and prompt boxes (tk Text inside CTkTextbox)
+            event.widget.tag_add("sel", "1.0", "end-1c")
+            event.widget.mark_set("insert", "end-1c")
+            return "break"
+
         self.bind_class("Entry", "<Control-a>", select_all)
         self.bind_class("Entry", "<Control-A>", select_all)
+        self.bind_class("Text", "<Control-a>", select_all_text)
+        self.bind_class("Text", "<Control-A>", select_all_text)
 
     def show_dialog(self, title: str, text: str) -> ctk.CTkToplevel:
         """A message window that does not block the main loop (training and timers go on)."""
@@ -366,9 +373,6 @@ class CtkTrainView(ctk.CTk):
         self.queue_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
         self.end_panel.hide()
-        if not self.prefs.has_run:
-            self.prefs.has_run = True
-            self.hint_label.grid_remove()
 
     def add_to_queue(self) -> None:
         problems = self.controller.add_to_queue()
@@ -416,6 +420,9 @@ class CtkTrainView(ctk.CTk):
                          f"{payload['batches_per_epoch']} batches")
                 if payload["resumed_from"]:
                     self.log(f"resumed from step {payload['resumed_from']}")
+                if not self.prefs.has_run:   # a run is made once it trains (a refused Start keeps the hint)
+                    self.prefs.has_run = True
+                    self.hint_label.grid_remove()
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
             elif kind == "job":
                 self.queue_view.refresh()
