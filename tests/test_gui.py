@@ -2,7 +2,8 @@
 
 One window (from scripts/train_ui.py's create_app) serves the module's tests in order; every wait runs the real Tk
 main loop (`mainloop` until a condition holds). Screenshots of every tab are written to
-workspace/test-artefacts/gui/ and, with WAN_TRAINER_UPDATE_DOCS=1, copied to docs/gui/.
+workspace/test-artefacts/gui/ (the pictures of docs/gui/ come from scripts/gui_screenshots.py and a real demo run:
+these show test paths).
 """
 import json
 import os
@@ -19,7 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "training_presets" / "#demo tiny CPU.json"
 ARTEFACTS = ROOT / "workspace" / "test-artefacts" / "gui"
-DOCS = ROOT / "docs" / "gui"
 GAP_LIMIT_S = 0.25
 
 pytest.importorskip("tkinter", reason="this Python has no tkinter")
@@ -105,9 +105,6 @@ def screenshot(window, name: str) -> Path:
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTEFACTS / f"{name}.png"
     subprocess.run(["import", "-window", window.wm_frame(), str(path)], check=True, timeout=30)
-    if os.environ.get("WAN_TRAINER_UPDATE_DOCS") == "1":
-        DOCS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, DOCS / path.name)
     return path
 
 
@@ -503,6 +500,8 @@ def test_the_concept_window_captions_the_missing_items_with_a_model(app, tmp_pat
 
 def test_what_a_newcomer_tripped_on(app, tmp_path):
     # Start with the default config: one message for the one empty field, no "training started" before the refusal
+    app.prefs.has_run = False   # as on a first start (this module's window has trained before)
+    app.show_hint(True)
     default = tmp_path / "default.json"
     default.write_text("{}")
     app.load_file(default)
@@ -522,7 +521,7 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     app.load_preset("#demo tiny CPU")
     assert run_until(app, lambda: not app.status_label.cget("text").startswith("refused"), 10)
 
-    # the first screen says what to do until a run has been made
+    # the first screen says what to do until a run has been made: a refused Start keeps the hint
     assert "#demo tiny CPU" in app.hint_label.cget("text") and app.hint_label.winfo_ismapped()
 
     app.tabview.set("training")

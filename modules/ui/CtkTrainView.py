@@ -95,10 +95,16 @@ class CtkTrainView(ctk.CTk):
                                                  command=self.set_appearance)
         self.appearance_menu.set(self.prefs.appearance)
         self.appearance_menu.grid(row=0, column=10, padx=4)
-        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT if not self.prefs.has_run else "", anchor="w",
-                                       text_color="#ffb74d", wraplength=1100, justify="left")
-        if not self.prefs.has_run:
+        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT, anchor="w", text_color="#ffb74d", wraplength=1100,
+                                       justify="left")
+        self.show_hint(not self.prefs.has_run)
+
+    def show_hint(self, shown: bool) -> None:
+        """The first-run hint, shown until a run has trained from this window."""
+        if shown:
             self.hint_label.grid(row=1, column=0, columnspan=11, sticky="w", padx=8)
+        else:
+            self.hint_label.grid_remove()
 
     def set_appearance(self, mode: str) -> None:
         ctk.set_appearance_mode(mode)
@@ -422,7 +428,7 @@ class CtkTrainView(ctk.CTk):
                     self.log(f"resumed from step {payload['resumed_from']}")
                 if not self.prefs.has_run:   # a run is made once it trains (a refused Start keeps the hint)
                     self.prefs.has_run = True
-                    self.hint_label.grid_remove()
+                    self.show_hint(False)
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
             elif kind == "job":
                 self.queue_view.refresh()

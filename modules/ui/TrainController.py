@@ -406,6 +406,8 @@ class TrainController:
             run.running = False
             run.status = "stopped; backup written" if payload["stopped"] else \
                 f"done: {', '.join(payload['written'])}"
+            if not payload["stopped"]:   # the plan is done even where max_steps ends it inside its last epoch
+                run.epoch_fraction = 1.0
 
     def wait(self, timeout: float | None = None) -> bool:
         """Tests and shutdown: waits for the worker; True when it has ended."""
