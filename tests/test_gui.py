@@ -563,3 +563,7 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     seed = headers["seed"]
     assert seed.winfo_width() >= seed.winfo_reqwidth()
     assert table._scrollbar.winfo_ismapped()   # the columns are wider than the table: a horizontal scrollbar
+    # in view (not below the tab's visible area), right under the rows
+    visible = app.tabs["sampling"].master   # the tab's canvas
+    bar = table._scrollbar
+    assert bar.winfo_rooty() + bar.winfo_height() <= visible.winfo_rooty() + visible.winfo_height()

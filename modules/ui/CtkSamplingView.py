@@ -73,6 +73,8 @@ class CtkSamplingView:
                 self._cell(index, column, name, sample.get(name))
             button(self.table, "✕", lambda i=index: self.remove_sample(i), width=28, fg_color="#7f3030").grid(
                 row=index + 1, column=len(EDITOR_FIELDS), padx=2)
+        # as high as its rows: the sideways scrollbar sits right under the last row, in view, and no row is clipped
+        self.table.configure(height=36 + 36 * max(1, len(self.controller.samples)))
         where = self.controller.samples_file()
         text = f"samples file: {where}" + ("" if where.is_file() else " (written by Save samples)")
         self.samples_label.configure(text=text + (f"\n{self.controller.problem}" if self.controller.problem else ""),
