@@ -93,7 +93,7 @@ def take(app, camera: Camera, timeout: float) -> None:
     from modules.util.demo_e2v import demo_e2v_config, make_e2v_dataset
 
     camera.run_until(lambda: app.winfo_ismapped() and app.preloaded, 300, "the window")
-    before_run = [tab for tab in app.tabs if tab not in ("loss", "gallery", "queue", "elements")]
+    before_run = [tab for tab in app.tabs if tab not in ("loss", "gallery", "queue", "elements", "tools")]
     for tab in before_run:
         app.tabview.set(tab)
         camera.shoot(app, tab_file_name(tab))
@@ -118,6 +118,14 @@ def take(app, camera: Camera, timeout: float) -> None:
         camera.settle(2)
         camera.shoot(app, tab_file_name(tab))
 
+    # the tools tab: the end panel's "sample it" fills the form with the new LoRA; Run, and the result plays
+    app.end_panel.prefill_sample_form()
+    app.tabview.set("tools")
+    app.tools_view.sample()
+    camera.run_until(lambda: app.tools_view.player.path is not None and app.tools_view.player.frame is not None,
+                     600, "the tools tab's sample to play")
+    camera.shoot(app, "tab-tools")
+
     # the queue: the demo config added twice, waiting
     for name in ("demo_lora_rank4", "demo_lora_rank16"):
         app.fields["lora.rank"].set_text(name.rsplit("rank", 1)[1])
@@ -141,10 +149,6 @@ def take(app, camera: Camera, timeout: float) -> None:
     camera.shoot(captioner, "caption-window")
     captioner.close()
     window.close()
-
-    # the tools tab with the sample form as the end panel fills it
-    app.tabview.set("tools")
-    camera.shoot(app, "tab-tools")
 
     # an invalid value shows the CLI's message beside its field
     app.tabview.set("training")

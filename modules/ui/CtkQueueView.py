@@ -40,7 +40,8 @@ class CtkQueueView:
         for index, job in enumerate(queue.jobs):
             row = index + 1
             ctk.CTkLabel(self.table, text=str(row), width=24).grid(row=row, column=0, padx=4)
-            ctk.CTkLabel(self.table, text=job.name, anchor="w", width=160).grid(row=row, column=1, sticky="w")
+            name = job.name if len(job.name) <= 34 else job.name[:33] + "…"   # the state column stays apart
+            ctk.CTkLabel(self.table, text=name, anchor="w", width=250).grid(row=row, column=1, sticky="w", padx=(0, 8))
             state = ctk.CTkLabel(self.table, text=job.state, anchor="w", width=80,
                                  text_color="#e57373" if job.state == "failed" else None)
             state.grid(row=row, column=2, sticky="w")

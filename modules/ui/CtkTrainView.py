@@ -119,7 +119,8 @@ class CtkTrainView(ctk.CTk):
         except ConfigError as error:
             self.show_dialog("Cannot load", str(error))
             return
-        self.log(f"loaded {path}")
+        shipped = Path(path).resolve().parent == Path(self.controller.presets_dir).resolve()
+        self.log(f"loaded preset {Path(path).stem}" if shipped else f"loaded {path}")
         if not self.controller.running:
             self.controller.run.status = "idle"   # a refused Start's status is about the config just replaced
         self.preset_menu.set(Path(path).stem)
