@@ -567,3 +567,25 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     visible = app.tabs["sampling"].master   # the tab's canvas
     bar = table._scrollbar
     assert bar.winfo_rooty() + bar.winfo_height() <= visible.winfo_rooty() + visible.winfo_height()
+
+
+def test_a_new_e2v_dataset_stores_no_made_up_path_and_draws_after_a_reload(app, tmp_path):
+    app.load_preset("#demo tiny CPU")
+    app.tabview.set("elements")
+    app.elements_view.new_dataset()
+    settle(app)
+    assert app.controller.state.get("e2v.datasets.0.data_root") == ""   # the user's to fill, never a placeholder
+    assert any("data_root" in problem for problem in app.elements_view.controller.problems())
+    first = app.elements_view.last_drawing
+    assert first is not None and app.elements_view.canvas.find_withtag("all")
+    saved = tmp_path / "with-e2v.json"
+    app.controller.state.save(saved)
+    app.load_preset("#demo tiny CPU")   # no E2V dataset: the drawing says so
+    settle(app)
+    app.elements_view.last_drawing = None
+    app.load_file(saved)                # the reload of the config with the dataset draws it again
+    settle(app)
+    assert app.elements_view.last_drawing is not None
+    assert len(app.elements_view.canvas.find_all()) > 20   # cells of the mini-video and the mask, not an empty box
+    app.controller.state.set("e2v.datasets", [])
+    app.elements_view.refresh()
