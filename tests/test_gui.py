@@ -589,3 +589,49 @@ def test_a_new_e2v_dataset_stores_no_made_up_path_and_draws_after_a_reload(app, 
     assert len(app.elements_view.canvas.find_all()) > 20   # cells of the mini-video and the mask, not an empty box
     app.controller.state.set("e2v.datasets", [])
     app.elements_view.refresh()
+
+
+def test_closing_during_a_run_asks_and_the_next_start_offers_to_resume_it(app, tmp_path, tiny_model, squares_dataset):
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="100000")
+    app.start()
+    assert run_until(app, lambda: app.controller.run.step >= 3, 120), app.log_box.get("1.0", "end")[-2000:]
+    asked = []
+    app.ask_close(confirm=lambda: asked.append(True) or False)   # "No": the window stays and the run goes on
+    assert asked and app.winfo_exists() and app.controller.running
+    step = app.controller.run.step
+    assert run_until(app, lambda: app.controller.run.step > step, 60)
+    # "Yes" would stop the run and close: the same steps without the window going away
+    app.remember_interrupted_run()
+    app.stop()
+    assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120)
+    assert app.controller.run.status.startswith("stopped"), app.controller.run.status
+    stopped_at = app.controller.run.step
+    config = Path(app.prefs.interrupted_config)
+    assert config.is_file() and config.parent.name == "run-configs"
+    # the next start: the offer, and its button resumes from the backup the stop wrote
+    dialogs = len(app.dialogs)
+    app._offer_resume()
+    assert len(app.dialogs) == dialogs + 1 and app.prefs.interrupted_config == ""   # offered once
+    settle(app, 0.3)
+    button = app.resume_button
+    x, y = button.winfo_rootx() + 20, button.winfo_rooty() + 10
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+    assert run_until(app, lambda: app.controller.run.resumed_from is not None, 120), \
+        app.log_box.get("1.0", "end")[-2000:]
+    assert app.controller.run.resumed_from == stopped_at
+    app.stop()
+    assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120)
+    app.controller.state.set_text("backup.continue_last_backup", "false")
+
+
+def test_the_log_panel_filters_by_level_and_keeps_every_line(app):
+    app.set_log_level("INFO")
+    app.log("WARNING modules.x: a warning line")
+    app.log("INFO modules.x: an info line")
+    app.log("a message of the window")
+    app.set_log_level("WARNING")
+    shown = app.log_box.get("1.0", "end")
+    assert "a warning line" in shown and "an info line" not in shown and "a message of the window" not in shown
+    app.set_log_level("INFO")   # the hidden lines come back
+    shown = app.log_box.get("1.0", "end")
+    assert "an info line" in shown and "a message of the window" in shown and app.prefs.log_level == "INFO"

@@ -467,17 +467,24 @@ class CtkTrainView(ctk.CTk):
             self._loss_drawn_at = time.monotonic()
             self.loss_view.reload()
 
-    def ask_close(self) -> None:
-        """The window's close button: during training, ask first; the stopped run is offered on the next start."""
+    def ask_close(self, confirm=None) -> None:
+        """The window's close button: during training, ask first (`confirm`: tests answer without the modal box);
+        the stopped run is offered on the next start."""
         if self.controller.running:
             from tkinter import messagebox
-            if not messagebox.askyesno("Training is running", "Stop the run (a backup is written) and close? The "
-                                       "next start offers to resume it.", parent=self):
+            confirm = confirm or (lambda: messagebox.askyesno(
+                "Training is running", "Stop the run (a backup is written) and close? The next start offers to resume "
+                "it.", parent=self))
+            if not confirm():
                 return
-            trainer = self.controller.trainer
-            if trainer is not None and getattr(trainer, "run_name", None):
-                self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
+            self.remember_interrupted_run()
         self.close()
+
+    def remember_interrupted_run(self) -> None:
+        """The running run's config (run-configs/), offered for resuming on the next start."""
+        trainer = self.controller.trainer
+        if trainer is not None and getattr(trainer, "run_name", None):
+            self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
 
     def _offer_resume(self) -> None:
         path = Path(self.prefs.interrupted_config)
@@ -487,8 +494,9 @@ class CtkTrainView(ctk.CTk):
             return
         dialog = self.show_dialog("Resume?", f"The last session closed during a run ({path.stem}). Resume the "
                                              f"interrupted run from its newest backup?")
-        button(dialog, "Resume the interrupted run", lambda: (dialog.destroy(), self.resume_run(path)),
-               width=220).pack(pady=(0, 10))
+        self.resume_button = button(dialog, "Resume the interrupted run",
+                                    lambda: (dialog.destroy(), self.resume_run(path)), width=220)
+        self.resume_button.pack(pady=(0, 10))
 
     def resume_run(self, config_path: str | Path) -> None:
         """Loads a run's config with backup.continue_last_backup on and starts it."""
