@@ -65,7 +65,9 @@ def app(display, tmp_path_factory):
     import train_ui
     from modules.ui.TrainController import TrainController
 
-    controller = TrainController(last_used=tmp_path_factory.mktemp("ui") / "last-used.json")
+    workspace = tmp_path_factory.mktemp("workspace")
+    controller = TrainController(last_used=workspace / "ui" / "last-used.json",
+                                 queue_path=workspace / "queue" / "queue.json")
     window = train_ui.create_app(str(DEMO), controller=controller)
     assert run_until(window, lambda: window.winfo_ismapped() and window.preloaded, 120)
     yield window
@@ -358,6 +360,9 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
 
 def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
     _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    queue = app.controller.job_queue()
+    while queue.jobs:
+        queue.remove(0)
     for name in ("first", "second"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
         app.add_to_queue()
@@ -378,6 +383,9 @@ def test_queue_jobs_are_reordered_paused_and_removed_in_the_tab_and_survive_a_re
                                                                                        squares_dataset):
     from modules.ui.JobQueue import JobQueue
     _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    queue = app.controller.job_queue()
+    while queue.jobs:   # the module's window: an earlier test's jobs
+        queue.remove(0)
     for name in ("a", "b", "c"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
         app.add_to_queue()
@@ -399,7 +407,7 @@ def test_queue_jobs_are_reordered_paused_and_removed_in_the_tab_and_survive_a_re
     expected = [("b.safetensors", "waiting"), ("a.safetensors", "paused")]
     assert [(job.name, job.state) for job in app.controller.job_queue().jobs] == expected
     # a restart of the app: a new queue object reads the workspace's file, and the tab shows it as it was
-    restarted = JobQueue(Path(app.controller.state.get("workspace_dir")) / "queue" / "queue.json")
+    restarted = JobQueue(app.controller.queue_path)
     assert [(job.name, job.state) for job in restarted.jobs] == expected
     assert restarted.next_job().name == "b.safetensors"
     app.queue_view.refresh()
