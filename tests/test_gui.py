@@ -643,3 +643,24 @@ def test_the_log_panel_filters_by_level_and_keeps_every_line(app):
     app.set_log_level("INFO")   # the hidden lines come back
     shown = app.log_box.get("1.0", "end")
     assert "an info line" in shown and "a message of the window" in shown and app.prefs.log_level == "INFO"
+
+
+def test_the_samples_table_shows_a_samples_file_written_after_it_was_chosen(app, tmp_path, tiny_model,
+                                                                           squares_dataset):
+    # the demo writes its samples file when Start prepares the run: the table must show it without a reload
+    samples = tmp_path / "samples.json"
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="1")
+    app.fields["sampling.samples_file"].set_text(str(samples))
+    app.fields["sampling.sample_before_training"].set_text("false")
+    app.fields["sampling.every_n_steps"].set_text("0")
+    app.sampling_view.reload_samples()
+    assert app.sampling_view.controller.samples == []
+    samples.write_text(json.dumps([{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9},
+                                   {"prompt": "a blue square moving right", "width": 32, "height": 32,
+                                    "frames": 9}]))
+    app.start()
+    assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120), \
+        app.log_box.get("1.0", "end")[-2000:]
+    assert [s["prompt"] for s in app.sampling_view.controller.samples] == ["a red square moving left",
+                                                                           "a blue square moving right"]
+    app.fields["sampling.samples_file"].set_text("")
