@@ -16,7 +16,7 @@ from modules.ui.ElementsController import ElementsController
 from modules.ui.SamplingController import SamplingController
 from modules.ui.desktop import open_folder
 from modules.ui.TrainController import TrainController, format_duration
-from modules.ui.ui_prefs import LEVELS, UIPrefs, shown_at
+from modules.ui.ui_prefs import LEVELS, UIPrefs, fit_geometry, shown_at
 from modules.util.config.config_io import ConfigError
 
 POLL_MS = 100
@@ -34,7 +34,8 @@ class CtkTrainView(ctk.CTk):
         ctk.set_appearance_mode(self.prefs.appearance)
         super().__init__()
         self.title("Wan trainer")
-        self.geometry(self.prefs.geometry)  # the size (and place) it had when it was last closed
+        # the size (and place) it had when it was last closed, on this screen
+        self.geometry(fit_geometry(self.prefs.geometry, self.winfo_screenwidth(), self.winfo_screenheight()))
         self.minsize(1000, 700)
         self.log_lines: list[str] = []
         self.config_state = self.controller.state
