@@ -97,8 +97,9 @@ class QwenVLCaptioner:
 
     def _prompt_text(self, pictures: int, prompt: str) -> str:
         content = [{"type": "image"}] * pictures + [{"type": "text", "text": prompt}]
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=self.chat_template,
-                                                  add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                  chat_template=self.chat_template, add_generation_prompt=True,
+                                                  tokenize=False)
 
     @torch.no_grad()
     def caption(self, items: Sequence[tuple[list[Image.Image], str]]) -> list[str]:

@@ -81,7 +81,8 @@ class CtkConceptWindow(ctk.CTkToplevel):
         actions.grid(row=0, column=0, sticky="w", pady=4)
         button(actions, "Compute statistics", self.compute, width=160).grid(row=0, column=0, padx=(0, 6))
         button(actions, "Browse items and captions…", self.browse, width=200).grid(row=0, column=1)
-        button(actions, "Caption with a model…", self.caption, width=160).grid(row=1, column=0, sticky="w", pady=(4, 0))
+        button(actions, "Caption with a model…", self.caption, width=160).grid(row=1, column=0, sticky="w",
+                                                                         pady=(4, 0))
         self.summary = ctk.CTkLabel(stats, text="", anchor="w", justify="left")
         self.summary.grid(row=1, column=0, sticky="w", pady=4)
         ctk.CTkLabel(stats, text="items per resolution bucket", anchor="w").grid(row=2, column=0, sticky="w")
