@@ -82,6 +82,8 @@ class CtkCaptionWindow(ctk.CTkToplevel):
 
     def start(self) -> None:
         problem = self.read_settings()
+        if self.app.controller.running:   # two models on one card: the run's memory plan would no longer hold
+            problem = "training is running: caption before or after it (both would need the GPU's memory)"
         if problem or not self.controller.start():
             self.error.configure(text=problem or self.controller.progress.error)
             return
