@@ -99,5 +99,27 @@ def test_cli_add_list_run_remove_trains_two_jobs(tmp_path, tiny_model, squares_d
     assert (tmp_path / "out" / "first.safetensors").is_file() and (tmp_path / "out" / "second.safetensors").is_file()
     assert "1. [done 2/0]" not in result.stdout and "[done] first" in result.stdout
     assert cli("remove", "3").returncode == 2
+    assert cli("move", "2", "1").returncode == 0 and cli("pause", "1").returncode == 2   # done: not pausable
+    assert [job.name for job in JobQueue(queue_file).jobs] == ["second", "first"]
+    assert cli("move", "1", "5").returncode == 2
+    assert cli("move", "2", "1").returncode == 0
     assert cli("remove", "1").returncode == 0
     assert [job.name for job in JobQueue(queue_file).jobs] == ["second"]
+
+
+def test_cli_pause_and_move_edit_the_waiting_jobs(tmp_path, tiny_model, squares_dataset):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import job_queue
+
+    queue_file = tmp_path / "q.json"
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(job_config(tmp_path, tiny_model, squares_dataset, name)))
+        assert job_queue.main(["add", str(path), "--queue", str(queue_file)]) == 0
+    assert job_queue.main(["pause", "1", "--queue", str(queue_file)]) == 0
+    assert job_queue.main(["move", "1", "2", "--queue", str(queue_file)]) == 0
+    assert [(job.name, job.state) for job in JobQueue(queue_file).jobs] == [("b", "waiting"), ("a", "paused")]
+    assert JobQueue(queue_file).next_job().name == "b"   # `run` skips the paused one
+    assert job_queue.main(["pause", "2", "--queue", str(queue_file)]) == 0
+    assert JobQueue(queue_file).jobs[1].state == "waiting"
+    assert job_queue.main(["pause", "3", "--queue", str(queue_file)]) == 2
