@@ -123,3 +123,21 @@ def test_cli_pause_and_move_edit_the_waiting_jobs(tmp_path, tiny_model, squares_
     assert job_queue.main(["pause", "2", "--queue", str(queue_file)]) == 0
     assert JobQueue(queue_file).jobs[1].state == "waiting"
     assert job_queue.main(["pause", "3", "--queue", str(queue_file)]) == 2
+
+
+def test_a_job_running_in_a_live_process_is_not_taken_by_another(tmp_path):
+    import os
+    import socket
+
+    queue = JobQueue(tmp_path / "queue.json")
+    for name in ("a", "b"):
+        queue.add({"epochs": 1, "output": {"destination": f"/x/{name}.safetensors"}})
+    claimed = queue._claim_next()     # as `queue run` does, in this (live) process
+    assert claimed.name == "a.safetensors" and claimed.runner == f"{socket.gethostname()}:{os.getpid()}"
+    other = JobQueue(tmp_path / "queue.json")   # the window reading the same file meanwhile
+    assert [job.state for job in other.jobs] == ["running", "waiting"]
+    assert other._claim_next().name == "b.safetensors"   # the next runner takes the next job, not the running one
+    # a runner that died: its job is interrupted and runs again
+    other.jobs[0].runner = f"{socket.gethostname()}:{2 ** 22 + 12345}"
+    other.save()
+    assert [job.state for job in JobQueue(tmp_path / "queue.json").jobs] == ["interrupted", "running"]
