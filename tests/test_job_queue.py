@@ -141,3 +141,14 @@ def test_a_job_running_in_a_live_process_is_not_taken_by_another(tmp_path):
     other.jobs[0].runner = f"{socket.gethostname()}:{2 ** 22 + 12345}"
     other.save()
     assert [job.state for job in JobQueue(tmp_path / "queue.json").jobs] == ["interrupted", "running"]
+
+
+def test_an_edit_from_an_older_view_keeps_the_changes_made_meanwhile(tmp_path):
+    window = JobQueue(tmp_path / "queue.json")
+    for name in ("a", "b", "c"):
+        window.add({"epochs": 1, "output": {"destination": f"/x/{name}.safetensors"}})
+    cli = JobQueue(tmp_path / "queue.json")
+    cli.pause(0)                  # the CLI pauses a
+    window.move(2, -2)            # the window, still showing a as waiting, moves c to the top
+    assert [(job.name, job.state) for job in JobQueue(tmp_path / "queue.json").jobs] == [
+        ("c.safetensors", "waiting"), ("a.safetensors", "paused"), ("b.safetensors", "waiting")]

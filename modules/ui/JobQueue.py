@@ -86,8 +86,8 @@ class JobQueue:
         atomic_write_text(config_path, json.dumps(config, indent=2) + "\n")
         job = Job(id=job_id, name=name or Path(str(config.get("output", {}).get("destination", job_id))).name,
                   config=str(config_path), added=time.time())
-        self.jobs.append(job)
-        self.save()
+        with self._editing():
+            self.jobs.append(job)
         return job
 
     def add_file(self, path: str | Path) -> Job:
@@ -103,36 +103,37 @@ class JobQueue:
         return number - 1
 
     def remove(self, index: int) -> Job:
-        job = self.jobs[index]
-        if job.state == "running":
-            raise ValueError(f"job {index + 1} ({job.name}) is running: stop it first")
-        del self.jobs[index]
+        with self._editing():
+            job = self.jobs[index]
+            if job.state == "running":
+                raise ValueError(f"job {index + 1} ({job.name}) is running: stop it first")
+            del self.jobs[index]
         Path(job.config).unlink(missing_ok=True)
-        self.save()
         return job
 
     def move(self, index: int, offset: int) -> int:
         """Moves a job up (offset -1) or down (+1); returns its new index."""
-        new = max(0, min(len(self.jobs) - 1, index + offset))
-        self.jobs.insert(new, self.jobs.pop(index))
-        self.save()
+        with self._editing():
+            new = max(0, min(len(self.jobs) - 1, index + offset))
+            self.jobs.insert(new, self.jobs.pop(index))
         return new
 
     def pause(self, index: int) -> None:
         """A waiting job is paused (skipped by run) and a paused one waits again."""
-        job = self.jobs[index]
-        if job.state in RUNNABLE:
-            job.state = "paused"
-        elif job.state == "paused":
-            job.state = "waiting"
-        else:
-            raise ValueError(f"job {index + 1} is {job.state}: only waiting or paused jobs can be paused or resumed")
-        self.save()
+        with self._editing():
+            job = self.jobs[index]
+            if job.state in RUNNABLE:
+                job.state = "paused"
+            elif job.state == "paused":
+                job.state = "waiting"
+            else:
+                raise ValueError(f"job {index + 1} is {job.state}: only waiting or paused jobs can be paused or "
+                                 f"resumed")
 
     def retry(self, index: int) -> None:
-        if self.jobs[index].state in ("failed", "stopped", "done"):
-            self.jobs[index].state, self.jobs[index].error = "waiting", ""
-            self.save()
+        with self._editing():
+            if self.jobs[index].state in ("failed", "stopped", "done"):
+                self.jobs[index].state, self.jobs[index].error = "waiting", ""
 
     def next_job(self) -> Job | None:
         return next((job for job in self.jobs if job.state in RUNNABLE), None)
@@ -181,6 +182,15 @@ class JobQueue:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _editing(self):
+        """An edit of the file as it is now (read again under the lock, written at the end; nothing written when the
+        edit raises): a runner's changes made meanwhile are never overwritten by an older view of the queue."""
+        with self._locked():
+            self.load()
+            yield
+            self.save()
 
     def _claim_next(self) -> Job | None:
         """The first waiting job, marked running in the file under the lock; None when no job waits."""
