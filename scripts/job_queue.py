@@ -38,6 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def edit(queue: JobQueue, args) -> str:
+    """remove / pause / move by the numbers `list` prints; IndexError or ValueError says why not."""
+    index = queue.index_of(args.number)
+    if args.command == "remove":
+        return f"removed job {args.number}: {queue.remove(index).name}"
+    if args.command == "pause":
+        queue.pause(index)
+        return f"job {args.number} ({queue.jobs[index].name}) is {queue.jobs[index].state}"
+    queue.index_of(args.to)
+    queue.move(index, args.to - args.number)
+    return describe(queue)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     queue = JobQueue(args.queue)
@@ -55,30 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     elif args.command == "list":
         print(describe(queue))
-    elif args.command == "remove":
+    elif args.command in ("remove", "pause", "move"):
         try:
-            job = queue.remove(queue.index_of(args.number))
+            print(edit(queue, args))
         except (IndexError, ValueError) as error:
-            print(f"queue remove: {error}", file=sys.stderr)
+            print(f"queue {args.command}: {error}", file=sys.stderr)
             return 2
-        print(f"removed job {args.number}: {job.name}")
-    elif args.command == "pause":
-        try:
-            index = queue.index_of(args.number)
-            queue.pause(index)
-        except (IndexError, ValueError) as error:
-            print(f"queue pause: {error}", file=sys.stderr)
-            return 2
-        print(f"job {args.number} ({queue.jobs[index].name}) is {queue.jobs[index].state}")
-    elif args.command == "move":
-        try:
-            index = queue.index_of(args.number)
-            queue.index_of(args.to)
-        except IndexError as error:
-            print(f"queue move: {error}", file=sys.stderr)
-            return 2
-        queue.move(index, args.to - args.number)
-        print(describe(queue))
     elif args.command == "run":
         def train_one(config_path, job):
             print(f"queue: running {job.name} ({config_path})", flush=True)
