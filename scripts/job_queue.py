@@ -5,6 +5,8 @@ config, 1 a job failed (`run`: the queue still ran every job).
   run-cmd.sh queue list
   run-cmd.sh queue run                         every waiting job in order, one model in memory at a time
   run-cmd.sh queue remove N                    the job numbered N in `list`
+  run-cmd.sh queue pause N                     a waiting job is skipped by `run` until paused again (resumed)
+  run-cmd.sh queue move N M                    the job numbered N becomes number M
   every command: --queue FILE          (default: workspace/queue/queue.json)
 """
 import argparse
@@ -28,7 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("run", parents=[common], help="run the waiting jobs in order")
     remove = commands.add_parser("remove", parents=[common], help="remove a job")
     remove.add_argument("number", type=int, help="the job's number in `list`")
+    pause = commands.add_parser("pause", parents=[common], help="pause a waiting job, or resume a paused one")
+    pause.add_argument("number", type=int, help="the job's number in `list`")
+    move = commands.add_parser("move", parents=[common], help="move a job to another place in the order")
+    move.add_argument("number", type=int, help="the job's number in `list`")
+    move.add_argument("to", type=int, help="its new number")
     return parser
+
+
+def edit(queue: JobQueue, args) -> str:
+    """remove / pause / move by the numbers `list` prints; IndexError or ValueError says why not."""
+    index = queue.index_of(args.number)
+    if args.command == "remove":
+        return f"removed job {args.number}: {queue.remove(index).name}"
+    if args.command == "pause":
+        queue.pause(index)
+        return f"job {args.number} ({queue.jobs[index].name}) is {queue.jobs[index].state}"
+    queue.index_of(args.to)
+    queue.move(index, args.to - args.number)
+    return describe(queue)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,13 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     elif args.command == "list":
         print(describe(queue))
-    elif args.command == "remove":
+    elif args.command in ("remove", "pause", "move"):
         try:
-            job = queue.remove(queue.index_of(args.number))
+            print(edit(queue, args))
         except (IndexError, ValueError) as error:
-            print(f"queue remove: {error}", file=sys.stderr)
+            print(f"queue {args.command}: {error}", file=sys.stderr)
             return 2
-        print(f"removed job {args.number}: {job.name}")
     elif args.command == "run":
         def train_one(config_path, job):
             print(f"queue: running {job.name} ({config_path})", flush=True)

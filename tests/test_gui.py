@@ -2,7 +2,8 @@
 
 One window (from scripts/train_ui.py's create_app) serves the module's tests in order; every wait runs the real Tk
 main loop (`mainloop` until a condition holds). Screenshots of every tab are written to
-workspace/test-artefacts/gui/ and, with WAN_TRAINER_UPDATE_DOCS=1, copied to docs/gui/.
+workspace/test-artefacts/gui/ (the pictures of docs/gui/ come from scripts/gui_screenshots.py and a real demo run:
+these show test paths).
 """
 import json
 import os
@@ -19,7 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "training_presets" / "#demo tiny CPU.json"
 ARTEFACTS = ROOT / "workspace" / "test-artefacts" / "gui"
-DOCS = ROOT / "docs" / "gui"
 GAP_LIMIT_S = 0.25
 
 pytest.importorskip("tkinter", reason="this Python has no tkinter")
@@ -65,7 +65,9 @@ def app(display, tmp_path_factory):
     import train_ui
     from modules.ui.TrainController import TrainController
 
-    controller = TrainController(last_used=tmp_path_factory.mktemp("ui") / "last-used.json")
+    workspace = tmp_path_factory.mktemp("workspace")
+    controller = TrainController(last_used=workspace / "ui" / "last-used.json",
+                                 queue_path=workspace / "queue" / "queue.json")
     window = train_ui.create_app(str(DEMO), controller=controller)
     assert run_until(window, lambda: window.winfo_ismapped() and window.preloaded, 120)
     yield window
@@ -105,9 +107,6 @@ def screenshot(window, name: str) -> Path:
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTEFACTS / f"{name}.png"
     subprocess.run(["import", "-window", window.wm_frame(), str(path)], check=True, timeout=30)
-    if os.environ.get("WAN_TRAINER_UPDATE_DOCS") == "1":
-        DOCS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, DOCS / path.name)
     return path
 
 
@@ -361,6 +360,9 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
 
 def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
     _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    queue = app.controller.job_queue()
+    while queue.jobs:
+        queue.remove(0)
     for name in ("first", "second"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
         app.add_to_queue()
@@ -375,6 +377,42 @@ def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_mo
     assert not (tmp_path / "out" / "changed-after.safetensors").exists()
     settle(app, 0.5)
     screenshot(app, "tab-queue")
+
+
+def test_queue_jobs_are_reordered_paused_and_removed_in_the_tab_and_survive_a_restart(app, tmp_path, tiny_model,
+                                                                                       squares_dataset):
+    from modules.ui.JobQueue import JobQueue
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    queue = app.controller.job_queue()
+    while queue.jobs:   # the module's window: an earlier test's jobs
+        queue.remove(0)
+    for name in ("a", "b", "c"):
+        app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
+        app.add_to_queue()
+    app.tabview.set("queue")
+    settle(app, 0.3)
+
+    def click(row: int, action: str) -> None:
+        widget = app.queue_view.rows[row]["buttons"][action]
+        assert run_until(app, widget.winfo_ismapped, 10)
+        x, y = widget.winfo_rootx() + widget.winfo_width() // 2, widget.winfo_rooty() + widget.winfo_height() // 2
+        rows_before = app.queue_view.rows
+        xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+        assert run_until(app, lambda: app.queue_view.rows is not rows_before, 10), action   # the tab redrew
+        settle(app, 0.2)
+
+    click(0, "↓")        # b, a, c
+    click(1, "pause")    # a paused
+    click(2, "remove")   # c removed
+    expected = [("b.safetensors", "waiting"), ("a.safetensors", "paused")]
+    assert [(job.name, job.state) for job in app.controller.job_queue().jobs] == expected
+    # a restart of the app: a new queue object reads the workspace's file, and the tab shows it as it was
+    restarted = JobQueue(app.controller.queue_path)
+    assert [(job.name, job.state) for job in restarted.jobs] == expected
+    assert restarted.next_job().name == "b.safetensors"
+    app.queue_view.refresh()
+    assert [row["state"].cget("text") for row in app.queue_view.rows] == ["waiting", "paused"]
+    assert app.queue_view.rows[1]["buttons"].keys() >= {"resume"}
 
 
 def test_a_caption_edited_in_the_dataset_viewer_is_encoded_by_the_next_run(app, tmp_path, tiny_model,
@@ -435,3 +473,197 @@ def test_a_failure_shows_a_dialog_and_a_new_run_can_start(app, tmp_path, tiny_mo
     message = app.fields["data.concepts.0.path"].error.cget("text")
     assert message == f"data.concepts.0.path: {str(tmp_path / 'missing')!r} does not exist"
     app.dialogs[-1].destroy()
+
+
+def test_the_concept_window_captions_the_missing_items_with_a_model(app, tmp_path, squares_dataset):
+    from modules.util.tiny_vlm import make_tiny_qwen_vl
+    model = make_tiny_qwen_vl(tmp_path / "tiny_qwen_vl")
+    data = tmp_path / "squares"
+    shutil.copytree(squares_dataset, data)
+    missing = sorted(data.glob("red_*.txt"))
+    kept = {path: path.read_text() for path in data.glob("*.txt") if path not in missing}
+    for path in missing:
+        path.unlink()
+    app.fields["data.concepts.0.path"].set_text(str(data))
+    app.tabview.set("concepts")
+    window = app.concepts_view.open_window(0)
+    captioner = window.caption()
+    assert run_until(app, lambda: captioner.winfo_ismapped(), 30)
+    assert f"{len(missing)} to caption" in captioner.status.cget("text")
+    captioner.model.delete(0, "end")
+    type_into(app, captioner.model, str(model))
+    captioner.frames.delete(0, "end")
+    captioner.frames.insert(0, "3")
+    captioner.prefix.insert(0, "sks, ")
+    captioner.controller.settings.max_new_tokens = 6   # nonsense from a random model: a few tokens show the pipeline
+    x = captioner.start_button.winfo_rootx() + 20
+    y = captioner.start_button.winfo_rooty() + 10
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+    assert run_until(app, lambda: captioner.controller.progress.status.startswith("wrote"), 120), \
+        (captioner.controller.progress.status, captioner.controller.progress.error)
+    assert run_until(app, lambda: captioner.bar.get() == 1 and "wrote" in captioner.status.cget("text"), 10)
+    assert captioner.controller.progress.written == len(missing)
+    assert all(path.read_text().startswith("sks, ") for path in missing)
+    assert all(path.read_text() == text for path, text in kept.items())   # existing captions kept
+    captioner.close()
+    window.close()
+
+
+def test_what_a_newcomer_tripped_on(app, tmp_path):
+    # Start with the default config: one message for the one empty field, no "training started" before the refusal
+    app.prefs.has_run = False   # as on a first start (this module's window has trained before)
+    app.show_hint(True)
+    default = tmp_path / "default.json"
+    default.write_text("{}")
+    app.load_file(default)
+    app.log_box.delete("1.0", "end")
+    dialogs = len(app.dialogs)
+    app.start()
+    assert run_until(app, lambda: len(app.dialogs) > dialogs or app.controller.run.status.startswith("refused"), 60)
+    assert run_until(app, lambda: len(app.dialogs) > dialogs, 30)
+    text = app.dialogs[-1].winfo_children()[0].get("1.0", "end")
+    assert text.count("base_model_name") == 1, text
+    log = app.log_box.get("1.0", "end")
+    assert "Start refused" in log and "started" not in log.split("Start refused")[0], log
+    for dialog in app.dialogs[dialogs:]:
+        dialog.destroy()
+    # a refused status is about the config that was replaced: loading a preset clears it
+    app.controller.run.status = "refused: the config has problems"
+    app.load_preset("#demo tiny CPU")
+    assert run_until(app, lambda: not app.status_label.cget("text").startswith("refused"), 10)
+
+    # the first screen says what to do until a run has been made: a refused Start keeps the hint
+    assert "#demo tiny CPU" in app.hint_label.cget("text") and app.hint_label.winfo_ismapped()
+
+    app.tabview.set("training")
+    settle(app)
+    # Ctrl+A selects the whole entry: typing then replaces it (Tk's default moves to the line start)
+    field = app.fields["optimizer.learning_rate"]
+    x, y = field.widget.winfo_rootx() + 20, field.widget.winfo_rooty() + field.widget.winfo_height() // 2
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+    settle(app, 0.2)
+    xdotool("key", "ctrl+a")
+    xdotool("type", "--delay", "50", "0.0007")
+    assert run_until(app, lambda: field.variable.get() == "0.0007", 10), field.variable.get()
+    box = app.log_box._textbox     # and in a text box (the caption editor's, the log's)
+    box.focus_force()
+    box.event_generate("<Control-a>")
+    assert box.tag_ranges("sel") and box.get("sel.first", "sel.last") == box.get("1.0", "end-1c")
+
+    # fields do not move sideways when an error label appears
+    neighbour = app.fields["optimizer.weight_decay"] if "optimizer.weight_decay" in app.fields else field
+    before = (field.widget.winfo_rootx(), neighbour.widget.winfo_rootx())
+    type_into(app, field.widget, "-1")
+    assert field.error.cget("text")
+    settle(app, 0.2)
+    assert (field.widget.winfo_rootx(), neighbour.widget.winfo_rootx()) == before
+    type_into(app, field.widget, "0.0003")
+    assert field.error.cget("text") == ""
+
+    # aspect ratios show short, and the value is kept exact
+    app.controller.state.set("data.aspect_ratios", [16 / 9, 1.0])
+    assert app.fields["data.aspect_ratios"].variable.get() == "1.77778, 1.0"
+    assert app.controller.state.get("data.aspect_ratios") == [16 / 9, 1.0]
+
+    # the sampling table scrolls sideways: the seed column is whole, not cut to "se"
+    app.tabview.set("sampling")
+    settle(app, 0.3)
+    import customtkinter as ctk
+    table = app.sampling_view.table
+    headers = {w.cget("text"): w for w in table.winfo_children() if isinstance(w, ctk.CTkLabel)}
+    seed = headers["seed"]
+    assert seed.winfo_width() >= seed.winfo_reqwidth()
+    assert table._scrollbar.winfo_ismapped()   # the columns are wider than the table: a horizontal scrollbar
+    # in view (not below the tab's visible area), right under the rows
+    visible = app.tabs["sampling"].master   # the tab's canvas
+    bar = table._scrollbar
+    assert bar.winfo_rooty() + bar.winfo_height() <= visible.winfo_rooty() + visible.winfo_height()
+
+
+def test_a_new_e2v_dataset_stores_no_made_up_path_and_draws_after_a_reload(app, tmp_path):
+    app.load_preset("#demo tiny CPU")
+    app.tabview.set("elements")
+    app.elements_view.new_dataset()
+    settle(app)
+    assert app.controller.state.get("e2v.datasets.0.data_root") == ""   # the user's to fill, never a placeholder
+    assert any("data_root" in problem for problem in app.elements_view.controller.problems())
+    first = app.elements_view.last_drawing
+    assert first is not None and app.elements_view.canvas.find_withtag("all")
+    saved = tmp_path / "with-e2v.json"
+    app.controller.state.save(saved)
+    app.load_preset("#demo tiny CPU")   # no E2V dataset: the drawing says so
+    settle(app)
+    app.elements_view.last_drawing = None
+    app.load_file(saved)                # the reload of the config with the dataset draws it again
+    settle(app)
+    assert app.elements_view.last_drawing is not None
+    assert len(app.elements_view.canvas.find_all()) > 20   # cells of the mini-video and the mask, not an empty box
+    app.controller.state.set("e2v.datasets", [])
+    app.elements_view.refresh()
+
+
+def test_closing_during_a_run_asks_and_the_next_start_offers_to_resume_it(app, tmp_path, tiny_model, squares_dataset):
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="100000")
+    app.start()
+    assert run_until(app, lambda: app.controller.run.step >= 3, 120), app.log_box.get("1.0", "end")[-2000:]
+    asked = []
+    app.ask_close(confirm=lambda: asked.append(True) or False)   # "No": the window stays and the run goes on
+    assert asked and app.winfo_exists() and app.controller.running
+    step = app.controller.run.step
+    assert run_until(app, lambda: app.controller.run.step > step, 60)
+    # "Yes" would stop the run and close: the same steps without the window going away
+    app.remember_interrupted_run()
+    app.stop()
+    assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120)
+    assert app.controller.run.status.startswith("stopped"), app.controller.run.status
+    stopped_at = app.controller.run.step
+    config = Path(app.prefs.interrupted_config)
+    assert config.is_file() and config.parent.name == "run-configs"
+    # the next start: the offer, and its button resumes from the backup the stop wrote
+    dialogs = len(app.dialogs)
+    app._offer_resume()
+    assert len(app.dialogs) == dialogs + 1 and app.prefs.interrupted_config == ""   # offered once
+    settle(app, 0.3)
+    button = app.resume_button
+    x, y = button.winfo_rootx() + 20, button.winfo_rooty() + 10
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+    assert run_until(app, lambda: app.controller.run.resumed_from is not None, 120), \
+        app.log_box.get("1.0", "end")[-2000:]
+    assert app.controller.run.resumed_from == stopped_at
+    app.stop()
+    assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120)
+    app.controller.state.set_text("backup.continue_last_backup", "false")
+
+
+def test_the_log_panel_filters_by_level_and_keeps_every_line(app):
+    app.set_log_level("INFO")
+    app.log("WARNING modules.x: a warning line")
+    app.log("INFO modules.x: an info line")
+    app.log("a message of the window")
+    app.set_log_level("WARNING")
+    shown = app.log_box.get("1.0", "end")
+    assert "a warning line" in shown and "an info line" not in shown and "a message of the window" not in shown
+    app.set_log_level("INFO")   # the hidden lines come back
+    shown = app.log_box.get("1.0", "end")
+    assert "an info line" in shown and "a message of the window" in shown and app.prefs.log_level == "INFO"
+
+
+def test_the_samples_table_shows_a_samples_file_written_after_it_was_chosen(app, tmp_path, tiny_model,
+                                                                           squares_dataset):
+    # the demo writes its samples file when Start prepares the run: the table must show it without a reload
+    samples = tmp_path / "samples.json"
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="1")
+    app.fields["sampling.samples_file"].set_text(str(samples))
+    app.fields["sampling.sample_before_training"].set_text("false")
+    app.fields["sampling.every_n_steps"].set_text("0")
+    app.sampling_view.reload_samples()
+    assert app.sampling_view.controller.samples == []
+    samples.write_text(json.dumps([{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9},
+                                   {"prompt": "a blue square moving right", "width": 32, "height": 32,
+                                    "frames": 9}]))
+    app.start()
+    assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120), \
+        app.log_box.get("1.0", "end")[-2000:]
+    assert [s["prompt"] for s in app.sampling_view.controller.samples] == ["a red square moving left",
+                                                                           "a blue square moving right"]
+    app.fields["sampling.samples_file"].set_text("")

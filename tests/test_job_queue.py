@@ -99,5 +99,56 @@ def test_cli_add_list_run_remove_trains_two_jobs(tmp_path, tiny_model, squares_d
     assert (tmp_path / "out" / "first.safetensors").is_file() and (tmp_path / "out" / "second.safetensors").is_file()
     assert "1. [done 2/0]" not in result.stdout and "[done] first" in result.stdout
     assert cli("remove", "3").returncode == 2
+    assert cli("move", "2", "1").returncode == 0 and cli("pause", "1").returncode == 2   # done: not pausable
+    assert [job.name for job in JobQueue(queue_file).jobs] == ["second", "first"]
+    assert cli("move", "1", "5").returncode == 2
+    assert cli("move", "2", "1").returncode == 0
     assert cli("remove", "1").returncode == 0
     assert [job.name for job in JobQueue(queue_file).jobs] == ["second"]
+
+
+def test_cli_pause_and_move_edit_the_waiting_jobs(tmp_path, tiny_model, squares_dataset):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import job_queue
+
+    queue_file = tmp_path / "q.json"
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(job_config(tmp_path, tiny_model, squares_dataset, name)))
+        assert job_queue.main(["add", str(path), "--queue", str(queue_file)]) == 0
+    assert job_queue.main(["pause", "1", "--queue", str(queue_file)]) == 0
+    assert job_queue.main(["move", "1", "2", "--queue", str(queue_file)]) == 0
+    assert [(job.name, job.state) for job in JobQueue(queue_file).jobs] == [("b", "waiting"), ("a", "paused")]
+    assert JobQueue(queue_file).next_job().name == "b"   # `run` skips the paused one
+    assert job_queue.main(["pause", "2", "--queue", str(queue_file)]) == 0
+    assert JobQueue(queue_file).jobs[1].state == "waiting"
+    assert job_queue.main(["pause", "3", "--queue", str(queue_file)]) == 2
+
+
+def test_a_job_running_in_a_live_process_is_not_taken_by_another(tmp_path):
+    import os
+    import socket
+
+    queue = JobQueue(tmp_path / "queue.json")
+    for name in ("a", "b"):
+        queue.add({"epochs": 1, "output": {"destination": f"/x/{name}.safetensors"}})
+    claimed = queue._claim_next()     # as `queue run` does, in this (live) process
+    assert claimed.name == "a.safetensors" and claimed.runner == f"{socket.gethostname()}:{os.getpid()}"
+    other = JobQueue(tmp_path / "queue.json")   # the window reading the same file meanwhile
+    assert [job.state for job in other.jobs] == ["running", "waiting"]
+    assert other._claim_next().name == "b.safetensors"   # the next runner takes the next job, not the running one
+    # a runner that died: its job is interrupted and runs again
+    other.jobs[0].runner = f"{socket.gethostname()}:{2 ** 22 + 12345}"
+    other.save()
+    assert [job.state for job in JobQueue(tmp_path / "queue.json").jobs] == ["interrupted", "running"]
+
+
+def test_an_edit_from_an_older_view_keeps_the_changes_made_meanwhile(tmp_path):
+    window = JobQueue(tmp_path / "queue.json")
+    for name in ("a", "b", "c"):
+        window.add({"epochs": 1, "output": {"destination": f"/x/{name}.safetensors"}})
+    cli = JobQueue(tmp_path / "queue.json")
+    cli.pause(0)                  # the CLI pauses a
+    window.move(2, -2)            # the window, still showing a as waiting, moves c to the top
+    assert [(job.name, job.state) for job in JobQueue(tmp_path / "queue.json").jobs] == [
+        ("c.safetensors", "waiting"), ("a.safetensors", "paused"), ("b.safetensors", "waiting")]

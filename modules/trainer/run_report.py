@@ -244,7 +244,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     samples = sorted(trainer.samples_dir.rglob("*.mp4"), key=lambda p: (preview_step(p), str(p))) \
         if trainer.samples_dir.is_dir() else []
     if samples:
-        lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {samples[-1]}")
+        newest = max(samples, key=lambda p: p.stat().st_mtime_ns)   # by name, step 50 sorts after step 200
+        lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {newest}")
     newest_backup = newest_usable_backup(trainer.backup_root)[0]
     if newest_backup is not None:
         lines.append(f"  newest backup: {newest_backup}")

@@ -81,6 +81,8 @@ class CtkConceptWindow(ctk.CTkToplevel):
         actions.grid(row=0, column=0, sticky="w", pady=4)
         button(actions, "Compute statistics", self.compute, width=160).grid(row=0, column=0, padx=(0, 6))
         button(actions, "Browse items and captions…", self.browse, width=200).grid(row=0, column=1)
+        button(actions, "Caption with a model…", self.caption, width=160).grid(row=1, column=0, sticky="w",
+                                                                         pady=(4, 0))
         self.summary = ctk.CTkLabel(stats, text="", anchor="w", justify="left")
         self.summary.grid(row=1, column=0, sticky="w", pady=4)
         ctk.CTkLabel(stats, text="items per resolution bucket", anchor="w").grid(row=2, column=0, sticky="w")
@@ -152,6 +154,11 @@ class CtkConceptWindow(ctk.CTkToplevel):
         from modules.ui.CtkDatasetWindow import CtkDatasetWindow
         self.dataset_window = CtkDatasetWindow(self.view.app, self.index)
         return self.dataset_window
+
+    def caption(self):
+        from modules.ui.CtkCaptionWindow import CtkCaptionWindow
+        self.caption_window = CtkCaptionWindow(self.view.app, self.index, self.view.state)
+        return self.caption_window
 
     def close(self) -> None:
         self.view.windows.pop(self.index, None)

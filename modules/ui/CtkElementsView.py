@@ -63,13 +63,13 @@ class CtkElementsView:
             settings = ctk.CTkFrame(self.dataset_frame, fg_color="transparent")
             settings.grid(row=2, column=0, sticky="nw")
             render_section(settings, self.state, DATASET, fields=self.app.fields, title="dataset 0 (inline)",
-                           width=200)
+                           width=200, error_width=200)   # two sections side by side: both fit the window
             processors = ctk.CTkFrame(self.dataset_frame, fg_color="transparent")
             processors.grid(row=2, column=1, sticky="nw", padx=10)
             row = render_section(processors, self.state, f"{DATASET}.processors.vae", fields=self.app.fields,
-                                 title="VAE processor", width=160)
+                                 title="VAE processor", width=160, error_width=200)
             render_section(processors, self.state, f"{DATASET}.processors.clip", start_row=row,
-                           fields=self.app.fields, title="CLIP processor", width=160)
+                           fields=self.app.fields, title="CLIP processor", width=160, error_width=200)
         self._present_toggles()
         self.check()
         self.draw()

@@ -40,7 +40,8 @@ class CtkQueueView:
         for index, job in enumerate(queue.jobs):
             row = index + 1
             ctk.CTkLabel(self.table, text=str(row), width=24).grid(row=row, column=0, padx=4)
-            ctk.CTkLabel(self.table, text=job.name, anchor="w", width=160).grid(row=row, column=1, sticky="w")
+            name = job.name if len(job.name) <= 34 else job.name[:33] + "…"   # the state column stays apart
+            ctk.CTkLabel(self.table, text=name, anchor="w", width=250).grid(row=row, column=1, sticky="w", padx=(0, 8))
             state = ctk.CTkLabel(self.table, text=job.state, anchor="w", width=80,
                                  text_color="#e57373" if job.state == "failed" else None)
             state.grid(row=row, column=2, sticky="w")
@@ -54,14 +55,16 @@ class CtkQueueView:
                 row=row, column=5, sticky="w", padx=4)
             actions = ctk.CTkFrame(self.table, fg_color="transparent")
             actions.grid(row=row, column=6, padx=4)
+            buttons = {}
             for col, (text, command) in enumerate((("↑", lambda i=index: self._edit("move", i, -1)),
                                                    ("↓", lambda i=index: self._edit("move", i, 1)),
                                                    ("pause" if job.state != "paused" else "resume",
                                                     lambda i=index: self._edit("pause", i)),
                                                    ("retry", lambda i=index: self._edit("retry", i)),
                                                    ("remove", lambda i=index: self._edit("remove", i)))):
-                button(actions, text, command, width=28 if len(text) == 1 else 60).grid(row=0, column=col, padx=1)
-            self.rows.append({"id": job.id, "state": state, "bar": bar, "eta": eta})
+                buttons[text] = button(actions, text, command, width=28 if len(text) == 1 else 60)
+                buttons[text].grid(row=0, column=col, padx=1)
+            self.rows.append({"id": job.id, "state": state, "bar": bar, "eta": eta, "buttons": buttons})
 
     def _edit(self, action: str, index: int, *args) -> None:
         queue = self.queue()

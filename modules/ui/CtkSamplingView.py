@@ -42,7 +42,8 @@ class CtkSamplingView:
         left.grid(row=0, column=0, sticky="nw")
         right = ctk.CTkFrame(frame)
         right.grid(row=0, column=1, sticky="nw", padx=8)
-        row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160)
+        row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160,
+                             error_width=300)   # beside the player: the tab fits the window
         bar = ctk.CTkFrame(left, fg_color="transparent")
         bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
         button(bar, "Sample now", lambda: app.request("sample")).grid(row=0, column=0, padx=3)
@@ -72,6 +73,8 @@ class CtkSamplingView:
                 self._cell(index, column, name, sample.get(name))
             button(self.table, "✕", lambda i=index: self.remove_sample(i), width=28, fg_color="#7f3030").grid(
                 row=index + 1, column=len(EDITOR_FIELDS), padx=2)
+        # as high as its rows: the sideways scrollbar sits right under the last row, in view, and no row is clipped
+        self.table.configure(height=36 + 36 * max(1, len(self.controller.samples)))
         where = self.controller.samples_file()
         text = f"samples file: {where}" + ("" if where.is_file() else " (written by Save samples)")
         self.samples_label.configure(text=text + (f"\n{self.controller.problem}" if self.controller.problem else ""),

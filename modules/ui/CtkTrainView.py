@@ -16,7 +16,7 @@ from modules.ui.ElementsController import ElementsController
 from modules.ui.SamplingController import SamplingController
 from modules.ui.desktop import open_folder
 from modules.ui.TrainController import TrainController, format_duration
-from modules.ui.ui_prefs import LEVELS, UIPrefs, shown_at
+from modules.ui.ui_prefs import LEVELS, UIPrefs, fit_geometry, shown_at
 from modules.util.config.config_io import ConfigError
 
 POLL_MS = 100
@@ -34,7 +34,8 @@ class CtkTrainView(ctk.CTk):
         ctk.set_appearance_mode(self.prefs.appearance)
         super().__init__()
         self.title("Wan trainer")
-        self.geometry(self.prefs.geometry)  # the size (and place) it had when it was last closed
+        # the size (and place) it had when it was last closed, on this screen
+        self.geometry(fit_geometry(self.prefs.geometry, self.winfo_screenwidth(), self.winfo_screenheight()))
         self.minsize(1000, 700)
         self.log_lines: list[str] = []
         self.config_state = self.controller.state
@@ -95,10 +96,16 @@ class CtkTrainView(ctk.CTk):
                                                  command=self.set_appearance)
         self.appearance_menu.set(self.prefs.appearance)
         self.appearance_menu.grid(row=0, column=10, padx=4)
-        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT if not self.prefs.has_run else "", anchor="w",
-                                       text_color="#ffb74d", wraplength=1100, justify="left")
-        if not self.prefs.has_run:
+        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT, anchor="w", text_color="#ffb74d", wraplength=1100,
+                                       justify="left")
+        self.show_hint(not self.prefs.has_run)
+
+    def show_hint(self, shown: bool) -> None:
+        """The first-run hint, shown until a run has trained from this window."""
+        if shown:
             self.hint_label.grid(row=1, column=0, columnspan=11, sticky="w", padx=8)
+        else:
+            self.hint_label.grid_remove()
 
     def set_appearance(self, mode: str) -> None:
         ctk.set_appearance_mode(mode)
@@ -113,7 +120,8 @@ class CtkTrainView(ctk.CTk):
         except ConfigError as error:
             self.show_dialog("Cannot load", str(error))
             return
-        self.log(f"loaded {path}")
+        shipped = Path(path).resolve().parent == Path(self.controller.presets_dir).resolve()
+        self.log(f"loaded preset {Path(path).stem}" if shipped else f"loaded {path}")
         if not self.controller.running:
             self.controller.run.status = "idle"   # a refused Start's status is about the config just replaced
         self.preset_menu.set(Path(path).stem)
@@ -340,8 +348,15 @@ class CtkTrainView(ctk.CTk):
             event.widget.icursor("end")
             return "break"
 
+        def select_all_text(event):   # the caption and prompt boxes (tk Text inside CTkTextbox)
+            event.widget.tag_add("sel", "1.0", "end-1c")
+            event.widget.mark_set("insert", "end-1c")
+            return "break"
+
         self.bind_class("Entry", "<Control-a>", select_all)
         self.bind_class("Entry", "<Control-A>", select_all)
+        self.bind_class("Text", "<Control-a>", select_all_text)
+        self.bind_class("Text", "<Control-A>", select_all_text)
 
     def show_dialog(self, title: str, text: str) -> ctk.CTkToplevel:
         """A message window that does not block the main loop (training and timers go on)."""
@@ -374,9 +389,6 @@ class CtkTrainView(ctk.CTk):
         self.queue_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
         self.end_panel.hide()
-        if not self.prefs.has_run:
-            self.prefs.has_run = True
-            self.hint_label.grid_remove()
 
     def add_to_queue(self) -> None:
         problems = self.controller.add_to_queue()
@@ -424,6 +436,9 @@ class CtkTrainView(ctk.CTk):
                          f"{payload['batches_per_epoch']} batches")
                 if payload["resumed_from"]:
                     self.log(f"resumed from step {payload['resumed_from']}")
+                if not self.prefs.has_run:   # a run is made once it trains (a refused Start keeps the hint)
+                    self.prefs.has_run = True
+                    self.show_hint(False)
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
             elif kind == "job":
                 self.queue_view.refresh()
@@ -461,17 +476,24 @@ class CtkTrainView(ctk.CTk):
             self._loss_drawn_at = time.monotonic()
             self.loss_view.reload()
 
-    def ask_close(self) -> None:
-        """The window's close button: during training, ask first; the stopped run is offered on the next start."""
+    def ask_close(self, confirm=None) -> None:
+        """The window's close button: during training, ask first (`confirm`: tests answer without the modal box);
+        the stopped run is offered on the next start."""
         if self.controller.running:
             from tkinter import messagebox
-            if not messagebox.askyesno("Training is running", "Stop the run (a backup is written) and close? The "
-                                       "next start offers to resume it.", parent=self):
+            confirm = confirm or (lambda: messagebox.askyesno(
+                "Training is running", "Stop the run (a backup is written) and close? The next start offers to resume "
+                "it.", parent=self))
+            if not confirm():
                 return
-            trainer = self.controller.trainer
-            if trainer is not None and getattr(trainer, "run_name", None):
-                self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
+            self.remember_interrupted_run()
         self.close()
+
+    def remember_interrupted_run(self) -> None:
+        """The running run's config (run-configs/), offered for resuming on the next start."""
+        trainer = self.controller.trainer
+        if trainer is not None and getattr(trainer, "run_name", None):
+            self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
 
     def _offer_resume(self) -> None:
         path = Path(self.prefs.interrupted_config)
@@ -481,8 +503,9 @@ class CtkTrainView(ctk.CTk):
             return
         dialog = self.show_dialog("Resume?", f"The last session closed during a run ({path.stem}). Resume the "
                                              f"interrupted run from its newest backup?")
-        button(dialog, "Resume the interrupted run", lambda: (dialog.destroy(), self.resume_run(path)),
-               width=220).pack(pady=(0, 10))
+        self.resume_button = button(dialog, "Resume the interrupted run",
+                                    lambda: (dialog.destroy(), self.resume_run(path)), width=220)
+        self.resume_button.pack(pady=(0, 10))
 
     def resume_run(self, config_path: str | Path) -> None:
         """Loads a run's config with backup.continue_last_backup on and starts it."""

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +44,7 @@ class Job:
     added: float = 0.0
     started: float = 0.0
     ended: float = 0.0
+    runner: str = ""                 # "host:pid" of the process running it (the window or `queue run`)
 
     @property
     def progress(self) -> float:
@@ -67,7 +71,7 @@ class JobQueue:
         known = set(Job.__dataclass_fields__)
         self.jobs = [Job(**{k: v for k, v in item.items() if k in known}) for item in data.get("jobs", [])]
         for job in self.jobs:
-            if job.state == "running":  # the process that ran it is gone
+            if job.state == "running" and not _runner_alive(job.runner):   # the process that ran it is gone
                 job.state = "interrupted"
 
     def save(self) -> None:
@@ -82,8 +86,8 @@ class JobQueue:
         atomic_write_text(config_path, json.dumps(config, indent=2) + "\n")
         job = Job(id=job_id, name=name or Path(str(config.get("output", {}).get("destination", job_id))).name,
                   config=str(config_path), added=time.time())
-        self.jobs.append(job)
-        self.save()
+        with self._editing():
+            self.jobs.append(job)
         return job
 
     def add_file(self, path: str | Path) -> Job:
@@ -99,36 +103,37 @@ class JobQueue:
         return number - 1
 
     def remove(self, index: int) -> Job:
-        job = self.jobs[index]
-        if job.state == "running":
-            raise ValueError(f"job {index + 1} ({job.name}) is running: stop it first")
-        del self.jobs[index]
+        with self._editing():
+            job = self.jobs[index]
+            if job.state == "running":
+                raise ValueError(f"job {index + 1} ({job.name}) is running: stop it first")
+            del self.jobs[index]
         Path(job.config).unlink(missing_ok=True)
-        self.save()
         return job
 
     def move(self, index: int, offset: int) -> int:
         """Moves a job up (offset -1) or down (+1); returns its new index."""
-        new = max(0, min(len(self.jobs) - 1, index + offset))
-        self.jobs.insert(new, self.jobs.pop(index))
-        self.save()
+        with self._editing():
+            new = max(0, min(len(self.jobs) - 1, index + offset))
+            self.jobs.insert(new, self.jobs.pop(index))
         return new
 
     def pause(self, index: int) -> None:
         """A waiting job is paused (skipped by run) and a paused one waits again."""
-        job = self.jobs[index]
-        if job.state in RUNNABLE:
-            job.state = "paused"
-        elif job.state == "paused":
-            job.state = "waiting"
-        else:
-            raise ValueError(f"job {index + 1} is {job.state}: only waiting or paused jobs can be paused or resumed")
-        self.save()
+        with self._editing():
+            job = self.jobs[index]
+            if job.state in RUNNABLE:
+                job.state = "paused"
+            elif job.state == "paused":
+                job.state = "waiting"
+            else:
+                raise ValueError(f"job {index + 1} is {job.state}: only waiting or paused jobs can be paused or "
+                                 f"resumed")
 
     def retry(self, index: int) -> None:
-        if self.jobs[index].state in ("failed", "stopped", "done"):
-            self.jobs[index].state, self.jobs[index].error = "waiting", ""
-            self.save()
+        with self._editing():
+            if self.jobs[index].state in ("failed", "stopped", "done"):
+                self.jobs[index].state, self.jobs[index].error = "waiting", ""
 
     def next_job(self) -> Job | None:
         return next((job for job in self.jobs if job.state in RUNNABLE), None)
@@ -146,12 +151,9 @@ class JobQueue:
         (the file is read again between jobs)."""
         ran = []
         while not should_stop():
-            self.load()
-            job = self.next_job()
+            job = self._claim_next()
             if job is None:
                 break
-            job.state, job.started, job.error = "running", time.time(), ""
-            self.save()
             try:
                 outputs, stopped = train_one(job.config, job)
             except Exception as error:  # noqa: BLE001  a failed job is marked with its error; the queue goes on
@@ -164,7 +166,48 @@ class JobQueue:
                 break
         return ran
 
+    @contextmanager
+    def _locked(self):
+        """Holds the queue's lock file: the window and `run-cmd.sh queue run` may both run this queue, and a job
+        read-and-marked by one must never be taken by the other (no lock where fcntl is missing: Windows)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as handle:
+            try:
+                import fcntl
+            except ImportError:
+                yield
+                return
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _editing(self):
+        """An edit of the file as it is now (read again under the lock, written at the end; nothing written when the
+        edit raises): a runner's changes made meanwhile are never overwritten by an older view of the queue."""
+        with self._locked():
+            self.load()
+            yield
+            self.save()
+
+    def _claim_next(self) -> Job | None:
+        """The first waiting job, marked running in the file under the lock; None when no job waits."""
+        with self._locked():
+            self.load()
+            job = self.next_job()
+            if job is not None:
+                job.state, job.started, job.error = "running", time.time(), ""
+                job.runner = f"{socket.gethostname()}:{os.getpid()}"
+                self.save()
+            return job
+
     def _finish(self, job: Job, state: str, error: str = "", outputs: list[str] | None = None) -> None:
+        with self._locked():
+            self._finish_locked(job, state, error, outputs)
+
+    def _finish_locked(self, job: Job, state: str, error: str, outputs: list[str] | None) -> None:
         saved_progress = (job.step, job.total_steps)
         self.load()   # another process (the CLI) may have edited the queue meanwhile
         current = next((j for j in self.jobs if j.id == job.id), None)
@@ -176,6 +219,23 @@ class JobQueue:
         current.eta_seconds = None
         job.state, job.error, job.outputs = state, error, current.outputs
         self.save()
+
+
+def _runner_alive(runner: str) -> bool:
+    """Whether the process that marked a job running still runs. One on another machine (a shared folder) counts as
+    alive: a job is never run twice; one with no runner recorded (an older queue file) as gone."""
+    host, _, pid = runner.rpartition(":")
+    if not host or not pid.isdigit():
+        return False
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # alive, another user's
+        return True
+    return True
 
 
 def train_config_file(config_path: str, job: Job | None = None,

@@ -7,6 +7,7 @@ backup are logged again when the killed run had gone further: the last value log
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def run_folders(workspace: str | Path) -> list[Path]:
 def read_run(folder: str | Path) -> RunCurves:
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
+    # its directory watcher logs "No path found after <file>" at INFO on every read: noise in the window's log panel
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
     accumulator = EventAccumulator(str(folder), size_guidance={SCALARS: 0})   # 0: every point, not a sample
     accumulator.Reload()
     available = set(accumulator.Tags().get("scalars", []))

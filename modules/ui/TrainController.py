@@ -94,10 +94,14 @@ def _warm_video_codecs() -> None:
 
 
 class TrainController:
-    def __init__(self, state: UIState | None = None, presets_dir: Path = PRESETS_DIR, last_used: Path = LAST_USED):
+    def __init__(self, state: UIState | None = None, presets_dir: Path = PRESETS_DIR, last_used: Path = LAST_USED,
+                 queue_path: Path | None = None):
+        from modules.ui.JobQueue import DEFAULT_QUEUE
         self.state = state or UIState()
         self.presets_dir = Path(presets_dir)
         self.last_used = Path(last_used)
+        # one queue for every config, the file `run-cmd.sh queue` uses by default: jobs added here run from there
+        self.queue_path = Path(queue_path) if queue_path is not None else DEFAULT_QUEUE
         self.current_path: Path | None = None
         self.events: queue.Queue = queue.Queue()
         self.run = RunState()
@@ -223,10 +227,9 @@ class TrainController:
     # ---- the job queue ------------------------------------------------------------------------------------------
 
     def job_queue(self):
-        """The queue of the config's workspace (workspace/queue/queue.json), read again from its file."""
+        """The job queue (workspace/queue/queue.json unless given), read again from its file."""
         from modules.ui.JobQueue import JobQueue
-        workspace = Path(self.state.get("workspace_dir") or "workspace")
-        return JobQueue(workspace / "queue" / "queue.json")
+        return JobQueue(self.queue_path)
 
     def add_to_queue(self) -> list[str]:
         """The config as it stands becomes a job (a snapshot); returns the problems that refuse it."""
@@ -424,6 +427,8 @@ class TrainController:
             run.running = False
             run.status = "stopped; backup written" if payload["stopped"] else \
                 f"done: {', '.join(payload['written'])}"
+            if not payload["stopped"]:   # the plan is done even where max_steps ends it inside its last epoch
+                run.epoch_fraction = 1.0
 
     def wait(self, timeout: float | None = None) -> bool:
         """Tests and shutdown: waits for the worker; True when it has ended."""

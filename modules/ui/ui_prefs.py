@@ -33,6 +33,23 @@ class UIPrefs:
         atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
+def fit_geometry(geometry: str, screen_width: int, screen_height: int) -> str:
+    """A remembered "WxH+X+Y" made to fit the screen it opens on (a window saved on a larger monitor would open
+    cut off or out of reach): the size at most the screen's, the place so the whole window is on it. An unreadable
+    value gives the default size."""
+    import re
+    match = re.fullmatch(r"(\d+)x(\d+)(?:([+-]-?\d+)([+-]-?\d+))?", geometry.strip())
+    if not match:
+        geometry, match = DEFAULT_GEOMETRY, re.fullmatch(r"(\d+)x(\d+)", DEFAULT_GEOMETRY)
+    width = max(400, min(int(match.group(1)), screen_width))
+    height = max(300, min(int(match.group(2)), screen_height))
+    if match.lastindex and match.lastindex >= 4:
+        x = min(max(0, int(match.group(3).replace("+-", "-"))), max(0, screen_width - width))
+        y = min(max(0, int(match.group(4).replace("+-", "-"))), max(0, screen_height - height))
+        return f"{width}x{height}+{x}+{y}"
+    return f"{width}x{height}"
+
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
