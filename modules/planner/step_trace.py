@@ -148,8 +148,10 @@ def _predict_fake(setup, batch: dict, expert: str):
 
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,
-               steps: int = 2) -> tuple[StorageCounter, dict]:
-    """Runs `steps` optimizer steps of the run under a StorageCounter; returns it and facts about the setup."""
+               steps: int = 1) -> tuple[StorageCounter, dict]:
+    """Runs `steps` optimizer steps of the run under a StorageCounter, after an optimizer step on zero gradients
+    that creates the optimizer's state (so the traced step is a later step: its forward pass holds that state);
+    returns the counter and facts about the setup."""
     import modules.modelSetup.WanEmbeddingSetup  # noqa: F401  (registers)
     import modules.modelSetup.WanFineTuneSetup  # noqa: F401
     import modules.modelSetup.WanLoRASetup  # noqa: F401
@@ -160,6 +162,8 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
     from modules.trainer.parameter_groups import parameter_groups
     from modules.util.registry import lookup
 
+    import warnings
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")  # ActivationOffload
     config = _planning_config(config)
     if config.training_method.value == "EMBEDDING":
         raise PlanError("training_method EMBEDDING: the planner covers LoRA and fine-tunes (an embedding run holds the "
@@ -203,8 +207,16 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         optimizer = _optimizer(config, parameter_groups(config, setup.named_trainable_parameters()), fake)
         counter.set_phase("ema")
         ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
+        counter.set_phase("optimizer")
+        for parameter in parameters:
+            parameter.grad = torch.zeros_like(parameter)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        counter.retag_live("optimizer", "optimizer_state")
         counter.set_phase("inputs")
         batch = _batch(arch, shape, counter, fake, config.seed)
+        frozen = [p for e in setup.experts_in_training() for p in getattr(model, e).parameters()
+                  if not p.requires_grad]
         counter.reset_peak()
         experts = setup.experts_in_training()
         for step in range(steps):
@@ -216,6 +228,8 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
                 prediction = setup.predict(batch, torch.Generator().manual_seed(config.seed + step))
             loss = setup.calculate_loss(batch, prediction)
             del prediction
+            # fp8 layerwise casting stores a new float8 tensor in each layer after it runs: weights, not activations
+            counter.retag(frozen, "weights")
             counter.retag_live("forward", "activations")
             counter.set_phase("backward")
             loss.backward()
@@ -230,6 +244,7 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
             if ema is not None:
                 ema.update()
             counter.retag_live("optimizer", "optimizer_state")
+            counter.retag(frozen, "weights")
         facts["host_weights"] = sum(s.block_swap is not None and sum(
             host.nbytes for pairs in s.block_swap.host.values() for _, host in pairs) or 0
             for s in performance.values())

@@ -1,0 +1,77 @@
+"""`benchmark.py plan` and `train.py --plan`: the prediction for a config, optionally fitted to a card, and the
+check at train start that refuses a run predicted not to fit the device (before any weight loads)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from modules.planner.memory_plan import PlanError, fit, predict
+from modules.util.config.TrainConfig import TrainConfig
+
+GIB = 1024 ** 3
+
+
+def add_plan_arguments(parser) -> None:
+    parser.add_argument("--vram-gib", type=float, metavar="G",
+                        help="fit the run to a card of G GiB: the fastest memory switches whose prediction fits")
+    parser.add_argument("--plan-json", metavar="PATH", help="write the prediction (and the fit) to this JSON file")
+
+
+def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print) -> int:
+    """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
+    2 when nothing fits (or the config cannot be planned)."""
+    vram_gib = vram_gib if vram_gib is not None else config.performance.auto_fit
+    try:
+        prediction = predict(config)
+        out(prediction.report())
+        result = None
+        if vram_gib:
+            out(f"\nfitting to {vram_gib:g} GiB:")
+            result = fit(config, vram_gib, log=out) if not prediction.fits(vram_gib) else None
+            if result is None:
+                out(f"as configured: {prediction.summary(vram_gib)}")
+            else:
+                out(result.text())
+                if result.settings is not None:
+                    out("settings: " + " ".join(f"--config-value {k}={json.dumps(v)}"
+                                                for k, v in result.settings.config_values().items()))
+    except PlanError as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return 2
+    if json_path:
+        from modules.benchmark.common import write_json
+        data = {"prediction": prediction.as_dict(), "vram_gib": vram_gib}
+        if result is not None:
+            data["fit"] = {"settings": result.settings.config_values() if result.settings else None,
+                           "predicted_gib": result.prediction.peak_gib if result.prediction else None,
+                           "tried": [[s.config_values(), gib] for s, gib in result.tried]}
+        write_json(json_path, data)
+    if vram_gib and not prediction.fits(vram_gib) and (result is None or result.settings is None):
+        return 2
+    return 0
+
+
+def check_fits_device(config: TrainConfig, device, out=print) -> None:
+    """At train start, before any weight loads: applies performance.auto_fit, prints the prediction, and raises
+    PlanError (naming what fits) when the run is predicted not to fit the CUDA device's free memory. A CPU device
+    has no card to refuse on: nothing is checked there."""
+    import torch
+    if config.performance.auto_fit:
+        result = fit(config, config.performance.auto_fit)
+        if result.settings is None:
+            raise PlanError(f"performance.auto_fit {config.performance.auto_fit:g}: {result.text()}")
+        for key, value in result.settings.config_values().items():
+            section, _, name = key.rpartition(".")
+            setattr(config.performance if section else config, name, value)
+        out(f"memory plan (performance.auto_fit): {result.text()}")
+    if torch.device(device).type != "cuda":
+        return
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    prediction = predict(config)
+    out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB free on {device})")
+    if prediction.fits(free / GIB):
+        return
+    result = fit(config, free / GIB)
+    raise PlanError(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB free on "
+                    f"{device}; {result.text()}"
+                    + ("; set those switches, or performance.auto_fit" if result.settings else ""))
