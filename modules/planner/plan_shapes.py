@@ -58,7 +58,7 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
         vae = json.loads(vae_path.read_text(encoding="utf-8")) if vae_path.is_file() else {}
         index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else {}
         from modules.modelLoader.wan.parts.wan_configs import variant_from_transformer
-        variant = variant_from_transformer(transformer, vae.get("z_dim", 16), "boundary_ratio" in index)
+        variant = variant_from_transformer(transformer, vae.get("z_dim", 16), index.get("boundary_ratio") is not None)
         return _architecture(folder.name, {"variant": variant.value, "vae": vae, "model_index": index}, transformer)
     name = _released_name(base) if base else None
     if name is not None:
