@@ -139,13 +139,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         print(f"train: {e}", file=sys.stderr)
         return 2
     from modules.planner.plan_command import check_fits_device, plan_and_print
-    if args.plan or args.vram_gib:
+    if args.plan:
         return plan_and_print(config, args.vram_gib, args.plan_json)
     if not args.only_cache:
         from modules.planner.memory_plan import PlanError
         from modules.trainer.GenericTrainer import resolve_device
         try:  # before any weight loads
-            check_fits_device(config, resolve_device(config.device))
+            check_fits_device(config, resolve_device(config.device), args.vram_gib)
         except PlanError as e:
             print(f"train: {e}", file=sys.stderr)
             return 2

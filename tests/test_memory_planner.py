@@ -107,3 +107,72 @@ PEER_13B_LORA_GIB = 4.7
 def test_13b_lora_within_2x_of_peers(plans_13b):
     prediction = plans_13b(81, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
     assert PEER_13B_LORA_GIB / 2 <= prediction.peak_gib <= PEER_13B_LORA_GIB * 2, prediction.report()
+
+
+# ---------------------------------------------------------------------------------------------------- presets
+
+def sized_presets() -> list[tuple[str, int]]:
+    """(name, GB in the name) of every shipped preset that names a card size."""
+    import re
+
+    from modules.util.presets import PRESET_DIR
+    found = []
+    for path in sorted(PRESET_DIR.glob("*.json")):
+        size = re.search(r"(\d+)\s*GB", path.stem)
+        if size:
+            found.append((path.stem.lstrip("#"), int(size.group(1))))
+    return found
+
+
+@pytest.mark.parametrize("name,size_gb", sized_presets())
+def test_every_sized_preset_fits_the_card_in_its_name(name, size_gb):
+    """At its largest bucket, on paper: a "24GB" card has 24 x 10^9 bytes, 22.35 GiB (the allowance for the CUDA
+    context and fragmentation is inside the prediction)."""
+    from modules.planner.memory_plan import predict
+    prediction = predict(preset_config(name))
+    assert prediction.peak_bytes <= size_gb * 1e9, prediction.report()
+
+
+def test_planning_a_14b_step_is_fast_and_small(tmp_path):
+    """Under 60 s and 2 GiB of RAM, in a process of its own (its peak RSS is the planner's, imports included)."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, resource, time; t = time.perf_counter();"
+            "from modules.planner.memory_plan import predict;"
+            "from modules.util.config.config_io import load_config;"
+            "from modules.util.presets import resolve_preset;"
+            "p = predict(load_config(preset_path=resolve_preset('wan 2.1 14B LoRA 24GB')));"
+            "print(json.dumps({'seconds': time.perf_counter() - t, 'peak_gib': p.peak_gib,"
+            "'rss_gib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))")
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300,
+                            env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    numbers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert numbers["peak_gib"] > 10        # a 14B run was planned at its real size
+    assert numbers["seconds"] < 60, numbers
+    assert numbers["rss_gib"] < 2, numbers
+
+
+def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys):
+    """train.py --vram-gib 2 with the 1.3B 16GB preset: exit 2, the prediction and what fits named, and the trainer
+    (which loads the weights) never constructed."""
+    import importlib
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    train = importlib.import_module("train")
+    import modules.trainer.GenericTrainer as generic
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the trainer was constructed: weights would load")
+
+    monkeypatch.setattr(generic.GenericTrainer, "__init__", never)
+    code = train.main(["--preset-path", "wan 2.1 1.3B LoRA 16GB", "--vram-gib", "2",
+                       "--config-value", "data.frame_buckets=[1, 17]"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "predicted peak" in err and "does not fit the 2.0 GiB" in err, err
+    assert "nothing fits 2 GiB: the least memory is" in err, err

@@ -133,8 +133,11 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
     frugal = _with_swap(combinations()[-1], max_swap)
     if fits(frugal) is None:   # not even every switch at its most: nothing does
         return result
-    for base in sorted(combinations(), key=cost.seconds):
-        if result.settings is not None and cost.seconds(base) >= result.cost_seconds:
+    def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload
+        return cost.seconds(settings), settings.block_swap, settings.activation_offload
+
+    for base in sorted(combinations(), key=key):
+        if result.settings is not None and key(base) >= key(result.settings):
             continue
         prediction = fits(base)
         if prediction is None:
@@ -150,14 +153,20 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
                     low = middle
             base = _with_swap(base, high)
             prediction = predict_settings(base)
-        seconds = cost.seconds(base)
-        if result.settings is None or seconds < result.cost_seconds:
-            result.settings, result.prediction, result.cost_seconds = base, prediction, seconds
+        if result.settings is None or key(base) < key(result.settings):
+            result.settings, result.prediction, result.cost_seconds = base, prediction, cost.seconds(base)
     return result
 
 
 def _with_swap(settings: Settings, count: int) -> Settings:
     return Settings(settings.gradient_checkpointing, settings.checkpoint_every, count, settings.activation_offload)
+
+
+def canonical(settings: Settings, layers: int) -> Settings:
+    """Settings that run alike share one trace: with every block swapped every block is checkpointed anyway."""
+    if settings.block_swap >= layers:
+        return Settings(True, 1, layers, settings.activation_offload)
+    return settings
 
 
 def block_weight_bytes(parameters: int, layers: int, bytes_per_weight: float) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from modules.planner.auto_fit import FitResult, Settings, block_weight_bytes, settings_of, step_cost
+from modules.planner.auto_fit import FitResult, Settings, block_weight_bytes, canonical, settings_of, step_cost
 from modules.planner.auto_fit import fit as fit_settings
 from modules.planner.plan_shapes import PlanError, PlanShape, largest_shape, resolve_architecture
 from modules.planner.Prediction import PARTS, Prediction
@@ -37,13 +37,19 @@ def predict(config: TrainConfig, shape: PlanShape | None = None) -> Prediction:
                       seconds=time.perf_counter() - started, largest=counter.largest_at_peak())
 
 
-def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None) -> FitResult:
-    """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib`."""
+def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None,
+        known: Prediction | None = None) -> FitResult:
+    """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib`; `known`:
+    predict(config), when the caller has it."""
     arch = resolve_architecture(config)
     shape = largest_shape(config, arch)
+    layers = arch.transformer["num_layers"]
     cache: dict[Settings, Prediction] = {}
+    if known is not None:
+        cache[canonical(settings_of(config), layers)] = known
 
     def predict_settings(settings: Settings) -> Prediction:
+        settings = canonical(settings, layers)
         if settings not in cache:
             try:
                 cache[settings] = predict(settings.apply(config), shape)
@@ -56,6 +62,5 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None) -> FitResu
     from modules.util.enum.DataType import DataType
     weight = config.model.transformer.weight_dtype
     bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
-    layers = arch.transformer["num_layers"]
     cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
     return fit_settings(config, vram_gib, predict_settings, layers, cost)

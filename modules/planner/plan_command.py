@@ -13,7 +13,8 @@ GIB = 1024 ** 3
 
 def add_plan_arguments(parser) -> None:
     parser.add_argument("--vram-gib", type=float, metavar="G",
-                        help="fit the run to a card of G GiB: the fastest memory switches whose prediction fits")
+                        help="a card of G GiB: plan: the fastest memory switches whose prediction fits; train: "
+                             "refuse (exit 2) a run predicted not to fit G GiB, before anything loads")
     parser.add_argument("--plan-json", metavar="PATH", help="write the prediction (and the fit) to this JSON file")
 
 
@@ -27,7 +28,7 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
         result = None
         if vram_gib:
             out(f"\nfitting to {vram_gib:g} GiB:")
-            result = fit(config, vram_gib, log=out) if not prediction.fits(vram_gib) else None
+            result = fit(config, vram_gib, log=out, known=prediction) if not prediction.fits(vram_gib) else None
             if result is None:
                 out(f"as configured: {prediction.summary(vram_gib)}")
             else:
@@ -51,10 +52,10 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     return 0
 
 
-def check_fits_device(config: TrainConfig, device, out=print) -> None:
+def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None, out=print) -> None:
     """At train start, before any weight loads: applies performance.auto_fit, prints the prediction, and raises
-    PlanError (naming what fits) when the run is predicted not to fit the CUDA device's free memory. A CPU device
-    has no card to refuse on: nothing is checked there."""
+    PlanError (naming what fits) when the run is predicted not to fit `vram_gib` (default: the CUDA device's free
+    memory). A CPU device with no `vram_gib` has no card to refuse on: nothing is checked there."""
     import torch
     if config.performance.auto_fit:
         result = fit(config, config.performance.auto_fit)
@@ -64,14 +65,17 @@ def check_fits_device(config: TrainConfig, device, out=print) -> None:
             section, _, name = key.rpartition(".")
             setattr(config.performance if section else config, name, value)
         out(f"memory plan (performance.auto_fit): {result.text()}")
-    if torch.device(device).type != "cuda":
+    if vram_gib:
+        free, where = vram_gib * GIB, f"--vram-gib {vram_gib:g}"
+    elif torch.device(device).type == "cuda":
+        free, where = torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
+    else:
         return
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
     prediction = predict(config)
-    out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB free on {device})")
+    out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB {where})")
     if prediction.fits(free / GIB):
         return
-    result = fit(config, free / GIB)
-    raise PlanError(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB free on "
-                    f"{device}; {result.text()}"
+    result = fit(config, free / GIB, known=prediction)
+    raise PlanError(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
+                    f"({where}); {result.text()}"
                     + ("; set those switches, or performance.auto_fit" if result.settings else ""))

@@ -30,12 +30,16 @@ DEVICE = torch.device("cpu")
 IMAGE_TOKENS = 257   # CLIP ViT-H/14 tokens per image (Wan 2.1 I2V / FLF2V image embeddings)
 
 
-def _build_transformer(arch: Architecture, dtype: torch.dtype, seed: int, fake: bool):
+def _skeleton(arch: Architecture):
+    """The transformer with meta parameters; built outside the fake mode, where its initialisers cost nothing."""
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
     with init_empty_weights(include_buffers=False):
-        transformer = WanTransformer3DModel(**arch.transformer)
+        return WanTransformer3DModel(**arch.transformer)
+
+
+def _build_transformer(transformer, dtype: torch.dtype, seed: int, fake: bool):
     generator = torch.Generator().manual_seed(seed)
     for module in transformer.modules():
         for name, parameter in list(module._parameters.items()):
@@ -48,13 +52,10 @@ def _build_transformer(arch: Architecture, dtype: torch.dtype, seed: int, fake: 
     return transformer
 
 
-def _build_expert(arch: Architecture, dtype: torch.dtype, fp8: bool, seed: int, fake: bool, meta: bool = False):
+def _build_expert(skeleton, dtype: torch.dtype, fp8: bool, seed: int, fake: bool, meta: bool = False):
     if meta:   # its shape only (nothing allocated): an expert that is not trained
-        from accelerate import init_empty_weights
-        from diffusers import WanTransformer3DModel
-        with init_empty_weights(include_buffers=False):
-            return WanTransformer3DModel(**arch.transformer)
-    transformer = _build_transformer(arch, dtype, seed, fake)
+        return skeleton
+    transformer = _build_transformer(skeleton, dtype, seed, fake)
     if fp8:
         transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
     return transformer
@@ -171,18 +172,19 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
     dtype, fp8 = _weight_dtype(config)
     counter = StorageCounter(DEVICE.type)
     facts: dict = {}
+    two = arch.variant.has_two_experts
+    skeletons = [_skeleton(arch) for _ in range(2 if two else 1)]
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with mode, counter, _set_data_when_swap_fails(fake):
         counter.set_phase("weights")
-        model = make_wan_model(arch, _build_expert(arch, dtype, fp8, config.seed, fake))
-        if arch.variant.has_two_experts:
-            # an expert that does not train stays on the host (GenericTrainer moves only the trained ones)
-            trained = {"high": ["transformer"], "low": ["transformer_2"],
-                       "both": ["transformer", "transformer_2"]}[config.expert]
-            model.transformer_2 = _build_expert(arch, dtype, fp8, config.seed + 1, fake) \
-                if "transformer_2" in trained else None
-            if "transformer" not in trained:
-                model.transformer = _build_expert(arch, dtype, fp8, config.seed, True, meta=True)
+        # an expert that does not train stays on the host (GenericTrainer moves only the trained ones)
+        trained = {"high": ["transformer"], "low": ["transformer_2"],
+                   "both": ["transformer", "transformer_2"]}[config.expert] if two else ["transformer"]
+        model = make_wan_model(arch, _build_expert(skeletons[0], dtype, fp8, config.seed, fake,
+                                                   meta="transformer" not in trained))
+        if two:
+            model.transformer_2 = _build_expert(skeletons[1], dtype, fp8, config.seed + 1, fake,
+                                                meta="transformer_2" not in trained)
         transformer = model.transformer_2 if arch.variant.has_two_experts and config.expert == "low" \
             else model.transformer
         setup = lookup("model_setup", config.model_type, config.training_method)(config, model)
