@@ -110,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE")
     from modules.planner.plan_command import add_plan_arguments
     add_plan_arguments(plan)
+    plan.add_argument("--presets", action="store_true", help="plan every shipped preset: docs/benchmarks.md's table")
 
     proof = commands.add_parser("proof", help="on one GPU: everything docs/benchmarks.md needs (measured peaks "
                                               "next to the planner's predictions); writes a table and a JSON file")
@@ -197,6 +198,14 @@ def _presets(args) -> int:
 
 def _plan(args) -> int:
     from modules.planner.plan_command import plan_and_print
+    if args.presets:
+        from modules.benchmark.common import write_json
+        from modules.planner.preset_table import markdown, preset_rows
+        rows = preset_rows(log=lambda text: print(text, flush=True))
+        print(markdown(rows))
+        if args.plan_json:
+            write_json(args.plan_json, {"rows": rows})
+        return 0
     from modules.util.config.config_io import ConfigError, load_config
     from modules.util.presets import resolve_preset
     try:

@@ -19,11 +19,12 @@ from modules.util.config.TrainConfig import TrainConfig
 __all__ = ["PlanError", "Prediction", "FitResult", "Settings", "predict", "fit"]
 
 
-def predict(config: TrainConfig, shape: PlanShape | None = None) -> Prediction:
-    """The run's predicted peak device memory for one training step at `shape` (default: the largest bucket)."""
+def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> Prediction:
+    """The run's predicted peak device memory for one training step at `shape` (default: the largest bucket);
+    `arch`: a modules.benchmark Architecture instead of the one the config names."""
     from modules.planner.step_trace import trace_step
     started = time.perf_counter()
-    arch = resolve_architecture(config)
+    arch = arch or resolve_architecture(config)
     shape = shape or largest_shape(config, arch)
     counter, facts = trace_step(config, arch, shape)
     tags = counter.breakdown()
@@ -37,12 +38,12 @@ def predict(config: TrainConfig, shape: PlanShape | None = None) -> Prediction:
                       seconds=time.perf_counter() - started, largest=counter.largest_at_peak())
 
 
-def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None,
-        known: Prediction | None = None) -> FitResult:
+def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,
+        arch=None, shape: PlanShape | None = None) -> FitResult:
     """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib`; `known`:
-    predict(config), when the caller has it."""
-    arch = resolve_architecture(config)
-    shape = largest_shape(config, arch)
+    predict(config), when the caller has it; `arch` / `shape` as in predict."""
+    arch = arch or resolve_architecture(config)
+    shape = shape or largest_shape(config, arch)
     layers = arch.transformer["num_layers"]
     cache: dict[Settings, Prediction] = {}
     if known is not None:
@@ -52,7 +53,7 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None,
         settings = canonical(settings, layers)
         if settings not in cache:
             try:
-                cache[settings] = predict(settings.apply(config), shape)
+                cache[settings] = predict(settings.apply(config), shape, arch)
             except PlanError as error:   # e.g. a fine-tune cannot swap the blocks it trains
                 raise PlanError(f"{settings.text()}: {error}") from None
             log(f"  {settings.text()}: {cache[settings].peak_gib:.1f} GiB predicted")
