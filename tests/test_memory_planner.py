@@ -176,3 +176,49 @@ def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch
     assert code == 2, err
     assert "predicted peak" in err and "does not fit the 2.0 GiB" in err, err
     assert "nothing fits 2 GiB: the least memory is" in err, err
+
+
+# ---------------------------------------------------------------------------------------------------- auto_fit
+
+@pytest.mark.skipif(not __import__("os").environ.get("WAN_PLANNER_FULL"),
+                    reason="about 40 real-size 14B traces (~15 min on 2 cores): set WAN_PLANNER_FULL=1")
+def test_auto_fit_picks_the_cheapest_fitting_switches_for_the_14b_preset():
+    """For 12, 16, 24, 48 and 80 GiB: the choice is predicted to fit, and no setting of the switch grid that costs
+    less also fits. The grid is every checkpointing / offload combination with every swap count; a combination's
+    cheaper settings are its fewer-swap ones, and since more swapped blocks never predict more (tested above), the
+    one with the most swapped blocks below the chosen cost stands for them all."""
+    from modules.planner.auto_fit import Settings, block_weight_bytes, canonical, combinations, fit, step_cost
+    from modules.planner.memory_plan import predict
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+    config = preset_config("wan 2.1 14B LoRA 24GB")
+    arch = resolve_architecture(config)
+    shape = largest_shape(config, arch)
+    layers = arch.transformer["num_layers"]
+    cache = {}
+
+    def predict_settings(settings: Settings):
+        settings = canonical(settings, layers)
+        if settings not in cache:
+            cache[settings] = predict(settings.apply(config), shape, arch)
+        return cache[settings]
+
+    first = predict_settings(Settings(True, 1, 0, False))
+    cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, 1))
+    chosen = {}
+    for vram in (12, 16, 24, 48, 80):
+        result = fit(config, vram, predict_settings, layers, cost)
+        chosen[vram] = result.settings
+        if result.settings is None:
+            frugal = predict_settings(Settings(True, 1, layers, True))
+            assert not frugal.fits(vram), f"{vram} GiB: nothing chosen, yet every switch at its most fits"
+            continue
+        assert predict_settings(result.settings).fits(vram), (vram, result.settings)
+        best = (cost.seconds(result.settings), result.settings.block_swap, result.settings.activation_offload)
+        for base in combinations():
+            cheaper = [n for n in range(layers + 1) if (cost.seconds(Settings(
+                base.gradient_checkpointing, base.checkpoint_every, n, base.activation_offload)), n,
+                base.activation_offload) < best]
+            if cheaper:
+                most = Settings(base.gradient_checkpointing, base.checkpoint_every, max(cheaper), base.activation_offload)
+                assert not predict_settings(most).fits(vram), f"{vram} GiB: {most.text()} is cheaper and fits"
+    assert chosen[80] is not None

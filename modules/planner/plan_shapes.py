@@ -61,6 +61,9 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
         variant = variant_from_transformer(transformer, vae.get("z_dim", 16), index.get("boundary_ratio") is not None)
         return _architecture(folder.name, {"variant": variant.value, "vae": vae, "model_index": index}, transformer)
     name = _released_name(base) if base else None
+    if base and name is None and not _looks_like_hub_id(base):
+        raise PlanError(f"model.base_model_name {base!r}: no such folder with a transformer/config.json (build or "
+                        f"download it first; a hub id or a released name is planned without it)")
     if name is not None:
         released = released_configs()[name]
         return _architecture(name, released, released["transformer"])
@@ -70,6 +73,11 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
         return _architecture(str(variant), released, released["transformer"])
     raise PlanError(f"model.base_model_name {base!r}: neither a folder with transformer/config.json nor a released "
                     f"Wan model ({', '.join(released_configs())}); set model.intended_variant to plan it")
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    """'org/name' (a hub id is planned by its released variant); a path ('./x', 'a/b/c', '/x') is not."""
+    return text.count("/") == 1 and not text.startswith((".", "/", "~")) and "\\" not in text
 
 
 def largest_shape(config: TrainConfig, arch: Architecture) -> PlanShape:
