@@ -222,3 +222,26 @@ def test_auto_fit_picks_the_cheapest_fitting_switches_for_the_14b_preset():
                 most = Settings(base.gradient_checkpointing, base.checkpoint_every, max(cheaper), base.activation_offload)
                 assert not predict_settings(most).fits(vram), f"{vram} GiB: {most.text()} is cheaper and fits"
     assert chosen[80] is not None
+
+
+# ---------------------------------------------------------------------------------------------------- GUI
+
+def test_gui_controller_shows_the_prediction_and_fits_the_config(tiny_model):
+    """The training tab's controller (no toolkit): a prediction line for a card size, and "fit to my card" writes
+    the cheapest fitting switches into the edited config (the tiny model fits 4 GiB without checkpointing)."""
+    from modules.ui.MemoryPlanController import MemoryPlanController
+    from modules.ui.UIState import UIState
+    state = UIState({"model": {"base_model_name": str(tiny_model("wan2.1-t2v"))}, "gradient_checkpointing": True,
+                     "data": {"resolution": 64, "frame_buckets": [9]}, "optimizer": {"optimizer": "ADAMW"}})
+    controller = MemoryPlanController(state)
+    assert controller.predict(4.0)
+    controller.wait(120)
+    text = controller.poll()
+    assert text is not None and text.startswith("fits 4 GiB: ") and text.endswith(" GiB predicted"), text
+    assert controller.fit(4.0)
+    controller.wait(300)
+    assert controller.poll().startswith("fits 4 GiB")
+    assert state.get("gradient_checkpointing") is False     # the cheapest switch setting that fits
+    assert controller.fit(0.1)
+    controller.wait(300)
+    assert controller.poll().startswith("nothing fits 0.1 GiB")
