@@ -14,6 +14,9 @@ from modules.ui.ctk_components import draw_bars, render_section
 from modules.ui.plot_data import timestep_density
 from modules.util.config.config_io import ConfigError
 
+# config sections and fields that change the memory a step needs (the memory line is re-planned when they change)
+MEMORY_PATHS = {"model", "training_method", "lora", "fine_tune", "optimizer", "performance", "data", "batch_size",
+                "gradient_checkpointing", "train_dtype", "expert"}
 RUN_FIELDS = ["epochs", "max_steps", "batch_size", "train_dtype", "gradient_checkpointing", "expert"]
 # top-level fields and sections that other tabs (or the top bar) show
 PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspace_dir", "cache_dir", "tensorboard",
@@ -89,6 +92,19 @@ class CtkTrainingTabView:
     def on_config_change(self, path: str) -> None:
         if path.startswith("timestep.") or path in ("", "expert", "model.base_model_name"):
             self.draw_density()
+        if path == "" or path.split(".")[0] in MEMORY_PATHS:
+            self._replan_soon()
+
+    def _replan_soon(self) -> None:
+        """The memory line follows the config: a new prediction a second after the last change."""
+        if getattr(self, "_replan", None) is not None:
+            self.memory_label.after_cancel(self._replan)
+        self._replan = self.memory_label.after(1000, self._replan_now)
+
+    def _replan_now(self) -> None:
+        self._replan = None
+        if not self.memory.predict(self._card_gib()) and self.memory.busy:
+            self._replan_soon()   # one is running: plan again once it is done
 
     def _boundary(self) -> float | None:
         index = Path(self.state.get("model.base_model_name") or "") / "model_index.json"
