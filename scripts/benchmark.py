@@ -214,7 +214,7 @@ def _plan(args) -> int:
     except ConfigError as error:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
-    return plan_and_print(config, args.vram_gib, args.plan_json)
+    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
 
 
 def _proof(args) -> int:

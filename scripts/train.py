@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return 2
     from modules.planner.plan_command import check_fits_device, plan_and_print
     if args.plan:
-        return plan_and_print(config, args.vram_gib, args.plan_json)
+        return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
     if not args.only_cache:
         from modules.planner.memory_plan import PlanError
         from modules.trainer.GenericTrainer import resolve_device

@@ -245,3 +245,17 @@ def test_gui_controller_shows_the_prediction_and_fits_the_config(tiny_model):
     assert controller.fit(0.1)
     controller.wait(300)
     assert controller.poll().startswith("nothing fits 0.1 GiB")
+
+
+def test_caching_is_planned_one_encoder_at_a_time():
+    """The text encoder pass holds UMT5-XXL's bf16 weights (5.7 B parameters, 10.6 GiB) and a little more; the VAE
+    encode at 832x480x17 needs less with tiling than without."""
+    from modules.planner.caching_plan import plan_caching
+    from modules.planner.plan_shapes import resolve_architecture
+    shape = PlanShape(1, 17, 480, 832)
+    plain = preset_config("wan 2.1 1.3B LoRA 16GB", "performance.vae_tiling=false")
+    arch = resolve_architecture(plain)
+    untiled = plan_caching(plain, arch, shape)
+    tiled = plan_caching(preset_config("wan 2.1 1.3B LoRA 16GB", "performance.vae_tiling=true"), arch, shape)
+    assert 10.5 * GIB < untiled.text_encoder_bytes < 14 * GIB
+    assert tiled.vae_bytes < untiled.vae_bytes

@@ -16,15 +16,19 @@ def add_plan_arguments(parser) -> None:
                         help="a card of G GiB: plan: the fastest memory switches whose prediction fits; train: "
                              "refuse (exit 2) a run predicted not to fit G GiB, before anything loads")
     parser.add_argument("--plan-json", metavar="PATH", help="write the prediction (and the fit) to this JSON file")
+    parser.add_argument("--skip-caching", action="store_true",
+                        help="plan the training step only (not the VAE and text encoder passes of caching)")
 
 
-def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print) -> int:
+def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print,
+                   caching: bool = True) -> int:
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
     2 when nothing fits (or the config cannot be planned)."""
     vram_gib = vram_gib if vram_gib is not None else config.performance.auto_fit
     try:
         prediction = predict(config)
         out(prediction.report())
+        caching_plan = _print_caching(config, out) if caching else None
         result = None
         if vram_gib:
             out(f"\nfitting to {vram_gib:g} GiB:")
@@ -42,6 +46,9 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     if json_path:
         from modules.benchmark.common import write_json
         data = {"prediction": prediction.as_dict(), "vram_gib": vram_gib}
+        if caching_plan is not None:
+            data["caching"] = {"vae_gib": caching_plan.vae_bytes / GIB, "vae_tiling": caching_plan.vae_tiling,
+                               "text_encoder_gib": caching_plan.text_encoder_bytes / GIB}
         if result is not None:
             data["fit"] = {"settings": result.settings.config_values() if result.settings else None,
                            "predicted_gib": result.prediction.peak_gib if result.prediction else None,
@@ -50,6 +57,19 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     if vram_gib and not prediction.fits(vram_gib) and (result is None or result.settings is None):
         return 2
     return 0
+
+
+def _print_caching(config: TrainConfig, out):
+    from modules.planner.caching_plan import plan_caching
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+    from modules.planner.Prediction import allowance_bytes
+    arch = resolve_architecture(config)
+    plan = plan_caching(config, arch, largest_shape(config, arch))
+    out(f"caching (one encoder on the device at a time; allowance included): VAE encode "
+        f"{(plan.vae_bytes + allowance_bytes(plan.vae_bytes)) / GIB:.1f} GiB (tiling "
+        f"{'on' if plan.vae_tiling else 'off'}), text encoder "
+        f"{(plan.text_encoder_bytes + allowance_bytes(plan.text_encoder_bytes)) / GIB:.1f} GiB")
+    return plan
 
 
 def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None, out=print) -> None:

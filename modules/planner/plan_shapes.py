@@ -42,7 +42,7 @@ def _architecture(name: str, released: dict, transformer: dict) -> Architecture:
                         vae_spatial_stride=vae.get("scale_factor_spatial", 8),
                         vae_temporal_stride=vae.get("scale_factor_temporal", 4),
                         expand_timesteps=bool(index.get("expand_timesteps", False)),
-                        boundary_ratio=index.get("boundary_ratio"))
+                        boundary_ratio=index.get("boundary_ratio"), extra={"vae": vae})
 
 
 def resolve_architecture(config: TrainConfig) -> Architecture:
