@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         from modules.trainer.GenericTrainer import resolve_device
         try:  # before any weight loads
             check_fits_device(config, resolve_device(config.device), args.vram_gib)
-        except PlanError as e:
+        except PlanError as e:  # predicted not to fit, or performance.auto_fit found nothing that fits
             print(f"train: {e}", file=sys.stderr)
             return 2
     if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:

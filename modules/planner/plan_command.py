@@ -3,12 +3,14 @@ check at train start that refuses a run predicted not to fit the device (before 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from modules.planner.memory_plan import PlanError, fit, predict
 from modules.util.config.TrainConfig import TrainConfig
 
 GIB = 1024 ** 3
+log = logging.getLogger(__name__)
 
 
 def add_plan_arguments(parser) -> None:
@@ -59,6 +61,10 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     return 0
 
 
+class RunDoesNotFit(PlanError):
+    """The run is predicted not to fit: train refuses it (exit 2)."""
+
+
 def _print_caching(config: TrainConfig, out):
     from modules.planner.caching_plan import plan_caching
     from modules.planner.plan_shapes import largest_shape, resolve_architecture
@@ -74,13 +80,13 @@ def _print_caching(config: TrainConfig, out):
 
 def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None, out=print) -> None:
     """At train start, before any weight loads: applies performance.auto_fit, prints the prediction, and raises
-    PlanError (naming what fits) when the run is predicted not to fit `vram_gib` (default: the CUDA device's free
+    RunDoesNotFit (naming what fits) when the run is predicted not to fit `vram_gib` (default: the CUDA device's free
     memory). A CPU device with no `vram_gib` has no card to refuse on: nothing is checked there."""
     import torch
     if config.performance.auto_fit:
         result = fit(config, config.performance.auto_fit)
         if result.settings is None:
-            raise PlanError(f"performance.auto_fit {config.performance.auto_fit:g}: {result.text()}")
+            raise RunDoesNotFit(f"performance.auto_fit {config.performance.auto_fit:g}: {result.text()}")
         for key, value in result.settings.config_values().items():
             section, _, name = key.rpartition(".")
             setattr(config.performance if section else config, name, value)
@@ -91,11 +97,18 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
         free, where = torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
     else:
         return
-    prediction = predict(config)
+    try:
+        prediction = predict(config)
+    except PlanError as error:
+        out(f"memory plan: not planned ({error}); the run starts unplanned")
+        return
+    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
+        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+        return
     out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB {where})")
     if prediction.fits(free / GIB):
         return
     result = fit(config, free / GIB, known=prediction)
-    raise PlanError(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
+    raise RunDoesNotFit(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
                     f"({where}); {result.text()}"
                     + ("; set those switches, or performance.auto_fit" if result.settings else ""))
