@@ -20,12 +20,16 @@ SWITCHES = {
     "block swap": dict(training_method="LORA", gradient_checkpointing=True, performance={"block_swap": 1}),
     "activation offload": dict(training_method="LORA", gradient_checkpointing=True,
                                performance={"activation_offload": True}),
+    "dora": dict(training_method="LORA", gradient_checkpointing=False, lora={"dora": True}),
+    "loha": dict(training_method="LORA", gradient_checkpointing=False, lora={"type": "LOHA"}),
+    "lokr": dict(training_method="LORA", gradient_checkpointing=False, lora={"type": "LOKR"}),
 }
 
 
 def tiny_config(folder, **values) -> TrainConfig:
+    lora = {"rank": 4, "alpha": 4.0, **values.pop("lora", {})}
     return TrainConfig(**{"model": {"base_model_name": str(folder)}, "train_dtype": "BFLOAT_16",
-                          "optimizer": {"optimizer": "ADAMW"}, "lora": {"rank": 4, "alpha": 4.0}, **values})
+                          "optimizer": {"optimizer": "ADAMW"}, "lora": lora, **values})
 
 
 @pytest.mark.parametrize("switches", list(SWITCHES))

@@ -194,6 +194,13 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         except ValueError as error:
             raise PlanError(str(error)) from None
         setup.move_experts_to_device()
+        if fake:
+            for expert in setup.experts_in_training():
+                for module in getattr(model, expert).modules():
+                    if hasattr(module, "module_dropout"):
+                        # peft's LoHa / LoKr draw a host-side random number to drop the whole adapter in training
+                        # (`torch.rand(1) > module_dropout`), which has no value on fake tensors; as in eval they run
+                        module.training = False
         parameters = setup.trainable_parameters()
         counter.track([p for p in parameters], "trainable")
         performance = setup.performance
