@@ -263,3 +263,20 @@ def test_caching_is_planned_one_encoder_at_a_time():
     tiled = plan_caching(preset_config("wan 2.1 1.3B LoRA 16GB", "performance.vae_tiling=true"), arch, shape)
     assert 10.5 * GIB < untiled.text_encoder_bytes < 14 * GIB
     assert tiled.vae_bytes < untiled.vae_bytes
+
+
+def test_sampling_previews_are_planned_on_top_of_the_training_state(tiny_model, tmp_path):
+    """A preview larger than the training shape: its forward pass (training state kept) sets the peak."""
+    import json
+    from modules.planner.memory_plan import predict
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "a red square", "width": 1024, "height": 1024, "frames": 81},
+                                   {"prompt": "off", "width": 2048, "height": 2048, "frames": 81,
+                                    "enabled": False}]))
+    base = dict(gradient_checkpointing=True, data={"resolution": 64, "frame_buckets": [9]})
+    plain = predict(tiny_config(tiny_model("wan2.1-t2v"), **base))
+    with_previews = predict(tiny_config(tiny_model("wan2.1-t2v"), **base, sampling={"samples_file": str(samples)}))
+    assert plain.preview_shape is None and plain.preview_bytes == 0
+    assert with_previews.preview_shape == "81x1024x1024 batch 1"     # the disabled 2048x2048 sample is left out
+    assert with_previews.preview_bytes > with_previews.traced_bytes
+    assert with_previews.peak_bytes > plain.peak_bytes

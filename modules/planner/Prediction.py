@@ -36,15 +36,22 @@ class Prediction:
     features: str
     seconds: float
     largest: list = field(default_factory=list)   # (bytes, part, op) of the largest tensors at the peak
+    preview_shape: str | None = None    # the largest sampling preview, when sampling.samples_file names some
+    preview_bytes: int = 0              # live tensors during its forward pass, the training state included
+
+    @property
+    def counted_bytes(self) -> int:
+        """The larger of the training step's peak and a preview's."""
+        return max(self.traced_bytes, self.preview_bytes)
 
     @property
     def allowance_bytes(self) -> int:
-        return allowance_bytes(self.traced_bytes)
+        return allowance_bytes(self.counted_bytes)
 
     @property
     def peak_bytes(self) -> int:
-        """What the card must have free: the traced peak plus the allowance."""
-        return self.traced_bytes + self.allowance_bytes
+        """What the card must have free: the counted peak plus the allowance."""
+        return self.counted_bytes + self.allowance_bytes
 
     @property
     def peak_gib(self) -> float:
@@ -70,8 +77,14 @@ class Prediction:
             lines.append(f"  {name:<31}{self.parts.get(name, 0) / GIB:8.2f} GiB")
         lines.append(f"  {'allowance':<31}{self.allowance_bytes / GIB:8.2f} GiB (CUDA context, workspaces, "
                      f"fragmentation)")
-        lines.append(f"  peak held in     the {self.peak_phase} pass" if self.peak_phase != "optimizer"
-                     else "  peak held in     the optimizer step")
+        if self.preview_bytes > self.traced_bytes:
+            lines.append("  peak held in     a sampling preview")
+        else:
+            lines.append(f"  peak held in     the {self.peak_phase} pass" if self.peak_phase != "optimizer"
+                         else "  peak held in     the optimizer step")
+        if self.preview_shape:
+            lines.append(f"  previews         {self.preview_bytes / GIB:.2f} GiB at {self.preview_shape} (the training "
+                         f"state plus one forward pass; the VAE decode is not planned)")
         lines.append(f"  host (pinned)    {self.host_pinned_bytes / GIB:.2f} GiB (block swap weights, offloaded "
                      f"activations)")
         lines.append(f"  planned in       {self.seconds:.1f} s on fake tensors (predicted on CPU, not measured)")

@@ -95,6 +95,19 @@ class StorageCounter(TorchDispatchMode):
         self.peak, self.peak_phase, self.peak_entries, self._peak_pending = self.total, self.phase, [], True
 
     @contextlib.contextmanager
+    def peak_kept(self):
+        """Within: allocations are counted, but the peak (and what was alive at it) stays the one before (work
+        that is planned apart, such as a sampling preview between steps)."""
+        self._snapshot_if_pending()
+        kept = self.peak, self.peak_phase, self.peak_entries
+        try:
+            yield
+        finally:
+            self._snapshot_if_pending()
+            self.peak, self.peak_phase, self.peak_entries = kept
+            self._peak_pending = False
+
+    @contextlib.contextmanager
     def host(self):
         """Storages made inside are host memory (an offloaded activation's copy)."""
         self._host_depth += 1

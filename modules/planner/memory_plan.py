@@ -35,7 +35,9 @@ def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> P
                       traced_bytes=counter.peak, parts=parts, peak_phase=counter.peak_phase,
                       host_pinned_bytes=counter.host_peak, parameters=facts["parameters"],
                       trainable_parameters=facts["trainable_parameters"], features=facts["features"],
-                      seconds=time.perf_counter() - started, largest=counter.largest_at_peak())
+                      seconds=time.perf_counter() - started, largest=counter.largest_at_peak(),
+                      preview_shape=facts["preview"][0].text() if "preview" in facts else None,
+                      preview_bytes=facts["preview"][1] if "preview" in facts else 0)
 
 
 def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,

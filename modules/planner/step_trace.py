@@ -254,6 +254,13 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
                 ema.update()
             counter.retag_live("optimizer", "optimizer_state")
             counter.retag(frozen, "weights")
+        preview = preview_shape(config, arch)
+        if preview is not None and fake:
+            # a preview runs between steps: the training state stays, the sampler's forward passes come on top
+            previews = StorageCounter(DEVICE.type)
+            with counter.peak_kept(), previews, torch.no_grad():
+                _predict_fake(setup, _batch(arch, preview, previews, fake, config.seed), experts[0])
+            facts["preview"] = (preview, counter.total + previews.peak)
         facts["host_weights"] = sum(s.block_swap is not None and sum(
             host.nbytes for pairs in s.block_swap.host.values() for _, host in pairs) or 0
             for s in performance.values())
@@ -279,6 +286,21 @@ def _set_data_when_swap_fails(fake: bool):
 
     with mock.patch.object(torch.utils, "swap_tensors", swap_or_set_data):
         yield
+
+
+def preview_shape(config: TrainConfig, arch: Architecture) -> PlanShape | None:
+    """The largest enabled preview of sampling.samples_file (rounded as the sampler rounds), or None."""
+    if not config.sampling.samples_file:
+        return None
+    from modules.util.sample_definitions import SampleDefinitionError, load_sample_definitions
+    try:
+        samples = [s for s in load_sample_definitions(config.sampling.samples_file) if s.enabled]
+    except SampleDefinitionError:
+        return None   # the run's own checks name the file; the training step is still planned
+    unit, stride = arch.spatial_unit, arch.vae_temporal_stride
+    shapes = [PlanShape(1, (s.frames - 1) // stride * stride + 1, max(unit, s.height // unit * unit),
+                        max(unit, s.width // unit * unit)) for s in samples]
+    return max(shapes, key=lambda s: s.frames * s.height * s.width, default=None)
 
 
 def _count_offload_as_host(offload, counter: StorageCounter) -> None:
