@@ -223,7 +223,8 @@ def test_auto_fit_picks_the_cheapest_fitting_switches_for_the_14b_preset():
                 base.gradient_checkpointing, base.checkpoint_every, n, base.activation_offload)), n,
                 base.activation_offload) < best]
             if cheaper:
-                most = Settings(base.gradient_checkpointing, base.checkpoint_every, max(cheaper), base.activation_offload)
+                most = Settings(base.gradient_checkpointing, base.checkpoint_every, max(cheaper),
+                                base.activation_offload)
                 assert not predict_settings(most).fits(vram), f"{vram} GiB: {most.text()} is cheaper and fits"
     assert chosen[80] is not None
 
@@ -280,3 +281,18 @@ def test_sampling_previews_are_planned_on_top_of_the_training_state(tiny_model, 
     assert with_previews.preview_shape == "81x1024x1024 batch 1"     # the disabled 2048x2048 sample is left out
     assert with_previews.preview_bytes > with_previews.traced_bytes
     assert with_previews.peak_bytes > plain.peak_bytes
+
+
+def test_proof_needs_a_gpu_and_plans_its_runs(capsys):
+    """`benchmark proof` refuses without CUDA (exit 2, nothing measured); each of its runs is planned with the
+    benchmark's own arguments (here the 1.3B run with checkpointing)."""
+    from pathlib import Path
+
+    from modules.planner.proof import _planned, proof_runs, run_proof
+    assert not torch.cuda.is_available()
+    assert run_proof(Path("unused"), quick=True) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    run = proof_runs(quick=True)[0]
+    arguments, prediction, words = _planned(run.arguments, run.fit_gib)
+    assert arguments == run.arguments and words == "as given"
+    assert prediction.shape == "81x480x832 batch 1" and "checkpointing 30/30 blocks" in prediction.features
