@@ -154,12 +154,13 @@ def proof_markdown(data: dict) -> str:
              "planner (traced) GiB | planner error | vs plain diffusers + peft |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["runs"]:
+        speedup = f"{row['speedup_vs_baseline']:.2f}x" if row.get("speedup_vs_baseline") else "-"
         lines.append(f"| {row['run']} | {row.get('switches', '-')} | {row.get('status')} | "
                      f"{number(row.get('seconds_per_step'), '.3f')} | {number(row.get('tokens_per_second'), ',.0f')} | "
                      f"{number(row.get('mfu'), '.1%')} | {number(row.get('measured_peak_gib'), '.2f')} | "
                      f"{number(row.get('predicted_traced_gib'), '.2f')} | "
                      f"{number(row.get('prediction_error'), '+.1%')} | "
-                     f"{number(row.get('speedup_vs_baseline'), '.2f')}{'x' if row.get('speedup_vs_baseline') else ''} |")
+                     f"{speedup} |")
     lines += ["", "| preset | cap GiB | status | s / step | measured peak GiB |", "|---|---|---|---|---|"]
     for row in data["presets"]:
         lines.append(f"| {row['preset']} | {number(row.get('cap_gib'), 'g')} | {row['status']} | "
