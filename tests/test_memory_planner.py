@@ -80,7 +80,7 @@ def test_more_checkpointing_never_predicts_more(plans_13b):
 
 
 def test_more_swapped_blocks_never_predict_more(plans_13b):
-    none = plans_13b(17, **{"performance.checkpoint_every": 1})
+    none = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
     ten = plans_13b(17, **{"performance.block_swap": 10})
     twenty = plans_13b(17, **{"performance.block_swap": 20})
     assert none.traced_bytes > ten.traced_bytes > twenty.traced_bytes
