@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from modules.planner.plan_shapes import PlanError
 from modules.util.config.TrainConfig import TrainConfig
 
 COMPUTE_RATE = 400e12      # FLOP/s: an H100's dense bf16 peak (989 TFLOP/s) at about 40 % utilisation
@@ -114,8 +115,10 @@ class FitResult:
     def text(self) -> str:
         if self.settings is None:
             smallest = min(self.tried, key=lambda t: t[1]) if self.tried else None
+            if smallest is None or smallest[1] == math.inf:
+                return f"nothing fits {self.vram_gib:g} GiB"
             return (f"nothing fits {self.vram_gib:g} GiB: the least memory is {smallest[1]:.1f} GiB predicted "
-                    f"({smallest[0].text()})" if smallest else f"nothing fits {self.vram_gib:g} GiB")
+                    f"({smallest[0].text()})")
         return (f"fits {self.vram_gib:g} GiB with {self.settings.text()}: {self.prediction.peak_gib:.1f} GiB "
                 f"predicted (switch cost ~{self.cost_seconds:.2f} s / step on a nominal GPU)")
 
@@ -125,13 +128,17 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
     result = FitResult(vram_gib, None, None, None)
 
     def fits(settings: Settings):
-        prediction = predict_settings(settings)
+        try:
+            prediction = predict_settings(settings)
+        except PlanError:   # a setting this run cannot use (a fine-tune cannot swap the blocks it trains)
+            result.tried.append((settings, math.inf))
+            return None
         result.tried.append((settings, prediction.peak_gib))
         return prediction if prediction.fits(vram_gib) else None
 
     max_swap = layers
     frugal = _with_swap(combinations()[-1], max_swap)
-    if fits(frugal) is None:   # not even every switch at its most: nothing does
+    if fits(frugal) is None and result.tried[-1][1] != math.inf:   # not even every switch at its most: nothing does
         return result
     def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload
         return cost.seconds(settings), settings.block_swap, settings.activation_offload
