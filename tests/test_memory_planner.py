@@ -185,7 +185,7 @@ def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch
 # ---------------------------------------------------------------------------------------------------- auto_fit
 
 @pytest.mark.skipif(not __import__("os").environ.get("WAN_PLANNER_FULL"),
-                    reason="about 40 real-size 14B traces (~15 min on 2 cores): set WAN_PLANNER_FULL=1")
+                    reason="about 40 real-size 14B traces (~14 min on 2 cores): set WAN_PLANNER_FULL=1")
 def test_auto_fit_picks_the_cheapest_fitting_switches_for_the_14b_preset():
     """For 12, 16, 24, 48 and 80 GiB: the choice is predicted to fit, and no setting of the switch grid that costs
     less also fits. The grid is every checkpointing / offload combination with every swap count; a combination's
