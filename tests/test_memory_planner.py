@@ -335,3 +335,19 @@ def test_auto_fit_search_against_the_whole_grid(vram):
         key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload)  # noqa: E731
         assert result.settings is not None and memory(canonical(result.settings, layers)) <= vram
         assert key(result.settings) == min(key(s) for s in fitting), (vram, refuse_swap, result.settings)
+
+
+def test_auto_fit_in_the_config_sets_the_switches_at_train_start(tiny_model):
+    """performance.auto_fit: G is applied before anything loads (also on a CPU device, where nothing is refused);
+    a size nothing fits is refused with what the least would need."""
+    from modules.planner.memory_plan import PlanError
+    from modules.planner.plan_command import check_fits_device
+    config = tiny_config(tiny_model("wan2.1-t2v"), gradient_checkpointing=True, performance={"auto_fit": 4.0},
+                         data={"resolution": 64, "frame_buckets": [9]})
+    lines = []
+    check_fits_device(config, "cpu", out=lines.append)
+    assert config.gradient_checkpointing is False   # nothing costs less than no memory switch at all
+    assert lines and lines[0].startswith("memory plan (performance.auto_fit): fits 4 GiB with no checkpointing")
+    config.performance.auto_fit = 0.1
+    with pytest.raises(PlanError, match="performance.auto_fit 0.1: nothing fits 0.1 GiB: the least memory is"):
+        check_fits_device(config, "cpu", out=lines.append)
