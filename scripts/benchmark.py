@@ -9,6 +9,9 @@
   benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
                     [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
+  benchmark.py plan [--config-path C.json] [--preset-path P] [--config-value k=v ...] [--vram-gib G]
+                    [--plan-json PATH]
+  benchmark.py proof [--workdir DIR] [--quick]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
 
 Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
@@ -99,6 +102,21 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--json", help="write the numbers to this JSON file")
 
+    plan = commands.add_parser("plan", help="predicted peak device memory of a config's training step (fake "
+                                            "tensors at real size; no weights, no GPU), and with --vram-gib the "
+                                            "fastest memory switches that fit")
+    plan.add_argument("--config-path", help="a training config JSON")
+    plan.add_argument("--preset-path", help="a preset: a file, or the name of a shipped one")
+    plan.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE")
+    from modules.planner.plan_command import add_plan_arguments
+    add_plan_arguments(plan)
+    plan.add_argument("--presets", action="store_true", help="plan every shipped preset: docs/benchmarks.md's table")
+
+    proof = commands.add_parser("proof", help="on one GPU: everything docs/benchmarks.md needs (measured peaks "
+                                              "next to the planner's predictions); writes a table and a JSON file")
+    proof.add_argument("--workdir", default="workspace/benchmark-proof")
+    proof.add_argument("--quick", action="store_true", help="one step per run (a dry run of the command)")
+
     presets = commands.add_parser("presets", help="each preset for a few steps at its shape under its memory cap")
     presets.add_argument("--steps", type=int, default=3)
     presets.add_argument("--preset", help="only the presets whose name contains this")
@@ -178,6 +196,34 @@ def _presets(args) -> int:
     return 0 if all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows) else 3
 
 
+def _plan(args) -> int:
+    from modules.planner.plan_command import plan_and_print
+    if args.presets:
+        from modules.benchmark.common import write_json
+        from modules.planner.preset_table import markdown, preset_rows
+        rows = preset_rows(log=lambda text: print(text, flush=True))
+        print(markdown(rows))
+        if args.plan_json:
+            write_json(args.plan_json, {"rows": rows})
+        return 0
+    from modules.util.config.config_io import ConfigError, load_config
+    from modules.util.presets import resolve_preset
+    try:
+        preset = resolve_preset(args.preset_path) if args.preset_path else None
+        config = load_config(args.config_path, preset, args.config_value)
+    except ConfigError as error:
+        print(f"benchmark plan: {error}", file=sys.stderr)
+        return 2
+    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
+
+
+def _proof(args) -> int:
+    from pathlib import Path
+
+    from modules.planner.proof import run_proof
+    return run_proof(Path(args.workdir), quick=args.quick, log=lambda text: print(text, flush=True))
+
+
 def _load(args) -> int:
     from pathlib import Path
 
@@ -223,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             return _presets(args)
         if args.command == "load":
             return _load(args)
+        if args.command == "plan":
+            return _plan(args)
+        if args.command == "proof":
+            return _proof(args)
         if args.command == "load-encoders":
             return _load_encoders(args)
         return _train(args) if args.command == "train" else _data(args)

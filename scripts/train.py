@@ -26,6 +26,11 @@ def build_parser(description: str = __doc__, only_cache_option: bool = True) -> 
     parser.add_argument("--dataset-config", "--dataset_config", dest="dataset_config", metavar="TOML",
                         help="a musubi-tuner or diffusion-pipe dataset config (TOML): its datasets become the concepts "
                              "(data.dataset_config; docs/data.md)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the predicted peak device memory (and with --vram-gib the settings that fit) "
+                             "and stop; nothing loads (docs/benchmarks.md)")
+    from modules.planner.plan_command import add_plan_arguments
+    add_plan_arguments(parser)
     if only_cache_option:
         parser.add_argument("--only-cache", action="store_true", help="fill the caches and stop")
     else:
@@ -144,6 +149,17 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     except ConfigError as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
+    from modules.planner.plan_command import check_fits_device, plan_and_print
+    if args.plan:
+        return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
+    if not args.only_cache:
+        from modules.planner.memory_plan import PlanError
+        from modules.trainer.GenericTrainer import resolve_device
+        try:  # before any weight loads
+            check_fits_device(config, resolve_device(config.device), args.vram_gib)
+        except PlanError as e:  # predicted not to fit, or performance.auto_fit found nothing that fits
+            print(f"train: {e}", file=sys.stderr)
+            return 2
     if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:
         # every process runs the same script (train.py or cache.py) with the same arguments; under torchrun's
         # environment they join one job

@@ -159,11 +159,11 @@ def test_presets_run_with_their_switches_under_their_promised_memory(benchmark_m
     assert benchmark_main(["presets", "--dry-run"]) == 0
     lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
     big = lines["#wan 2.1 14B LoRA 24GB"]
-    for switch in ("--variant wan2.1-14b", "--weight-dtype fp8", "--block-swap 16", "--activation-offload",
+    for switch in ("--variant wan2.1-14b", "--weight-dtype fp8", "--block-swap 34", "--activation-offload",
                    "--gradient-checkpointing", "--memory-cap-gib 22.0", "--frames 81"):
         assert switch in big
     assert "--memory-cap-gib 15.0" in lines["#wan 2.1 1.3B LoRA 16GB"]
-    assert "--checkpoint-every 3" in lines["#wan 2.1 1.3B LoRA 24GB"]
+    assert "--checkpoint-every 1" in lines["#wan 2.1 1.3B LoRA 24GB"]  # the planner: every 3rd needs ~80 GiB
     assert "--full" in lines["#wan 2.1 1.3B fine-tune"]
     assert lines["#wan 2.1 I2V 14B LoRA"].startswith("not run:")
 

@@ -14,6 +14,9 @@ from modules.ui.ctk_components import draw_bars, render_section
 from modules.ui.plot_data import timestep_density
 from modules.util.config.config_io import ConfigError
 
+# config sections and fields that change the memory a step needs (the memory line is re-planned when they change)
+MEMORY_PATHS = {"model", "training_method", "lora", "fine_tune", "optimizer", "performance", "data", "batch_size",
+                "gradient_checkpointing", "train_dtype", "expert"}
 RUN_FIELDS = ["epochs", "max_steps", "batch_size", "train_dtype", "gradient_checkpointing", "expert"]
 # top-level fields and sections that other tabs (or the top bar) show
 PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspace_dir", "cache_dir", "tensorboard",
@@ -54,10 +57,54 @@ class CtkTrainingTabView:
         self.density_note.grid(row=row + 2, column=0, columnspan=3, sticky="w", padx=8)
         self.density: list[float] = []
         frame.after_idle(self.draw_density)
+        self._memory_plan(right, row + 3)
+
+    def _memory_plan(self, parent, row: int) -> None:
+        """The predicted peak of the config being edited against a card size, and "fit to my card"
+        (MemoryPlanController: planning runs in a worker thread)."""
+        from modules.ui.MemoryPlanController import MemoryPlanController
+        self.memory = MemoryPlanController(self.state)
+        box = ctk.CTkFrame(parent, fg_color="transparent")
+        box.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(12, 0))
+        ctk.CTkLabel(box, text="card GiB").grid(row=0, column=0, sticky="w")
+        self.memory_gib = ctk.CTkEntry(box, width=60)
+        self.memory_gib.insert(0, "24")
+        self.memory_gib.grid(row=0, column=1, padx=4)
+        ctk.CTkButton(box, text="predict memory", width=120,
+                      command=lambda: self.memory.predict(self._card_gib())).grid(row=0, column=2, padx=4)
+        ctk.CTkButton(box, text="fit to my card", width=120,
+                      command=lambda: self.memory.fit(self._card_gib() or 24.0)).grid(row=0, column=3, padx=4)
+        self.memory_label = ctk.CTkLabel(box, text=self.memory.text, anchor="w")
+        self.memory_label.grid(row=1, column=0, columnspan=4, sticky="w", pady=(4, 0))
+        self._poll_memory(box)
+
+    def _card_gib(self) -> float | None:
+        try:
+            return float(self.memory_gib.get())
+        except ValueError:
+            return None
+
+    def _poll_memory(self, widget) -> None:
+        text = self.memory.poll()
+        self.memory_label.configure(text=self.memory.text if text is None else text)
+        widget.after(300, lambda: self._poll_memory(widget))
 
     def on_config_change(self, path: str) -> None:
         if path.startswith("timestep.") or path in ("", "expert", "model.base_model_name"):
             self.draw_density()
+        if path == "" or path.split(".")[0] in MEMORY_PATHS:
+            self._replan_soon()
+
+    def _replan_soon(self) -> None:
+        """The memory line follows the config: a new prediction a second after the last change."""
+        if getattr(self, "_replan", None) is not None:
+            self.memory_label.after_cancel(self._replan)
+        self._replan = self.memory_label.after(1000, self._replan_now)
+
+    def _replan_now(self) -> None:
+        self._replan = None
+        if not self.memory.predict(self._card_gib()) and self.memory.busy:
+            self._replan_soon()   # one is running: plan again once it is done
 
     def _boundary(self) -> float | None:
         index = Path(self.state.get("model.base_model_name") or "") / "model_index.json"

@@ -27,6 +27,10 @@ class PerformanceConfig(BaseConfig):
                             "reference")
     compile_blocks: bool = Field(False, description="torch.compile each (non-swapped) transformer block: one compiled "
                                                     "region reused by every block, so compiling takes seconds")
+    auto_fit: float = Field(0.0, ge=0, le=4096,
+                            description="fit the run to a card of this many GiB at start (0: off): the memory "
+                                        "planner picks the fastest checkpointing / block swap / activation offload "
+                                        "whose predicted peak fits and uses it (docs/benchmarks.md)")
     vae_tiling: bool = Field(False, description="encode and decode with the VAE in spatial tiles: high resolutions "
                                                 "fit in less memory, at a small cost in speed")
     cache_latents_bf16: bool = Field(True, description="store cached latents in bfloat16 (half the disk and "

@@ -1,0 +1,181 @@
+"""Fit a run to a card: the fastest combination of memory switches whose predicted peak fits (docs/benchmarks.md,
+"Fitting a run to a card").
+
+The switches and what each costs per step, in seconds on a nominal GPU (the order matters, not the seconds):
+- gradient checkpointing every k blocks: each checkpointed block runs its forward pass again in the backward
+  pass: (checkpointed blocks) x (one block's forward FLOPs) / COMPUTE_RATE.
+- block swap N: each swapped block's frozen weights cross PCIe twice a step (forward, and the backward pass's
+  recomputation); a copy overlaps the previous block's compute, so only what exceeds one block's compute time
+  costs: N x 2 x max(0, copy - compute). Swapped blocks are always checkpointed: their recomputation is added.
+- activation offload: each checkpointed block's input (tokens x width) goes to the host and back, overlapped the
+  same way.
+Checkpointing costs FLOPs that no overlap hides, swaps and offloads cost only what their copies do not hide:
+for a large shape a swap is nearly free and checkpointing is not; for a small one the reverse can hold.
+
+The search: the combinations of checkpointing (off, every 2nd block, every block) and offload (with
+checkpointing), cheapest first at no swap; for each, the fewest swapped blocks that fit (the prediction does not
+grow with more swapped blocks), by bisection over real traces; a combination whose cost without any swap already
+exceeds the best found is skipped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from modules.planner.plan_shapes import PlanError
+from modules.util.config.TrainConfig import TrainConfig
+
+COMPUTE_RATE = 400e12      # FLOP/s: an H100's dense bf16 peak (989 TFLOP/s) at about 40 % utilisation
+TRANSFER_RATE = 20e9       # bytes/s: pinned host <-> device over PCIe 4.0 x16, as measured copies reach
+TEXT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Settings:
+    gradient_checkpointing: bool
+    checkpoint_every: int = 1
+    block_swap: int = 0
+    activation_offload: bool = False
+
+    def apply(self, config: TrainConfig) -> TrainConfig:
+        config = config.model_copy(deep=True)
+        config.gradient_checkpointing = self.gradient_checkpointing
+        config.performance.checkpoint_every = self.checkpoint_every
+        config.performance.block_swap = self.block_swap
+        config.performance.activation_offload = self.activation_offload and self.gradient_checkpointing
+        return config
+
+    def config_values(self) -> dict:
+        """As --config-value / JSON fields."""
+        return {"gradient_checkpointing": self.gradient_checkpointing,
+                "performance.checkpoint_every": self.checkpoint_every, "performance.block_swap": self.block_swap,
+                "performance.activation_offload": self.activation_offload}
+
+    def text(self) -> str:
+        parts = [f"checkpointing every {self.checkpoint_every}" if self.gradient_checkpointing
+                 else "no checkpointing", f"block swap {self.block_swap}",
+                 "activation offload" if self.activation_offload else "no offload"]
+        return ", ".join(parts)
+
+
+def settings_of(config: TrainConfig) -> Settings:
+    performance = config.performance
+    return Settings(config.gradient_checkpointing, performance.checkpoint_every if config.gradient_checkpointing
+                    else 1, performance.block_swap, performance.activation_offload and config.gradient_checkpointing)
+
+
+def combinations() -> list[Settings]:
+    """The checkpointing / offload combinations, at no swap."""
+    return [Settings(False), Settings(True, 2), Settings(True, 2, 0, True), Settings(True, 1),
+            Settings(True, 1, 0, True)]
+
+
+@dataclass
+class StepCost:
+    """Seconds a step spends on the switches (not the step's time)."""
+    layers: int
+    block_forward_seconds: float
+    block_copy_seconds: float
+    input_copy_seconds: float
+
+    def seconds(self, settings: Settings) -> float:
+        checkpointed = set(range(self.layers - settings.block_swap, self.layers))
+        if settings.gradient_checkpointing:
+            checkpointed |= set(range(0, self.layers, settings.checkpoint_every))
+        exposed = lambda copy: max(0.0, copy - self.block_forward_seconds)  # noqa: E731
+        seconds = len(checkpointed) * self.block_forward_seconds
+        seconds += settings.block_swap * 2 * exposed(self.block_copy_seconds)
+        if settings.activation_offload:
+            seconds += len(checkpointed) * 2 * exposed(self.input_copy_seconds)
+        return seconds
+
+
+def step_cost(arch, shape, block_weight_bytes: int) -> StepCost:
+    """The cost model's rates for this architecture and shape (see the module doc)."""
+    c = arch.transformer
+    d, f, layers = arch.dim, c["ffn_dim"], c["num_layers"]
+    _z, frames, height, width = arch.latent_shape(shape.frames, shape.height, shape.width)
+    tokens = frames * (height // c["patch_size"][1]) * (width // c["patch_size"][2])
+    per_sample = (2 * tokens * (6 * d * d + 2 * d * f) + 2 * TEXT_TOKENS * 2 * d * d
+                  + 4 * tokens * tokens * d + 4 * tokens * TEXT_TOKENS * d)
+    block_flops = shape.batch_size * per_sample
+    return StepCost(layers=layers, block_forward_seconds=block_flops / COMPUTE_RATE,
+                    block_copy_seconds=block_weight_bytes / TRANSFER_RATE,
+                    input_copy_seconds=shape.batch_size * tokens * d * 4 / TRANSFER_RATE)
+
+
+@dataclass
+class FitResult:
+    vram_gib: float
+    settings: Settings | None           # None: nothing fits
+    prediction: object | None           # the chosen settings' Prediction
+    cost_seconds: float | None
+    tried: list[tuple[Settings, float]] = field(default_factory=list)   # (settings, predicted GiB), in order
+
+    def text(self) -> str:
+        if self.settings is None:
+            smallest = min(self.tried, key=lambda t: t[1]) if self.tried else None
+            if smallest is None or smallest[1] == math.inf:
+                return f"nothing fits {self.vram_gib:g} GiB"
+            return (f"nothing fits {self.vram_gib:g} GiB: the least memory is {smallest[1]:.1f} GiB predicted "
+                    f"({smallest[0].text()})")
+        return (f"fits {self.vram_gib:g} GiB with {self.settings.text()}: {self.prediction.peak_gib:.1f} GiB "
+                f"predicted (switch cost ~{self.cost_seconds:.2f} s / step on a nominal GPU)")
+
+
+def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost) -> FitResult:
+    """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search."""
+    result = FitResult(vram_gib, None, None, None)
+
+    def fits(settings: Settings):
+        try:
+            prediction = predict_settings(settings)
+        except PlanError:   # a setting this run cannot use (a fine-tune cannot swap the blocks it trains)
+            result.tried.append((settings, math.inf))
+            return None
+        result.tried.append((settings, prediction.peak_gib))
+        return prediction if prediction.fits(vram_gib) else None
+
+    max_swap = layers
+    frugal = _with_swap(combinations()[-1], max_swap)
+    if fits(frugal) is None and result.tried[-1][1] != math.inf:   # not even every switch at its most: nothing does
+        return result
+    def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload
+        return cost.seconds(settings), settings.block_swap, settings.activation_offload
+
+    for base in sorted(combinations(), key=key):
+        if result.settings is not None and key(base) >= key(result.settings):
+            continue
+        prediction = fits(base)
+        if prediction is None:
+            most = _with_swap(base, max_swap)
+            if fits(most) is None:
+                continue
+            low, high = 0, max_swap   # low does not fit, high does
+            while high - low > 1:
+                middle = (low + high) // 2
+                if fits(_with_swap(base, middle)) is not None:
+                    high = middle
+                else:
+                    low = middle
+            base = _with_swap(base, high)
+            prediction = predict_settings(base)
+        if result.settings is None or key(base) < key(result.settings):
+            result.settings, result.prediction, result.cost_seconds = base, prediction, cost.seconds(base)
+    return result
+
+
+def _with_swap(settings: Settings, count: int) -> Settings:
+    return Settings(settings.gradient_checkpointing, settings.checkpoint_every, count, settings.activation_offload)
+
+
+def canonical(settings: Settings, layers: int) -> Settings:
+    """Settings that run alike share one trace: with every block swapped every block is checkpointed anyway."""
+    if settings.block_swap >= layers:
+        return Settings(True, 1, layers, settings.activation_offload)
+    return settings
+
+
+def block_weight_bytes(parameters: int, layers: int, bytes_per_weight: float) -> int:
+    """One block's share of the weights (the blocks hold nearly all of them)."""
+    return math.ceil(parameters / layers * bytes_per_weight)

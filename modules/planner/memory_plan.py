@@ -1,0 +1,69 @@
+"""Will it fit my card? The planner's entry points (DESIGN.md section 10), for the command line, the run plan at
+train start and the GUI:
+
+    predict(config) -> Prediction          # the run as configured
+    fit(config, vram_gib) -> FitResult     # the fastest memory switches that fit (auto_fit.py)
+
+Both trace the run's training step at its real size on fake tensors (step_trace.py): seconds, no weights, no GPU.
+"""
+from __future__ import annotations
+
+import time
+
+from modules.planner.auto_fit import FitResult, Settings, block_weight_bytes, canonical, settings_of, step_cost
+from modules.planner.auto_fit import fit as fit_settings
+from modules.planner.plan_shapes import PlanError, PlanShape, largest_shape, resolve_architecture
+from modules.planner.Prediction import PARTS, Prediction
+from modules.util.config.TrainConfig import TrainConfig
+
+__all__ = ["PlanError", "Prediction", "FitResult", "Settings", "predict", "fit"]
+
+
+def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> Prediction:
+    """The run's predicted peak device memory for one training step at `shape` (default: the largest bucket);
+    `arch`: a modules.benchmark Architecture instead of the one the config names."""
+    from modules.planner.step_trace import trace_step
+    started = time.perf_counter()
+    arch = arch or resolve_architecture(config)
+    shape = shape or largest_shape(config, arch)
+    counter, facts = trace_step(config, arch, shape)
+    tags = counter.breakdown()
+    parts = {name: sum(tags.get(tag, 0) for tag in members) for name, members in PARTS.items()}
+    known = {tag for members in PARTS.values() for tag in members}
+    parts["transient"] += sum(v for tag, v in tags.items() if tag not in known)
+    return Prediction(model=arch.name, shape=shape.text(), settings=settings_of(config).config_values(),
+                      traced_bytes=counter.peak, parts=parts, peak_phase=counter.peak_phase,
+                      host_pinned_bytes=counter.host_peak, parameters=facts["parameters"],
+                      trainable_parameters=facts["trainable_parameters"], features=facts["features"],
+                      seconds=time.perf_counter() - started, largest=counter.largest_at_peak(),
+                      preview_shape=facts["preview"][0].text() if "preview" in facts else None,
+                      preview_bytes=facts["preview"][1] if "preview" in facts else 0)
+
+
+def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,
+        arch=None, shape: PlanShape | None = None) -> FitResult:
+    """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib`; `known`:
+    predict(config), when the caller has it; `arch` / `shape` as in predict."""
+    arch = arch or resolve_architecture(config)
+    shape = shape or largest_shape(config, arch)
+    layers = arch.transformer["num_layers"]
+    cache: dict[Settings, Prediction] = {}
+    if known is not None:
+        cache[canonical(settings_of(config), layers)] = known
+
+    def predict_settings(settings: Settings) -> Prediction:
+        settings = canonical(settings, layers)
+        if settings not in cache:
+            try:
+                cache[settings] = predict(settings.apply(config), shape, arch)
+            except PlanError as error:   # e.g. a fine-tune cannot swap the blocks it trains
+                raise PlanError(f"{settings.text()}: {error}") from None
+            log(f"  {settings.text()}: {cache[settings].peak_gib:.1f} GiB predicted")
+        return cache[settings]
+
+    first = predict_settings(settings_of(config))
+    from modules.util.enum.DataType import DataType
+    weight = config.model.transformer.weight_dtype
+    bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
+    cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
+    return fit_settings(config, vram_gib, predict_settings, layers, cost)

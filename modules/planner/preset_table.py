@@ -1,0 +1,50 @@
+"""`benchmark.py plan --presets`: every shipped preset planned at its largest bucket, as the markdown table of
+docs/benchmarks.md ("predicted on CPU", never measured)."""
+from __future__ import annotations
+
+import re
+
+from modules.planner.memory_plan import PlanError, predict
+
+GIB = 1024 ** 3
+
+
+def preset_rows(log=lambda _text: None) -> list[dict]:
+    from modules.util.config.config_io import load_config
+    from modules.util.presets import PRESET_DIR
+    rows = []
+    for path in sorted(PRESET_DIR.glob("*.json")):
+        name = path.stem.lstrip("#")
+        size = re.search(r"(\d+)\s*GB", name)
+        row = {"preset": name, "card_gb": int(size.group(1)) if size else None}
+        try:
+            prediction = predict(load_config(preset_path=str(path)))
+        except PlanError as error:
+            row["status"] = f"not planned: {error}"
+            rows.append(row)
+            log(f"{name}: {row['status']}")
+            continue
+        row.update(status="predicted on CPU", shape=prediction.shape, switches=prediction.features,
+                   predicted_gib=prediction.peak_gib, parts_gib={k: v / GIB for k, v in prediction.parts.items()},
+                   host_gib=prediction.host_pinned_bytes / GIB, phase=prediction.peak_phase,
+                   fits=None if size is None else prediction.peak_bytes <= int(size.group(1)) * 1e9)
+        log(f"{name}: {prediction.summary()}")
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| preset | shape (largest bucket) | memory switches | predicted peak GiB | weights / trainable+opt / "
+             "activations / transient GiB | host pinned GiB | card in the name |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if "predicted_gib" not in row:
+            lines.append(f"| {row['preset']} | - | - | {row['status']} | - | - | - |")
+            continue
+        parts = row["parts_gib"]
+        card = "-" if row["card_gb"] is None else (f"{row['card_gb']} GB: " + ("fits" if row["fits"] else
+                                                                              "**does not fit**"))
+        lines.append(f"| {row['preset']} | {row['shape']} | {row['switches']} | {row['predicted_gib']:.1f} | "
+                     f"{parts['weights']:.1f} / {parts['trainable + grads + optimizer']:.1f} / "
+                     f"{parts['activations']:.1f} / {parts['transient']:.1f} | {row['host_gib']:.1f} | {card} |")
+    return "\n".join(lines)

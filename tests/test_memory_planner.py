@@ -1,0 +1,353 @@
+"""The memory planner (modules/planner, issue 21): its trace of a training step on fake tensors against the same
+step run for real, and its predictions at real size. Real-size plans trace the full model on fake tensors: a few
+seconds each, nothing computed."""
+import pytest
+import torch
+
+from modules.planner.plan_shapes import PlanShape
+from modules.planner.step_trace import trace_step
+from modules.util.config.TrainConfig import TrainConfig
+
+GIB = 1024 ** 3
+TINY_SHAPE = PlanShape(batch_size=1, frames=33, height=256, width=256)
+
+SWITCHES = {
+    "lora": dict(training_method="LORA", gradient_checkpointing=False),
+    "fine-tune": dict(training_method="FINE_TUNE", gradient_checkpointing=False),
+    "checkpoint every 1": dict(training_method="LORA", gradient_checkpointing=True),
+    "checkpoint every 2": dict(training_method="LORA", gradient_checkpointing=True,
+                               performance={"checkpoint_every": 2}),
+    "block swap": dict(training_method="LORA", gradient_checkpointing=True, performance={"block_swap": 1}),
+    "activation offload": dict(training_method="LORA", gradient_checkpointing=True,
+                               performance={"activation_offload": True}),
+    "dora": dict(training_method="LORA", gradient_checkpointing=False, lora={"dora": True}),
+    "loha": dict(training_method="LORA", gradient_checkpointing=False, lora={"type": "LOHA"}),
+    "lokr": dict(training_method="LORA", gradient_checkpointing=False, lora={"type": "LOKR"}),
+}
+
+
+def tiny_config(folder, **values) -> TrainConfig:
+    lora = {"rank": 4, "alpha": 4.0, **values.pop("lora", {})}
+    return TrainConfig(**{"model": {"base_model_name": str(folder)}, "train_dtype": "BFLOAT_16",
+                          "optimizer": {"optimizer": "ADAMW"}, "lora": lora, **values})
+
+
+@pytest.mark.parametrize("switches", list(SWITCHES))
+def test_prediction_matches_a_real_cpu_step(tiny_model, switches):
+    """The planner's peak (fake tensors) is within 5 % of what the same step allocates for real on the CPU, counted
+    by the same counter (the real step uses the setup's own predict; the planner its fake-tensor twin)."""
+    from modules.planner.plan_shapes import resolve_architecture
+    config = tiny_config(tiny_model("wan2.1-t2v"), **SWITCHES[switches])
+    arch = resolve_architecture(config)
+    torch.manual_seed(0)
+    real, _ = trace_step(config, arch, TINY_SHAPE, fake=False)
+    planned, _ = trace_step(config, arch, TINY_SHAPE, fake=True)
+    assert real.peak > 0
+    assert abs(planned.peak - real.peak) <= 0.05 * real.peak, (
+        f"{switches}: planned {planned.peak} bytes, real {real.peak} bytes; "
+        f"planned {planned.breakdown()}, real {real.breakdown()}")
+
+
+# ---------------------------------------------------------------------------------------------------- real size
+
+def preset_config(name: str, *overrides: str) -> TrainConfig:
+    from modules.util.config.config_io import load_config
+    from modules.util.presets import resolve_preset
+    return load_config(preset_path=resolve_preset(name), overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def plans_13b():
+    """1.3B LoRA r32 (the 16GB preset's setup) at 832x480, planned once per setting."""
+    from modules.planner.memory_plan import predict
+    cache = {}
+
+    def get(frames: int = 81, **values):
+        key = (frames, tuple(sorted(values.items())))
+        if key not in cache:
+            overrides = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+            config = preset_config("wan 2.1 1.3B LoRA 16GB", *overrides)
+            cache[key] = predict(config, PlanShape(1, frames, 480, 832))
+        return cache[key]
+    return get
+
+
+def test_more_checkpointing_never_predicts_more(plans_13b):
+    off = plans_13b(17, gradient_checkpointing=False)
+    every_2 = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 2})
+    every_1 = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    assert off.traced_bytes > every_2.traced_bytes > every_1.traced_bytes
+
+
+def test_more_swapped_blocks_never_predict_more(plans_13b):
+    none = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    ten = plans_13b(17, **{"performance.block_swap": 10})
+    twenty = plans_13b(17, **{"performance.block_swap": 20})
+    assert none.traced_bytes > ten.traced_bytes > twenty.traced_bytes
+    assert twenty.host_pinned_bytes > ten.host_pinned_bytes > 0
+    # each swapped 1.3B block holds about 1/30 of the 2.6 GiB bf16 weights: 10 blocks ~ 0.9 GiB off the device
+    assert 0.7 * GIB < ten.parts["weights"] - twenty.parts["weights"] < 1.0 * GIB
+
+
+def test_doubling_frames_roughly_doubles_activations(plans_13b):
+    """41 -> 81 frames: 11 -> 21 latent frames (x1.9 tokens); without checkpointing the saved activations grow with
+    the tokens (attention's saved tensors are linear in them: flash-style kernels keep no L x L matrix)."""
+    short = plans_13b(41, gradient_checkpointing=False)
+    long = plans_13b(81, gradient_checkpointing=False)
+    ratio = long.parts["activations"] / short.parts["activations"]
+    assert 1.6 < ratio < 2.3, ratio
+
+
+# Peers' published figure for Wan 2.1 1.3B LoRA at 832x480x81 with gradient checkpointing, as issue 21 states it:
+# 4.7 GiB. The one public report found offline is musubi-tuner issue #150 (github.com/kohya-ss/musubi-tuner/
+# issues/150): "~10GB VRAM" for a 1.3B LoRA at 61 frames on a 16 GB card (resolution not given).
+PEER_13B_LORA_GIB = 4.7
+
+
+@pytest.mark.xfail(strict=True, reason="the planner predicts ~12.7 GiB for diffusers' WanTransformer3DModel here: "
+                   "its blocks upcast to float32 (norms, rope, residual adds), and the backward pass of one "
+                   "recomputed block at 32,760 tokens holds ~6 GiB; 2.7x the 4.7 GiB peers quote (not yet measured "
+                   "on a GPU: `benchmark proof` will say whether the planner or the figure is off)")
+def test_13b_lora_within_2x_of_peers(plans_13b):
+    prediction = plans_13b(81, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    assert PEER_13B_LORA_GIB / 2 <= prediction.peak_gib <= PEER_13B_LORA_GIB * 2, prediction.report()
+
+
+# ---------------------------------------------------------------------------------------------------- presets
+
+def sized_presets() -> list[tuple[str, int]]:
+    """(name, GB in the name) of every shipped preset that names a card size."""
+    import re
+
+    from modules.util.presets import PRESET_DIR
+    found = []
+    for path in sorted(PRESET_DIR.glob("*.json")):
+        size = re.search(r"(\d+)\s*GB", path.stem)
+        if size:
+            found.append((path.stem.lstrip("#"), int(size.group(1))))
+    return found
+
+
+@pytest.mark.parametrize("name,size_gb", sized_presets())
+def test_every_sized_preset_fits_the_card_in_its_name(name, size_gb):
+    """At its largest bucket, on paper: a "24GB" card has 24 x 10^9 bytes, 22.35 GiB (the allowance for the CUDA
+    context and fragmentation is inside the prediction)."""
+    from modules.planner.memory_plan import predict
+    prediction = predict(preset_config(name))
+    assert prediction.peak_bytes <= size_gb * 1e9, prediction.report()
+
+
+def test_planning_a_14b_step_is_fast_and_small(tmp_path):
+    """Under 60 s and 2 GiB of RAM, in a process of its own (its peak RSS is the planner's, imports included)."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, resource, time; t = time.perf_counter();"
+            "from modules.planner.memory_plan import predict;"
+            "from modules.util.config.config_io import load_config;"
+            "from modules.util.presets import resolve_preset;"
+            "p = predict(load_config(preset_path=resolve_preset('wan 2.1 14B LoRA 24GB')));"
+            "print(json.dumps({'seconds': time.perf_counter() - t, 'peak_gib': p.peak_gib,"
+            "'rss_gib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))")
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300,
+                            env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    numbers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert numbers["peak_gib"] > 10        # a 14B run was planned at its real size
+    assert numbers["seconds"] < 60, numbers
+    assert numbers["rss_gib"] < 2, numbers
+
+
+def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys):
+    """train.py --vram-gib 2 with the 1.3B 16GB preset: exit 2, the prediction and what fits named, and the trainer
+    (which loads the weights) never constructed."""
+    import importlib
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    train = importlib.import_module("train")
+    import modules.trainer.GenericTrainer as generic
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the trainer was constructed: weights would load")
+
+    monkeypatch.setattr(generic.GenericTrainer, "__init__", never)
+    code = train.main(["--preset-path", "wan 2.1 1.3B LoRA 16GB", "--vram-gib", "2",
+                       "--config-value", "data.frame_buckets=[1, 17]"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "predicted peak" in err and "does not fit the 2.0 GiB" in err, err
+    assert "nothing fits 2 GiB: the least memory is" in err, err
+
+
+# ---------------------------------------------------------------------------------------------------- auto_fit
+
+@pytest.mark.skipif(not __import__("os").environ.get("WAN_PLANNER_FULL"),
+                    reason="about 40 real-size 14B traces (~14 min on 2 cores): set WAN_PLANNER_FULL=1")
+def test_auto_fit_picks_the_cheapest_fitting_switches_for_the_14b_preset():
+    """For 12, 16, 24, 48 and 80 GiB: the choice is predicted to fit, and no setting of the switch grid that costs
+    less also fits. The grid is every checkpointing / offload combination with every swap count; a combination's
+    cheaper settings are its fewer-swap ones, and since more swapped blocks never predict more (tested above), the
+    one with the most swapped blocks below the chosen cost stands for them all."""
+    from modules.planner.auto_fit import Settings, block_weight_bytes, canonical, combinations, fit, step_cost
+    from modules.planner.memory_plan import predict
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+    config = preset_config("wan 2.1 14B LoRA 24GB")
+    arch = resolve_architecture(config)
+    shape = largest_shape(config, arch)
+    layers = arch.transformer["num_layers"]
+    cache = {}
+
+    def predict_settings(settings: Settings):
+        settings = canonical(settings, layers)
+        if settings not in cache:
+            cache[settings] = predict(settings.apply(config), shape, arch)
+        return cache[settings]
+
+    first = predict_settings(Settings(True, 1, 0, False))
+    cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, 1))
+    chosen = {}
+    for vram in (12, 16, 24, 48, 80):
+        result = fit(config, vram, predict_settings, layers, cost)
+        chosen[vram] = result.settings
+        if result.settings is None:
+            frugal = predict_settings(Settings(True, 1, layers, True))
+            assert not frugal.fits(vram), f"{vram} GiB: nothing chosen, yet every switch at its most fits"
+            continue
+        assert predict_settings(result.settings).fits(vram), (vram, result.settings)
+        best = (cost.seconds(result.settings), result.settings.block_swap, result.settings.activation_offload)
+        for base in combinations():
+            cheaper = [n for n in range(layers + 1) if (cost.seconds(Settings(
+                base.gradient_checkpointing, base.checkpoint_every, n, base.activation_offload)), n,
+                base.activation_offload) < best]
+            if cheaper:
+                most = Settings(base.gradient_checkpointing, base.checkpoint_every, max(cheaper),
+                                base.activation_offload)
+                assert not predict_settings(most).fits(vram), f"{vram} GiB: {most.text()} is cheaper and fits"
+    assert chosen[80] is not None
+
+
+# ---------------------------------------------------------------------------------------------------- GUI
+
+def test_gui_controller_shows_the_prediction_and_fits_the_config(tiny_model):
+    """The training tab's controller (no toolkit): a prediction line for a card size, and "fit to my card" writes
+    the cheapest fitting switches into the edited config (the tiny model fits 4 GiB without checkpointing)."""
+    from modules.ui.MemoryPlanController import MemoryPlanController
+    from modules.ui.UIState import UIState
+    state = UIState({"model": {"base_model_name": str(tiny_model("wan2.1-t2v"))}, "gradient_checkpointing": True,
+                     "data": {"resolution": 64, "frame_buckets": [9]}, "optimizer": {"optimizer": "ADAMW"}})
+    controller = MemoryPlanController(state)
+    assert controller.predict(4.0)
+    controller.wait(120)
+    text = controller.poll()
+    assert text is not None and text.startswith("fits 4 GiB: ") and text.endswith(" GiB predicted"), text
+    assert controller.fit(4.0)
+    controller.wait(300)
+    assert controller.poll().startswith("fits 4 GiB")
+    assert state.get("gradient_checkpointing") is False     # the cheapest switch setting that fits
+    assert controller.fit(0.1)
+    controller.wait(300)
+    assert controller.poll().startswith("nothing fits 0.1 GiB")
+
+
+def test_caching_is_planned_one_encoder_at_a_time():
+    """The text encoder pass holds UMT5-XXL's bf16 weights (5.7 B parameters, 10.6 GiB) and a little more; the VAE
+    encode at 832x480x17 needs less with tiling than without."""
+    from modules.planner.caching_plan import plan_caching
+    from modules.planner.plan_shapes import resolve_architecture
+    shape = PlanShape(1, 17, 480, 832)
+    plain = preset_config("wan 2.1 1.3B LoRA 16GB", "performance.vae_tiling=false")
+    arch = resolve_architecture(plain)
+    untiled = plan_caching(plain, arch, shape)
+    tiled = plan_caching(preset_config("wan 2.1 1.3B LoRA 16GB", "performance.vae_tiling=true"), arch, shape)
+    assert 10.5 * GIB < untiled.text_encoder_bytes < 14 * GIB
+    assert tiled.vae_bytes < untiled.vae_bytes
+
+
+def test_sampling_previews_are_planned_on_top_of_the_training_state(tiny_model, tmp_path):
+    """A preview larger than the training shape: its forward pass (training state kept) sets the peak."""
+    import json
+    from modules.planner.memory_plan import predict
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "a red square", "width": 1024, "height": 1024, "frames": 81},
+                                   {"prompt": "off", "width": 2048, "height": 2048, "frames": 81,
+                                    "enabled": False}]))
+    base = dict(gradient_checkpointing=True, data={"resolution": 64, "frame_buckets": [9]})
+    plain = predict(tiny_config(tiny_model("wan2.1-t2v"), **base))
+    with_previews = predict(tiny_config(tiny_model("wan2.1-t2v"), **base, sampling={"samples_file": str(samples)}))
+    assert plain.preview_shape is None and plain.preview_bytes == 0
+    assert with_previews.preview_shape == "81x1024x1024 batch 1"     # the disabled 2048x2048 sample is left out
+    assert with_previews.preview_bytes > with_previews.traced_bytes
+    assert with_previews.peak_bytes > plain.peak_bytes
+
+
+def test_proof_needs_a_gpu_and_plans_its_runs(capsys):
+    """`benchmark proof` refuses without CUDA (exit 2, nothing measured); each of its runs is planned with the
+    benchmark's own arguments (here the 1.3B run with checkpointing)."""
+    from pathlib import Path
+
+    from modules.planner.proof import _planned, proof_runs, run_proof
+    assert not torch.cuda.is_available()
+    assert run_proof(Path("unused"), quick=True) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    run = proof_runs(quick=True)[0]
+    arguments, prediction, words = _planned(run.arguments, run.fit_gib)
+    assert arguments == run.arguments and words == "as given"
+    assert prediction.shape == "81x480x832 batch 1" and "checkpointing 30/30 blocks" in prediction.features
+
+
+@pytest.mark.parametrize("vram", [3.0, 6.0, 9.0, 14.0, 40.0])
+def test_auto_fit_search_against_the_whole_grid(vram):
+    """The search alone, over a memory model with the planner's shape (monotonic in swapped blocks, activations
+    per kept block), against every setting of the grid enumerated: the choice fits, nothing cheaper fits, and a
+    setting the run cannot use (a swap with `refuse_swap`) is passed over."""
+    from types import SimpleNamespace
+
+    from modules.planner.auto_fit import Settings, StepCost, canonical, combinations, fit
+    from modules.planner.plan_shapes import PlanError
+    layers = 12
+    cost = StepCost(layers=layers, block_forward_seconds=0.01, block_copy_seconds=0.02, input_copy_seconds=0.015)
+
+    def memory(settings: Settings) -> float:
+        checkpointed = set(range(layers - settings.block_swap, layers))
+        if settings.gradient_checkpointing:
+            checkpointed |= set(range(0, layers, settings.checkpoint_every))
+        kept = (layers - len(checkpointed)) * 3.0 + len(checkpointed) * (0.1 if settings.activation_offload else 0.6)
+        return 1.0 + (layers - settings.block_swap) * 0.5 + kept + 1.5
+
+    for refuse_swap in (False, True):
+        def predict_settings(settings: Settings):
+            settings = canonical(settings, layers)
+            if refuse_swap and settings.block_swap:
+                raise PlanError("cannot swap")
+            gib = memory(settings)
+            return SimpleNamespace(peak_gib=gib, fits=lambda v, g=gib: g <= v)
+
+        result = fit(None, vram, predict_settings, layers, cost)
+        grid = [Settings(b.gradient_checkpointing, b.checkpoint_every, n, b.activation_offload)
+                for b in combinations() for n in range(1 if refuse_swap else layers + 1)]
+        fitting = [s for s in grid if memory(canonical(s, layers)) <= vram]
+        if not fitting:
+            assert result.settings is None, (vram, result.settings)
+            continue
+        key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload)  # noqa: E731
+        assert result.settings is not None and memory(canonical(result.settings, layers)) <= vram
+        assert key(result.settings) == min(key(s) for s in fitting), (vram, refuse_swap, result.settings)
+
+
+def test_auto_fit_in_the_config_sets_the_switches_at_train_start(tiny_model):
+    """performance.auto_fit: G is applied before anything loads (also on a CPU device, where nothing is refused);
+    a size nothing fits is refused with what the least would need."""
+    from modules.planner.memory_plan import PlanError
+    from modules.planner.plan_command import check_fits_device
+    config = tiny_config(tiny_model("wan2.1-t2v"), gradient_checkpointing=True, performance={"auto_fit": 4.0},
+                         data={"resolution": 64, "frame_buckets": [9]})
+    lines = []
+    check_fits_device(config, "cpu", out=lines.append)
+    assert config.gradient_checkpointing is False   # nothing costs less than no memory switch at all
+    assert lines and lines[0].startswith("memory plan (performance.auto_fit): fits 4 GiB with no checkpointing")
+    config.performance.auto_fit = 0.1
+    with pytest.raises(PlanError, match="performance.auto_fit 0.1: nothing fits 0.1 GiB: the least memory is"):
+        check_fits_device(config, "cpu", out=lines.append)
