@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
     if not args.only_cache:
         from modules.planner.memory_plan import PlanError
-        from modules.trainer.GenericTrainer import resolve_device
+        from modules.util.devices import resolve_device
         try:  # before any weight loads
             check_fits_device(config, resolve_device(config.device), args.vram_gib)
         except PlanError as e:  # predicted not to fit, or performance.auto_fit found nothing that fits
