@@ -6,11 +6,10 @@ import threading
 from tkinter import filedialog
 
 import customtkinter as ctk
-from PIL import Image
 
 from modules.ui.ConceptController import CONCEPTS, ConceptStatistics
 from modules.util.config.config_io import ConfigError
-from modules.ui.ctk_components import BoundField, button, draw_bars, render_section
+from modules.ui.ctk_components import BoundField, button, draw_bars, render_section, thumbnail_image
 
 CARD_FIELDS = ["enabled", "name", "path", "caption_source", "repeats", "fps", "extraction", "validation"]
 
@@ -140,10 +139,7 @@ class CtkConceptWindow(ctk.CTkToplevel):
             child.destroy()
         self._images = []
         for column, (path, frame) in enumerate(result.thumbnails):
-            image = Image.fromarray(frame)
-            scale = 96 / max(image.size)
-            size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
-            picture = ctk.CTkImage(light_image=image, dark_image=image, size=size)
+            picture = thumbnail_image(frame, 96)
             self._images.append(picture)
             ctk.CTkLabel(self.thumbs, image=picture, text="").grid(row=0, column=column, padx=3)
         self.skipped.delete("1.0", "end")

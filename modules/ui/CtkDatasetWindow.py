@@ -7,11 +7,11 @@ import threading
 from pathlib import Path
 
 import customtkinter as ctk
-from PIL import Image
 
 from modules.ui import DatasetBrowser as browser
-from modules.ui.ctk_components import button
+from modules.ui.ctk_components import button, thumbnail_image
 from modules.util.config.config_io import ConfigError
+from modules.util.video_io import UnreadableMediaError
 
 ALL = "(all buckets)"
 SKIP_FILTER = {"all items": None, "kept": False, "skipped": True}
@@ -110,13 +110,10 @@ class CtkDatasetWindow(ctk.CTkToplevel):
         self._images = []
         try:
             frames = browser.thumbnails(item)
-        except Exception as error:  # noqa: BLE001  an unreadable file shows its reason instead of pictures
+        except (UnreadableMediaError, OSError, ValueError) as error:  # its reason is shown instead of pictures
             frames, item.skip_reason = [], item.skip_reason or str(error)
         for column, frame in enumerate(frames):
-            image = Image.fromarray(frame)
-            scale = 200 / max(image.size)
-            size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
-            picture = ctk.CTkImage(light_image=image, dark_image=image, size=size)
+            picture = thumbnail_image(frame, 200)
             self._images.append(picture)
             ctk.CTkLabel(self.thumbs, image=picture, text="").grid(row=0, column=column, padx=3)
         fps = f"{item.fps:.3g}" if item.fps else "unknown"

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import customtkinter as ctk
+import numpy as np
+from PIL import Image
 
 from modules.ui.config_fields import FieldSpec, section_fields
 from modules.ui.UIState import UIState
@@ -248,3 +250,11 @@ def draw_bars(canvas: tk.Canvas, values: Sequence[float], labels: Sequence[str] 
         canvas.create_text(left, bottom + 2, text=x_range[0], anchor="nw", fill="#aaaaaa", font=("TkDefaultFont", 7))
         canvas.create_text(right, bottom + 2, text=x_range[1], anchor="ne", fill="#aaaaaa",
                            font=("TkDefaultFont", 7))
+
+
+def thumbnail_image(frame: np.ndarray, longest: int) -> ctk.CTkImage:
+    """A uint8 (H, W, 3) frame as a CTkImage whose longer side is `longest` pixels (the aspect ratio kept)."""
+    image = Image.fromarray(frame)
+    scale = longest / max(image.size)
+    size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
+    return ctk.CTkImage(light_image=image, dark_image=image, size=size)
