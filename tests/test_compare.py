@@ -77,7 +77,7 @@ def test_grid_cells_equal_single_samples_and_the_base_loads_once(tiny_model, tmp
 
     monkeypatch.setattr(WanBaseModelLoader, "load", counting_load)
     monkeypatch.setattr(LoraComparison, "sample_cell", recording_cell)
-    out = tmp_path / "out"
+    out = tmp_path / "ws" / "compare"   # the tools tab's default output folder: the gallery lists its grids
     code = compare_script().main(["--base-model-name", str(folder), "--lora", str(first), str(second),
                                   "--strengths", "0.5", "1.0", "--samples-file", str(samples_file),
                                   "--output-dir", str(out), "--device", "cpu"])
@@ -118,6 +118,9 @@ def test_grid_cells_equal_single_samples_and_the_base_loads_once(tiny_model, tmp
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(frames) == 5 and frames[0].shape == sheet.shape
     assert (out / "001-a-blue-square-s9.mp4").is_file()
+    from modules.ui.SampleGallery import comparison_grids
+    assert sorted(p.name for p in comparison_grids(tmp_path / "ws")) == [
+        "000-a-red-square-moving-left-s3.mp4", "001-a-blue-square-s9.mp4"]
 
 
 def test_training_previews_at_other_strengths(tiny_model, tmp_path):

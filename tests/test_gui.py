@@ -667,3 +667,21 @@ def test_the_samples_table_shows_a_samples_file_written_after_it_was_chosen(app,
     assert [s["prompt"] for s in app.sampling_view.controller.samples] == ["a red square moving left",
                                                                            "a blue square moving right"]
     app.fields["sampling.samples_file"].set_text("")
+
+
+def test_a_comparison_grid_of_the_workspace_opens_from_the_gallery(app, tmp_path):
+    from modules.util.video_io import write_video
+    app.fields["workspace_dir"].set_text(str(tmp_path / "ws"))
+    grid = tmp_path / "ws" / "compare" / "000-a-red-square-s3.mp4"     # as the tools tab's compare writes it
+    grid.parent.mkdir(parents=True)
+    write_video(grid, np.full((3, 32, 48, 3), 200, dtype=np.uint8), 16)
+    grid.with_suffix(".json").write_text(json.dumps({"prompt": "a red square", "seed": 3, "rows": [["base model"]],
+                                                     "columns": ["strength 1"], "cells": [[[0, 0, 32, 48]]]}))
+    write_video(grid.parent / "not-a-grid.mp4", np.zeros((3, 16, 16, 3), dtype=np.uint8), 16)  # no layout beside
+    app.tabview.set("gallery")
+    app.gallery_view.refresh()
+    assert list(app.gallery_view.comparison_grids) == ["000-a-red-square-s3.mp4"]
+    app.gallery_view.grid_menu.set("000-a-red-square-s3.mp4")
+    app.gallery_view.open_grid()
+    assert run_until(app, lambda: app.sampling_view.player.path == grid, 30)
+    assert app.tabview.get() == "sampling"

@@ -4,6 +4,7 @@ the sampling tab's player. Thumbnails are decoded in a thread; one timer plays t
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import customtkinter as ctk
 from PIL import Image
@@ -41,6 +42,11 @@ class CtkGalleryView:
         button(bar, "reload", self.refresh, width=80).grid(row=0, column=1, padx=4)
         self.info = ctk.CTkLabel(bar, text="", anchor="w")
         self.info.grid(row=0, column=2, padx=8)
+        # the compare tool's grids (checkpoint x strength): one opens in the sampling tab's player
+        self.grid_menu = ctk.CTkOptionMenu(bar, values=["(no comparison grid)"], width=300,
+                                           command=lambda _v: self.open_grid())
+        self.grid_menu.grid(row=0, column=3, padx=4)
+        self.comparison_grids: dict = {}   # menu entry (path under compare/) -> grid video
         self.grid = ctk.CTkFrame(frame, fg_color="transparent")
         self.grid.grid(row=1, column=0, sticky="nw", padx=8)
         self.runs: list[gallery.GalleryRun] = []
@@ -55,8 +61,11 @@ class CtkGalleryView:
         self.run_menu.configure(values=names)
         if self.run_menu.get() not in names:
             self.run_menu.set(names[0])
-        grids = gallery.comparison_grids(self.app.config_state.get("workspace_dir") or "workspace")
-        self.info.configure(text=f"{len(grids)} comparison grid(s) under compare/" if grids else "")
+        workspace = self.app.config_state.get("workspace_dir") or "workspace"
+        root = Path(workspace) / "compare"
+        self.comparison_grids = {p.relative_to(root).as_posix(): p for p in gallery.comparison_grids(workspace)}
+        self.grid_menu.configure(values=list(self.comparison_grids) or ["(no comparison grid)"])
+        self.grid_menu.set(f"comparison grids: {len(self.comparison_grids)}")
         self.show_run()
 
     def show_run(self) -> None:
@@ -133,6 +142,12 @@ class CtkGalleryView:
     @property
     def thumbnails_shown(self) -> int:
         return sum(1 for entry in self.cells.values() if entry["images"])
+
+    def open_grid(self) -> None:
+        path = self.comparison_grids.get(self.grid_menu.get())
+        if path is not None:
+            self.app.tabview.set("sampling")
+            self.app.sampling_view._open(PreviewVideo(path, 0, 0))
 
     def open(self, cell: gallery.GalleryCell) -> None:
         self.app.tabview.set("sampling")

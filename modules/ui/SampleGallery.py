@@ -3,7 +3,8 @@ training steps at which previews were made, in step order (10 after 9, not after
 
 A run's previews are <workspace>/samples/<run>/<index>-<slug>/<step>-<epoch>.mp4, each with the settings it was made
 with in <step>-<epoch>.json (prompt, seed, size; previews from before that file existed show the folder's slug).
-Comparison grids of the checkpoint x strength tool are <workspace>/compare/<name>/compare.json when present.
+Comparison grids of the checkpoint x strength tool are the MP4s under <workspace>/compare/ (the tools tab's default
+output folder) with the tool's layout file beside them (<stem>.json).
 """
 from __future__ import annotations
 
@@ -80,6 +81,17 @@ def gallery_runs(workspace: str | Path) -> list[GalleryRun]:
 
 
 def comparison_grids(workspace: str | Path) -> list[Path]:
-    """The compare tool's grids (<workspace>/compare/<name>/compare.json), when any exist."""
+    """The compare tool's grid videos under <workspace>/compare/, newest first: each MP4 with the layout file the
+    tool writes beside it (rows, columns, cells); other videos there are not grids."""
     root = Path(workspace) / "compare"
-    return sorted(root.glob("*/compare.json")) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    grids = []
+    for video in root.rglob("*.mp4"):
+        try:
+            layout = json.loads(video.with_suffix(".json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(layout, dict) and {"rows", "columns", "cells"} <= layout.keys():
+            grids.append(video)
+    return sorted(grids, key=lambda path: path.stat().st_mtime, reverse=True)
