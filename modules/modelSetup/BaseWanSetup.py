@@ -91,6 +91,11 @@ class BaseWanSetup:
                 getattr(self.model, name).to(self.device)
             getattr(self.model, name).train()
 
+    def training_step(self) -> contextlib.AbstractContextManager:
+        """Held around a training step's forward and backward (a checkpointed block is recomputed in the
+        backward, so what holds for the forward must hold there too)."""
+        return contextlib.nullcontext()
+
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = self.config.train_dtype.torch_dtype()
         if dtype == torch.float32:

@@ -229,20 +229,21 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         counter.reset_peak()
         experts = setup.experts_in_training()
         for step in range(steps):
-            counter.set_phase("forward")
-            expert = experts[step % len(experts)]
-            if fake:
-                prediction = _predict_fake(setup, batch, expert)
-            else:
-                prediction = setup.predict(batch, torch.Generator().manual_seed(config.seed + step))
-            loss = setup.calculate_loss(batch, prediction)
-            del prediction
-            # fp8 layerwise casting stores a new float8 tensor in each layer after it runs: weights, not activations
-            counter.retag(frozen, "weights")
-            counter.retag_live("forward", "activations")
-            counter.set_phase("backward")
-            loss.backward()
-            del loss
+            with setup.training_step():   # as the trainer's step: forward and backward
+                counter.set_phase("forward")
+                expert = experts[step % len(experts)]
+                if fake:
+                    prediction = _predict_fake(setup, batch, expert)
+                else:
+                    prediction = setup.predict(batch, torch.Generator().manual_seed(config.seed + step))
+                loss = setup.calculate_loss(batch, prediction)
+                del prediction
+                # fp8 layerwise casting stores a new float8 tensor in each layer after it runs: weights, not activations
+                counter.retag(frozen, "weights")
+                counter.retag_live("forward", "activations")
+                counter.set_phase("backward")
+                loss.backward()
+                del loss
             counter.retag([p.grad for p in parameters if p.grad is not None], "grads")
             counter.retag_live("backward", "transient")
             counter.set_phase("optimizer")

@@ -308,8 +308,9 @@ class GenericTrainer:
                 for batch in self.data.batches(epoch, start):
                     generator = torch.Generator().manual_seed(step_seed(config.seed, progress.micro_step))
                     self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
-                    loss, prediction = self.parallel.forward(self.setup, batch, generator)
-                    (loss / accumulation).backward()
+                    with self.setup.training_step():
+                        loss, prediction = self.parallel.forward(self.setup, batch, generator)
+                        (loss / accumulation).backward()
                     # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
                     # global batch's loss, so every rank stops alike on a non-finite one
                     micro_losses.append(self.parallel.global_loss(loss))
