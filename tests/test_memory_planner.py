@@ -351,3 +351,15 @@ def test_auto_fit_in_the_config_sets_the_switches_at_train_start(tiny_model):
     config.performance.auto_fit = 0.1
     with pytest.raises(PlanError, match="performance.auto_fit 0.1: nothing fits 0.1 GiB: the least memory is"):
         check_fits_device(config, "cpu", out=lines.append)
+
+
+def test_a_release_or_comfyui_folder_plans_as_its_diffusers_folder(tiny_model, tmp_path):
+    """Users name the files they hold (issue 20): the planner reads the transformer's config from their tensor
+    headers and predicts exactly what it predicts for the diffusers folder they were converted from."""
+    from modules.planner.memory_plan import predict
+    from tests.test_model_file_e2e import comfyui_folder, official_folder
+    base = tiny_model("wan2.1-t2v")
+    expected = predict(tiny_config(base), TINY_SHAPE)
+    for folder in (official_folder(base, tmp_path / "official"), comfyui_folder(base, tmp_path / "comfyui")):
+        planned = predict(tiny_config(folder), TINY_SHAPE)
+        assert planned.peak_bytes == expected.peak_bytes and planned.parts == expected.parts, folder.name

@@ -52,6 +52,9 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
     from modules.modelLoader.wan.parts.wan_configs import released_configs, released_for_variant
     base = config.model.base_model_name or ""
     folder = Path(base)
+    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
+    if uses_parts_loader(config.model):
+        return _architecture_from_files(config)
     if base and (folder / "transformer" / "config.json").is_file():
         transformer = json.loads((folder / "transformer" / "config.json").read_text(encoding="utf-8"))
         vae_path, index_path = folder / "vae" / "config.json", folder / "model_index.json"
@@ -62,6 +65,10 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
         return _architecture(folder.name, {"variant": variant.value, "vae": vae, "model_index": index}, transformer)
     name = _released_name(base) if base else None
     if base and name is None and not _looks_like_hub_id(base):
+        from modules.util.demo_paths import DEMO_MODEL, same_path
+        if config.demo_assets and same_path(base, DEMO_MODEL):
+            raise PlanError("the demo's tiny model is made at the first Start (a few MB on any card); it is "
+                            "planned once it exists")
         raise PlanError(f"model.base_model_name {base!r}: no such folder with a transformer/config.json (build or "
                         f"download it first; a hub id or a released name is planned without it)")
     if name is not None:
@@ -73,6 +80,23 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
         return _architecture(str(variant), released, released["transformer"])
     raise PlanError(f"model.base_model_name {base!r}: neither a folder with transformer/config.json nor a released "
                     f"Wan model ({', '.join(released_configs())}); set model.intended_variant to plan it")
+
+
+def _architecture_from_files(config: TrainConfig) -> Architecture:
+    """A release folder, a folder of ComfyUI files or part files: the transformer's config from its tensor headers
+    (as the loader finds it), the VAE's and the pipeline's from the files or else the released variant's."""
+    from modules.modelLoader.wan.parts.model_plan import plan_model
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    from modules.modelLoader.wan.parts.wan_configs import released_for_variant
+    try:
+        plan = plan_model(config.model)
+    except ModelFileError as error:
+        raise PlanError(str(error)) from None
+    main = plan.transformer_configs["transformer"]
+    released = released_for_variant(plan.variant, main["num_attention_heads"] * main["attention_head_dim"])
+    vae = plan.vae_config or released["vae"]
+    name = Path(str(plan.parts["transformer"].folder or plan.parts["transformer"].files[0])).name
+    return _architecture(name, {"variant": plan.variant.value, "vae": vae, "model_index": plan.model_index}, main)
 
 
 def _looks_like_hub_id(text: str) -> bool:
