@@ -118,7 +118,7 @@ class CtkDatasetWindow(ctk.CTkToplevel):
             ctk.CTkLabel(self.thumbs, image=picture, text="").grid(row=0, column=column, padx=3)
         fps = f"{item.fps:.3g}" if item.fps else "unknown"
         lines = [item.path, f"frames {item.frames}, fps {fps}, {item.width}x{item.height}",
-                 f"bucket (frames x height x width): {item.bucket or '-'}"]
+                 f"bucket (frames x width x height): {item.bucket or '-'}"]
         if item.skipped:
             lines.append(f"skipped: {item.skip_reason}")
         lines.append(f"caption file: {item.caption_file or '(not a file: see the concept caption source)'}")

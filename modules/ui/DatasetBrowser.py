@@ -26,7 +26,7 @@ class DatasetItem:
     fps: float | None = None
     width: int = 0
     height: int = 0
-    bucket: str = ""                # "<frames> x <height>x<width>" as training buckets it (the first window)
+    bucket: str = ""                # "<frames> x <width>x<height>" as the run plan writes it (the first window)
     skip_reason: str = ""
 
     @property
@@ -65,7 +65,7 @@ def browse(config, index: int) -> list[DatasetItem]:
         info = row["media_info"]
         height, width = row["resolution_bucket"]
         item.frames, item.fps, item.width, item.height = info.frame_count, info.fps, info.width, info.height
-        item.bucket = f"{row['frame_bucket']} x {height}x{width}"
+        item.bucket = f"{row['frame_bucket']} x {width}x{height}"
     for path, reason in list(loader.scan_result.skipped) + list(pipeline.skipped):
         item = items.setdefault(str(path), DatasetItem(str(path)))
         item.skip_reason = reason
