@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from learning import train
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
-from modules.trainer.backup_io import all_backups, read_backup
+from modules.trainer.backup_io import all_backups, list_backups, read_backup
 from modules.trainer.GenericTrainer import TrainingError
 from modules.util import atomic
 from modules.util.config.config_io import ConfigError, load_config
@@ -210,14 +210,18 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tiny_model, six_clips, tmp
     assert "Traceback" not in stopped.stderr
     lines = stopped.stdout.splitlines()
     resume_line = lines[lines.index("stopped; to resume, run:") + 1].strip()
-    assert [b.name for b in all_backups(tmp_path / "run" / "backup")] == ["step-00000002"]
+    (stopped_backup,) = all_backups(tmp_path / "run" / "backup")
+    assert stopped_backup.name == "step-00000002"
+    # another run writes to the workspace before the user resumes: the printed line still continues the stopped run
+    # (before, it named no run and took the backup written last, the other run's)
+    train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=1)
     # run the printed line as printed, in-process to save an interpreter start: `cd DIR && PYTHON SCRIPT ARGS...`
     cd, folder, conjunction, python, script, *args = shlex.split(resume_line)
     assert (cd, conjunction, python, Path(script)) == ("cd", "&&", sys.executable, ROOT / "scripts" / "train.py")
     monkeypatch.chdir(folder)
     assert load_train_script().main(args) == 0
     assert (tmp_path / "out.safetensors").is_file()
-    assert read_backup(all_backups(tmp_path / "run" / "backup")[-1])["progress"].global_step == 3
+    assert read_backup(list_backups(stopped_backup.parent)[-1])["progress"].global_step == 3
 
 
 def test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache(tiny_model, six_clips, tmp_path, monkeypatch,
@@ -231,6 +235,10 @@ def test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache(tiny_model, six_
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 2  # the third was being written
     assert not [p for p in (tmp_path / "cache").rglob(".*") if p.is_file()]
     assert not (tmp_path / "out.safetensors").exists()
+    # no backup of this run exists: the advice is the same command again, not a resume (which would continue
+    # whichever other run of the workspace was written last)
+    advice = load_train_script().stop_advice(trainer, ["--config-path", "my.json"], "stopped; to resume")
+    assert "stopped before this run wrote a backup" in advice and "continue_last_backup" not in advice, advice
 
 
 # ---- backups -------------------------------------------------------------------------------------------------
