@@ -138,6 +138,20 @@ def test_a_damaged_or_unmanifested_backup_is_skipped_with_a_warning(damage, two_
     assert resumed.step_losses == pytest.approx(full.step_losses[1:], abs=1e-6)  # step 2 trained again, the same
 
 
+def test_a_resume_with_changed_lora_settings_names_them_and_keeps_the_runs_config(two_step_run, tiny_model,
+                                                                                   six_clips, tmp_path):
+    folder, full = two_step_run
+    shutil.copytree(folder / "run", tmp_path / "run")
+    recorded = tmp_path / "run" / "run-configs" / f"{full.run_name}.json"
+    before = recorded.read_bytes()
+    # before: a RuntimeError traceback from a tensor copy, and the run's recorded config rewritten with rank 16
+    with pytest.raises(TrainingError, match=r"cannot resume from .*step-00000002: its trained tensors do not fit "
+                                            r"this run .*lora.rank: 32 in the backup, 16 now"):
+        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=3,
+              overrides=["lora.rank=16", "backup.continue_last_backup=true"])
+    assert recorded.read_bytes() == before
+
+
 # ---- Ctrl-C ------------------------------------------------------------------------------------------------------
 
 def cli(tmp_path: Path, base: Path, dataset: Path, *values: str) -> list[str]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from modules.trainer.backup_io import (ResumeChoice, TrainProgress, choose_backup, newest_usable_backup,
-                                       non_finite_tensors, prune_backups,
-                                       read_backup, write_backup)
+from modules.trainer.backup_io import (ResumeChoice, TrainProgress, choose_backup, config_changes,
+                                       newest_usable_backup, non_finite_tensors, prune_backups, read_backup,
+                                       write_backup)
 from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
 from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
                                                     restore_backup_state)
@@ -221,11 +221,12 @@ class GenericTrainer:
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
+        if config.backup.continue_last_backup:
+            self._resume()
+        # after the resume: a resume refused for changed settings must leave the run's recorded config as it was
         config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
         if self.parallel.is_main:
             save_config(config, config_path)
-        if config.backup.continue_last_backup:
-            self._resume()
         from modules.trainer.ValidationEvaluator import ValidationEvaluator
         self.validation = ValidationEvaluator.create(self)
         if self.parallel.is_main:
@@ -466,7 +467,14 @@ class GenericTrainer:
         mismatch = group_mismatch(state["optimizer"], self.optimizer)  # every rank reads the same backup
         if mismatch:
             raise TrainingError(f"cannot resume from {folder}: {mismatch}")
-        restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
+        try:
+            restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
+        except (RuntimeError, KeyError, ValueError) as error:  # names or shapes differ: the settings changed
+            changes = config_changes(folder, config_to_dict(self.config))
+            raise TrainingError(f"cannot resume from {folder}: its trained tensors do not fit this run "
+                                f"({str(error).splitlines()[0]}); " + (f"changed since: {'; '.join(changes)}. " if
+                                changes else "") + "Resume with the settings it was written with, or set "
+                                f"backup.continue_last_backup=false (or another run_name) to start a new run") from None
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
