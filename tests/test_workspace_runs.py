@@ -134,6 +134,10 @@ def test_a_damaged_or_unmanifested_backup_is_skipped_with_a_warning(damage, two_
                     overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true"])
     out = capsys.readouterr().out
     assert f"warning: backup {newest} is damaged and is skipped" in out, out
+    # set aside, not left among the rolling backups: there it counted towards backup.rolling_count, so a resumed run
+    # that had not reached its step again pruned the good older backups and kept the damaged one
+    assert f"moved to {newest}.damaged" in out and (newest.parent / "step-00000002.damaged").is_dir()
+    assert not verify_backup(newest, checksums=True)  # the step-2 backup the resumed run wrote
     assert resumed.resumed_step == 1
     assert resumed.step_losses == pytest.approx(full.step_losses[1:], abs=1e-6)  # step 2 trained again, the same
 

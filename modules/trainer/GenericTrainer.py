@@ -14,7 +14,7 @@ import torch
 
 from modules.trainer.backup_io import (ResumeChoice, TrainProgress, choose_backup, config_changes,
                                        newest_usable_backup, non_finite_tensors, prune_backups, read_backup,
-                                       write_backup)
+                                       set_aside, write_backup)
 from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
 from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
                                                     restore_backup_state)
@@ -453,9 +453,11 @@ class GenericTrainer:
         folder = choice.folder
         if self.parallel.is_main:
             for bad, problems in choice.damaged:
-                log.warning("backup %s is damaged and is skipped: %s", bad, "; ".join(problems))
-                print(f"warning: backup {bad} is damaged and is skipped ({'; '.join(problems)})"
-                      + (f"; resuming from {folder} instead" if folder else ""), flush=True)
+                moved = set_aside(bad)
+                text = f"backup {bad} is damaged and is skipped ({'; '.join(problems)})" + (
+                    f"; moved to {moved}" if moved else "")
+                log.warning("%s", text)
+                print(f"warning: {text}" + (f"; resuming from {folder} instead" if folder else ""), flush=True)
         if folder is None:
             log.warning("backup.continue_last_backup is set, but %s holds no usable backup%s: starting fresh",
                         self.backup_base, f" of run {choice.run_name}" if choice.run_name else "")

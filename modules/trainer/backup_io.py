@@ -233,6 +233,21 @@ def choose_backup(backup_base: Path, run_name: str = "") -> ResumeChoice:
     return ResumeChoice(run_name, None, damaged)
 
 
+def set_aside(folder: Path) -> Path:
+    """Renames a damaged backup to `step-N.damaged` (kept for a look, no longer a rolling backup): left in place it
+    would count towards backup.rolling_count, and the pruning would delete the good older backups instead. Returns
+    the new name, or None when it cannot be renamed (it is skipped at every resume then)."""
+    target, number = folder.with_name(f"{folder.name}.damaged"), 1
+    while target.exists():
+        number += 1
+        target = folder.with_name(f"{folder.name}.damaged-{number}")
+    try:
+        folder.rename(target)
+    except OSError:
+        return None
+    return target
+
+
 # what decides the trainable tensors' names and shapes: a backup resumes only into a run where these are alike
 _SHAPING_KEYS = ("model_type", "training_method", "expert", "model.", "lora.", "fine_tune.", "embedding.", "e2v.")
 
