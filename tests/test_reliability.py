@@ -170,6 +170,23 @@ def test_a_save_that_cannot_write_names_the_path_and_the_backup(tiny_model, six_
     check_failed_save(str(failure.value), destination, tmp_path)
 
 
+def test_a_backup_before_the_save_that_cannot_be_written_still_saves_the_output(tiny_model, six_clips, tmp_path,
+                                                                                 caplog):
+    """The workspace's disk fails (its backup folder turns into a file) while the output's has room: before, the run
+    stopped with neither a backup nor an output, and everything it had trained was lost."""
+    def backup_folder_replaced_by_a_file(info):
+        if info.get("step") == 2:
+            shutil.rmtree(tmp_path / "run" / "backup", ignore_errors=True)
+            (tmp_path / "run" / "backup").write_text("a file")
+
+    trainer = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, on_update=backup_folder_replaced_by_a_file)
+    assert trainer.completed and trainer.progress.global_step == 2
+    assert any(r.getMessage().startswith("writing the backup ") and "saving the output anyway" in r.getMessage()
+               for r in caplog.records)
+    saved = load_file(str(tmp_path / "out.safetensors"))
+    assert saved and all(torch.isfinite(v).all() for v in saved.values())
+
+
 def test_a_resume_at_max_steps_saves_and_stops(tiny_model, six_clips, tmp_path):
     first = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=["backup.every_n_steps=2"])
     (tmp_path / "out.safetensors").unlink()  # as if killed while writing it
