@@ -293,6 +293,12 @@ def test_a_folder_as_config_path_says_it_is_a_folder(tmp_path):
         load_config(str(tmp_path))
 
 
+def test_a_bad_command_line_value_is_not_blamed_on_the_preset():
+    # before: "invalid configuration in .../#demo tiny CPU.json", a file the user never edited
+    with pytest.raises(ConfigError, match=r"invalid configuration in .*#demo tiny CPU.json \+ command-line values:"):
+        load_config(preset_path=DEMO, overrides=["optimizer.learning_rate=1e300"])
+
+
 def test_npz_headers_with_a_negative_size_or_an_absurd_fps_are_named(tmp_path):
     import numpy as np
     from modules.util.video_io import UnreadableMediaError, probe_media
