@@ -293,6 +293,13 @@ def test_a_folder_as_config_path_says_it_is_a_folder(tmp_path):
         load_config(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["exp/one", "..", "a\\b"])
+def test_a_run_name_that_is_not_one_folder_name_is_a_config_error(name):
+    # before: "exp/one" put the backups in backup/exp/one/, where no resume looks: continue_last_backup started fresh
+    with pytest.raises(ConfigError, match=r"run_name: .* a run name is one folder name"):
+        load_config(overrides=[f"run_name={name}"])
+
+
 def test_a_bad_command_line_value_is_not_blamed_on_the_preset():
     # before: "invalid configuration in .../#demo tiny CPU.json", a file the user never edited
     with pytest.raises(ConfigError, match=r"invalid configuration in .*#demo tiny CPU.json \+ command-line values:"):

@@ -16,7 +16,7 @@ from modules.trainer.backup_io import (ResumeChoice, TrainProgress, newest_usabl
                                        prune_backups, write_backup)
 from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
 from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
-from modules.trainer.errors import BackupWriteError, TrainingError  # noqa: F401  (TrainingError: imported from here)
+from modules.trainer.errors import BackupWriteError, TrainingError
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.trainer.parameter_groups import parameter_groups
 from modules.trainer.resume import choose_resume, note_untrained_save, resume
