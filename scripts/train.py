@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         print("\ntrain: aborted by a second Ctrl-C; files already written are complete, the one being written was "
               "dropped", file=sys.stderr)
         if trainer is not None and trainer.parallel.is_main:
-            print(f"to resume from the last backup, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
+            print(stop_advice(trainer, argv, "to resume from the last backup"), flush=True)
         return 130
     except Exception as e:
         if not launched_by_torchrun():
@@ -203,19 +203,33 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             if trainer.completed:
                 print("stopped after the final save was written: the run is complete", flush=True)
             else:
-                print(f"stopped; to resume, run:\n  {resume_command(argv, config.workspace_dir)}", flush=True)
+                print(stop_advice(trainer, argv, "stopped; to resume"), flush=True)
         return 130
     return 0
 
 
-def resume_command(argv: list[str] | None, workspace_dir: str) -> str:
-    """The command line that continues this run from its last backup, runnable from any folder."""
+def stop_advice(trainer, argv: list[str] | None, resume_text: str) -> str:
+    """What to run after a Ctrl-C: the command that resumes this run when it has a backup; else (stopped while
+    caching, or a second Ctrl-C before its first backup) the same command again, since a resume would continue
+    whichever other run of the workspace was written last."""
+    from modules.trainer.backup_io import verify_backup, workspace_backups
+    run = trainer.run_name
+    if run and any(not verify_backup(b) for b in workspace_backups(trainer.backup_base).get(run, [])):
+        return f"{resume_text}, run:\n  {resume_command(argv, trainer.config.workspace_dir, run)}"
+    return (f"stopped before this run wrote a backup (the cache is kept); to start it again, run:\n  "
+            f"{resume_command(argv, trainer.config.workspace_dir)}")
+
+
+def resume_command(argv: list[str] | None, workspace_dir: str, run_name: str = "") -> str:
+    """The command line that continues run `run_name` from its last backup (without a name: the same command
+    again), runnable from any folder. The run is named: another run may write to the workspace meanwhile."""
     import os
     import shlex
     from pathlib import Path
     args = list(sys.argv[1:] if argv is None else argv)
-    args += ["--config-value", "backup.continue_last_backup=true", "--config-value",
-             f"workspace_dir={Path(workspace_dir).resolve()}"]
+    if run_name:
+        args += ["--config-value", "backup.continue_last_backup=true", "--config-value", f"run_name={run_name}"]
+    args += ["--config-value", f"workspace_dir={Path(workspace_dir).resolve()}"]
     command = [sys.executable, str(Path(__file__).resolve()), *args]
     return f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}"
 

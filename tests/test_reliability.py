@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from learning import train
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
-from modules.trainer.backup_io import all_backups, read_backup
+from modules.trainer.backup_io import all_backups, list_backups, read_backup
 from modules.trainer.GenericTrainer import TrainingError
 from modules.util import atomic
 from modules.util.config.config_io import ConfigError, load_config
@@ -170,6 +170,23 @@ def test_a_save_that_cannot_write_names_the_path_and_the_backup(tiny_model, six_
     check_failed_save(str(failure.value), destination, tmp_path)
 
 
+def test_a_backup_before_the_save_that_cannot_be_written_still_saves_the_output(tiny_model, six_clips, tmp_path,
+                                                                                 caplog):
+    """The workspace's disk fails (its backup folder turns into a file) while the output's has room: before, the run
+    stopped with neither a backup nor an output, and everything it had trained was lost."""
+    def backup_folder_replaced_by_a_file(info):
+        if info.get("step") == 2:
+            shutil.rmtree(tmp_path / "run" / "backup", ignore_errors=True)
+            (tmp_path / "run" / "backup").write_text("a file")
+
+    trainer = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, on_update=backup_folder_replaced_by_a_file)
+    assert trainer.completed and trainer.progress.global_step == 2
+    assert any(r.getMessage().startswith("writing the backup ") and "saving the output anyway" in r.getMessage()
+               for r in caplog.records)
+    saved = load_file(str(tmp_path / "out.safetensors"))
+    assert saved and all(torch.isfinite(v).all() for v in saved.values())
+
+
 def test_a_resume_at_max_steps_saves_and_stops(tiny_model, six_clips, tmp_path):
     first = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=["backup.every_n_steps=2"])
     (tmp_path / "out.safetensors").unlink()  # as if killed while writing it
@@ -210,14 +227,18 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tiny_model, six_clips, tmp
     assert "Traceback" not in stopped.stderr
     lines = stopped.stdout.splitlines()
     resume_line = lines[lines.index("stopped; to resume, run:") + 1].strip()
-    assert [b.name for b in all_backups(tmp_path / "run" / "backup")] == ["step-00000002"]
+    (stopped_backup,) = all_backups(tmp_path / "run" / "backup")
+    assert stopped_backup.name == "step-00000002"
+    # another run writes to the workspace before the user resumes: the printed line still continues the stopped run
+    # (before, it named no run and took the backup written last, the other run's)
+    train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=1)
     # run the printed line as printed, in-process to save an interpreter start: `cd DIR && PYTHON SCRIPT ARGS...`
     cd, folder, conjunction, python, script, *args = shlex.split(resume_line)
     assert (cd, conjunction, python, Path(script)) == ("cd", "&&", sys.executable, ROOT / "scripts" / "train.py")
     monkeypatch.chdir(folder)
     assert load_train_script().main(args) == 0
     assert (tmp_path / "out.safetensors").is_file()
-    assert read_backup(all_backups(tmp_path / "run" / "backup")[-1])["progress"].global_step == 3
+    assert read_backup(list_backups(stopped_backup.parent)[-1])["progress"].global_step == 3
 
 
 def test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache(tiny_model, six_clips, tmp_path, monkeypatch,
@@ -231,6 +252,10 @@ def test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache(tiny_model, six_
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 2  # the third was being written
     assert not [p for p in (tmp_path / "cache").rglob(".*") if p.is_file()]
     assert not (tmp_path / "out.safetensors").exists()
+    # no backup of this run exists: the advice is the same command again, not a resume (which would continue
+    # whichever other run of the workspace was written last)
+    advice = load_train_script().stop_advice(trainer, ["--config-path", "my.json"], "stopped; to resume")
+    assert "stopped before this run wrote a backup" in advice and "continue_last_backup" not in advice, advice
 
 
 # ---- backups -------------------------------------------------------------------------------------------------

@@ -134,8 +134,26 @@ def test_a_damaged_or_unmanifested_backup_is_skipped_with_a_warning(damage, two_
                     overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true"])
     out = capsys.readouterr().out
     assert f"warning: backup {newest} is damaged and is skipped" in out, out
+    # set aside, not left among the rolling backups: there it counted towards backup.rolling_count, so a resumed run
+    # that had not reached its step again pruned the good older backups and kept the damaged one
+    assert f"moved to {newest}.damaged" in out and (newest.parent / "step-00000002.damaged").is_dir()
+    assert not verify_backup(newest, checksums=True)  # the step-2 backup the resumed run wrote
     assert resumed.resumed_step == 1
     assert resumed.step_losses == pytest.approx(full.step_losses[1:], abs=1e-6)  # step 2 trained again, the same
+
+
+def test_a_resume_with_changed_lora_settings_names_them_and_keeps_the_runs_config(two_step_run, tiny_model,
+                                                                                   six_clips, tmp_path):
+    folder, full = two_step_run
+    shutil.copytree(folder / "run", tmp_path / "run")
+    recorded = tmp_path / "run" / "run-configs" / f"{full.run_name}.json"
+    before = recorded.read_bytes()
+    # before: a RuntimeError traceback from a tensor copy, and the run's recorded config rewritten with rank 16
+    with pytest.raises(TrainingError, match=r"cannot resume from .*step-00000002: its trained tensors do not fit "
+                                            r"this run .*lora.rank: 32 in the backup, 16 now"):
+        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=3,
+              overrides=["lora.rank=16", "backup.continue_last_backup=true"])
+    assert recorded.read_bytes() == before
 
 
 # ---- Ctrl-C ------------------------------------------------------------------------------------------------------
@@ -273,6 +291,19 @@ def test_a_dataset_config_that_cannot_be_read_is_a_config_error():
 def test_a_folder_as_config_path_says_it_is_a_folder(tmp_path):
     with pytest.raises(ConfigError, match="is a folder; name the JSON file in it"):
         load_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["exp/one", "..", "a\\b"])
+def test_a_run_name_that_is_not_one_folder_name_is_a_config_error(name):
+    # before: "exp/one" put the backups in backup/exp/one/, where no resume looks: continue_last_backup started fresh
+    with pytest.raises(ConfigError, match=r"run_name: .* a run name is one folder name"):
+        load_config(overrides=[f"run_name={name}"])
+
+
+def test_a_bad_command_line_value_is_not_blamed_on_the_preset():
+    # before: "invalid configuration in .../#demo tiny CPU.json", a file the user never edited
+    with pytest.raises(ConfigError, match=r"invalid configuration in .*#demo tiny CPU.json \+ command-line values:"):
+        load_config(preset_path=DEMO, overrides=["optimizer.learning_rate=1e300"])
 
 
 def test_npz_headers_with_a_negative_size_or_an_absurd_fps_are_named(tmp_path):

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from modules.trainer.backup_io import (ResumeChoice, TrainProgress, choose_backup, newest_usable_backup,
-                                       non_finite_tensors, prune_backups,
-                                       read_backup, write_backup)
+from modules.trainer.backup_io import (ResumeChoice, TrainProgress, newest_usable_backup, non_finite_tensors,
+                                       prune_backups, write_backup)
 from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
-from modules.trainer.distributed_checkpoint import (RANKS_FILE, gather_backup_state, keep_global_batch,
-                                                    restore_backup_state)
+from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
+from modules.trainer.errors import BackupWriteError, TrainingError
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
-from modules.trainer.parameter_groups import group_mismatch, parameter_groups
+from modules.trainer.parameter_groups import parameter_groups
+from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
@@ -30,10 +30,6 @@ from modules.util.ranks import any_rank, barrier, broadcast_json
 from modules.util.registry import lookup
 
 log = logging.getLogger(__name__)
-
-
-class TrainingError(Exception):
-    """A failure during training with a message for the user (the CLI exits 1)."""
 
 
 def step_seed(seed: int, micro_step: int) -> int:
@@ -204,7 +200,7 @@ class GenericTrainer:
             self.model.text_encoder.to(self.device)
 
         if config.backup.continue_last_backup:
-            self.resume_choice = self._choose_resume()
+            self.resume_choice = choose_resume(self)
         # several ranks: rank 0's name (the start time) for all
         self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice))
         config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
@@ -221,11 +217,12 @@ class GenericTrainer:
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
+        if config.backup.continue_last_backup:
+            resume(self)
+        # after the resume: a resume refused for changed settings must leave the run's recorded config as it was
         config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
         if self.parallel.is_main:
             save_config(config, config_path)
-        if config.backup.continue_last_backup:
-            self._resume()
         from modules.trainer.ValidationEvaluator import ValidationEvaluator
         self.validation = ValidationEvaluator.create(self)
         if self.parallel.is_main:
@@ -249,10 +246,17 @@ class GenericTrainer:
                 return []
             if config.backup.backup_before_save and self.backed_up_step != self.progress.global_step:
                 self._writing = "the backup before the final save"
-                self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
-                if self.stop_requested.is_set():  # Ctrl-C during that backup: it is complete, the save waits
-                    return []
-            self._note_untrained_save()
+                try:
+                    self.backup()  # the final save may fail (a full disk): the weights must exist somewhere first
+                except BackupWriteError as error:
+                    if self.parallel.enabled:  # the other ranks would wait in the save's collectives
+                        raise
+                    # the backup's disk is full, the output's may not be: the save is the weights' last chance
+                    log.warning("%s; saving the output anyway", error.failure)
+                else:
+                    if self.stop_requested.is_set():  # Ctrl-C during that backup: it is complete, the save waits
+                        return []
+            note_untrained_save(self)
             if self.ema is not None:
                 self.ema.copy_to_parameters()
             self._writing = f"the final save of {config.output.destination}"
@@ -265,18 +269,6 @@ class GenericTrainer:
         if self.parallel.is_main:
             print(end_report(self, written, config_path), flush=True)
         return written
-
-    def _note_untrained_save(self) -> None:
-        """A resume at the run's last step trains nothing and only saves (how a failed save is retried): said, so a
-        model that trained no step never replaces a file unannounced."""
-        if self.resumed_step is None or self.progress.global_step != self.resumed_step or not self.parallel.is_main:
-            return
-        destination = Path(self.config.output.destination)
-        replacing = f", replacing the existing {destination}" if destination.exists() else ""
-        message = (f"note: run {self.run_name} was resumed at step {self.resumed_step}, its last step: no step was "
-                   f"trained; the backup's weights are saved{replacing}")
-        print(message, flush=True)
-        self.on_update({"note": message})
 
     def _plan(self):
         try:
@@ -428,8 +420,8 @@ class GenericTrainer:
                                  config_to_dict(self.config), rng=rng,
                                  extra_json={RANKS_FILE: layout, **(extra_json or {})})
             except Exception as error:  # noqa: BLE001  (safetensors raises its own error type for a full disk)
-                raise TrainingError(f"writing the backup {folder} failed: {error}; training stopped and "
-                                    f"{self._last_backup_text()}") from error
+                raise BackupWriteError(f"writing the backup {folder} failed: {error}",
+                                       self._last_backup_text()) from error
             if rolling:
                 prune_backups(self.backup_root, self.config.backup.rolling_count)
             log.info("backup written to %s", folder)
@@ -437,46 +429,6 @@ class GenericTrainer:
         if rolling:
             self.backed_up_step = self.progress.global_step
         return folder
-
-    def _choose_resume(self) -> ResumeChoice:
-        """The backup to continue (rank 0 verifies it, checksums included, and tells the others)."""
-        choice = choose_backup(self.backup_base, self.config.run_name) if self.parallel.is_main else None
-        shared = broadcast_json(None if choice is None else
-                                [choice.run_name, choice.folder and str(choice.folder),
-                                 [[str(folder), problems] for folder, problems in choice.damaged]])
-        return ResumeChoice(shared[0], Path(shared[1]) if shared[1] else None,
-                            [(Path(folder), problems) for folder, problems in shared[2]])
-
-    def _resume(self) -> None:
-        choice = self.resume_choice
-        folder = choice.folder
-        if self.parallel.is_main:
-            for bad, problems in choice.damaged:
-                log.warning("backup %s is damaged and is skipped: %s", bad, "; ".join(problems))
-                print(f"warning: backup {bad} is damaged and is skipped ({'; '.join(problems)})"
-                      + (f"; resuming from {folder} instead" if folder else ""), flush=True)
-        if folder is None:
-            log.warning("backup.continue_last_backup is set, but %s holds no usable backup%s: starting fresh",
-                        self.backup_base, f" of run {choice.run_name}" if choice.run_name else "")
-            return
-        try:
-            state = read_backup(folder)
-        except Exception as error:  # noqa: BLE001  (damage the size and header checks cannot see)
-            raise TrainingError(f"the backup {folder} cannot be read: {error}") from error
-        mismatch = group_mismatch(state["optimizer"], self.optimizer)  # every rank reads the same backup
-        if mismatch:
-            raise TrainingError(f"cannot resume from {folder}: {mismatch}")
-        restore_backup_state(self, state)  # weights, optimizer state (sharded or not) and this rank's RNG
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None and state["ema"] is not None:
-            self.ema.load_state_dict(state["ema"])
-        self.progress = state["progress"]
-        self.backed_up_step = self.resumed_step = self.progress.global_step
-        if self.parallel.is_main:
-            print(choice.describe(), flush=True)
-            # a run killed between writing a backup and pruning the older ones keeps its rolling limit
-            prune_backups(self.backup_root, self.config.backup.rolling_count)
-        self.on_update({"resumed_from": self.progress.global_step, "run": self.run_name, "backup": str(folder)})
 
     def save_result(self, destination: str) -> list[Path]:
         self.read_losses()

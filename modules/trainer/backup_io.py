@@ -233,6 +233,47 @@ def choose_backup(backup_base: Path, run_name: str = "") -> ResumeChoice:
     return ResumeChoice(run_name, None, damaged)
 
 
+def set_aside(folder: Path) -> Path:
+    """Renames a damaged backup to `step-N.damaged` (kept for a look, no longer a rolling backup): left in place it
+    would count towards backup.rolling_count, and the pruning would delete the good older backups instead. Returns
+    the new name, or None when it cannot be renamed (it is skipped at every resume then)."""
+    target, number = folder.with_name(f"{folder.name}.damaged"), 1
+    while target.exists():
+        number += 1
+        target = folder.with_name(f"{folder.name}.damaged-{number}")
+    try:
+        folder.rename(target)
+    except OSError:
+        return None
+    return target
+
+
+# what decides the trainable tensors' names and shapes: a backup resumes only into a run where these are alike
+_SHAPING_KEYS = ("model_type", "training_method", "expert", "model.", "lora.", "fine_tune.", "embedding.", "e2v.")
+
+
+def _flat(value: dict, prefix: str = "") -> dict[str, object]:
+    flat = {}
+    for key, item in value.items():
+        if isinstance(item, dict) and item:
+            flat.update(_flat(item, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = item
+    return flat
+
+
+def config_changes(folder: Path, config_json: dict, limit: int = 6) -> list[str]:
+    """The settings that shape what trains and differ between the backup's config and `config_json`, as
+    'lora.rank: 8 in the backup, 16 now' ([] when none differ or the backup's config cannot be read)."""
+    try:
+        saved = _flat(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, AttributeError):
+        return []
+    now = _flat(config_json)
+    keys = sorted(k for k in set(saved) | set(now) if k.startswith(_SHAPING_KEYS) and saved.get(k) != now.get(k))
+    return [f"{key}: {saved.get(key)!r} in the backup, {now.get(key)!r} now" for key in keys[:limit]]
+
+
 # ---- verification --------------------------------------------------------------------------------------------
 
 def file_sha256(path: Path) -> str:

@@ -4,7 +4,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
-from modules.util.config.bounds import PathText, Seed, WritePath
+from modules.util.config.bounds import FolderName, Seed, WritePath
 from modules.util.config.DataConfig import DataConfig
 from modules.util.config.DistributedConfig import DistributedConfig
 from modules.util.config.E2VTrainConfig import E2VTrainConfig
@@ -31,7 +31,7 @@ class TrainConfig(BaseConfig):
     output: OutputConfig = OutputConfig()
     workspace_dir: WritePath = Field("workspace/run", description="backups (shared by its runs, so a resume finds the "
                                "newest), and per run the TensorBoard log and previews")
-    run_name: PathText = Field("", description="names this run's TensorBoard and samples folders in the workspace; empty: "
+    run_name: FolderName = Field("", description="names this run's TensorBoard and samples folders in the workspace; empty: "
                           "the start time (a resume continues the name of the run it resumes). The trainer fills "
                           "it in when empty: set it back to '' to reuse the config object for a new run")
     cache_dir: WritePath = "workspace/cache"

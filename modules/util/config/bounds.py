@@ -61,6 +61,17 @@ def _not_blank(value: str) -> str:
 PathText = Annotated[str, AfterValidator(check_usable_path)]
 # A folder or file the run writes to: empty is refused.
 WritePath = Annotated[str, AfterValidator(check_usable_path), AfterValidator(_not_blank)]
+
+
+def _one_folder_name(value: str) -> str:
+    # run_name: backups are found as <workspace>/backup/<name>/step-N; "exp/one" nested them one level deeper,
+    # where no resume looked, and ".." wrote beside the workspace's folders
+    if "/" in value or "\\" in value or value in (".", ".."):
+        raise ValueError("a run name is one folder name (no / or \\, not . or ..)")
+    return value
+
+
+FolderName = Annotated[str, AfterValidator(check_usable_path), AfterValidator(_one_folder_name)]
 # A LoRA strength in comparisons and previews (sampling.compare_strengths, scripts/compare.py): beyond it the output
 # is noise, and a larger number is a typo.
 MAX_LORA_STRENGTH = 10.0

@@ -270,7 +270,8 @@ def load_config(config_path: str | None = None, preset_path: str | None = None,
     if isinstance(data.get("data"), dict) and data["data"].get("dataset_config"):
         sources.append(str(data["data"]["dataset_config"]))
     data[VERSION_KEY] = CONFIG_VERSION
-    source = " + ".join(sources) or "defaults"
+    # a value set on the command line is named as such: naming only the preset sent users to a file they never edited
+    source = " + ".join(sources + (["command-line values"] if applied else [])) or "defaults"
     try:
         config = config_from_dict(data, source, read_dataset_config=False)
     except ConfigError as error:
