@@ -217,11 +217,16 @@ def test_a_dataset_config_replaces_the_demo_concept():
 
 # ---- the end report ----------------------------------------------------------------------------------------------
 
-def test_the_last_preview_is_the_highest_step_not_the_last_string():
-    from modules.modelSampler.TrainingSampler import preview_step
-    names = [Path("s/0-x/50-8.mp4"), Path("s/0-x/200-33.mp4")]
-    assert max(names, key=preview_step).name == "200-33.mp4"
-    assert sorted(names)[-1].name == "50-8.mp4"  # what string order took
+def test_the_last_preview_is_the_highest_step_not_the_last_string_or_file(tmp_path):
+    import os
+    from modules.trainer.run_report import previews_by_step
+    (tmp_path / "0-x").mkdir()
+    (tmp_path / "1-y").mkdir()
+    for index, name in enumerate(["0-x/200-33.mp4", "1-y/200-33.mp4", "0-x/50-8.mp4"]):
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, ns=(index * 10**9, index * 10**9))   # 50-8 rendered last (a resume re-renders)
+    assert [str(p.relative_to(tmp_path)) for p in previews_by_step(tmp_path)] == \
+        ["0-x/50-8.mp4", "0-x/200-33.mp4", "1-y/200-33.mp4"]
 
 
 # ---- a full cache folder -----------------------------------------------------------------------------------------

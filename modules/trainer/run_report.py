@@ -233,6 +233,13 @@ def tensorboard_command(logdir: Path) -> str:
     return f"{_quote(executable) if executable.exists() else 'tensorboard'} --logdir {_quote(logdir)}"
 
 
+def previews_by_step(folder: Path) -> list[Path]:
+    """A run's preview videos in step order (by name '50-8.mp4' sorts after '200-33.mp4'; a file's time says
+    when it was rendered, which a resume or a GUI 'sample now' reorders)."""
+    from modules.modelSampler.TrainingSampler import preview_step
+    return sorted(folder.rglob("*.mp4"), key=lambda p: (preview_step(p), str(p))) if folder.is_dir() else []
+
+
 def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     from modules.trainer.backup_io import newest_usable_backup
     config = trainer.config
@@ -240,12 +247,9 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     lines = ["run finished:"]
     for path in written:
         lines.append(f"  wrote {path}")
-    from modules.modelSampler.TrainingSampler import preview_step
-    samples = sorted(trainer.samples_dir.rglob("*.mp4"), key=lambda p: (preview_step(p), str(p))) \
-        if trainer.samples_dir.is_dir() else []
+    samples = previews_by_step(trainer.samples_dir)
     if samples:
-        newest = max(samples, key=lambda p: p.stat().st_mtime_ns)   # by name, step 50 sorts after step 200
-        lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {newest}")
+        lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {samples[-1]}")
     newest_backup = newest_usable_backup(trainer.backup_root)[0]
     if newest_backup is not None:
         lines.append(f"  newest backup: {newest_backup}")
