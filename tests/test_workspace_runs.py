@@ -142,6 +142,19 @@ def test_a_damaged_or_unmanifested_backup_is_skipped_with_a_warning(damage, two_
     assert resumed.step_losses == pytest.approx(full.step_losses[1:], abs=1e-6)  # step 2 trained again, the same
 
 
+def test_a_run_whose_every_backup_is_damaged_is_not_restarted_over_its_output(two_step_run, tiny_model, six_clips,
+                                                                                tmp_path):
+    folder, full = two_step_run
+    shutil.copytree(folder / "run", tmp_path / "run")
+    for backup in (tmp_path / "run" / "backup" / full.run_name).glob("step-*"):
+        flip_tensor_bytes(backup / "trainable.safetensors")
+    # before: a warning, then a fresh run from step 0 that ended by replacing the output
+    with pytest.raises(TrainingError, match=f"every backup of run {full.run_name} is damaged"):
+        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=["backup.continue_last_backup=true"])
+    assert sorted(p.name for p in (tmp_path / "run" / "backup" / full.run_name).iterdir()) == \
+        ["step-00000001.damaged", "step-00000002.damaged"]
+
+
 def test_a_resume_with_changed_lora_settings_names_them_and_keeps_the_runs_config(two_step_run, tiny_model,
                                                                                    six_clips, tmp_path):
     folder, full = two_step_run

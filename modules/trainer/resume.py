@@ -35,6 +35,11 @@ def resume(trainer) -> None:
                 f"; moved to {moved}" if moved else "")
             log.warning("%s", text)
             print(f"warning: {text}" + (f"; resuming from {folder} instead" if folder else ""), flush=True)
+    if folder is None and choice.damaged:
+        # starting fresh here would end by replacing the output with a model that forgot every trained step
+        raise TrainingError(f"backup.continue_last_backup: every backup of run {choice.run_name} is damaged (set "
+                            f"aside as *.damaged, see the warnings above); nothing was resumed or overwritten. Set "
+                            f"backup.continue_last_backup=false to train the run again from step 0")
     if folder is None:
         log.warning("backup.continue_last_backup is set, but %s holds no usable backup%s: starting fresh",
                     trainer.backup_base, f" of run {choice.run_name}" if choice.run_name else "")
