@@ -138,7 +138,7 @@ def test_train_memory_and_speed_options_and_the_baseline(benchmark_main, tmp_pat
     result = json.loads(out.read_text())
     assert result["status"] == "ok"
     assert result["features"] == ("checkpointing 2/2 blocks, block swap 1 (blocks 1-1), activation offload, "
-                                  "attention math")
+                                  "attention math, norms recomputed")
     assert result["tokens_per_second"] == pytest.approx(48 / result["seconds_per_step"])
     # block 0 checkpointed by the dial, block 1 because it is swapped: both recomputed
     assert result["flops"]["hardware"] == 3 * HAND_FORWARD + HAND_BLOCK_LINEAR + HAND_ATTENTION + HAND_LORA
