@@ -88,10 +88,11 @@ def test_train_subcommand_on_the_tiny_transformer(benchmark_main, tmp_path):
     out = tmp_path / "train.json"
     code = benchmark_main(["train", "--variant", "tiny", "--width", "64", "--height", "64", "--frames", "9",
                            "--steps", "1", "--dtype", "fp32", "--lora-rank", "4", "--device", "cpu",
-                           "--peak-tflops", "0.5", "--json", str(out)])
+                           "--peak-tflops", "0.5", "--no-recompute-norms", "--json", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["status"] == "ok" and len(result["step_seconds"]) == 1 and len(result["losses"]) == 2
+    assert result["features"] == "no memory features"   # --no-recompute-norms: the one switch on by default off
     assert all(math.isfinite(v) for v in result["losses"])
     assert result["latent_shape"] == [16, 3, 8, 8] and result["video_tokens"] == 48
     assert result["flops"]["forward"] == HAND_FORWARD and result["flops"]["model"] == 3 * HAND_FORWARD
