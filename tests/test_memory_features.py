@@ -111,6 +111,39 @@ def test_activation_offload_with_checkpointing(plain):
     assert offload.bytes_offloaded == 2 * 12 * 64 * 4 and offload.order == []
 
 
+@pytest.mark.parametrize("dtype", ["FLOAT_32", "BFLOAT_16"])
+def test_recomputed_norms_give_the_same_step_bit_for_bit(dtype):
+    """performance.recompute_norms (on by default) against off, with and without block checkpointing: the same loss
+    and gradients bit for bit; under bf16 autocast the blocks no longer keep a float32 copy of any activation for
+    the backward pass (only the output norm, outside the blocks, still does)."""
+    width = ARCH.transformer["num_attention_heads"] * ARCH.transformer["attention_head_dim"]
+    for checkpointing in (False, True):
+        steps, float32_kept = {}, {}
+        for switch in (False, True):
+            kept = []
+
+            def pack(tensor, kept=kept):
+                if tensor.dtype == torch.float32 and tensor.dim() == 3 and tensor.shape[1] > 1 \
+                        and tensor.shape[2] == width:
+                    kept.append(tensor.shape)   # a float32 activation (tokens x width) kept for the backward pass
+                return tensor
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                steps[switch] = one_step(checkpointing=checkpointing, dtype=dtype,
+                                         performance={"recompute_norms": switch})
+            float32_kept[switch] = len(kept)
+        on, off = steps[True], steps[False]
+        assert torch.equal(on[0], off[0])
+        assert on[1].keys() == off[1].keys()
+        for name, grad in on[1].items():
+            assert torch.equal(grad, off[1][name]), name
+        # 2 blocks x (norm1-3 and the RMS norms of both attentions' queries and keys)
+        assert on[2].performance["transformer"].norms_recomputed == 14
+        assert off[2].performance["transformer"].norms_recomputed == 0
+        if dtype == "BFLOAT_16" and not checkpointing:   # a checkpoint hides its block's saved tensors from `pack`
+            assert float32_kept[False] > 12 and float32_kept[True] == 1, float32_kept
+
+
 def test_everything_at_once_and_the_math_attention_kernel(plain):
     result = one_step(checkpointing=True, performance={"block_swap": 2, "activation_offload": True,
                                                        "checkpoint_every": 2, "attention": "math"})

@@ -1,6 +1,6 @@
 """Applies `TrainConfig.performance` (and `gradient_checkpointing`) to one transformer being trained: the attention
-kernel, block swap, per-block checkpointing with optional activation offload, and regional compilation, and moves
-the transformer to the device without ever holding the swapped blocks there.
+kernel, block swap, per-block checkpointing with optional activation offload, recomputed norms, and regional
+compilation, and moves the transformer to the device without ever holding the swapped blocks there.
 
 Order matters: block swap moves the swapped weights to the host before anything is placed on the device, the
 checkpointing function must know which blocks are swapped, and compilation leaves the swapped blocks alone (their
@@ -15,6 +15,7 @@ import torch
 from modules.modelSetup.memory.ActivationOffload import ActivationOffload
 from modules.modelSetup.memory.BlockCheckpointing import BlockCheckpointing
 from modules.modelSetup.memory.BlockSwap import BlockSwap
+from modules.modelSetup.memory.NormRecompute import recompute_norms
 from modules.util.config.PerformanceConfig import PerformanceConfig
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class PerformanceSetup:
         self.offload: ActivationOffload | None = None
         self.checkpointing: BlockCheckpointing | None = None
         self.compiled: list[int] = []
+        self.norms_recomputed = 0
 
     def apply(self) -> PerformanceSetup:
         performance, transformer = self.performance, self.transformer
@@ -64,6 +66,11 @@ class PerformanceSetup:
             transformer.enable_gradient_checkpointing(gradient_checkpointing_func=self.checkpointing)
         elif getattr(transformer, "gradient_checkpointing", False):
             transformer.disable_gradient_checkpointing()
+        if performance.recompute_norms:
+            # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records
+            # the block's dtype would only break its graph
+            self.norms_recomputed = recompute_norms(
+                [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks])
         if performance.compile_blocks:
             for index, block in enumerate(blocks):
                 if index not in swapped:
@@ -89,6 +96,8 @@ class PerformanceSetup:
             parts.append("activation offload")
         if self.performance.attention != "auto":
             parts.append(f"attention {self.performance.attention}")
+        if self.norms_recomputed:
+            parts.append("norms recomputed")
         if self.compiled:
             parts.append(f"{len(self.compiled)} blocks compiled")
         return ", ".join(parts) or "no memory features"
