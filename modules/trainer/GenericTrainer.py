@@ -221,11 +221,13 @@ class GenericTrainer:
         self.total_steps = self.plan.total_steps
         self.scheduler = create_lr_scheduler(config.optimizer, self.optimizer, self.total_steps)
         self.ema = EMA(parameters, config.optimizer.ema_decay) if config.optimizer.ema else None
+        if config.backup.continue_last_backup:
+            self._resume()
+        # after a resume is accepted: a refused one must leave the run's config (the end report's "train on"
+        # command) as it was, not with the settings it refused
         config_path = self.workspace / "run-configs" / f"{self.run_name}.json"
         if self.parallel.is_main:
             save_config(config, config_path)
-        if config.backup.continue_last_backup:
-            self._resume()
         from modules.trainer.ValidationEvaluator import ValidationEvaluator
         self.validation = ValidationEvaluator.create(self)
         if self.parallel.is_main:
