@@ -117,6 +117,27 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     assert len(list(tmp_path.glob("*.mp4"))) == 1
 
 
+def test_an_element_is_named_by_its_name_or_its_files_suffix_and_an_unknown_one_stops_before_loading(
+        e2v_lora, e2v_dataset, tmp_path, capsys):
+    """sample.py's help and issue 24 write `--element person=img.png`; seed 001's layout calls that element
+    main_subject and finds its files by `_person.png`, so the suffix's word names it too. A name the layout lacks is
+    exit 2 before any model loads (the base named here does not exist), naming the elements and their words."""
+    e2v_lora, _ = e2v_lora
+    size = ["--width", "32", "--height", "32", "--frames", "17", "--steps", "1", "--device", "cpu"]
+    code = run_sample(["--lora", str(e2v_lora), "--prompt", "x", "--element", f"person={e2v_dataset / '000_person.png'}",
+                       "--output-dir", str(tmp_path / "person"), *size])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "--element person: the element 'main_subject'" in err
+    assert len(list((tmp_path / "person").glob("*.mp4"))) == 1
+    code = run_sample(["--base-model-name", str(tmp_path / "no-such-model"), "--lora", str(e2v_lora), "--prompt", "x",
+                       "--element", f"hero={e2v_dataset / '000_person.png'}", "--output-dir", str(tmp_path), *size])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--element hero: the E2V layout {e2v_lora} records has no such element" in err
+    assert "main_subject (or dog, person, mask)" in err and "no-such-model" not in err
+
+
 def test_an_e2v_config_that_differs_from_the_recorded_layout_is_an_error_naming_the_difference(
         e2v_lora, tiny_model, e2v_dataset, tmp_path, capsys):
     e2v_lora, _ = e2v_lora
