@@ -90,11 +90,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.output_dir is None:
         args.output_dir = str(Path(args.output).parent) if args.output else "samples"
     if not args.base_model_name:
-        from modules.util.modelspec import trained_base_model
+        from modules.util.modelspec import missing_recorded_base, trained_base_model
         args.base_model_name = next((trained_base_model(path) for path, _ in args.loras[:1]), None)
         if not args.base_model_name:
             parser.error("--base-model-name is required (a diffusers Wan folder); no LoRA given records the base it "
                          "was trained on")
+        problem = missing_recorded_base(args.base_model_name, f"{args.loras[0][0]}'s header")
+        if problem:
+            parser.error(problem)
     try:
         args.elements = dict(parse_element_argument(text) for text in args.element)
     except ValueError as error:

@@ -80,18 +80,26 @@ def run_sample(argv: list[str]) -> int:
 
 @pytest.fixture(scope="module")
 def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
-    """docs/e2v.md's worked example (T2V base, dual pathway), two steps, the image encoder named by the new flag."""
+    """docs/e2v.md's worked example (T2V base, dual pathway), two steps, the image encoder named by the new flag;
+    as there, the base is named relative to the folder the run starts in (the tests sample from elsewhere)."""
     import contextlib
     import io
+    import os
     out = tmp_path_factory.mktemp("e2v_out")
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = train_script.main([
-            "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora", "--e2v_type",
-            "dual", "--model_name", str(tiny_model("wan2.1-t2v")), "--output_dir", str(out), "--rank", "16",
-            "--lora_alpha", "16", "--mixed_precision", "no", "--image_encoder", str(tiny_model("wan2.1-i2v")),
-            "--config-value", "device=cpu", "--config-value", "max_steps=2",
-            "--config-value", f"cache_dir={out / 'cache'}", "--config-value", "tensorboard=false"])
+    started_in = os.getcwd()
+    os.chdir(out)
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = train_script.main([
+                "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora",
+                "--e2v_type", "dual", "--model_name", os.path.relpath(tiny_model("wan2.1-t2v")),
+                "--output_dir", str(out), "--rank", "16", "--lora_alpha", "16", "--mixed_precision", "no",
+                "--image_encoder", str(tiny_model("wan2.1-i2v")), "--config-value", "device=cpu",
+                "--config-value", "max_steps=2", "--config-value", f"cache_dir={out / 'cache'}",
+                "--config-value", "tensorboard=false"])
+    finally:
+        os.chdir(started_in)
     assert code == 0
     return out / "e2v_lora.safetensors", printed.getvalue()
 
@@ -106,6 +114,9 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
     layout = json.loads(metadata["e2v_config"])
     assert layout["e2v_type"] == "dual" and [e["name"] for e in layout["elements"]][:1] == ["main_subject"]
+    # the base as the run was given it (relative to its folder), and where that folder is
+    assert not Path(json.loads(metadata["training_config"])["model"]["base_model_name"]).is_absolute()
+    assert metadata["wan_base_model"] == str(tiny_model("wan2.1-t2v").resolve())
     # the GUI's tools tab with only the LoRA, the prompt and the element filled in: not even a base model (the
     # header's training config names it)
     from modules.ui.ToolsController import sample_command

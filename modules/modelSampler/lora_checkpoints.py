@@ -4,6 +4,7 @@ per expert, labelled with its name and training step."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,13 +100,27 @@ def backup_lora_weights(folder: Path) -> dict[str, LoraWeights]:
     return weights
 
 
+def _run_folder(backup: Path, workspace_dir) -> Path | None:
+    """The folder a run started in, from where its backup lies (<that folder>/<workspace_dir>/backup/<run>/<step>)
+    when its config names the workspace relatively, as it names a relative base; None when that cannot be told."""
+    if not isinstance(workspace_dir, str) or not workspace_dir or Path(workspace_dir).is_absolute():
+        return None
+    workspace, parts = backup.resolve().parents[2], Path(os.path.normpath(workspace_dir)).parts
+    if ".." in parts or workspace.parts[-len(parts):] != parts:
+        return None
+    return Path(*workspace.parts[:-len(parts)])
+
+
 def trained_base(checkpoint: Checkpoint) -> str | None:
     """The base model a checkpoint was trained on: its file's header (the training config this trainer records), or
     the backup's config.json; None when it records none."""
     if checkpoint.backup is not None:
         config = json.loads((checkpoint.backup / "config.json").read_text())
         base = (config.get("model") or {}).get("base_model_name")
-        return base if isinstance(base, str) and base else None
+        if not isinstance(base, str) or not base:
+            return None
+        started_in = _run_folder(checkpoint.backup, config.get("workspace_dir"))
+        return str(started_in / base) if started_in and (started_in / base).is_dir() else base
     from modules.util.lora.formats import expert_lora_paths
     from modules.util.modelspec import trained_base_model
     file = checkpoint.files[0]
