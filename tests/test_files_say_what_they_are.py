@@ -45,7 +45,8 @@ def prepared(argv: list[str]):
 
 # --- the image encoder ------------------------------------------------------------------------------------------
 
-def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_dataset, monkeypatch, caplog):
+def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_dataset, monkeypatch, caplog,
+                                                                 capsys):
     """Seed 001's command as written (a T2V 1.3B hub id, e2v_type dual): no config error; the image encoder is Wan
     2.1 I2V's, said before anything loads."""
     from modules.util.config.image_encoder_source import WAN_I2V_IMAGE_ENCODER
@@ -54,6 +55,17 @@ def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_
                                      tmp_path / "output"))
     assert config.model.image_encoder.path == WAN_I2V_IMAGE_ENCODER and config.model.allow_download
     assert any(WAN_I2V_IMAGE_ENCODER in r.getMessage() and "CLIP" in r.getMessage() for r in caplog.records)
+    # run as written on a machine that cannot reach the hub (offline, an empty cache): exit 1 with one sentence
+    # naming the hub id and what to do, not huggingface_hub's traceback
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    flags = seed_001_flags("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", seed_001_config(tmp_path, e2v_dataset),
+                           tmp_path / "output")
+    assert train_script.main(flags + ["--config-value", "device=cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "model.base_model_name: cannot fetch model_index.json of the hub id 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers'" \
+        in err and "Traceback" not in err
 
 
 def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag(tmp_path, e2v_dataset, tiny_model,
