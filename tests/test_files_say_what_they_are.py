@@ -186,6 +186,9 @@ def test_the_run_plans_its_image_encoder_and_its_next_sample_line_runs(e2v_lora,
     _, printed = e2v_lora
     assert f"image encoder: {tiny_model('wan2.1-i2v')} (model.image_encoder.path)" in printed
     [line] = [line for line in printed.splitlines() if "sample with the LoRA:" in line]
+    # the elements by the names the layout gives them: the required one to fill in, the optional ones after a comment
+    assert line.endswith("--element main_subject=IMAGE  # optional: --element secondary=IMAGE "
+                         "--element environment=IMAGE")
     argv = shlex.split(line.split("sample with the LoRA:")[1])[2:]          # after run-cmd.sh sample
     assert "--e2v-config" not in argv and "--image-encoder" not in argv
     argv = argv[:argv.index("--element")] + ["--element", f"main_subject={e2v_dataset / '000_person.png'}"]
