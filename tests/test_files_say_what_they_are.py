@@ -148,8 +148,8 @@ def test_an_element_is_named_by_its_name_or_its_files_suffix_and_an_unknown_one_
     e2v_lora, _ = e2v_lora
     size = ["--width", "32", "--height", "32", "--frames", "17", "--steps", "1", "--device", "cpu"]
     code = run_sample(["--lora", str(e2v_lora), "--prompt", "x",
-                       "--element", f"person={e2v_dataset / '000_person.png'}", "--output-dir", str(tmp_path / "person"),
-                       *size])
+                       "--element", f"person={e2v_dataset / '000_person.png'}",
+                       "--output-dir", str(tmp_path / "person"), *size])
     err = capsys.readouterr().err
     assert code == 0, err
     assert "--element person: the element 'main_subject'" in err
