@@ -287,3 +287,9 @@ def test_the_base_model_comes_from_the_first_checkpoint_when_not_given(tmp_path,
                    metadata={"training_config": json.dumps({"model": {"base_model_name": "work/models/base"}})})
     assert compare_script().main(["--lora", str(moved), "--prompt", "x", "--output-dir", str(tmp_path)]) == 2
     assert f"the base model 'work/models/base' that {moved} records is not a folder here" in capsys.readouterr().err
+    # an E2V LoRA (its header records a layout) is no merge at a strength: said before the model loads
+    e2v = tmp_path / "e2v_lora.safetensors"
+    save_lora_file(weights, ModelFormat.COMFY_LORA, e2v, metadata={"e2v_config": "{}", "training_config": json.dumps(
+        {"model": {"base_model_name": str(tmp_path)}})})
+    assert compare_script().main(["--lora", str(e2v), "--prompt", "x", "--output-dir", str(tmp_path)]) == 2
+    assert "an Elements-to-Video LoRA (it expands the model)" in capsys.readouterr().err

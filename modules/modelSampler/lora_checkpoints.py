@@ -51,12 +51,28 @@ def _backup_checkpoint(folder: Path) -> Checkpoint:
                       source=folder, backup=folder)
 
 
+def _refuse_e2v(path: Path) -> None:
+    """An E2V LoRA (its header records an element layout) expands the model, so no strength of it is a merge into
+    the loaded base: said before any model loads."""
+    from modules.model.e2v_model import E2V_CONFIG_METADATA
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            e2v = E2V_CONFIG_METADATA in (file.metadata() or {})
+    except Exception:  # noqa: BLE001 - not a safetensors file: reading it says why
+        return
+    if e2v:
+        raise ValueError(f"{path}: an Elements-to-Video LoRA (it expands the model): compare it with sample --lora, "
+                         f"one strength at a time")
+
+
 def find_checkpoints(sources: list[str | Path]) -> list[Checkpoint]:
     """Each source in the order given: a LoRA file; a backup folder; a folder of backups (by step); a folder of
     LoRA files (by step, then name; an A14B `_high_noise` / `_low_noise` pair is one checkpoint)."""
     checkpoints: list[Checkpoint] = []
     for source in map(Path, sources):
         if source.is_file():
+            _refuse_e2v(source)
             checkpoints.append(Checkpoint(source.name.removesuffix(".safetensors"), step_from_name(source.name),
                                           source, files=[source]))
         elif source.is_dir() and _is_backup(source):
