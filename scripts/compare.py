@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelSampler.lora_checkpoints import find_checkpoints, trained_base
     from modules.modelSampler.sampling_io import load_model_for_sampling, resolve_device
     from modules.util.enum.DataType import DataType
+    from modules.util.modelspec import missing_recorded_base
     from modules.util.video_io import UnreadableMediaError
 
     try:
@@ -80,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.base_model_name:
                 print("compare: --base-model-name is required: the first checkpoint records no base model",
                       file=sys.stderr)
+                return 2
+            problem = missing_recorded_base(args.base_model_name, checkpoints[0].source)
+            if problem:
+                print(f"compare: {problem}", file=sys.stderr)
                 return 2
             print(f"compare: base model {args.base_model_name} (recorded by {checkpoints[0].source})",
                   file=sys.stderr)

@@ -56,7 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--last-image", default=None, help="last frame (FLF2V, I2V-A14B)")
     parser.add_argument("--element", action="append", default=[], metavar="NAME=PATH",
                         help="E2V reference image for the element NAME (repeatable) of the layout the LoRA's header "
-                             "or the model folder's e2v_config.json records (or --e2v-config gives)")
+                             "or the model folder's e2v_config.json records (or --e2v-config gives); NAME is an "
+                             "element's name or the word of one of its suffixes (person for _person.png)")
     parser.add_argument("--e2v-config", default=None, metavar="PATH",
                         help="E2V dataset config JSON the model was trained with (nested or flat form; the first "
                              "dataset's elements and processors are used); only for a model that does not record "
@@ -89,11 +90,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.output_dir is None:
         args.output_dir = str(Path(args.output).parent) if args.output else "samples"
     if not args.base_model_name:
-        from modules.util.modelspec import trained_base_model
+        from modules.util.modelspec import missing_recorded_base, trained_base_model
         args.base_model_name = next((trained_base_model(path) for path, _ in args.loras[:1]), None)
         if not args.base_model_name:
             parser.error("--base-model-name is required (a diffusers Wan folder); no LoRA given records the base it "
                          "was trained on")
+        problem = missing_recorded_base(args.base_model_name, f"{args.loras[0][0]}'s header")
+        if problem:
+            parser.error(problem)
     try:
         args.elements = dict(parse_element_argument(text) for text in args.element)
     except ValueError as error:
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sample: --e2v-config: {error}", file=sys.stderr)
         return 2
     try:
-        e2v_config, image_encoder = e2v_layout(args, e2v_config)
+        e2v_config, image_encoder, source = e2v_layout(args, e2v_config)
+        args.elements = element_names(args, e2v_config, source)
     except ConfigError as error:
         print(f"sample: {error}", file=sys.stderr)
         return 2
@@ -185,14 +190,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def e2v_layout(args: argparse.Namespace, given):
-    """(the E2V dataset config, the image encoder) to sample with: --e2v-config and --image-encoder, else what the
-    LoRA's header (or the model folder's e2v_config.json) records; a given config that differs from the recorded
-    one is a ConfigError naming each difference."""
+    """(the E2V dataset config, the image encoder, the file naming the layout) to sample with: --e2v-config and
+    --image-encoder, else what the LoRA's header (or the model folder's e2v_config.json) records; a given config that
+    differs from the recorded one is a ConfigError naming each difference."""
     from modules.modelSampler.e2v_file_layout import BASE_IMAGE_ENCODER, layout_differences, recorded_layout
     from modules.util.config.config_io import ConfigError
     recorded = recorded_layout(args.base_model_name, [path for path, _ in args.loras])
     if recorded is None:
-        return given, args.image_encoder
+        return given, args.image_encoder, args.e2v_config
     if given is not None:
         differences = layout_differences(given, recorded)
         if differences:
@@ -205,7 +210,24 @@ def e2v_layout(args: argparse.Namespace, given):
         if not Path(image_encoder).exists() and not looks_like_hub_id(image_encoder):
             raise ConfigError([f"{recorded.source} was trained with the image encoder {image_encoder}, which is not "
                                f"on this machine: name it with --image-encoder"])
-    return given or recorded.dataset_config(), image_encoder
+    return given or recorded.dataset_config(), image_encoder, recorded.source
+
+
+def element_names(args: argparse.Namespace, e2v_config, source) -> dict[str, str]:
+    """--element by the layout's element names (a suffix's word names its element too), checked before any model
+    loads; a ConfigError for a name the layout lacks, or for elements without any layout."""
+    from modules.modelSampler.e2v_file_layout import element_arguments
+    from modules.util.config.config_io import ConfigError
+    if not args.elements:
+        return args.elements
+    if e2v_config is None:
+        raise ConfigError([f"--element needs an E2V model: no LoRA given records an E2V layout and "
+                           f"{args.base_model_name} holds no e2v_config.json; name the dataset config it trained with "
+                           f"(--e2v-config)"])
+    elements, notes = element_arguments(e2v_config, args.elements, source)
+    for note in notes:
+        print(f"sample: {note}", file=sys.stderr)
+    return elements
 
 
 def move_to_output(written: list, output: str) -> list:

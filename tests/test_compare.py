@@ -255,7 +255,7 @@ def test_the_sampling_tab_lists_previews_at_other_strengths_apart(tmp_path):
         ("0-a-red-square", [10, 20]), ("0-a-red-square (LoRA x-1)", [20]), ("0-a-red-square (LoRA x0.5)", [10, 20])]
 
 
-def test_the_base_model_comes_from_the_first_checkpoint_when_not_given(tmp_path, capsys):
+def test_the_base_model_comes_from_the_first_checkpoint_when_not_given(tmp_path, capsys, monkeypatch):
     from modules.modelSampler.lora_checkpoints import trained_base
     weights = {"blocks.0.attn1.to_q": LoraModule(down=torch.ones(2, 8), up=torch.ones(8, 2), alpha=2.0)}
     recorded = tmp_path / "recorded.safetensors"
@@ -264,6 +264,32 @@ def test_the_base_model_comes_from_the_first_checkpoint_when_not_given(tmp_path,
     bare = tmp_path / "bare.safetensors"
     save_lora_file(weights, ModelFormat.COMFY_LORA, bare)
     assert [trained_base(c) for c in find_checkpoints([recorded, bare])] == ["models/wan-base", None]
+    # a backup names its base as the run was given it, relative to the folder the run started in (docs' commands
+    # do): compared from elsewhere, it is found from where the backup lies (<that folder>/<workspace_dir>/backup/...)
+    started_in = tmp_path / "project"
+    (started_in / "models" / "wan-base").mkdir(parents=True)
+    backup = started_in / "work" / "run" / "backup" / "2026-01-01_00-00-00" / "step-00000005"
+    backup.mkdir(parents=True)
+    (backup / "trainable.safetensors").write_bytes(b"")
+    (backup / "progress.json").write_text(json.dumps({"global_step": 5}))
+    (backup / "config.json").write_text(json.dumps({"training_method": "LORA", "workspace_dir": "work/run",
+                                                    "model": {"base_model_name": "models/wan-base"}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert [trained_base(c) for c in find_checkpoints([backup])] == [str(started_in / "models" / "wan-base")]
     # no --base-model-name and nothing recorded: exit 2 before any model loads
     assert compare_script().main(["--lora", str(bare), "--prompt", "x", "--output-dir", str(tmp_path)]) == 2
     assert "--base-model-name is required" in capsys.readouterr().err
+    # recorded, but no folder here (relative to where it trained) and no hub id: exit 2 naming both, not a load error
+    moved = tmp_path / "moved.safetensors"
+    save_lora_file(weights, ModelFormat.COMFY_LORA, moved,
+                   metadata={"training_config": json.dumps({"model": {"base_model_name": "work/models/base"}})})
+    assert compare_script().main(["--lora", str(moved), "--prompt", "x", "--output-dir", str(tmp_path)]) == 2
+    assert f"the base model 'work/models/base' that {moved} records is not a folder here" in capsys.readouterr().err
+    # an E2V LoRA (its header records a layout) is no merge at a strength: said before the model loads
+    e2v = tmp_path / "e2v_lora.safetensors"
+    save_lora_file(weights, ModelFormat.COMFY_LORA, e2v, metadata={"e2v_config": "{}", "training_config": json.dumps(
+        {"model": {"base_model_name": str(tmp_path)}})})
+    assert compare_script().main(["--lora", str(e2v), "--prompt", "x", "--output-dir", str(tmp_path)]) == 2
+    assert "an Elements-to-Video LoRA (it expands the model)" in capsys.readouterr().err

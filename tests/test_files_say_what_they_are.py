@@ -45,7 +45,8 @@ def prepared(argv: list[str]):
 
 # --- the image encoder ------------------------------------------------------------------------------------------
 
-def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_dataset, monkeypatch, caplog):
+def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_dataset, monkeypatch, caplog,
+                                                                 capsys):
     """Seed 001's command as written (a T2V 1.3B hub id, e2v_type dual): no config error; the image encoder is Wan
     2.1 I2V's, said before anything loads."""
     from modules.util.config.image_encoder_source import WAN_I2V_IMAGE_ENCODER
@@ -54,6 +55,17 @@ def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_
                                      tmp_path / "output"))
     assert config.model.image_encoder.path == WAN_I2V_IMAGE_ENCODER and config.model.allow_download
     assert any(WAN_I2V_IMAGE_ENCODER in r.getMessage() and "CLIP" in r.getMessage() for r in caplog.records)
+    # run as written on a machine that cannot reach the hub (offline, an empty cache): exit 1 with one sentence
+    # naming the hub id and what to do, not huggingface_hub's traceback
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    flags = seed_001_flags("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", seed_001_config(tmp_path, e2v_dataset),
+                           tmp_path / "output")
+    assert train_script.main(flags + ["--config-value", "device=cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "model.base_model_name: cannot fetch model_index.json of the hub id 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers'" \
+        in err and "Traceback" not in err
 
 
 def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag(tmp_path, e2v_dataset, tiny_model,
@@ -80,18 +92,26 @@ def run_sample(argv: list[str]) -> int:
 
 @pytest.fixture(scope="module")
 def e2v_lora(tiny_model, e2v_dataset, tmp_path_factory):
-    """docs/e2v.md's worked example (T2V base, dual pathway), two steps, the image encoder named by the new flag."""
+    """docs/e2v.md's worked example (T2V base, dual pathway), two steps, the image encoder named by the new flag;
+    as there, the base is named relative to the folder the run starts in (the tests sample from elsewhere)."""
     import contextlib
     import io
+    import os
     out = tmp_path_factory.mktemp("e2v_out")
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = train_script.main([
-            "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora", "--e2v_type",
-            "dual", "--model_name", str(tiny_model("wan2.1-t2v")), "--output_dir", str(out), "--rank", "16",
-            "--lora_alpha", "16", "--mixed_precision", "no", "--image_encoder", str(tiny_model("wan2.1-i2v")),
-            "--config-value", "device=cpu", "--config-value", "max_steps=2",
-            "--config-value", f"cache_dir={out / 'cache'}", "--config-value", "tensorboard=false"])
+    started_in = os.getcwd()
+    os.chdir(out)
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = train_script.main([
+                "--dataset_configs", str(e2v_dataset / "e2v_config.json"), "--training_type", "e2v-lora",
+                "--e2v_type", "dual", "--model_name", os.path.relpath(tiny_model("wan2.1-t2v")),
+                "--output_dir", str(out), "--rank", "16", "--lora_alpha", "16", "--mixed_precision", "no",
+                "--image_encoder", str(tiny_model("wan2.1-i2v")), "--config-value", "device=cpu",
+                "--config-value", "max_steps=2", "--config-value", f"cache_dir={out / 'cache'}",
+                "--config-value", "tensorboard=false"])
+    finally:
+        os.chdir(started_in)
     assert code == 0
     return out / "e2v_lora.safetensors", printed.getvalue()
 
@@ -106,6 +126,9 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     assert metadata["e2v_image_encoder"] == str(tiny_model("wan2.1-i2v").resolve())
     layout = json.loads(metadata["e2v_config"])
     assert layout["e2v_type"] == "dual" and [e["name"] for e in layout["elements"]][:1] == ["main_subject"]
+    # the base as the run was given it (relative to its folder), and where that folder is
+    assert not Path(json.loads(metadata["training_config"])["model"]["base_model_name"]).is_absolute()
+    assert metadata["wan_base_model"] == str(tiny_model("wan2.1-t2v").resolve())
     # the GUI's tools tab with only the LoRA, the prompt and the element filled in: not even a base model (the
     # header's training config names it)
     from modules.ui.ToolsController import sample_command
@@ -115,6 +138,28 @@ def test_an_e2v_lora_samples_with_the_file_alone(e2v_lora, tiny_model, e2v_datas
     code = run_sample(command[1:])
     assert code == 0, capsys.readouterr().err
     assert len(list(tmp_path.glob("*.mp4"))) == 1
+
+
+def test_an_element_is_named_by_its_name_or_its_files_suffix_and_an_unknown_one_stops_before_loading(
+        e2v_lora, e2v_dataset, tmp_path, capsys):
+    """sample.py's help and issue 24 write `--element person=img.png`; seed 001's layout calls that element
+    main_subject and finds its files by `_person.png`, so the suffix's word names it too. A name the layout lacks is
+    exit 2 before any model loads (the base named here does not exist), naming the elements and their words."""
+    e2v_lora, _ = e2v_lora
+    size = ["--width", "32", "--height", "32", "--frames", "17", "--steps", "1", "--device", "cpu"]
+    code = run_sample(["--lora", str(e2v_lora), "--prompt", "x",
+                       "--element", f"person={e2v_dataset / '000_person.png'}",
+                       "--output-dir", str(tmp_path / "person"), *size])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "--element person: the element 'main_subject'" in err
+    assert len(list((tmp_path / "person").glob("*.mp4"))) == 1
+    code = run_sample(["--base-model-name", str(tmp_path / "no-such-model"), "--lora", str(e2v_lora), "--prompt", "x",
+                       "--element", f"hero={e2v_dataset / '000_person.png'}", "--output-dir", str(tmp_path), *size])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--element hero: the E2V layout {e2v_lora} records has no such element" in err
+    assert "main_subject (or dog, person, mask)" in err and "no-such-model" not in err
 
 
 def test_an_e2v_config_that_differs_from_the_recorded_layout_is_an_error_naming_the_difference(
@@ -142,6 +187,9 @@ def test_the_run_plans_its_image_encoder_and_its_next_sample_line_runs(e2v_lora,
     _, printed = e2v_lora
     assert f"image encoder: {tiny_model('wan2.1-i2v')} (model.image_encoder.path)" in printed
     [line] = [line for line in printed.splitlines() if "sample with the LoRA:" in line]
+    # the elements by the names the layout gives them: the required one to fill in, the optional ones after a comment
+    assert line.endswith("--element main_subject=IMAGE  # optional: --element secondary=IMAGE "
+                         "--element environment=IMAGE")
     argv = shlex.split(line.split("sample with the LoRA:")[1])[2:]          # after run-cmd.sh sample
     assert "--e2v-config" not in argv and "--image-encoder" not in argv
     argv = argv[:argv.index("--element")] + ["--element", f"main_subject={e2v_dataset / '000_person.png'}"]

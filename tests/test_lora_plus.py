@@ -59,9 +59,18 @@ def test_a_backup_with_other_groups_is_refused_naming_both(lora_plus_run, tiny_m
     tmp, full = lora_plus_run
     plain_dir = tmp / "plain"
     shutil.copytree(full.backup_root / "step-00000002", plain_dir / "run" / "backup" / "step-00000002")
+    # the run's saved config (the one its end report's "train on" command names) is there before the attempt
+    run_config = plain_dir / "run" / "run-configs" / f"{full.run_name}.json"
+    run_config.parent.mkdir(parents=True)
+    shutil.copy(full.workspace / "run-configs" / f"{full.run_name}.json", run_config)
+    before = run_config.read_bytes()
     with pytest.raises(TrainingError, match=r"parameter groups \['base', 'lora_B'\], this run has \['all'\]"):
         train(plain_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=4,
               overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=1"])
+    # a refused resume leaves it as it was: rewritten, it held the refused settings and the printed command to
+    # train on failed the same way
+    assert run_config.read_bytes() == before
+    assert [p.name for p in run_config.parent.iterdir()] == [run_config.name]
 
 
 def test_fine_tune_parts_get_their_own_rates():

@@ -195,6 +195,14 @@ def test_diffusion_pipe_mask_path_is_read(tmp_path, monkeypatch):
     (tmp_path / "g.toml").write_text('[[datasets]]\nvideo_directory = "b"\nalpha_mask = true\n')
     with pytest.raises(ConfigError, match="alpha_mask: not supported here: masks from the images' alpha"):
         load_config(overrides=["data.dataset_config=g.toml"])
+    # a refused feature written as off (blissful-tuner's template spells out `alpha_mask = false`; diffusion-pipe's
+    # example documents `cache_shuffle_num = 0` as "keep the caption") asks for nothing: accepted
+    (tmp_path / "h.toml").write_text('[[datasets]]\nvideo_directory = "b"\nmask_directory = "a/masks"\n'
+                                     'alpha_mask = false\nrequire_mask = false\n')
+    assert load_config(overrides=["data.dataset_config=h.toml"]).data.concepts[-1].mask_path == "a/masks"
+    (tmp_path / "e.toml").write_text("resolutions = [32]\ncache_shuffle_num = 0\nshuffle_tags = false\n"
+                                     "[[directory]]\npath = 'a'\nmask_path = 'a/masks'\ncaption_prefix = ''\n")
+    assert load_config(overrides=["data.dataset_config=e.toml"]).data.concepts[-1].mask_path == "a/masks"
 
 
 def test_mask_cache_follows_the_mask_file_and_the_crop(tmp_path):

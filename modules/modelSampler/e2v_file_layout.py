@@ -58,3 +58,39 @@ def layout_differences(given: E2VDatasetConfig, recorded: RecordedLayout) -> lis
     return [f"{key}: --e2v-config has {mine.get(key, '(absent)')!r}, {recorded.source} has "
             f"{theirs.get(key, '(absent)')!r}" for key in sorted(set(mine) | set(theirs))
             if mine.get(key) != theirs.get(key)]
+
+
+def _suffix_word(suffix: str) -> str:
+    """`_person.png` -> `person`: what a user calls the element whose files end so."""
+    return Path(suffix).stem.strip("_-. ")
+
+
+def element_arguments(config: E2VDatasetConfig, elements: dict[str, str], source: str) -> tuple[dict[str, str],
+                                                                                               list[str]]:
+    """--element NAME=PATH by the layout's names: a name, or the word of one of its suffixes (seed 001's
+    main_subject is found by `_person.png`, so `person` names it). (elements by name, notes for the words used);
+    ConfigError naming every unknown or doubled element and the names that work."""
+    from modules.util.config.config_io import ConfigError
+    order = config.elements_in_position_order()
+    words: dict[str, str] = {}
+    for element in order:
+        for suffix in element.suffixes:
+            words.setdefault(_suffix_word(suffix), element.name)
+    by_name = {element.name: element for element in order}
+    resolved, notes, problems = {}, [], []
+    for given, path in elements.items():
+        name = given if given in by_name else words.get(given)
+        if name is None:
+            problems.append(f"--element {given}: the E2V layout {source} records has no such element")
+        elif name in resolved:
+            problems.append(f"--element {given}: the element {name!r} is given twice")
+        else:
+            resolved[name] = path
+            if name != given:
+                notes.append(f"--element {given}: the element {name!r} (its files end in "
+                             f"{', '.join(s for s in by_name[name].suffixes if _suffix_word(s) == given)})")
+    if problems:
+        choices = "; ".join(f"{element.name} (or {', '.join(w for w, n in words.items() if n == element.name)})"
+                            for element in order)
+        raise ConfigError(problems + [f"its elements: {choices}"])
+    return resolved, notes

@@ -4,6 +4,7 @@ per expert, labelled with its name and training step."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +51,28 @@ def _backup_checkpoint(folder: Path) -> Checkpoint:
                       source=folder, backup=folder)
 
 
+def _refuse_e2v(path: Path) -> None:
+    """An E2V LoRA (its header records an element layout) expands the model, so no strength of it is a merge into
+    the loaded base: said before any model loads."""
+    from modules.model.e2v_model import E2V_CONFIG_METADATA
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            e2v = E2V_CONFIG_METADATA in (file.metadata() or {})
+    except Exception:  # noqa: BLE001 - not a safetensors file: reading it says why
+        return
+    if e2v:
+        raise ValueError(f"{path}: an Elements-to-Video LoRA (it expands the model): compare it with sample --lora, "
+                         f"one strength at a time")
+
+
 def find_checkpoints(sources: list[str | Path]) -> list[Checkpoint]:
     """Each source in the order given: a LoRA file; a backup folder; a folder of backups (by step); a folder of
     LoRA files (by step, then name; an A14B `_high_noise` / `_low_noise` pair is one checkpoint)."""
     checkpoints: list[Checkpoint] = []
     for source in map(Path, sources):
         if source.is_file():
+            _refuse_e2v(source)
             checkpoints.append(Checkpoint(source.name.removesuffix(".safetensors"), step_from_name(source.name),
                                           source, files=[source]))
         elif source.is_dir() and _is_backup(source):
@@ -99,13 +116,27 @@ def backup_lora_weights(folder: Path) -> dict[str, LoraWeights]:
     return weights
 
 
+def _run_folder(backup: Path, workspace_dir) -> Path | None:
+    """The folder a run started in, from where its backup lies (<that folder>/<workspace_dir>/backup/<run>/<step>)
+    when its config names the workspace relatively, as it names a relative base; None when that cannot be told."""
+    if not isinstance(workspace_dir, str) or not workspace_dir or Path(workspace_dir).is_absolute():
+        return None
+    workspace, parts = backup.resolve().parents[2], Path(os.path.normpath(workspace_dir)).parts
+    if ".." in parts or workspace.parts[-len(parts):] != parts:
+        return None
+    return Path(*workspace.parts[:-len(parts)])
+
+
 def trained_base(checkpoint: Checkpoint) -> str | None:
     """The base model a checkpoint was trained on: its file's header (the training config this trainer records), or
     the backup's config.json; None when it records none."""
     if checkpoint.backup is not None:
         config = json.loads((checkpoint.backup / "config.json").read_text())
         base = (config.get("model") or {}).get("base_model_name")
-        return base if isinstance(base, str) and base else None
+        if not isinstance(base, str) or not base:
+            return None
+        started_in = _run_folder(checkpoint.backup, config.get("workspace_dir"))
+        return str(started_in / base) if started_in and (started_in / base).is_dir() else base
     from modules.util.lora.formats import expert_lora_paths
     from modules.util.modelspec import trained_base_model
     file = checkpoint.files[0]

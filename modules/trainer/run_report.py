@@ -262,8 +262,13 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     inference = shlex.quote(str(Path(config.workspace_dir).resolve() / "inference"))
     e2v_options = ""
     if config.e2v.enabled:
-        # the LoRA's header (a fine-tune's e2v_config.json) records the layout and image encoder
-        e2v_options = " --element NAME=IMAGE ..."
+        # the LoRA's header (a fine-tune's e2v_config.json) records the layout and image encoder: the elements by
+        # name, the required ones to fill in, the optional ones after a shell comment
+        elements = trainer.e2v_datasets[0].elements_in_position_order() if trainer.e2v_datasets else []
+        e2v_options = "".join(f" --element {e.name}=IMAGE" for e in elements if e.required) or \
+            " --element NAME=IMAGE"
+        optional = [f"--element {e.name}=IMAGE" for e in elements if not e.required]
+        e2v_options += f"  # optional: {' '.join(optional)}" if optional else ""
     if method == "LORA" and written:
         lora = written[0] if len(written) == 1 else Path(str(written[0]).replace("_high_noise", "")
                                                           .replace("_low_noise", ""))

@@ -14,6 +14,8 @@ _SPEC_NAMES = {
     WanVariant.I2V_A14B: "wan_2_2-i2v_a14b",
 }
 
+BASE_MODEL_METADATA = "wan_base_model"   # the trained-on base folder, absolute
+
 # Keys whose values never go into a file header, wherever they appear in the config.
 _SECRET_KEYS = ("token", "secret", "password", "api_key")
 
@@ -36,6 +38,11 @@ def modelspec_metadata(variant: WanVariant, lora: bool = False, title: str | Non
         metadata["modelspec.title"] = title
     if train_config is not None:
         metadata["training_config"] = json.dumps(_without_secrets(train_config))
+        base = (train_config.get("model") or {}).get("base_model_name")
+        if isinstance(base, str) and base and Path(base).is_dir():
+            # the config names the base as given, often relative to the folder the run started in: sampling the
+            # file from elsewhere needs the folder itself
+            metadata[BASE_MODEL_METADATA] = str(Path(base).resolve())
     return {k: str(v) for k, v in metadata.items()}
 
 
@@ -72,15 +79,31 @@ def file_architecture(path: str | Path) -> str | None:
 
 
 def trained_base_model(path: str | Path) -> str | None:
-    """The `model.base_model_name` of the training config in a file's header (None when it has none)."""
+    """The base a file's header records: the folder it was trained on where that still exists, else the training
+    config's `model.base_model_name` as given (a hub id, or a path relative to where the run started); None when
+    the header names none."""
     from safetensors import safe_open
     try:
         with safe_open(str(path), framework="pt") as f:
-            config = json.loads((f.metadata() or {}).get("training_config", "null"))
+            metadata = f.metadata() or {}
+        config = json.loads(metadata.get("training_config", "null"))
     except Exception:  # noqa: BLE001 - an unreadable file names no base; loading it says why
         return None
+    folder = metadata.get(BASE_MODEL_METADATA)
+    if folder and Path(folder).is_dir():
+        return folder
     base = (config.get("model") or {}).get("base_model_name") if isinstance(config, dict) else None
     return base if isinstance(base, str) and base else None
+
+
+def missing_recorded_base(base: str, source) -> str | None:
+    """Why the base a file's header (or a backup) records cannot be used here: not a folder here and not a hub id
+    (a path relative to where the run started, a folder moved since); None when it can."""
+    from modules.util.config.image_encoder_source import looks_like_hub_id
+    if Path(base).is_dir() or looks_like_hub_id(base):
+        return None
+    return (f"the base model {base!r} that {source} records is not a folder here (a relative path is read from "
+            f"where the run started): name the base with --base-model-name")
 
 
 def lora_model_mismatch(path: str | Path, variant: WanVariant) -> str | None:

@@ -2,7 +2,8 @@
 `scripts/generate.py`), accepted by scripts/train.py and scripts/sample.py and mapped to this project's own.
 
 train: --manifest, --max_steps, --batch_size, --gradient_accumulation_steps, --num_epochs, --learning_rate,
---save_steps (its --output_dir is seed 001's, in train.py). sample: --lora_weights (a LoRA file or the folder
+--save_steps (its --output_dir is seed 001's, in train.py). --num_epochs without --max_steps trains that many
+epochs (max_steps 0, over a preset's cap). sample: --lora_weights (a LoRA file or the folder
 train's --output_dir wrote), --num_videos, --output (one MP4), --output_dir.
 """
 import argparse
@@ -40,6 +41,8 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
     for option, (key, _) in TRAIN_OPTIONS.items():
         if getattr(args, option) is not None:
             values.append(f"{key}={getattr(args, option)}")
+    if args.num_epochs is not None and args.max_steps is None:
+        values.append("max_steps=0")  # the notes' --num_epochs alone means that many epochs, not a preset's cap
     return values
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import diffusers
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from huggingface_hub.errors import HFValidationError
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
@@ -98,6 +99,18 @@ class WanBaseModelLoader:
             except ModelFileError as error:
                 raise ModelLoadError(str(error)) from None
         base, local_only = self._resolve_base(config)
+        try:
+            return self._load_diffusers(config, base, local_only)
+        except (OSError, HFValidationError) as error:
+            if local_only:
+                raise
+            # offline, an empty cache, a mistyped or gated repository: what huggingface_hub says, in one sentence
+            what = getattr(self, "_fetching", None) or "the weights"
+            raise ModelLoadError(f"model.base_model_name: cannot fetch {what} of the hub id {base!r}: "
+                                 f"{(str(error).splitlines() or [type(error).__name__])[0]} (download it once where "
+                                 f"the hub is reachable, or name a local folder)") from None
+
+    def _load_diffusers(self, config: ModelConfig, base: str, local_only: bool) -> WanModel:
         model_index = self._read_json(base, "model_index.json", local_only)
         check_wan_pipeline(model_index, str(base))
         expert_names = [name for name in ("transformer", "transformer_2")
@@ -168,12 +181,13 @@ class WanBaseModelLoader:
         raise ModelLoadError(f"model.base_model_name: {name!r} is not a folder; to fetch a hub id, set "
                              f"model.allow_download to true")
 
-    @staticmethod
-    def _read_json(base: str, relative: str, local_only: bool) -> dict:
+    def _read_json(self, base: str, relative: str, local_only: bool) -> dict:
         path = Path(base) / relative
         if not path.is_file() and not local_only:
             from huggingface_hub import hf_hub_download
+            self._fetching = relative   # named if the download fails
             path = Path(hf_hub_download(base, relative))
+            self._fetching = None
         if not path.is_file():
             raise NotAWanModelError(f"{base}: {relative} is missing; this is not a diffusers Wan model folder")
         return json.loads(path.read_text(encoding="utf-8"))

@@ -52,12 +52,20 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError([f"not UTF-8 text: {error}"], str(path)) from None
 
 
+# refused keys whose 0 means off (diffusion-pipe: "0 to keep original caption")
+OFF_AT_ZERO = {"cache_shuffle_num"}
+
+
 def check_keys(table: dict, where: str, supported: Iterable[str], refused: dict[str, str],
                problems: list[str], label: str) -> None:
     """One problem per key that is refused (with why) or unknown, then one line naming the keys `label` (the
     table's name) supports."""
     supported = sorted(supported)
-    bad = [key for key in table if key not in supported]
+    # a refused feature written as off (`alpha_mask = false`, `cache_shuffle_num = 0`: templates spell out their
+    # defaults) asks for nothing this trainer does not do
+    bad = [key for key in table if key not in supported
+           and not (key in refused and (table[key] is False or table[key] in ("", [])
+                                        or (key in OFF_AT_ZERO and table[key] == 0)))]
     for key in bad:
         problems.append(f"{where}{key}: " + (f"not supported here: {refused[key]}" if key in refused
                                              else "unknown key"))
