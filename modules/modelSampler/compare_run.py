@@ -34,10 +34,12 @@ def grid_layout(comparison: LoraComparison, sample: SampleResult) -> GridLayout:
     return GridLayout.create(rows, columns, height, width)
 
 
-def cell_position(comparison: LoraComparison, cell: Cell) -> tuple[int, int]:
+def cell_positions(comparison: LoraComparison, cell: Cell) -> list[tuple[int, int]]:
+    """Where a cell's sample stands: the base model (no strength) under every strength, so each column compares
+    the checkpoints at that strength with the base; a checkpoint's cell once."""
     if cell.checkpoint is None:
-        return 0, 0
-    return 1 + comparison.checkpoints.index(cell.checkpoint), comparison.strengths.index(cell.strength)
+        return [(0, column) for column in range(len(comparison.strengths))]
+    return [(1 + comparison.checkpoints.index(cell.checkpoint), comparison.strengths.index(cell.strength))]
 
 
 def compare_checkpoints(model, lora_sources: list[str | Path], strengths: list[float], samples: list[SampleConfig],
@@ -59,13 +61,17 @@ def compare_checkpoints(model, lora_sources: list[str | Path], strengths: list[f
     outputs: list[CompareOutput] = []
     pending: dict[tuple[int, int], np.ndarray] = {}
     total = len(comparison.cells())
+    received = [0]
 
     def collect(index: int, cell: Cell, result: SampleResult) -> None:
         if on_cell is not None:
             on_cell(index, cell, result)
-        pending[cell_position(comparison, cell)] = result.frames_uint8()
-        if len(pending) < total:
+        frames = result.frames_uint8()
+        pending.update(dict.fromkeys(cell_positions(comparison, cell), frames))
+        received[0] += 1
+        if received[0] < total:
             return
+        received[0] = 0
         layout = grid_layout(comparison, result)
         grid = compose(layout, pending)
         stem = f"{index:03d}-{prompt_slug(samples[index].prompt)}-s{samples[index].seed}"
