@@ -39,7 +39,7 @@ def _write(tmp_path, layout, state):
         save_file(clip_vision_to_comfyui(state, projection), str(path))
         return path
     converted = hf_to_wan_clip(state, projection) if layout == "wan" else hf_to_open_clip_names(state, projection)
-    converted.update(xlm_roberta_text_tower())   # the official file's text tower: ignored
+    converted.update(xlm_roberta_text_tower(embed_dim=width // 2))   # the official file's text tower: ignored
     path = tmp_path / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
     torch.save(converted, path)
     return path

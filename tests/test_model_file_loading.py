@@ -329,3 +329,32 @@ def test_a_base_folder_with_too_many_folders_below_fails_fast(tmp_path):
         (tmp_path / "home" / f"dir{index}").mkdir(parents=True)
     with pytest.raises(ModelFileError, match="home: more than 64 folders below it; name the model's own folder"):
         plan_model(ModelConfig(base_model_name=str(tmp_path / "home")))
+
+
+def test_the_official_shard_index_names_the_sharded_transformer(tiny_model, squares_dataset, tmp_path):
+    """`model.transformer.path` = the release's diffusion_pytorch_model.safetensors.index.json (the name of its
+    sharded set). Before: refused by the config check and the plan as "not a safetensors file"."""
+    from modules.util.config.validation import path_problems
+    base = tiny_model("wan2.1-t2v")
+    original = transformer_to_original(_state(base, "transformer"))
+    names = sorted(original)
+    weight_map = {}
+    for index, half in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        shard = f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"
+        save_file({k: original[k] for k in half}, str(tmp_path / shard))
+        weight_map.update(dict.fromkeys(half, shard))
+    index_file = tmp_path / "diffusion_pytorch_model.safetensors.index.json"
+    index_file.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (tmp_path / "config.json").write_text(json.dumps(official_transformer_config(
+        json.loads((base / "transformer" / "config.json").read_text()))))
+    config = load_config(overrides=[f"model.base_model_name={base}", f"model.transformer.path={index_file}",
+                                    "device=cpu", f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+                                    f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"])
+    assert not [p for p in path_problems(config) if "model.transformer.path" in p]
+    plan = plan_model(config.model)
+    assert plan.parts["transformer"].files == [tmp_path / f"diffusion_pytorch_model-0000{i}-of-00002.safetensors"
+                                               for i in (1, 2)]
+    # an index naming anything but safetensors shards is refused
+    index_file.write_text(json.dumps({"weight_map": {"blocks.0.self_attn.q.weight": "evil.pth"}}))
+    with pytest.raises(ModelFileError, match=r"index\.json: a safetensors index naming other files \(evil\.pth\)"):
+        plan_model(config.model)

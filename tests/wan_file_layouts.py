@@ -10,7 +10,12 @@ Key maps (each the inverse of the public conversion to diffusers):
 - Wan 2.1 VAE (`Wan2.1_VAE.pth`): inverse of diffusers' `convert_wan_vae_to_diffusers`
   (diffusers/loaders/single_file_utils.py): flat `encoder.downsamples.N`, decoder `upsamples.N` with N = 4 * block +
   resnet (the upsampler at 4 * block + 3), `middle.0/1/2`, `head.0/2`, `conv1`/`conv2` for the quant convs.
-(The text and image encoders' files: modules/util/tiny_model_files.py.)
+- ComfyUI checkpoint (comfy/sd.py `save_checkpoint`, `BaseModel.state_dict_for_saving` with the prefixes of
+  comfy/supported_models.py WAN21_T2V): the transformer under `model.diffusion_model.`, the VAE (official names)
+  under `vae.`, the text encoder as `text_encoders.` + the SD1ClipModel state dict (`umt5xxl.transformer.<T5
+  names>`, `umt5xxl.logit_scale`) + the tokenizer's `spiece_model`.
+(The text and image encoders' files: modules/util/tiny_model_files.py. The official names every writer here must
+produce: tests/fixtures/official_wan_key_names.json, checked by tests/test_official_key_names.py.)
 - Wan 2.2 VAE (`Wan2.2_VAE.pth`): inverse of `convert_vae_22` in huggingface/diffusers
   scripts/convert_wan_to_diffusers.py: nested `downsamples.B.downsamples.I` / `upsamples.B.upsamples.I`, the
   resampler at index num_res_blocks (encoder) / num_res_blocks + 1 (decoder).
@@ -107,6 +112,14 @@ def vae22_to_original(state: dict[str, torch.Tensor], num_res_blocks: int = 2) -
     return out
 
 
+def _official_model_type(diffusers_config: dict) -> str:
+    """WanModel's `model_type` as the releases' config.json hold it: t2v, i2v, flf2v (Wan2.1 model.py), ti2v
+    (Wan2.2 model.py; the A14B experts are t2v / i2v)."""
+    if diffusers_config.get("pos_embed_seq_len"):
+        return "flf2v"
+    return {36: "i2v", 48: "ti2v"}.get(diffusers_config["in_channels"], "t2v")
+
+
 def official_transformer_config(diffusers_config: dict) -> dict:
     """The official Wan repository's config.json for a transformer (wan/modules/model.py `WanModel` arguments)."""
     heads = diffusers_config["num_attention_heads"]
@@ -114,7 +127,7 @@ def official_transformer_config(diffusers_config: dict) -> dict:
             "dim": heads * diffusers_config["attention_head_dim"],
             "eps": diffusers_config["eps"], "ffn_dim": diffusers_config["ffn_dim"],
             "freq_dim": diffusers_config["freq_dim"], "in_dim": diffusers_config["in_channels"],
-            "model_type": "t2v" if diffusers_config["in_channels"] != 36 else "i2v", "num_heads": heads,
+            "model_type": _official_model_type(diffusers_config), "num_heads": heads,
             "num_layers": diffusers_config["num_layers"], "out_dim": diffusers_config["out_channels"], "text_len": 512}
 
 
@@ -133,3 +146,19 @@ def sample_tiny_video(base, out, extra: list[str]) -> int:
     [video] = Path(out).glob("*.mp4")
     with av.open(str(video)) as container:
         return sum(1 for _ in container.decode(video=0))
+
+
+def comfy_checkpoint(transformer: dict[str, torch.Tensor], vae: dict[str, torch.Tensor],
+                     text_encoder: dict[str, torch.Tensor], spiece_model: torch.Tensor | None = None
+                     ) -> dict[str, torch.Tensor]:
+    """One file as ComfyUI's Save Checkpoint writes a Wan model: diffusers state dicts of the three parts in."""
+    from modules.util.tiny_model_files import umt5_to_comfyui
+    out = transformer_to_original(transformer, prefix=COMFY_PREFIX)
+    to_original = vae22_to_original if vae["post_quant_conv.weight"].shape[0] == 48 else vae21_to_original
+    out.update({f"vae.{key}": value for key, value in to_original(vae).items()})
+    out.update({f"text_encoders.umt5xxl.transformer.{key}": value
+                for key, value in umt5_to_comfyui(text_encoder).items()})
+    out["text_encoders.umt5xxl.logit_scale"] = torch.tensor(4.6055)
+    if spiece_model is not None:
+        out["text_encoders.spiece_model"] = spiece_model
+    return out

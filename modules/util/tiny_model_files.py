@@ -21,7 +21,20 @@ Key maps (sources; facts, not code):
   reads OpenAI CLIP's same names.
 - CLIP vision tower, ComfyUI `clip_vision_h.safetensors`: transformers' `CLIPVisionModelWithProjection` names
   (`vision_model.*`, `visual_projection.weight`), as comfy/clip_vision.py loads it.
+- What ComfyUI itself writes today (checked against ComfyUI's code, no code of it here):
+  - quantized layers in its mixed-precision format: comfy/utils.py `convert_old_quants` turns a legacy scaled fp8
+    state dict into `<layer>.weight_scale` + `<layer>.comfy_quant` (uint8 bytes of `{"format": "float8_e4m3fn"}`),
+    `<layer>.scale_input` into `<layer>.input_scale` (dropped when 1.0) and drops the `scaled_fp8` marker; comfy/ops.py
+    `MixedPrecisionOps.Linear.state_dict` writes the same names when ComfyUI saves a quantized model. Other tools
+    write the layer formats as safetensors metadata `_quantization_metadata` instead of `comfy_quant` tensors.
+  - a text encoder saved with the CLIPSave node (comfy_extras/nodes_model_merging.py): the state dict of
+    `SD1ClipModel` (comfy/sd1_clip.py) with the `umt5xxl.` and `transformer.` prefixes removed, so SDClipModel's
+    `logit_scale` stays beside the T5 names; the tokenizer's `spiece_model` has neither prefix and goes to a file
+    of its own.
+- The official files' names and shapes these writers must produce are in tests/fixtures/official_wan_key_names.json
+  (taken from the official modules' state dicts), checked by tests/test_official_key_names.py.
 """
+import json
 import shutil
 from pathlib import Path
 
@@ -75,6 +88,50 @@ def to_scaled_fp8_text_encoder(state: dict[str, torch.Tensor]) -> dict[str, torc
             out[key] = value
     out[SCALED_FP8_MARKER] = torch.empty(0, dtype=torch.float8_e4m3fn)
     return out
+
+
+COMFY_QUANT_FORMAT = "float8_e4m3fn"
+
+
+def comfy_quant_tensor(layer_format: str = COMFY_QUANT_FORMAT) -> torch.Tensor:
+    """A layer's `comfy_quant` tensor: the uint8 bytes of its JSON config (comfy/ops.py MixedPrecisionOps)."""
+    return torch.tensor(list(json.dumps({"format": layer_format}).encode("utf-8")), dtype=torch.uint8)
+
+
+def to_comfy_mixed_precision(state: dict[str, torch.Tensor], in_metadata: bool = False
+                             ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A legacy scaled-fp8 state dict (`scale_weight`, `scale_input`, `scaled_fp8`) as ComfyUI writes it now:
+    `weight_scale`, `input_scale` (unless 1.0), a `comfy_quant` tensor per layer, no marker (comfy/utils.py
+    convert_old_quants). With `in_metadata` the layer formats go to the `_quantization_metadata` header instead of
+    `comfy_quant` tensors. Returns (tensors, metadata)."""
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[str, dict] = {}
+    for key, value in state.items():
+        if key == SCALED_FP8_MARKER or key.endswith("." + SCALED_FP8_MARKER):
+            continue
+        if key.endswith(".scale_weight"):
+            layer = key.removesuffix(".scale_weight")
+            out[layer + ".weight_scale"] = value
+            layers[layer] = {"format": COMFY_QUANT_FORMAT}
+            if not in_metadata:
+                out[layer + ".comfy_quant"] = comfy_quant_tensor()
+        elif key.endswith(".scale_input"):
+            if value.numel() != 1 or value.item() != 1.0:
+                out[key.removesuffix(".scale_input") + ".input_scale"] = value
+        else:
+            out[key] = value
+    metadata = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})} \
+        if in_metadata else {}
+    return out, metadata
+
+
+def umt5_to_comfy_clipsave(state: dict[str, torch.Tensor], spiece_model: bytes | None = None
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """What ComfyUI's CLIPSave writes for a Wan text encoder: (the `..._umt5xxl_NNNNN_.safetensors` tensors: T5
+    names and SDClipModel's `logit_scale`, the `..._NNNNN_.safetensors` tensors: the tokenizer's `spiece_model`)."""
+    weights = umt5_to_comfyui(state)
+    weights["logit_scale"] = torch.tensor(4.6055)   # comfy/sd1_clip.py SDClipModel's initial value
+    return weights, ({SPIECE_MODEL_KEY: spiece_model_tensor(spiece_model)} if spiece_model is not None else None)
 
 
 def spiece_model_tensor(model_bytes: bytes) -> torch.Tensor:
@@ -151,16 +208,20 @@ def clip_vision_to_comfyui(state: dict[str, torch.Tensor], projection: torch.Ten
     return out
 
 
-def xlm_roberta_text_tower(width: int = 8, layers: int = 2, vocab: int = 16) -> dict[str, torch.Tensor]:
+def xlm_roberta_text_tower(width: int = 8, layers: int = 2, vocab: int = 16, embed_dim: int | None = None
+                           ) -> dict[str, torch.Tensor]:
     """The official CLIP .pth's text tower, tiny: `textual.` + Wan2.1 `wan/modules/xlm_roberta.py` XLMRoberta names
     (token / type / pos embeddings, `blocks.N.{attn.{q,k,v,o}, norm1, ffn.0, ffn.2, norm2}`, `norm`) and the
-    `head.0` / `head.2` of XLMRobertaWithHead (clip.py), plus `log_scale`. Its `token_embedding` and
-    `blocks.N.attn.q` resemble Wan's T5 names: it must not be taken for a text encoder (no per-block position
-    embedding), and it is not read."""
+    `head.0` / `head.2` of XLMRobertaWithHead (clip.py: `width -> (width + embed_dim) // 2 -> embed_dim`, the joint
+    embedding the visual `head` also projects to), plus `log_scale`. Its `token_embedding` and `blocks.N.attn.q`
+    resemble Wan's T5 names: it must not be taken for a text encoder (no per-block position embedding), and it is
+    not read."""
     generator = torch.Generator().manual_seed(1)
+    embed_dim = embed_dim or width
+    middle = (width + embed_dim) // 2
     tower = {"token_embedding.weight": (vocab, width), "type_embedding.weight": (1, width),
              "pos_embedding.weight": (vocab, width), "norm.weight": (width,), "norm.bias": (width,),
-             "head.0.weight": (width, width), "head.2.weight": (width, width)}
+             "head.0.weight": (middle, width), "head.2.weight": (embed_dim, middle)}
     for index in range(layers):
         for name in ("q", "k", "v", "o"):
             tower[f"blocks.{index}.attn.{name}.weight"] = (width, width)
@@ -186,7 +247,7 @@ def write_official_encoders(tiny_folder: Path, out: Path, with_clip: bool | None
         vision = load_file(str(_only_weights(tiny_folder / "image_encoder")))
         width = vision["vision_model.post_layernorm.weight"].shape[0]
         official = hf_to_wan_clip(vision, torch.zeros(width // 2, width))
-        official.update(xlm_roberta_text_tower())
+        official.update(xlm_roberta_text_tower(embed_dim=width // 2))
         torch.save(official, out / CLIP_FILE)
     shutil.copytree(tiny_folder / "tokenizer", out / TOKENIZER_FOLDER, dirs_exist_ok=True)
 

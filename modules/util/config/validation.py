@@ -98,7 +98,10 @@ def path_problems(config: TrainConfig) -> list[str]:
     weight_files = [("lora.init_from", config.lora.init_from)] + [
         (f"model.{part}.path", getattr(config.model, part).path) for part in ("transformer", "transformer_2")]
     for field, path in weight_files:
-        if path and not Path(path).is_dir():
+        # a transformer's sharded set may be named by its index (the official release's
+        # diffusion_pytorch_model.safetensors.index.json): its shards are checked when the set is read
+        sharded = field.startswith("model.") and str(path).endswith(".safetensors.index.json")
+        if path and not Path(path).is_dir() and not sharded:
             try:
                 require_safetensors(path, field)
             except NotSafetensorsError as error:

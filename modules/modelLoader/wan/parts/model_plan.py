@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modules.modelLoader.wan.parts.recognise import FoundPart, find_parts
-from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+from modules.modelLoader.wan.parts.tensor_files import INDEX_SUFFIX, ModelFileError
 from modules.modelLoader.wan.parts.wan_configs import (released_for_variant, transformer_config_from_shapes,
                                                        variant_from_transformer)
 from modules.util.config.ModelConfig import ModelConfig
@@ -81,8 +81,9 @@ def _override(config: ModelConfig, part: str) -> FoundPart | None:
     path = getattr(config, part).path
     if not path:
         return None
-    if part.startswith("transformer") and Path(path).is_file():
-        # transformers are released and shared as safetensors only; the restricted .pth reader is for the official
+    if part.startswith("transformer") and Path(path).is_file() and not str(path).endswith(INDEX_SUFFIX):
+        # transformers are released and shared as safetensors only (a sharded set may be named by its
+        # `.safetensors.index.json`, whose shards shard_set checks); the restricted .pth reader is for the official
         # VAE, T5 and CLIP files
         from modules.util.safetensors_only import NotSafetensorsError, require_safetensors
         try:
@@ -214,6 +215,8 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
                 break
     if found.detail is None:
         raise ModelFileError(f"{source}: the transformer's tensors were not recognised")
+    from modules.modelLoader.wan.parts.transformer_files import check_quantization
+    check_quantization(found.detail, source)   # ComfyUI's nvfp4 / mxfp8 / int8 layers: named before anything loads
     if given is not None and given.get("_class_name") == "WanTransformer3DModel" and found.layout == "diffusers" \
             and found.folder is not None:
         return dict(given)

@@ -48,7 +48,8 @@ class FoundPart:
 
 def dominant_dtype(keys: dict[str, TensorInfo]) -> str:
     """The dtype most weight elements are stored in; fp8_scaled when the file carries ComfyUI's scales."""
-    if any(key.endswith(".scale_weight") or key.endswith("scaled_fp8") for key in keys):
+    from modules.modelLoader.wan.parts import comfy_quant
+    if comfy_quant.has_scales(keys):
         return "fp8_scaled"
     counts: Counter[str] = Counter()
     for info in keys.values():
@@ -72,20 +73,27 @@ def _beside_config(files: list[Path]) -> dict | None:
     return _read_config(files[0].parent / "config.json")
 
 
-def recognise_files(files: list[Path], keys: dict[str, TensorInfo] | None = None) -> FoundPart | None:
-    """The part one file (or sharded set) holds, or None when it is no Wan model part."""
+def recognise_files(files: list[Path], keys: dict[str, TensorInfo] | None = None) -> list[FoundPart]:
+    """The parts one file (or sharded set) holds: usually one, several in a checkpoint that bundles them (ComfyUI's
+    save_checkpoint: the transformer under `model.diffusion_model.`, the VAE under `vae.`, the text encoder under
+    `text_encoders.umt5xxl.transformer.`); empty when it holds no Wan model part."""
     keys = read_keys_and_shapes(files) if keys is None else keys
+    parts = []
     if (transformer := recognise_transformer(keys)) is not None:
-        return FoundPart("transformer", files, transformer.layout, transformer.dtype, transformer, keys=keys)
+        parts.append(FoundPart("transformer", files, transformer.layout, transformer.dtype, transformer, keys=keys))
     if (vae := recognise_vae(keys)) is not None:
-        return FoundPart("vae", files, vae.layout, vae.dtype, vae, keys=keys)
-    from modules.modelLoader.wan.parts.text_encoder_files import recognise_text_encoder
-    if (layout := recognise_text_encoder(keys)) is not None:
-        return FoundPart("text_encoder", files, layout, dominant_dtype(keys), keys=keys)
-    from modules.modelLoader.wan.parts.image_encoder_files import recognise_image_encoder
+        parts.append(FoundPart("vae", files, vae.layout, vae.dtype, vae, keys=keys))
+    from modules.modelLoader.wan.parts.text_encoder_files import text_encoder_keys
+    if (text := text_encoder_keys(keys)) is not None:
+        own = [*text.names.values(), *text.scales.values()]
+        parts.append(FoundPart("text_encoder", files, text.layout, dominant_dtype({k: keys[k] for k in own}),
+                               keys=keys))
+    from modules.modelLoader.wan.parts.image_encoder_files import image_encoder_sources, recognise_image_encoder
     if (layout := recognise_image_encoder(keys)) is not None:
-        return FoundPart("image_encoder", files, layout, dominant_dtype(keys), keys=keys)
-    return None
+        own = {source.key for source in image_encoder_sources(keys, layout).values()}
+        parts.append(FoundPart("image_encoder", files, layout, dominant_dtype({k: keys[k] for k in own}),
+                               keys=keys))
+    return parts
 
 
 def _part_folder(folder: Path) -> FoundPart | None:
@@ -132,12 +140,13 @@ def find_parts(path: str | Path) -> list[FoundPart]:
         raise ModelFileError(f"{path}: does not exist")
     if path.is_file():
         files = shard_set(path)
-        found = recognise_files(files)
-        if found is None:
+        parts = recognise_files(files)
+        if not parts:
             raise ModelFileError(f"{path}: holds no Wan model part (no transformer, VAE, UMT5 text encoder or CLIP "
                                  f"image encoder tensor names)")
-        found.config = _beside_config(files) if found.part in ("transformer", "vae") else None
-        return [found]
+        for found in parts:
+            found.config = _beside_config(files) if found.part in ("transformer", "vae") else None
+        return parts
     if (path / "model_index.json").is_file():
         parts = []
         for sub in sorted(p for p in path.iterdir() if p.is_dir()):
@@ -160,7 +169,7 @@ def _search(folder: Path, depth: int, role: str | None, budget: list) -> list[Fo
     parts: list[FoundPart] = []
     for group in group_weight_files(folder):
         try:
-            found = recognise_files(group)
+            found_parts = recognise_files(group)
         except ModelFileError as error:
             if group[0].name.endswith(".safetensors"):
                 raise   # a truncated or damaged safetensors file (or shard) is an error wherever it is
@@ -168,12 +177,11 @@ def _search(folder: Path, depth: int, role: str | None, budget: list) -> list[Fo
             # part: searching a folder skips it, naming it; pointed at directly, it is an error
             logger.warning("skipped while searching %s: %s", folder, error)
             continue
-        if found is None:
-            continue
-        if found.part in ("transformer", "vae"):
-            found.config = _beside_config(group)
-        found.role = role if found.part == "transformer" else None
-        parts.append(found)
+        for found in found_parts:
+            if found.part in ("transformer", "vae"):
+                found.config = _beside_config(group)
+            found.role = role if found.part == "transformer" else None
+            parts.append(found)
     if depth > 1:
         for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
             part_folder = _part_folder(sub)

@@ -166,6 +166,9 @@ def shard_set(path: str | Path) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise ModelFileError(f"{path}: not a valid safetensors index (needs a 'weight_map' object)") from None
         shards = [path.parent / name for name in names]
+        if not all(name.endswith(SAFETENSORS_SUFFIX) for name in names):
+            raise ModelFileError(f"{path}: a safetensors index naming other files ({', '.join(names[:3])}); only "
+                                 f"safetensors shards are read through an index")
     elif match := _SHARD_NAME.match(path.name):
         count = int(match["count"])
         shards = [path.parent / f"{match['stem']}-{i:05d}-of-{count:05d}{match['suffix']}" for i in range(1, count + 1)]

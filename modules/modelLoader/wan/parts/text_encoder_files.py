@@ -9,11 +9,12 @@ Layouts (recognised by tensor names and shapes):
 - "comfyui": transformers' own names (`shared.weight`, `encoder.block.N.layer.0.SelfAttention.q.weight`, ...), as
   ComfyUI's `umt5_xxl_fp16.safetensors` / `umt5_xxl_fp8_e4m3fn_scaled.safetensors` hold them (comfy/text_encoders/t5.py
   uses the same module names), also with the `encoder.` prefix dropped from the stack's keys or under an outer prefix
-  (a checkpoint bundling several models). fp8_scaled files (comfy/ops.py `scaled_fp8_ops`) store Linear weights in
-  float8_e4m3fn with a float32 `<layer>.scale_weight` beside each (weight = fp8 * scale), optional `scale_input`
-  tensors (only for fp8 matrix multiplication) and an empty `scaled_fp8` marker; a `spiece_model` uint8 tensor may
-  carry the tokenizer (read by tokenizer_files.py). A diffusers folder's `text_encoder/` has these names too and is
-  loaded with `from_pretrained` by the parts loader.
+  (a checkpoint bundling several models: ComfyUI's save_checkpoint puts it under `text_encoders.umt5xxl.transformer.`),
+  and with the `logit_scale` that ComfyUI's CLIPSave writes beside it (ignored). fp8_scaled files store Linear
+  weights in float8 with a float32 scale beside each (weight = fp8 * scale) in either of ComfyUI's namings
+  (comfy_quant.py: legacy `scale_weight` / `scale_input` / `scaled_fp8`, current `weight_scale` / `input_scale` /
+  `comfy_quant`); a `spiece_model` uint8 tensor may carry the tokenizer (read by tokenizer_files.py). A diffusers
+  folder's `text_encoder/` has these names too and is loaded with `from_pretrained` by the parts loader.
 
 A plain T5 (v1.1) encoder, with a relative position embedding only in block 0, is not UMT5 and is not recognised.
 """
@@ -28,7 +29,8 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
-from modules.util.encoder_keys import SCALED_FP8_MARKER, SPIECE_MODEL_KEY, WAN_T5_BLOCK_NAMES, WAN_T5_TOP_NAMES
+from modules.modelLoader.wan.parts import comfy_quant
+from modules.util.encoder_keys import SPIECE_MODEL_KEY, WAN_T5_BLOCK_NAMES, WAN_T5_TOP_NAMES
 from modules.util.fp8_scaled import make_scaled_fp8
 
 LAYOUT_WAN = "wan"
@@ -40,13 +42,16 @@ _WAN_ANCHOR = re.compile(r"^(?P<outer>.*?)blocks\.0\.attn\.q\.weight$")
 _STACK_PARTS = ("block.", "final_layer_norm.", "embed_tokens.")
 # a full encoder-decoder checkpoint: the decoder and LM head are not the text encoder's
 _OTHER_HALF = ("decoder.", "lm_head.")
+# ComfyUI's SDClipModel (comfy/sd1_clip.py) holds a `logit_scale` parameter beside its `transformer`; CLIPSave
+# (comfy_extras/nodes_model_merging.py) strips the `umt5xxl.` and `transformer.` prefixes and keeps it
+COMFY_LOGIT_SCALE = "logit_scale"
 
 
 @dataclass(frozen=True)
 class TextEncoderKeys:
     layout: str
     names: dict[str, str]     # transformers name -> key in the file
-    scales: dict[str, str]    # transformers weight name -> key of its scale_weight (fp8_scaled)
+    scales: dict[str, str]    # transformers weight name -> key of its scale_weight / weight_scale (fp8_scaled)
 
 
 def _wan_names(keys: dict[str, TensorInfo]) -> TextEncoderKeys | None:
@@ -80,15 +85,15 @@ def _hf_names(keys: dict[str, TensorInfo]) -> TextEncoderKeys | None:
         if not key.startswith(outer):
             continue   # another model bundled in the same file
         rest = key[len(outer):]
-        if rest in (SCALED_FP8_MARKER, SPIECE_MODEL_KEY) or rest.endswith(".scale_input") \
-                or rest.startswith(_OTHER_HALF):
+        if rest in (SPIECE_MODEL_KEY, COMFY_LOGIT_SCALE) or comfy_quant.is_quant_metadata_key(rest) \
+                or rest.endswith(comfy_quant.BLOCK_SCALE_SUFFIX) or rest.startswith(_OTHER_HALF):
             continue
         if key.startswith(stack) and key[len(stack):].startswith(_STACK_PARTS):
             name = "encoder." + key[len(stack):]
         else:
             name = rest
-        if name.endswith(".scale_weight"):
-            scales[name.removesuffix(".scale_weight") + ".weight"] = key
+        if (module := comfy_quant.scale_key_module(name)) is not None:
+            scales[module + ".weight"] = key
         else:
             names[name] = key
     if "shared.weight" not in names and "encoder.embed_tokens.weight" in names:
@@ -171,6 +176,11 @@ def plan_text_encoder(keys: dict[str, TensorInfo], layout: str, source: str) -> 
     found = text_encoder_keys(keys)
     if found is None or found.layout != layout:
         raise ModelFileError(f"{source}: not a UMT5 text encoder in the {layout!r} layout")
+    problems = [problem for name, key in found.scales.items()
+                if (problem := comfy_quant.layer_problem(name.removesuffix(".weight"),
+                                                         keys.get(found.names.get(name, "")), keys[key]))]
+    if problems:
+        raise ModelFileError(comfy_quant.refusal(source, problems))
     shapes = {name: keys[key].shape for name, key in found.names.items()}
     config = UMT5Config(**text_encoder_config(shapes, source))
     with init_empty_weights():

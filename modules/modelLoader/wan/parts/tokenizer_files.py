@@ -6,7 +6,10 @@ Looked for, in order:
    `google/umt5-xxl/`, a sentencepiece `.model` file, or a text-encoder file holding a `spiece_model` tensor;
 2. the text-encoder files: a `spiece_model` tensor (ComfyUI stores the tokenizer's sentencepiece model in its
    text-encoder files as uint8 bytes: comfy/text_encoders/spiece_tokenizer.py `serialize_model`, read for Wan in
-   comfy/sd.py), or a tokenizer folder beside them (or beside their folder);
+   comfy/sd.py), a safetensors file beside them holding only that tensor (ComfyUI's CLIPSave node,
+   comfy_extras/nodes_model_merging.py, writes the encoder's weights to `<name>_umt5xxl_NNNNN_.safetensors` and
+   the tokenizer's `spiece_model`, which has no `umt5xxl.` prefix, to `<name>_NNNNN_.safetensors`), or a tokenizer
+   folder beside them (or beside their folder);
 3. `tokenizer/`, `google/umt5-xxl/` or a `*umt5*` tokenizer folder up to three levels down the base folder;
 4. the hub (`hub_id`), only with `model.allow_download: true`.
 A tokenizer whose size does not fill the text encoder's embedding (UMT5: 256300 pieces for 256384 rows) is another
@@ -67,6 +70,19 @@ def _spiece_tensor(files: list[Path]) -> PreTrainedTokenizerBase | None:
     with open_tensors(files) as tensors:
         model = tensors[key].numpy().tobytes()
     return _from_sentencepiece_bytes(model, f"{files[0]} ({key})")
+
+
+def _spiece_files_beside(text_encoder_paths: list[Path]) -> Iterator[Path]:
+    """Safetensors files beside the text encoder that hold a `spiece_model` tensor and nothing else (CLIPSave's)."""
+    for candidate in sorted(text_encoder_paths[0].parent.glob(f"*{SAFETENSORS_SUFFIX}")):
+        if candidate in text_encoder_paths:
+            continue
+        try:
+            keys = read_keys_and_shapes([candidate])
+        except ModelFileError:
+            continue   # a damaged file beside it is not the tokenizer's business here
+        if set(keys) == {SPIECE_MODEL_KEY}:
+            yield candidate
 
 
 def _named_in(folder: Path) -> PreTrainedTokenizerBase | None:
@@ -143,6 +159,11 @@ def find_tokenizer(folder_or_file: Path | None, text_encoder_paths: list[Path], 
         if found is not None:
             return checked(found)
         looked.append(f"{text_encoder_paths[0]} (no {SPIECE_MODEL_KEY!r} tensor)")
+        for candidate in _spiece_files_beside(text_encoder_paths):
+            found = _spiece_tensor([candidate])
+            if (problem := _misfit(found, rows)) is None:
+                return found
+            looked.append(f"{candidate} (skipped: {problem})")
         beside = text_encoder_paths[0].parent
         found = _named_in(beside) or _named_in(beside.parent)
         if found is not None:

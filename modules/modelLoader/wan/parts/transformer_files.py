@@ -2,11 +2,18 @@
 (single file or sharded, as the Wan-AI repositories ship them), and ComfyUI single files (the same names, with or
 without a `model.diffusion_model.` / `diffusion_model.` prefix) in fp32 / fp16 / bf16 / fp8_e4m3fn / fp8_scaled.
 
-fp8_scaled (ComfyUI `*_fp8_scaled.safetensors`): the Linear weights are float8_e4m3fn with a float32 `scale_weight`
-beside each (weight = fp8 * scale), an optional `scale_input` (used only by fp8 matrix multiplication, which is not
-done here) and a `scaled_fp8` marker tensor. Those layers stay in float8 and are dequantised per call
-(`ScaledFp8Linear`); the other weights go through diffusers' layerwise casting as FLOAT_8 does.
+fp8_scaled: the Linear weights are float8 with a float32 scale beside each (weight = fp8 * scale), in either of
+ComfyUI's namings (comfy_quant.py): the legacy `*_fp8_scaled.safetensors` (`scale_weight`, `scale_input`, a
+`scaled_fp8` marker) or the mixed-precision format ComfyUI writes today (`weight_scale`, `input_scale`,
+`comfy_quant`, or the layer formats in the `_quantization_metadata` header). Input scales are used only by fp8
+matrix multiplication, which is not done here. Those layers stay in float8 and are dequantised per call
+(`ScaledFp8Linear`); the other weights go through diffusers' layerwise casting as FLOAT_8 does. ComfyUI's nvfp4,
+mxfp8 and int8 layer formats are refused, naming a layer.
+
+A file may hold more than the transformer (ComfyUI's `save_checkpoint` adds the VAE under `vae.` and the text
+encoder under `text_encoders.`): the transformer is the part under the prefix its `patch_embedding.weight` has.
 """
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,15 +22,17 @@ from accelerate import init_empty_weights
 from diffusers import WanTransformer3DModel
 
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
+from modules.modelLoader.wan.parts import comfy_quant
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
-from modules.modelLoader.wan.parts.tensor_files import (ModelFileError, TensorInfo, detect_prefix, open_tensors,
-                                                        strip_prefix_keys)
+from modules.modelLoader.wan.parts.tensor_files import (DIFFUSION_MODEL_PREFIXES, ModelFileError, TensorInfo,
+                                                        open_tensors, strip_prefix_keys)
 from modules.util.enum.DataType import DataType
 from modules.util.lora.keys import _TO_DIFFUSERS, _rename
 
-SCALE_SUFFIXES = (".scale_weight", ".scale_input")
-SCALED_FP8_MARKER = "scaled_fp8"
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+SCALED_FP8_MARKER = comfy_quant.SCALED_FP8_MARKER
+# modules diffusers' layerwise casting never stores in float8 (WanTransformer3DModel._skip_layerwise_casting_patterns)
+_NEVER_FP8 = tuple(WanTransformer3DModel._skip_layerwise_casting_patterns or ())
+FP8_DTYPES = comfy_quant.FLOAT8_DTYPES
 
 
 @dataclass(frozen=True)
@@ -31,8 +40,9 @@ class TransformerFile:
     layout: str                 # "diffusers", "wan" (official names), "comfyui" (official names, prefixed)
     dtype: str                  # "fp32", "bf16", "fp16", "fp8_e4m3fn", "fp8_scaled"
     names: dict[str, str]       # diffusers name -> key in the file (weights only; scales are in `scales`)
-    scales: dict[str, str]      # diffusers Linear module name -> key of its scale_weight
+    scales: dict[str, str]      # diffusers Linear module name -> key of its scale_weight / weight_scale
     shapes: dict[str, TensorInfo]   # diffusers name -> shape / dtype
+    unreadable: tuple[str, ...] = ()   # quantized layers in a format not read (nvfp4, mxfp8, int8): refused
 
     @property
     def is_fp8(self) -> bool:
@@ -44,14 +54,29 @@ def dtype_label(dtype: str) -> str:
             "float8_e5m2": "fp8_e5m2"}.get(dtype, dtype)
 
 
+def transformer_prefix(keys) -> str | None:
+    """The prefix the transformer's keys carry in this file (`model.diffusion_model.`, `diffusion_model.` or none),
+    found by its `patch_embedding.weight` (as ComfyUI's unet_prefix_from_state_dict finds the diffusion model's in
+    a checkpoint holding more models), or None when the file has none."""
+    for prefix in (*DIFFUSION_MODEL_PREFIXES, ""):
+        if f"{prefix}patch_embedding.weight" in keys:
+            return prefix
+    return None
+
+
 def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None:
     """The layout of a Wan transformer state dict from its key names, or None when it is not one."""
-    prefix = detect_prefix(keys)
+    prefix = transformer_prefix(keys)
+    if prefix is None:
+        return None
     # name without prefix -> key in the file; with a prefix, keys without it (the VAE / text encoder of a ComfyUI
     # checkpoint that bundles them) are not the transformer's, as ComfyUI reads such files
     stripped = strip_prefix_keys([k for k in keys if k.startswith(prefix)], prefix)
-    if "patch_embedding.weight" not in stripped:
-        return None
+    if not prefix:
+        # a bare file: another model's tensors under a prefix (a checkpoint's `vae.`, `text_encoders.`) are not ours
+        stripped = {name: key for name, key in stripped.items()
+                    if not name.startswith(("vae.", "first_stage_model.", "text_encoders.", "cond_stage_model.",
+                                            "clip_vision."))}
     if "head.head.weight" in stripped and "blocks.0.self_attn.q.weight" in stripped:
         layout = "comfyui" if prefix else "wan"
     elif "proj_out.weight" in stripped and "blocks.0.attn1.to_q.weight" in stripped:
@@ -61,23 +86,33 @@ def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None
     names: dict[str, str] = {}
     scales: dict[str, str] = {}
     for name, key in stripped.items():
-        if name == SCALED_FP8_MARKER or name.endswith(".scale_input"):
+        if comfy_quant.is_quant_metadata_key(name):
             continue
         if layout != "diffusers":
-            renamed = _rename(name, _TO_DIFFUSERS)
-            if renamed is None:
-                continue   # reported as unexpected by the loader's key check (keeps the name the user sees)
-            name = renamed
-        if name.endswith(".scale_weight"):
-            scales[name.removesuffix(".scale_weight")] = key
+            # a name the table does not know keeps the name the user sees: the key check reports it as unexpected
+            # (an unmatched tensor is never dropped silently)
+            name = _rename(name, _TO_DIFFUSERS) or name
+        if (module := comfy_quant.scale_key_module(name)) is not None:
+            scales[module] = key
+        elif name.endswith(comfy_quant.BLOCK_SCALE_SUFFIX):
+            continue   # nvfp4's second scale: its layer (a uint8 weight) is named in `unreadable` below
         else:
             names[name] = key
     shapes = {name: keys[key] for name, key in names.items()}
+    unreadable = tuple(problem for module, key in scales.items()
+                       if (problem := comfy_quant.layer_problem(module, shapes.get(f"{module}.weight"), keys[key]))
+                       is not None)
     matrix = shapes.get("blocks.0.attn1.to_q.weight")
     dtype = dtype_label(matrix.dtype) if matrix is not None else "unknown"
     if scales or SCALED_FP8_MARKER in stripped:
         dtype = "fp8_scaled"
-    return TransformerFile(layout, dtype, names, scales, shapes)
+    return TransformerFile(layout, dtype, names, scales, shapes, unreadable)
+
+
+def check_quantization(file: TransformerFile, source: str) -> None:
+    """Quantized layers in a format this project does not read, named before any weight is read."""
+    if file.unreadable:
+        raise ModelFileError(comfy_quant.refusal(source, list(file.unreadable)))
 
 
 def key_mismatch(model_class, config: dict, shapes: dict[str, TensorInfo]) -> str | None:
@@ -97,6 +132,7 @@ def key_mismatch(model_class, config: dict, shapes: dict[str, TensorInfo]) -> st
 
 def check_transformer_keys(file: TransformerFile, config: dict, source: str) -> None:
     """Every parameter the config's model has, with its shape, before any weight is read."""
+    check_quantization(file, source)
     problem = key_mismatch(WanTransformer3DModel, config, file.shapes)
     if problem:
         raise ModelFileError(f"{source}: the tensors do not make a Wan transformer of this config: {problem}")
@@ -117,7 +153,11 @@ def _cast_to(dtype: torch.dtype):
 
 
 def _dequantise_with(scale: torch.Tensor):
-    return lambda tensor, _tensors: tensor.to(torch.float32) * scale
+    """weight = stored * scale, the scale one per tensor or one per output row (the first dimension)."""
+    def take(tensor: torch.Tensor, _tensors) -> torch.Tensor:
+        rows = scale.reshape(-1, *([1] * (tensor.dim() - 1))) if scale.numel() > 1 else scale.reshape(())
+        return tensor.to(torch.float32) * rows
+    return take
 
 
 def load_transformer(paths: list[Path], file: TransformerFile, config: dict, weight_dtype: DataType,
@@ -136,8 +176,11 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
     with open_tensors(paths) as tensors:
         scales = {module: tensors[key].to(torch.float32) for module, key in file.scales.items()}
         # Linear layers keep float8 + scale (ScaledFp8Linear); any other scaled layer (a conv, should a file scale
-        # one) is small and dequantised once here
-        linear = {m for m in scales if isinstance(model.get_submodule(m), torch.nn.Linear)}
+        # one) is small and dequantised once here, and so are the layers diffusers never stores in float8 (its
+        # layerwise-casting skip list: the condition embedders, whose time embedder casts the timestep to its first
+        # parameter's dtype, so a float8 weight there would compute the embedding in float8)
+        linear = {m for m in scales if isinstance(model.get_submodule(m), torch.nn.Linear)
+                  and not any(re.search(pattern, m) for pattern in _NEVER_FP8)}
         for module_name in linear:
             make_scaled_fp8(model.get_submodule(module_name), scales[module_name])
             state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
@@ -160,7 +203,8 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
                 # kept as stored (an e5m2 file's range exceeds e4m3fn's); dequantised per call in any float8
                 target = stored if info.dtype in FP8_DTYPES else torch.float8_e4m3fn
             elif module in scales and name.endswith(".weight"):
-                target, take = compute, _dequantise_with(scales[module])
+                take = _dequantise_with(scales[module])
+                target = torch.float32 if _keeps_fp32(name, keep_fp32) and compute != torch.float32 else compute
             elif not stored.is_floating_point:
                 target = stored
             elif name in stored_fp8:

@@ -56,17 +56,43 @@ def _convert_wan22_name(key: str) -> str:
     return f"{side}.{blocks}.{block}.{sampler}.{rest}"   # resample.1.* / time_conv.*
 
 
+# where a VAE sits in a file: alone (no prefix), or in a checkpoint bundling several models (ComfyUI's
+# save_checkpoint writes a Wan VAE under `vae.`, comfy/supported_models.py WAN21_T2V `vae_key_prefix`; older
+# checkpoints use `first_stage_model.`)
+VAE_PREFIXES = ("", "vae.", "first_stage_model.")
+# the other models' prefixes in such a checkpoint (comfy/supported_models.py, supported_models_base.py)
+_OTHER_MODELS = ("model.diffusion_model.", "diffusion_model.", "text_encoders.", "cond_stage_model.",
+                 "clip_vision.", "vae.", "first_stage_model.")
+_ANCHORS = ("decoder.mid_block.resnets.0.norm1.gamma", "decoder.middle.0.residual.0.gamma")
+
+
+def _vae_keys(keys: dict[str, TensorInfo]) -> dict[str, str] | None:
+    """The VAE's own names -> keys in the file (its prefix removed), or None when the file holds no Wan VAE. A
+    VAE file's every tensor is its own (an unknown one is reported by the key check, never dropped); in a
+    checkpoint, the tensors under the VAE's prefix."""
+    for prefix in VAE_PREFIXES:
+        if any(prefix + anchor in keys for anchor in _ANCHORS):
+            if prefix:
+                return {key[len(prefix):]: key for key in keys if key.startswith(prefix)}
+            return {key: key for key in keys if not key.startswith(_OTHER_MODELS)}
+    return None
+
+
 def recognise_vae(keys: dict[str, TensorInfo]) -> VaeFile | None:
-    if "decoder.mid_block.resnets.0.norm1.gamma" in keys and "post_quant_conv.weight" in keys:
-        layout, names = "diffusers", {key: key for key in keys}
-    elif "decoder.middle.0.residual.0.gamma" in keys and "conv2.weight" in keys:
-        if any(_NESTED.match(key) for key in keys):
-            layout, names = "wan2.2", {_convert_wan22_name(key): key for key in keys}
+    own = _vae_keys(keys)
+    if own is None:
+        return None
+    if "decoder.mid_block.resnets.0.norm1.gamma" in own and "post_quant_conv.weight" in own:
+        layout, names = "diffusers", {name: name for name in own}
+    elif "decoder.middle.0.residual.0.gamma" in own and "conv2.weight" in own:
+        if any(_NESTED.match(name) for name in own):
+            layout, names = "wan2.2", {_convert_wan22_name(name): name for name in own}
         else:
             layout = "wan2.1"
-            names = convert_wan_vae_to_diffusers({key: key for key in keys})
+            names = convert_wan_vae_to_diffusers({name: name for name in own})
     else:
         return None
+    names = {name: own[local] for name, local in names.items()}
     shapes = {name: keys[key] for name, key in names.items()}
     z_dim = shapes["post_quant_conv.weight"].shape[0] if "post_quant_conv.weight" in shapes else 0
     dtype = dtype_label(shapes["decoder.conv_in.weight"].dtype) if "decoder.conv_in.weight" in shapes else "unknown"
