@@ -252,6 +252,36 @@ def test_gui_controller_shows_the_prediction_and_fits_the_config(tiny_model):
     assert controller.poll().startswith("nothing fits 0.1 GiB")
 
 
+def test_planning_in_a_thread_leaves_models_built_elsewhere_real():
+    """The window plans memory (and reads model files) in worker threads while the training worker builds its model.
+    accelerate's init_empty_weights swapped torch's register_parameter for the whole process: a module built
+    meanwhile got meta parameters, and with diffusers' own use of it left in another order the swap stayed, so every
+    later Start in the window failed with "Cannot copy out of meta tensor"."""
+    import threading
+
+    from accelerate import init_empty_weights
+
+    from modules.util.empty_weights import empty_weights
+    inside, release, built = threading.Event(), threading.Event(), {}
+
+    def plan():
+        with empty_weights():
+            built["planned"] = torch.nn.BatchNorm1d(2)
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=plan)
+    thread.start()
+    assert inside.wait(30)
+    trained = torch.nn.Linear(2, 2)          # the training worker's model, built while the plan is traced
+    with init_empty_weights():               # diffusers' from_pretrained in the training worker, left first
+        pass
+    release.set()
+    thread.join(30)
+    assert built["planned"].weight.is_meta and not built["planned"].running_mean.is_meta   # buffers stay real
+    assert not trained.weight.is_meta and not torch.nn.Linear(2, 2).weight.is_meta
+
+
 def test_caching_is_planned_one_encoder_at_a_time():
     """The text encoder pass holds UMT5-XXL's bf16 weights (5.7 B parameters, 10.6 GiB) and a little more; the VAE
     encode at 832x480x17 needs less with tiling than without."""
