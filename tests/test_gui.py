@@ -354,8 +354,12 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert "seed 1" in cell.tooltip and "a red square moving left" in cell.tooltip
     settle(app, 0.5)
     screenshot(app, "tab-gallery")
+    # a click plays the cell's preview, with its sample and its step on the player (not the newest one's)
+    cell = gallery.cells[(gallery.runs[0].rows[0], 0)]["cell"]
     gallery.open(cell)
     assert run_until(app, lambda: app.sampling_view.player.path == cell.path, 30)
+    assert app.sampling_view.step_slider.get() == 0 and app.sampling_view.series_menu.get() == gallery.runs[0].rows[0]
+    assert run_until(app, lambda: app.sampling_view.step_label.cget("text").startswith("step 0,"), 10)
 
 
 def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
@@ -444,7 +448,7 @@ def test_a_caption_edited_in_the_dataset_viewer_is_encoded_by_the_next_run(app, 
         assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120), \
             app.log_box.get("1.0", "end")[-2000:]
         assert app.controller.run.status.startswith("done"), app.controller.run.status
-        calls = app.controller.trainer.data.encoders["EncodeText"].encode_calls
+        calls = app.controller.run.encode_calls["EncodeText"]   # the ended run's (its model is freed)
         # the first run encodes the 6 captions; the second only the edited one
         assert calls == (6 if attempt == 0 else 1), calls
 
@@ -580,6 +584,21 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     assert bar.winfo_rooty() + bar.winfo_height() <= visible.winfo_rooty() + visible.winfo_height()
 
 
+def test_what_the_window_says_about_the_model_follows_a_run_that_made_it(app, tmp_path, tiny_model):
+    """The demo makes its model at the first Start: after the run the top bar still said "created on first Start",
+    the base model's parts line stayed empty and the memory line said the model is made at the first Start."""
+    folder = tmp_path / "made-by-the-run"
+    app.fields["demo_assets"].set_text("false")
+    app.fields["model.base_model_name"].set_text(str(folder))
+    settle(app)
+    assert "not a folder" in app.variant_label.cget("text")
+    shutil.copytree(tiny_model("wan2.1-t2v"), folder)    # what the demo's Start does
+    app._run_ended()
+    assert run_until(app, lambda: app.variant_label.cget("text").startswith("variant: T2V"), 10)
+    assert run_until(app, lambda: "transformer: diffusers" in app.part_pickers[0].label.cget("text"), 10)
+    assert app.training_view._replan is not None     # the memory line is planned again
+
+
 def test_a_new_e2v_dataset_stores_no_made_up_path_and_draws_after_a_reload(app, tmp_path):
     app.load_preset("#demo tiny CPU")
     app.tabview.set("elements")
@@ -633,6 +652,21 @@ def test_closing_during_a_run_asks_and_the_next_start_offers_to_resume_it(app, t
     app.stop()
     assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120)
     app.controller.state.set_text("backup.continue_last_backup", "false")
+
+
+def test_switching_to_light_repaints_the_tabs(app):
+    """Labels in the tabs sat on frames that took the dark mode's colour for good: after a switch to light they
+    were dark text on a dark grey band (the training tab's columns, the loss tab's bar, the gallery's grid)."""
+    label = app.fields["epochs"].label
+    try:
+        app.set_appearance("light")
+        settle(app, 0.3)
+        light = label._canvas.cget("bg")
+        app.set_appearance("dark")
+        settle(app, 0.3)
+        assert light != label._canvas.cget("bg") and app.tabview.cget("fg_color")[0] == light
+    finally:
+        app.set_appearance("dark")
 
 
 def test_the_log_panel_filters_by_level_and_keeps_every_line(app):

@@ -245,8 +245,12 @@ def test_gui_controller_shows_the_prediction_and_fits_the_config(tiny_model):
     assert text is not None and text.startswith("fits 4 GiB: ") and text.endswith(" GiB predicted"), text
     assert controller.fit(4.0)
     controller.wait(300)
-    assert controller.poll().startswith("fits 4 GiB")
+    text = controller.poll()
+    assert text.startswith("fits 4 GiB") and text.endswith("; fit set gradient_checkpointing = False"), text
     assert state.get("gradient_checkpointing") is False     # the cheapest switch setting that fits
+    assert controller.fit(4.0)
+    controller.wait(300)
+    assert controller.poll().endswith("; it fits as set, nothing changed")
     assert controller.fit(0.1)
     controller.wait(300)
     assert controller.poll().startswith("nothing fits 0.1 GiB")
