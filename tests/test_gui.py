@@ -680,6 +680,15 @@ def test_the_log_panel_filters_by_level_and_keeps_every_line(app):
     app.set_log_level("INFO")   # the hidden lines come back
     shown = app.log_box.get("1.0", "end")
     assert "an info line" in shown and "a message of the window" in shown and app.prefs.log_level == "INFO"
+    # a pane filtered to errors shows the failures whole: the window's own, a traceback, a refusal's problem lines
+    app.log("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom")
+    app.log("training failed: ValueError: boom", "ERROR")
+    app.log("Start refused:\n  - model.base_model_name: required", "ERROR")
+    app.set_log_level("ERROR")
+    shown = app.log_box.get("1.0", "end")
+    assert all(text in shown for text in ('File "x.py"', "training failed", "  - model.base_model_name")), shown
+    assert "a warning line" not in shown
+    app.set_log_level("INFO")
 
 
 def test_the_samples_table_shows_a_samples_file_written_after_it_was_chosen(app, tmp_path, tiny_model,

@@ -11,7 +11,7 @@ import customtkinter as ctk
 from modules.ui.ctk_components import button
 from modules.ui.desktop import open_folder
 from modules.ui.TrainController import format_duration
-from modules.ui.ui_prefs import LEVELS, shown_at
+from modules.ui.ui_prefs import LEVELS, level_shown, line_level
 
 
 class CtkBottomBar:
@@ -58,11 +58,15 @@ class CtkBottomBar:
         self.log_box.grid(row=4, column=0, sticky="ew", padx=6, pady=(2, 6))
         self.log_box.configure(state="disabled")
 
-    def log(self, text: str) -> None:
-        line = text.rstrip("\n")
-        self.log_lines.append(line)
-        if shown_at(line, self.prefs.log_level):
-            self._append_log(line)
+    def log(self, text: str, level: str | None = None) -> None:
+        """A message in the log pane. Every line of it has the message's level (given, or its first line's), so a
+        pane filtered to WARNING or ERROR shows whole messages: a refusal's problems, a failure, a traceback."""
+        lines = text.rstrip("\n").split("\n")
+        level = level or line_level(lines[0])
+        for line in lines:
+            self.log_lines.append((level, line))
+            if level_shown(level, self.prefs.log_level):
+                self._append_log(line)
 
     def _append_log(self, line: str) -> None:
         self.log_box.configure(state="normal")
@@ -76,8 +80,8 @@ class CtkBottomBar:
         self.log_box.configure(state="normal")
         self.log_box.delete("1.0", "end")
         self.log_box.configure(state="disabled")
-        for line in self.log_lines:
-            if shown_at(line, level):
+        for line_level_, line in self.log_lines:
+            if level_shown(line_level_, level):
                 self._append_log(line)
 
     def output_folder(self) -> Path:

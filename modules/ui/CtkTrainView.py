@@ -37,7 +37,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         # the size (and place) it had when it was last closed, on this screen
         self.geometry(fit_geometry(self.prefs.geometry, self.winfo_screenwidth(), self.winfo_screenheight()))
         self.minsize(1000, 700)
-        self.log_lines: list[str] = []
+        self.log_lines: list[tuple[str, str]] = []   # (level, line): the pane shows them by its filter
         self.config_state = self.controller.state
         self.concepts = ConceptController(self.config_state)
         self.elements = ElementsController(self.config_state)
@@ -300,7 +300,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
     def start(self) -> None:
         problems = self.controller.start()
         if problems:
-            self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in problems))
+            self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in problems), "ERROR")
             self.show_dialog("Start refused", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
             return
         self._running_started()
@@ -346,11 +346,11 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                 self.log(str(payload))
             elif kind == "refused":
                 self._run_ended()
-                self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in payload))
+                self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in payload), "ERROR")
                 self.show_dialog("Start refused", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in payload))
             elif kind == "failed":
                 self._run_ended()
-                self.log(f"training failed: {payload}")
+                self.log(f"training failed: {payload}", "ERROR")
                 self.show_dialog("Training failed", str(payload))
             elif kind == "finished":
                 self._run_ended()

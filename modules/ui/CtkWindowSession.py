@@ -53,13 +53,13 @@ class CtkWindowSession:
         try:
             self.prefs.write(self.prefs_path)
         except OSError as error:
-            self.log(f"the window's settings were not saved: {error}")
+            self.log(f"the window's settings were not saved: {error}", "WARNING")
 
     def close(self) -> None:
         try:
             self.controller.save_last_used()
         except OSError as error:
-            self.log(f"the last-used config was not saved: {error}")
+            self.log(f"the last-used config was not saved: {error}", "WARNING")
         self.prefs.geometry = self.geometry()
         self._save_prefs()
         if self.controller.running:
