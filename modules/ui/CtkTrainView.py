@@ -366,6 +366,9 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                     self.prefs.has_run = True
                     self.show_hint(False)
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
+                self._update_variant()                  # and its model (the memory line waits for the run's end)
+                for picker in self.part_pickers:
+                    picker.refresh()
             elif kind == "job":
                 self.queue_view.refresh()
             elif kind == "queue_done":

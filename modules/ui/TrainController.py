@@ -9,7 +9,8 @@ optimizer steps).
 Events, as (kind, payload): ("status", str), ("progress", dict from GenericTrainer.on_update plus "epochs",
 "epoch_fraction"), ("validation", {"validation_loss", "step", "validation_per_sigma"}: a validation loss, see
 docs/validation.md), ("log", str), ("refused", [problems]), ("failed", message), ("finished", {"written": [paths],
-"stopped": bool, "backups": [paths]}).
+"stopped": bool, "backups": [paths]}), ("released", None): the run's trainer is let go (collected on the main thread
+when the event is drained).
 """
 from __future__ import annotations
 
@@ -340,13 +341,18 @@ class TrainController:
             self._release_trainer()
 
     def _release_trainer(self) -> None:
-        """An ended run's model and optimizer are freed: the window may stay open for hours, and the tools tab
-        samples the new LoRA in a child process that needs the card's memory."""
+        """An ended run's model and optimizer are let go: the window may stay open for hours, and the tools tab
+        samples the new LoRA in a child process that needs the card's memory. The collection itself runs on the
+        main thread ("released"): one here could finalise Tk objects off their thread."""
         trainer, self.trainer = self.trainer, None
         if trainer is not None and getattr(trainer, "data", None) is not None:
             self.run.encode_calls = {name: getattr(encoder, "encode_calls", 0)
                                      for name, encoder in trainer.data.encoders.items()}
         del trainer
+        self.events.put(("released", None))
+
+    @staticmethod
+    def _collect() -> None:
         gc.collect()
         try:
             import torch
@@ -447,6 +453,8 @@ class TrainController:
             run.running, run.status = False, f"failed: {str(payload).splitlines()[0]}"
         elif kind == "queue_done":
             run.running, run.status = False, payload
+        elif kind == "released":
+            self._collect()
         elif kind == "finished":
             run.running = False
             run.status = "stopped; backup written" if payload["stopped"] else \
