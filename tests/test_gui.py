@@ -440,8 +440,13 @@ def test_a_caption_edited_in_the_dataset_viewer_is_encoded_by_the_next_run(app, 
             xdotool("type", "--delay", "30", ", edited")
             settle(app, 0.3)
             screenshot(viewer, "dataset-viewer")
-            viewer.save()
+            # going on to the next item keeps the edit (it was dropped unsaved): saved, and the list marks the item
+            following = viewer._buttons[viewer.shown[1].path]
+            x, y = following.winfo_rootx() + 30, following.winfo_rooty() + following.winfo_height() // 2
+            xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+            assert run_until(app, lambda: viewer.current is viewer.shown[1], 10)
             assert Path(item.caption_file).read_text().strip().endswith(", edited")
+            assert following.cget("fg_color") != "transparent" and not viewer.edited()
             viewer.destroy()
             window.close()
         app.start()
