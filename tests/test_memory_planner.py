@@ -160,7 +160,7 @@ def test_planning_a_14b_step_is_fast_and_small(tmp_path):
     assert numbers["rss_gib"] < 2, numbers
 
 
-def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys):
+def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys, squares_dataset):
     """train.py --vram-gib 2 with the 1.3B 16GB preset: exit 2, the prediction and what fits named, and the trainer
     (which loads the weights) never constructed."""
     import importlib
@@ -175,7 +175,8 @@ def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch
 
     monkeypatch.setattr(generic.GenericTrainer, "__init__", never)
     code = train.main(["--preset-path", "wan 2.1 1.3B LoRA 16GB", "--vram-gib", "2",
-                       "--config-value", "data.frame_buckets=[1, 17]"])
+                       "--config-value", "data.frame_buckets=[1, 17]",
+                       "--config-value", f'data.concepts=[{{"path": "{squares_dataset}"}}]'])   # no data: refused
     err = capsys.readouterr().err
     assert code == 2, err
     assert "predicted peak" in err and "does not fit the 2.0 GiB" in err, err
