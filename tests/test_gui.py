@@ -558,6 +558,15 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     box.focus_force()
     box.event_generate("<Control-a>")
     assert box.tag_ranges("sel") and box.get("sel.first", "sel.last") == box.get("1.0", "end-1c")
+    from tkinter import ttk   # and in the file dialogs' name field (a ttk entry)
+    name = ttk.Entry(app)
+    name.insert(0, "/tmp/old/path")
+    name.place(x=0, y=0)
+    name.focus_force()
+    settle(app, 0.2)
+    name.event_generate("<Control-a>")
+    assert name.selection_present() and name.index("sel.first") == 0 and name.index("sel.last") == 13
+    name.destroy()
 
     # fields do not move sideways when an error label appears
     neighbour = app.fields["optimizer.weight_decay"] if "optimizer.weight_decay" in app.fields else field

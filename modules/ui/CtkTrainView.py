@@ -267,8 +267,9 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.bind("<Control-period>", lambda _e: self.stop())
 
         def select_all(event):
-            event.widget.select_range(0, "end")
-            event.widget.icursor("end")
+            # by Tcl path: the file dialogs' own (ttk) entries have no Python widget object behind them
+            self.tk.call(str(event.widget), "selection", "range", 0, "end")
+            self.tk.call(str(event.widget), "icursor", "end")
             return "break"
 
         def select_all_text(event):   # the caption and prompt boxes (tk Text inside CTkTextbox)
@@ -276,8 +277,9 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
             event.widget.mark_set("insert", "end-1c")
             return "break"
 
-        self.bind_class("Entry", "<Control-a>", select_all)
-        self.bind_class("Entry", "<Control-A>", select_all)
+        for entry_class in ("Entry", "TEntry"):   # TEntry: the Load / Save / folder dialogs' name fields
+            self.bind_class(entry_class, "<Control-a>", select_all)
+            self.bind_class(entry_class, "<Control-A>", select_all)
         self.bind_class("Text", "<Control-a>", select_all_text)
         self.bind_class("Text", "<Control-A>", select_all_text)
 
