@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.configs:
             try:
                 job = queue.add_file(path)
-            except ConfigError as error:
-                problems.append(str(error))
+            except (ConfigError, ValueError) as error:   # ValueError: a waiting job writes the same output
+                problems.append(f"{path}: {error}" if isinstance(error, ValueError) else str(error))
                 continue
             print(f"added job {len(queue.jobs)}: {job.name} ({job.config})")
         if problems:

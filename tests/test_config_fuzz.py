@@ -269,6 +269,10 @@ def test_schema_documents(scratch, bounded):
     @fuzz_settings()
     @given(schema_documents(TrainConfig), version_keys, st.sampled_from(PRESETS + [None]), overrides)
     def check(document, old_keys, preset, values):
+        if isinstance(document, dict) and isinstance(document.get("data", {}), dict) and \
+                "concepts" not in document.get("data", {}):
+            # a config without data is a config error: without a concept none would get past that check
+            document = document | {"data": {**document.get("data", {}), "concepts": [{"path": "squares"}]}}
         loads_or_is_a_config_error(document | old_keys if isinstance(document, dict) else document, preset, values)
     check()
 
@@ -297,7 +301,8 @@ def test_preset_mutations(scratch, bounded):
 def test_e2v_forms(scratch, bounded):
     nested = json.loads((FIXTURES / "e2v_nested.json").read_text(encoding="utf-8"))
     flat = json.loads((FIXTURES / "e2v_flat.json").read_text(encoding="utf-8"))
-    demo = {"model": {"base_model_name": "model"}, "data": {"concepts": [], "frame_buckets": [17]},
+    # a concept too: a mutated E2V form that names no dataset trains it (no data at all is a config error)
+    demo = {"model": {"base_model_name": "model"}, "data": {"concepts": [{"path": "squares"}], "frame_buckets": [17]},
             "sampling": {"samples_file": "samples.txt"}}
     forms = mutated(nested) | mutated(flat) | st.just(nested) | st.just(flat) \
         | st.fixed_dictionaries({"datasets": st.lists(schema_documents(E2VDatasetConfig), min_size=1, max_size=2)})

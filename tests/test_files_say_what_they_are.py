@@ -64,8 +64,8 @@ def test_seed_001_with_its_hub_id_takes_wan_2_1_i2v_image_encoder(tmp_path, e2v_
                            tmp_path / "output")
     assert train_script.main(flags + ["--config-value", "device=cpu"]) == 1
     err = capsys.readouterr().err
-    assert "model.base_model_name: cannot fetch model_index.json of the hub id 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers'" \
-        in err and "Traceback" not in err
+    assert "model.base_model_name 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers': model_index.json is neither in the Hugging " \
+           "Face cache nor downloadable" in err and "Traceback" not in err
 
 
 def test_a_local_base_without_an_image_encoder_is_a_config_error_naming_the_flag(tmp_path, e2v_dataset, tiny_model,

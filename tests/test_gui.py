@@ -354,8 +354,12 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert "seed 1" in cell.tooltip and "a red square moving left" in cell.tooltip
     settle(app, 0.5)
     screenshot(app, "tab-gallery")
+    # a click plays the cell's preview, with its sample and its step on the player (not the newest one's)
+    cell = gallery.cells[(gallery.runs[0].rows[0], 0)]["cell"]
     gallery.open(cell)
     assert run_until(app, lambda: app.sampling_view.player.path == cell.path, 30)
+    assert app.sampling_view.step_slider.get() == 0 and app.sampling_view.series_menu.get() == gallery.runs[0].rows[0]
+    assert run_until(app, lambda: app.sampling_view.step_label.cget("text").startswith("step 0,"), 10)
 
 
 def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
@@ -436,15 +440,20 @@ def test_a_caption_edited_in_the_dataset_viewer_is_encoded_by_the_next_run(app, 
             xdotool("type", "--delay", "30", ", edited")
             settle(app, 0.3)
             screenshot(viewer, "dataset-viewer")
-            viewer.save()
+            # going on to the next item keeps the edit (it was dropped unsaved): saved, and the list marks the item
+            following = viewer._buttons[viewer.shown[1].path]
+            x, y = following.winfo_rootx() + 30, following.winfo_rooty() + following.winfo_height() // 2
+            xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+            assert run_until(app, lambda: viewer.current is viewer.shown[1], 10)
             assert Path(item.caption_file).read_text().strip().endswith(", edited")
+            assert following.cget("fg_color") != "transparent" and not viewer.edited()
             viewer.destroy()
             window.close()
         app.start()
         assert run_until(app, lambda: not app.controller.running and not app.controller.run.running, 120), \
             app.log_box.get("1.0", "end")[-2000:]
         assert app.controller.run.status.startswith("done"), app.controller.run.status
-        calls = app.controller.trainer.data.encoders["EncodeText"].encode_calls
+        calls = app.controller.run.encode_calls["EncodeText"]   # the ended run's (its model is freed)
         # the first run encodes the 6 captions; the second only the edited one
         assert calls == (6 if attempt == 0 else 1), calls
 
@@ -549,6 +558,15 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     box.focus_force()
     box.event_generate("<Control-a>")
     assert box.tag_ranges("sel") and box.get("sel.first", "sel.last") == box.get("1.0", "end-1c")
+    from tkinter import ttk   # and in the file dialogs' name field (a ttk entry)
+    name = ttk.Entry(app)
+    name.insert(0, "/tmp/old/path")
+    name.place(x=0, y=0)
+    name.focus_force()
+    settle(app, 0.2)
+    name.event_generate("<Control-a>")
+    assert name.selection_present() and name.index("sel.first") == 0 and name.index("sel.last") == 13
+    name.destroy()
 
     # fields do not move sideways when an error label appears
     neighbour = app.fields["optimizer.weight_decay"] if "optimizer.weight_decay" in app.fields else field
@@ -578,6 +596,21 @@ def test_what_a_newcomer_tripped_on(app, tmp_path):
     visible = app.tabs["sampling"].master   # the tab's canvas
     bar = table._scrollbar
     assert bar.winfo_rooty() + bar.winfo_height() <= visible.winfo_rooty() + visible.winfo_height()
+
+
+def test_what_the_window_says_about_the_model_follows_a_run_that_made_it(app, tmp_path, tiny_model):
+    """The demo makes its model at the first Start: after the run the top bar still said "created on first Start",
+    the base model's parts line stayed empty and the memory line said the model is made at the first Start."""
+    folder = tmp_path / "made-by-the-run"
+    app.fields["demo_assets"].set_text("false")
+    app.fields["model.base_model_name"].set_text(str(folder))
+    settle(app)
+    assert "not a folder" in app.variant_label.cget("text")
+    shutil.copytree(tiny_model("wan2.1-t2v"), folder)    # what the demo's Start does
+    app._run_ended()
+    assert run_until(app, lambda: app.variant_label.cget("text").startswith("variant: T2V"), 10)
+    assert run_until(app, lambda: "transformer: diffusers" in app.part_pickers[0].label.cget("text"), 10)
+    assert app.training_view._replan is not None     # the memory line is planned again
 
 
 def test_a_new_e2v_dataset_stores_no_made_up_path_and_draws_after_a_reload(app, tmp_path):
@@ -635,6 +668,21 @@ def test_closing_during_a_run_asks_and_the_next_start_offers_to_resume_it(app, t
     app.controller.state.set_text("backup.continue_last_backup", "false")
 
 
+def test_switching_to_light_repaints_the_tabs(app):
+    """Labels in the tabs sat on frames that took the dark mode's colour for good: after a switch to light they
+    were dark text on a dark grey band (the training tab's columns, the loss tab's bar, the gallery's grid)."""
+    label = app.fields["epochs"].label
+    try:
+        app.set_appearance("light")
+        settle(app, 0.3)
+        light = label._canvas.cget("bg")
+        app.set_appearance("dark")
+        settle(app, 0.3)
+        assert light != label._canvas.cget("bg") and app.tabview.cget("fg_color")[0] == light
+    finally:
+        app.set_appearance("dark")
+
+
 def test_the_log_panel_filters_by_level_and_keeps_every_line(app):
     app.set_log_level("INFO")
     app.log("WARNING modules.x: a warning line")
@@ -646,6 +694,15 @@ def test_the_log_panel_filters_by_level_and_keeps_every_line(app):
     app.set_log_level("INFO")   # the hidden lines come back
     shown = app.log_box.get("1.0", "end")
     assert "an info line" in shown and "a message of the window" in shown and app.prefs.log_level == "INFO"
+    # a pane filtered to errors shows the failures whole: the window's own, a traceback, a refusal's problem lines
+    app.log("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom")
+    app.log("training failed: ValueError: boom", "ERROR")
+    app.log("Start refused:\n  - model.base_model_name: required", "ERROR")
+    app.set_log_level("ERROR")
+    shown = app.log_box.get("1.0", "end")
+    assert all(text in shown for text in ('File "x.py"', "training failed", "  - model.base_model_name")), shown
+    assert "a warning line" not in shown
+    app.set_log_level("INFO")
 
 
 def test_the_samples_table_shows_a_samples_file_written_after_it_was_chosen(app, tmp_path, tiny_model,

@@ -52,6 +52,22 @@ def test_a_job_is_a_snapshot_of_the_config(tmp_path):
     assert json.loads(Path(job.config).read_text())["epochs"] == 3
 
 
+def test_a_job_writing_the_output_of_a_job_still_to_run_is_refused(tmp_path):
+    """Tried in the window: "Add to queue" twice with max_steps changed in between gave two jobs named
+    demo_lora.safetensors writing one file; the second replaced the first's LoRA and the queue said both done."""
+    queue = JobQueue(tmp_path / "queue.json")
+    queue.add({"max_steps": 30, "output": {"destination": str(tmp_path / "lora.safetensors")}})
+    with pytest.raises(ValueError, match=r"job 1 \(lora.safetensors, waiting\) already writes .*another output"):
+        queue.add({"max_steps": 40, "output": {"destination": str(tmp_path / "." / "lora.safetensors")}})
+    assert len(JobQueue(queue.path).jobs) == 1
+    queue.add({"max_steps": 40, "output": {"destination": str(tmp_path / "lora-40.safetensors")}})
+    queue.jobs[0].state = "done"   # a job that has run: writing its file again is a new run's business
+    queue.save()
+    queue.add({"max_steps": 50, "output": {"destination": str(tmp_path / "lora.safetensors")}})
+    assert [job.name for job in JobQueue(queue.path).jobs] == ["lora.safetensors", "lora-40.safetensors",
+                                                              "lora.safetensors"]
+
+
 def test_jobs_run_in_order_a_failed_one_is_marked_and_the_queue_goes_on(tmp_path):
     queue = JobQueue(tmp_path / "queue.json")
     for name in ("one", "broken", "three"):

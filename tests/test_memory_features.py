@@ -200,7 +200,8 @@ def test_gpu_only_settings_on_a_cpu_are_config_errors_before_loading(tiny_model,
     assert any(p.startswith("performance.attention: 'cudnn'") for p in problems)
     assert any(p.startswith("performance.activation_offload:") for p in problems)
     assert any(p.startswith("performance.block_swap: 2 swaps every one of the model's 2 blocks") for p in problems)
-    assert len(problems) == 5
+    assert any(p.startswith("data.concepts: no enabled concept") for p in problems)   # no data given here
+    assert len(problems) == 6
 
 
 def test_losses_read_back_every_n_steps_and_a_nan_is_still_caught(tiny_model, squares_dataset, tmp_path,

@@ -169,7 +169,7 @@ def test_planning_a_14b_step_is_fast_and_small(tmp_path):
     assert numbers["rss_gib"] < 2, numbers
 
 
-def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys):
+def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys, squares_dataset):
     """train.py --vram-gib 2 with the 1.3B 16GB preset: exit 2, the prediction and what fits named, and the trainer
     (which loads the weights) never constructed."""
     import importlib
@@ -184,7 +184,8 @@ def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch
 
     monkeypatch.setattr(generic.GenericTrainer, "__init__", never)
     code = train.main(["--preset-path", "wan 2.1 1.3B LoRA 16GB", "--vram-gib", "2",
-                       "--config-value", "data.frame_buckets=[1, 17]"])
+                       "--config-value", "data.frame_buckets=[1, 17]",
+                       "--config-value", f'data.concepts=[{{"path": "{squares_dataset}"}}]'])   # no data: refused
     err = capsys.readouterr().err
     assert code == 2, err
     assert "predicted peak" in err and "does not fit the 2.0 GiB" in err, err
@@ -254,11 +255,45 @@ def test_gui_controller_shows_the_prediction_and_fits_the_config(tiny_model):
     assert text is not None and text.startswith("fits 4 GiB: ") and text.endswith(" GiB predicted"), text
     assert controller.fit(4.0)
     controller.wait(300)
-    assert controller.poll().startswith("fits 4 GiB")
+    text = controller.poll()
+    assert text.startswith("fits 4 GiB") and text.endswith("; fit set gradient_checkpointing = False"), text
     assert state.get("gradient_checkpointing") is False     # the cheapest switch setting that fits
+    assert controller.fit(4.0)
+    controller.wait(300)
+    assert controller.poll().endswith("; it fits as set, nothing changed")
     assert controller.fit(0.1)
     controller.wait(300)
     assert controller.poll().startswith("nothing fits 0.1 GiB")
+
+
+def test_planning_in_a_thread_leaves_models_built_elsewhere_real():
+    """The window plans memory (and reads model files) in worker threads while the training worker builds its model.
+    accelerate's init_empty_weights swapped torch's register_parameter for the whole process: a module built
+    meanwhile got meta parameters, and with diffusers' own use of it left in another order the swap stayed, so every
+    later Start in the window failed with "Cannot copy out of meta tensor"."""
+    import threading
+
+    from accelerate import init_empty_weights
+
+    from modules.util.empty_weights import empty_weights
+    inside, release, built = threading.Event(), threading.Event(), {}
+
+    def plan():
+        with empty_weights():
+            built["planned"] = torch.nn.BatchNorm1d(2)
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=plan)
+    thread.start()
+    assert inside.wait(30)
+    trained = torch.nn.Linear(2, 2)          # the training worker's model, built while the plan is traced
+    with init_empty_weights():               # diffusers' from_pretrained in the training worker, left first
+        pass
+    release.set()
+    thread.join(30)
+    assert built["planned"].weight.is_meta and not built["planned"].running_mean.is_meta   # buffers stay real
+    assert not trained.weight.is_meta and not torch.nn.Linear(2, 2).weight.is_meta
 
 
 def test_caching_is_planned_one_encoder_at_a_time():

@@ -118,6 +118,17 @@ def test_not_a_wan_folder_is_a_clear_error(tmp_path):
         load(tmp_path / "missing")
 
 
+def test_a_hub_id_that_cannot_be_fetched_is_a_clear_error(tmp_path, monkeypatch):
+    """A shipped preset names a hub id with allow_download: offline, Start ended in huggingface_hub's
+    LocalEntryNotFoundError and a traceback, naming neither the field nor what to do."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))   # conftest: HF_HUB_OFFLINE=1
+    config = ModelConfig(base_model_name="Wan-AI/Wan2.1-T2V-1.3B-Diffusers", allow_download=True)
+    with pytest.raises(ModelLoadError, match=r"model.base_model_name 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers': "
+                                             r"model_index.json is neither in the Hugging Face cache nor "
+                                             r"downloadable .*hf download .* --local-dir DIR"):
+        WanBaseModelLoader().load(config)
+
+
 def test_convert_model_both_ways(tiny_model, tmp_path):
     folder = tiny_model("wan2.1-t2v")
     script = [sys.executable, str(ROOT / "scripts" / "convert_model.py")]

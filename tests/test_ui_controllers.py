@@ -208,6 +208,10 @@ def test_previews_by_prompt_and_step_and_the_player(tmp_path):
     (folder / "10-0.png").write_bytes(b"")
     series = controller.previews()
     assert [v.step for v in series[0].videos] == [2, 10] and series[0].newest.step == 10
+    # a gallery cell opens in the player as its series and step (not the newest one's labels around it)
+    runs, found, index = controller.locate(folder / "2-0.mp4")
+    assert found.folder == folder and index == 0 and [s.name for s in runs] == ["0-a-red-square"]
+    assert controller.locate(tmp_path / "compare" / "grid.mp4") is None
     player = PreviewPlayer()
     player.open(series[0].newest.path)
     assert len(player.frames) == 5 and player.fps == pytest.approx(16)
@@ -251,6 +255,26 @@ def test_tool_command_lines_parse_with_the_scripts_own_parsers():
     args = convert_model.parse_args(tools.convert_lora_command("l", "KOHYA_LORA", "o", "BFLOAT_16")[1:])
     assert (args.training_method, args.output_model_format, args.output_dtype) == ("LORA", "KOHYA_LORA",
                                                                                     "BFLOAT_16")
+    import compare
+    # the compare form's size: without one a prompt is drawn at 832 x 480 x 81 (hours on a CPU for the demo)
+    args = compare.parse_args(tools.compare_command("base", ["l.safetensors"], [0.5, 1.0], "out", prompt="p",
+                                                    width=32, height=32, frames=9)[1:])
+    assert (args.width, args.height, args.frames, args.steps, args.strengths) == (32, 32, 9, None, [0.5, 1.0])
+
+
+def test_a_running_tool_is_stopped(tiny_model, tmp_path):
+    """A tool's child process ends on Stop (and when the window closes), not when it is done."""
+    from modules.ui import ToolsController as tools
+    controller = tools.ToolsController()
+    assert not controller.stop()     # nothing runs
+    assert controller.run(tools.sample_command(str(tiny_model("wan2.1-t2v")), "a red square", str(tmp_path),
+                                               width=832, height=480, frames=81, steps=50))
+    deadline = __import__("time").monotonic() + 60
+    while controller._process is None and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.05)
+    assert controller.stop() and controller.wait(30)
+    code, written = [payload for kind, payload in controller.poll_events() if kind == "done"][0]
+    assert code != 0 and not list(tmp_path.glob("*.mp4"))
 
 
 def test_requests_are_served_at_the_next_safe_point(tiny_model, squares_dataset, tmp_path):
@@ -287,6 +311,37 @@ def test_requests_are_served_at_the_next_safe_point(tiny_model, squares_dataset,
     assert read_backup(all_backups(tmp_path / "run" / "backup")[0])["progress"].global_step == 1
     assert (tmp_path / "run" / "save" / "step-00000001.safetensors").is_file()
     assert [p.name for p in trainer.samples_dir.glob("*/*.mp4")] == ["1-0.mp4"]  # this run's previews
+
+
+def test_an_ended_run_frees_its_model_and_the_next_queue_job_reports_its_own_plan(tiny_model, squares_dataset,
+                                                                                   tmp_path):
+    """The controller kept the last run's trainer: its model and optimizer stayed in memory while the window idled,
+    and the first queue job after a run read that trainer's plan ("200 steps" for a 40-step job) and Stop went to
+    it instead of the job."""
+    import gc
+
+    from modules.trainer.GenericTrainer import GenericTrainer
+    from modules.util.config.config_io import config_to_dict
+    config = load_config(str(DEMO), overrides=[
+        "demo_assets=false", f"model.base_model_name={tiny_model('wan2.1-t2v')}",
+        f'data.concepts=[{{"path": "{squares_dataset}"}}]', f"workspace_dir={tmp_path / 'run'}",
+        f"cache_dir={tmp_path / 'cache'}", f"output.destination={tmp_path / 'out.safetensors'}", "max_steps=2",
+        "tensorboard=false", "sampling.samples_file=", "sampling.sample_before_training=false",
+        "backup.every_n_steps=0", "backup.backup_before_save=false"])
+    state = UIState(config_to_dict(config))
+    controller = TrainController(state, last_used=tmp_path / "last.json", queue_path=tmp_path / "queue.json")
+    assert controller.start() == [] and controller.wait(300)
+    events = controller.poll_events()
+    assert [payload["total_steps"] for kind, payload in events if kind == "plan"] == [2], events[-3:]
+    gc.collect()
+    assert controller.trainer is None and not [o for o in gc.get_objects() if isinstance(o, GenericTrainer)]
+    assert controller.run.encode_calls["EncodeText"] == 6   # what the run encoded is still told
+    state.set("max_steps", 3)
+    state.set("output.destination", str(tmp_path / "job.safetensors"))
+    assert controller.add_to_queue() == [] and controller.start_queue() == [] and controller.wait(300)
+    events = controller.poll_events()
+    assert [payload["total_steps"] for kind, payload in events if kind == "plan"] == [3], events[-3:]
+    assert (tmp_path / "job.safetensors").is_file() and controller.trainer is None
 
 
 def test_field_listing_covers_every_section():

@@ -19,6 +19,7 @@ def test_prefs_survive_a_restart_and_a_damaged_file_gives_the_defaults(tmp_path)
 def test_log_lines_are_filtered_by_their_level():
     assert line_level("WARNING modules.x: y") == "WARNING" and line_level("CRITICAL z") == "ERROR"
     assert line_level("training started: 200 steps") == "INFO"
+    assert line_level("Traceback (most recent call last):") == "ERROR"
     assert shown_at("ERROR a", "WARNING") and not shown_at("INFO a", "WARNING") and shown_at("DEBUG a", "DEBUG")
     assert shown_at("INFO a", "no such level")   # an unknown filter shows INFO and above
 

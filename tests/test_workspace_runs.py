@@ -347,6 +347,20 @@ def test_tiny_repeats_are_named_when_nothing_is_left(tiny_model, six_clips, tmp_
               overrides=[f'data.concepts=[{{"path": "{six_clips}", "repeats": 1e-300}}]'])
 
 
+def test_a_config_without_an_enabled_concept_is_refused_before_loading(tiny_model, six_clips, tmp_path):
+    """A shipped preset names no data: Start read the model (or tried to download it) and then said "no usable
+    training item in (no enabled concept)"; it is a config error, found with the others."""
+    from modules.util.config.prepare import prepare_config
+    for concepts in ("[]", f'[{{"path": "{six_clips}", "enabled": false}}]'):
+        config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}",
+                                        f"data.concepts={concepts}", f"workspace_dir={tmp_path / 'r'}",
+                                        f"output.destination={tmp_path / 'o.safetensors'}"])
+        with pytest.raises(ConfigError) as error:
+            prepare_config(config)
+        assert [p.split(":")[0] for p in error.value.problems] == ["data.concepts"], error.value.problems
+        assert "add your dataset folder as a concept" in error.value.problems[0]
+
+
 def test_an_expert_on_a_one_transformer_model_is_noted(tiny_model, six_clips, tmp_path, caplog):
     from modules.util.config.prepare import prepare_config
     config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}", "expert=high",

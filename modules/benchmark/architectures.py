@@ -6,7 +6,7 @@ Wan2.2-T2V-A14B (both experts have the 14B shape). `tiny` is the test-sized tran
 `modules.util.tiny_models` (the wan2.1-t2v tiny model), so the benchmark code runs in seconds in tests.
 
 Weights are never initialised the slow way: the module is built with its parameters on the meta device
-(`accelerate.init_empty_weights`, buffers such as the rope tables stay real), its size is known before any memory
+(`modules.util.empty_weights`, buffers such as the rope tables stay real), its size is known before any memory
 is spent, and `materialize` then allocates each parameter directly in the wanted dtype and device with a cheap
 random init (normal with std 1/sqrt(fan_in) for matrices, ones for norm weights, zeros for biases).
 """
@@ -106,10 +106,10 @@ def get_architecture(name: str) -> Architecture:
 
 def build_empty_transformer(arch: Architecture):
     """The transformer with its parameters on the meta device (no memory spent; buffers are real)."""
-    from accelerate import init_empty_weights
+    from modules.util.empty_weights import empty_weights
     from diffusers import WanTransformer3DModel
 
-    with init_empty_weights(include_buffers=False):
+    with empty_weights():
         return WanTransformer3DModel(**arch.transformer)
 
 

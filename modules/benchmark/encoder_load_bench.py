@@ -30,24 +30,24 @@ LAYOUTS = ("umt5_wan_pth", "umt5_comfyui_bf16", "umt5_comfyui_fp8_scaled", "umt5
 
 
 def _meta_umt5(layers: int | None) -> dict[str, torch.Tensor]:
-    from accelerate import init_empty_weights
+    from modules.util.empty_weights import empty_weights
     from transformers import UMT5Config, UMT5EncoderModel
 
     from modules.modelLoader.wan.parts.text_encoder_files import CONFIG_PATH
     config = json.loads(CONFIG_PATH.read_text(encoding="utf-8"))
     if layers:
         config.update(num_layers=layers, num_decoder_layers=layers)
-    with init_empty_weights():
+    with empty_weights():
         return UMT5EncoderModel(UMT5Config(**config)).state_dict()
 
 
 def _meta_clip() -> dict[str, torch.Tensor]:
-    from accelerate import init_empty_weights
+    from modules.util.empty_weights import empty_weights
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
     from modules.modelLoader.wan.parts.image_encoder_files import CONFIG_DIR
     config = json.loads((CONFIG_DIR / "clip-vit-h-14.json").read_text(encoding="utf-8"))
-    with init_empty_weights():
+    with empty_weights():
         state = CLIPVisionModel(CLIPVisionConfig(**config)).state_dict()
     return {f"vision_model.{k}": v for k, v in state.items()}
 

@@ -29,12 +29,12 @@ _CHUNK = 64 * 1024 * 1024
 
 
 def _meta_state(release: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    from accelerate import init_empty_weights
+    from modules.util.empty_weights import empty_weights
     from diffusers import WanTransformer3DModel
 
     from modules.modelLoader.wan.parts.wan_configs import released_configs
     config = released_configs()[release]["transformer"]
-    with init_empty_weights():
+    with empty_weights():
         model = WanTransformer3DModel.from_config(config)
     return config, model.state_dict()
 

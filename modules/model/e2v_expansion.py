@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 
 import torch
-from accelerate import init_empty_weights
 from diffusers import WanTransformer3DModel
 
+from modules.util.empty_weights import empty_weights
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
 
 # The parameters that expansion creates or changes: they train fully (also under LoRA) and are saved with the adapter.
@@ -62,7 +62,7 @@ def expand_t2v_for_e2v(transformer: WanTransformer3DModel, condition_channels: i
     new_config["in_channels"] = config.in_channels + condition_channels
     if image_dim is not None:
         new_config.update(image_dim=image_dim, added_kv_proj_dim=inner_dim)
-    with init_empty_weights():
+    with empty_weights():
         expanded = WanTransformer3DModel.from_config(new_config)
     for name, module in transformer.named_modules():
         if isinstance(module, ScaledFp8Linear):   # a base read from a ComfyUI fp8_scaled file keeps its scales

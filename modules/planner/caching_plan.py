@@ -36,9 +36,9 @@ def _fake_parameters(module: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 def _trace(build, run, dtype: torch.dtype) -> int:
-    from accelerate import init_empty_weights
+    from modules.util.empty_weights import empty_weights
     from torch._subclasses.fake_tensor import FakeTensorMode
-    with init_empty_weights(include_buffers=False):
+    with empty_weights():
         module = build()
     counter = StorageCounter("cpu")
     with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad():

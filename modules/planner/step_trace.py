@@ -32,10 +32,10 @@ IMAGE_TOKENS = 257   # CLIP ViT-H/14 tokens per image (Wan 2.1 I2V / FLF2V image
 
 def _skeleton(arch: Architecture):
     """The transformer with meta parameters; built outside the fake mode, where its initialisers cost nothing."""
-    from accelerate import init_empty_weights
+    from modules.util.empty_weights import empty_weights
     from diffusers import WanTransformer3DModel
 
-    with init_empty_weights(include_buffers=False):
+    with empty_weights():
         return WanTransformer3DModel(**arch.transformer)
 
 

@@ -53,8 +53,10 @@ class CtkDatasetWindow(ctk.CTkToplevel):
         self.items: list[browser.DatasetItem] = []
         self.shown: list[browser.DatasetItem] = []
         self.current: browser.DatasetItem | None = None
+        self._buttons: dict[str, ctk.CTkButton] = {}   # item path -> its entry in the list
         self._images = []
         self.loaded = False
+        self.protocol("WM_DELETE_WINDOW", self.close)
         self.load()
 
     def load(self) -> None:
@@ -95,16 +97,33 @@ class CtkDatasetWindow(ctk.CTkToplevel):
                                     SKIP_FILTER[self.skip_menu.get()])
         for child in self.listing.winfo_children():
             child.destroy()
+        self._buttons = {}
         for row, item in enumerate(self.shown[:500]):
             text = ("⚠ " if item.skipped else "") + Path(item.path).name
-            ctk.CTkButton(self.listing, text=text, anchor="w", width=280, fg_color="transparent",
-                          command=lambda i=item: self.choose(i)).grid(row=row, column=0, sticky="w")
+            self._buttons[item.path] = ctk.CTkButton(self.listing, text=text, anchor="w", width=280,
+                                                     fg_color="transparent", command=lambda i=item: self.choose(i))
+            self._buttons[item.path].grid(row=row, column=0, sticky="w")
+        self._mark_current()
         self.count_label.configure(text=f"{len(self.shown)} of {len(self.items)} items")
         if self.shown and (self.current is None or self.current not in self.shown):
             self.choose(self.shown[0])
 
+    def edited(self) -> bool:
+        """The caption box holds an edit of the current item's sidecar caption that is not saved."""
+        return bool(self.current is not None and self.current.caption_file and
+                    self.caption.get("1.0", "end").strip() != self.current.caption.strip())
+
+    def _mark_current(self) -> None:
+        for path, entry in self._buttons.items():
+            chosen = self.current is not None and path == self.current.path
+            entry.configure(fg_color=ctk.ThemeManager.theme["CTkButton"]["fg_color"] if chosen else "transparent")
+
     def choose(self, item: browser.DatasetItem) -> None:
+        # an edit is kept when another item is chosen (it was lost silently): saved as Save caption does
+        if item is not self.current and self.edited() and not self.save(refresh=False):
+            return
         self.current = item
+        self._mark_current()
         for child in self.thumbs.winfo_children():
             child.destroy()
         self._images = []
@@ -127,13 +146,21 @@ class CtkDatasetWindow(ctk.CTkToplevel):
         self.caption.insert("end", item.caption)
         self.save_button.configure(state="normal" if item.caption_file else "disabled")
 
-    def save(self) -> None:
+    def save(self, refresh: bool = True) -> bool:
         if self.current is None:
-            return
+            return False
         try:
             browser.save_caption(self.current, self.caption.get("1.0", "end"))
         except (ValueError, OSError) as error:
             self.app.show_dialog("Caption not saved", str(error))
-            return
+            return False
         self.app.log(f"caption saved: {self.current.caption_file} (the next run encodes the new text)")
-        self.show_list()
+        if refresh:
+            self.show_list()
+        return True
+
+    def close(self) -> None:
+        """The window's close button: an unsaved edit is saved first (a failed save keeps the window open)."""
+        if self.edited() and not self.save(refresh=False):
+            return
+        self.destroy()

@@ -11,7 +11,7 @@ from PIL import Image
 
 from modules.ui import SampleGallery as gallery
 from modules.ui.ctk_components import ToolTip, button
-from modules.ui.SamplingController import PreviewPlayer, PreviewVideo
+from modules.ui.SamplingController import PreviewPlayer
 
 THUMB = 96
 THUMB_FRAMES = 12
@@ -147,8 +147,8 @@ class CtkGalleryView:
         path = self.comparison_grids.get(self.grid_menu.get())
         if path is not None:
             self.app.tabview.set("sampling")
-            self.app.sampling_view._open(PreviewVideo(path, 0, 0))
+            self.app.sampling_view.show_video(path)
 
     def open(self, cell: gallery.GalleryCell) -> None:
         self.app.tabview.set("sampling")
-        self.app.sampling_view._open(PreviewVideo(cell.path, cell.step, cell.epoch))
+        self.app.sampling_view.show_video(cell.path)

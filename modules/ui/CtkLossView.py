@@ -9,7 +9,7 @@ from pathlib import Path
 import customtkinter as ctk
 
 from modules.ui import LossHistory as history
-from modules.ui.ctk_components import button
+from modules.ui.ctk_components import EntryText, button
 
 COLORS = {"loss": "#335f7f", "smoothed": "#4aa3df", "lr": "#ffb74d", "validation": "#e57373"}
 CURRENT = "(this window's run)"
@@ -28,13 +28,12 @@ class CtkLossView:
             ctk.CTkCheckBox(bar, text=name, variable=variable, width=90, command=self.draw,
                             text_color=COLORS[name]).grid(row=0, column=column, padx=2)
             self.shown[name] = variable
-        self.first, self.last = tk.StringVar(), tk.StringVar()
         ctk.CTkLabel(bar, text="steps").grid(row=0, column=5, padx=(12, 2))
-        for column, variable in ((6, self.first), (7, self.last)):
-            entry = ctk.CTkEntry(bar, textvariable=variable, width=70, placeholder_text="from" if column == 6
-                                 else "to")
+        entries = [ctk.CTkEntry(bar, width=70, placeholder_text=hint) for hint in ("from", "to")]
+        for column, entry in enumerate(entries, 6):
             entry.grid(row=0, column=column, padx=2)
             entry.bind("<Return>", lambda _e: self.draw())
+        self.first, self.last = (EntryText(entry) for entry in entries)
         button(bar, "whole run", self.reset_range, width=90).grid(row=0, column=8, padx=4)
         button(bar, "reload", self.reload, width=70).grid(row=0, column=9, padx=4)
         self.canvas = tk.Canvas(frame, width=1180, height=520, background="#1d1d1d", highlightthickness=0)

@@ -45,7 +45,8 @@ class CtkRunEndPanel:
         self.shown = False
 
     def prefill_sample_form(self) -> None:
-        """The tools tab's "sample a model" form with the base model and the new LoRA (or the fine-tuned model)."""
+        """The tools tab's "sample a model" form with the base model and the new LoRA (or the fine-tuned model),
+        and for a LoRA its "compare" form (the run's samples file, so the grids have the previews' sizes)."""
         state = self.app.config_state
         values = self.app.tools_view.values
         first = self.written[0]
@@ -61,4 +62,9 @@ class CtkRunEndPanel:
                 if samples[0].get(name) not in (None, ""):
                     values[f"sample.{name}"].set(str(samples[0][name]))
         values["sample.output dir"].set(str(Path(state.get("workspace_dir") or "workspace") / "tool-samples"))
+        if state.get("training_method") == "LORA":   # and the comparison of strengths, on the run's samples
+            values["compare.base model"].set(state.get("model.base_model_name") or "")
+            values["compare.loras"].set(first)
+            if samples:
+                values["compare.samples file"].set(str(self.app.sampling.samples_file()))
         self.app.tabview.set("tools")

@@ -7,12 +7,13 @@ import json
 import threading
 import time
 import tkinter as tk
+from pathlib import Path
 
 import customtkinter as ctk
 from PIL import Image
 
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
-from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries
+from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries, PreviewVideo
 
 PLAYER_SIZE = 256
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
@@ -170,17 +171,31 @@ class CtkSamplingView:
             self.series_menu.set(chosen.name)
             self._show_series(chosen, newest=True)
 
+    def show_video(self, path) -> None:
+        """A preview chosen in the gallery: its sample in the menu and its step on the slider (the series of its
+        run, an earlier one too), so the player's labels and slider are about the video that plays."""
+        found = self.controller.locate(path)
+        if found is None:   # a comparison grid: no sample, no steps
+            self.current = None
+            self.series_menu.set(Path(path).name)
+            self._open(PreviewVideo(Path(path), 0, 0))
+            return
+        self.series, series, index = found
+        self.series_menu.configure(values=[s.name for s in self.series])
+        self.series_menu.set(series.name)
+        self._show_series(series, newest=False, index=index)
+
     def _choose_series(self, name: str) -> None:
         chosen = next((s for s in self.series if s.name == name), None)
         if chosen is not None:
             self._show_series(chosen, newest=True)
 
-    def _show_series(self, series: PreviewSeries, newest: bool) -> None:
+    def _show_series(self, series: PreviewSeries, newest: bool, index: int | None = None) -> None:
         self.current = series
         count = len(series.videos)
         self.step_slider.configure(to=max(1, count - 1), number_of_steps=max(1, count - 1))
-        if newest:
-            self.step_slider.set(count - 1)
+        if newest or index is not None:
+            self.step_slider.set(count - 1 if index is None else index)
         self._open(series.videos[int(round(self.step_slider.get()))] if count else None)
         self._show_references(series)
 

@@ -11,20 +11,24 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui import ToolsController as tools
-from modules.ui.ctk_components import button
+from modules.ui.ctk_components import EntryText, ask_path, button
 from modules.ui.SamplingController import PreviewPlayer
 
 MODEL_FORMATS = ["DIFFUSERS", "ORIGINAL"]
 LORA_FORMATS = ["COMFY_LORA", "KOHYA_LORA", "DIFFUSERS_LORA"]
 KEEP = "(keep each tensor's)"
 DTYPES = [KEEP, "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
+# fields that hold paths get a "…" picker: a folder, a file, a new file, or a file added to a comma list
+PICKERS = {"base model": "folder", "input": "file", "destination": "save", "e2v config": "file",
+           "output dir": "folder", "samples file": "file", "loras": "add"}
+SIZE_HINT = "empty: each sample's own (else 832 x 480 x 81: long on a CPU)"
 
 
 class CtkToolsView:
     def __init__(self, frame, app):
-        self.app = app
+        self.app, self.frame = app, frame
         self.controller = tools.ToolsController()
-        self.values: dict[str, tk.StringVar] = {}
+        self.values: dict[str, EntryText | tk.StringVar] = {}
         self.player = PreviewPlayer()
         self._image = None
         forms = ctk.CTkFrame(frame, fg_color="transparent")
@@ -39,7 +43,7 @@ class CtkToolsView:
                          ("height", "480"), ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
                          ("elements", "E2V: {\"name\": \"image path\"}"),
                          ("e2v config", "E2V: only for a model that records none"),
-                         ("device", "auto"), ("output dir", "workspace/tool-samples")], self.sample)
+                         ("device", "auto"), ("output dir", "empty: <workspace dir>/tool-samples")], self.sample)
         row = self._form(forms, row, "convert a model", "model", [("input", "a diffusers folder or a .safetensors file"),
                          ("base model", "with a single file: the diffusers folder with the other parts"),
                          ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.convert_model)
@@ -51,12 +55,16 @@ class CtkToolsView:
         self._form(forms, row, "compare checkpoints x strengths", "compare", [
                    ("base model", "a diffusers folder"), ("loras", "LoRA files, save or backup folders, comma separated"),
                    ("strengths", "0.5 0.75 1.0"), ("samples file", "a samples JSON or prompt file"),
-                   ("prompt", "or one prompt"), ("device", "auto"), ("output dir", "workspace/compare")], self.compare)
+                   ("prompt", "or one prompt"), ("width", SIZE_HINT), ("height", ""), ("frames", ""),
+                   ("steps", ""), ("device", "auto"),
+                   ("output dir", "empty: <workspace dir>/compare (the gallery lists it)")], self.compare)
         self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
                                         fg_color="#111111")
         self.video_label.grid(row=0, column=0, sticky="nw", pady=4)
         self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
         self.output.grid(row=1, column=0, sticky="nw", pady=4)
+        self.stop_button = button(out, "Stop the tool", self.stop, width=120, state="disabled")
+        self.stop_button.grid(row=2, column=0, sticky="w", pady=4)
 
     def _form(self, master, row: int, title: str, key: str, fields: list, action) -> int:
         ctk.CTkLabel(master, text=title, font=ctk.CTkFont(weight="bold")).grid(row=row, column=0, columnspan=2,
@@ -64,20 +72,39 @@ class CtkToolsView:
         row += 1
         for name, hint in fields:
             ctk.CTkLabel(master, text=name, anchor="w", width=120).grid(row=row, column=0, sticky="w", padx=8)
-            variable = tk.StringVar()
-            self.values[f"{key}.{name}"] = variable
             if isinstance(hint, list):
-                variable.set(hint[0])
+                variable = tk.StringVar(value=hint[0])
                 widget = ctk.CTkOptionMenu(master, values=hint, variable=variable, width=300)
             else:
-                widget = ctk.CTkEntry(master, textvariable=variable, width=300, placeholder_text=hint)
-                if hint and name in ("width", "height", "frames", "steps", "guidance", "seed", "device",
-                                     "output dir", "strengths"):
+                widget = ctk.CTkEntry(master, width=300, placeholder_text=hint or None)
+                variable = EntryText(widget)
+                if hint and (hint[0].isdigit() or hint == "auto"):   # a default value, not a hint
                     variable.set(hint)
+            self.values[f"{key}.{name}"] = variable
             widget.grid(row=row, column=1, sticky="w", padx=4, pady=1)
+            if name in PICKERS:
+                button(master, "…", lambda v=variable, k=PICKERS[name]: self._pick(v, k), width=28).grid(
+                    row=row, column=2, sticky="w")
             row += 1
         button(master, "Run", action, width=80).grid(row=row, column=1, sticky="w", padx=4, pady=4)
         return row + 1
+
+    def _pick(self, variable: EntryText, kind: str) -> None:
+        current = variable.get()
+        if kind != "add":
+            chosen = ask_path(self.frame, kind, current)
+            if chosen:
+                variable.set(chosen)
+            return
+        parts = [part.strip() for part in current.split(",") if part.strip()]
+        chosen = ask_path(self.frame, "file", parts[-1].split(":")[0] if parts else "")
+        if chosen:
+            variable.set(", ".join(parts + [chosen]))
+
+    def _workspace(self, sub: str) -> str:
+        """A tool's default output folder, in the configured workspace (the gallery reads <workspace>/compare)."""
+        from pathlib import Path
+        return str(Path(self.app.config_state.get("workspace_dir") or "workspace") / sub)
 
     def _get(self, key: str) -> str:
         value = self.values[key].get().strip()
@@ -88,7 +115,14 @@ class CtkToolsView:
 
     def _run(self, command: list[str]) -> None:
         if not self.controller.run(command):
-            self.app.show_dialog("Tools", "a tool is already running")
+            self.app.show_dialog("Tools", "a tool is already running (Stop the tool ends it)")
+            return
+        self.stop_button.configure(state="normal")
+        self.frame._parent_canvas.yview_moveto(0)   # the output and the player are at the top: Run is lower down
+
+    def stop(self) -> None:
+        if self.controller.stop():
+            self.output.insert("end", "stopped\n")
 
     def convert_model(self) -> None:
         self._run(tools.convert_model_command(self._get("model.input"), self._get("model.format"),
@@ -125,7 +159,8 @@ class CtkToolsView:
             self.app.show_dialog("Sample", "not a number: " + ", ".join(bad))
             return
         self._run(tools.sample_command(
-            self._get("sample.base model"), self._get("sample.prompt"), self._get("sample.output dir"),
+            self._get("sample.base model"), self._get("sample.prompt"),
+            self._get("sample.output dir") or self._workspace("tool-samples"),
             loras=self._loras("sample.loras"), guidance=guidance if self._get("sample.guidance") else None,
             seed=values.pop("seed") if self._get("sample.seed") else -1,
             negative_prompt=self._get("sample.negative prompt"), elements=elements,
@@ -137,10 +172,18 @@ class CtkToolsView:
         except ValueError as error:
             self.app.show_dialog("Compare", str(error))
             return
+        sizes = {}
+        for name in ("width", "height", "frames", "steps"):
+            text = self._get(f"compare.{name}")
+            if text and not text.isdigit():
+                self.app.show_dialog("Compare", f"{name}: {text!r} is not a whole number")
+                return
+            sizes[name] = int(text) if text else 0
         self._run(tools.compare_command(
             self._get("compare.base model"), self._loras("compare.loras"), strengths,
-            self._get("compare.output dir") or "workspace/compare", samples_file=self._get("compare.samples file"),
-            prompt=self._get("compare.prompt"), device=self._get("compare.device") or "auto"))
+            self._get("compare.output dir") or self._workspace("compare"),
+            samples_file=self._get("compare.samples file"), prompt=self._get("compare.prompt"),
+            device=self._get("compare.device") or "auto", **sizes))
 
     def poll(self) -> None:
         for kind, payload in self.controller.poll_events():
@@ -149,6 +192,7 @@ class CtkToolsView:
                 self.output.see("end")
             elif kind == "done":
                 code, written = payload
+                self.stop_button.configure(state="disabled")
                 self.output.insert("end", f"exit status {code}\n")
                 self.output.see("end")
                 if code:

@@ -4,7 +4,6 @@ over a log pane. Every widget is touched from the Tk main loop only: the trainin
 `_poll`, scheduled with `after`."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from tkinter import filedialog
 
@@ -12,11 +11,12 @@ import customtkinter as ctk
 
 from modules.ui.ConceptController import ConceptController
 from modules.ui.ctk_components import BoundField, button, render_section, scrollable_tab
+from modules.ui.CtkBottomBar import CtkBottomBar
+from modules.ui.CtkWindowSession import CtkWindowSession
 from modules.ui.ElementsController import ElementsController
 from modules.ui.SamplingController import SamplingController
-from modules.ui.desktop import open_folder
-from modules.ui.TrainController import TrainController, format_duration
-from modules.ui.ui_prefs import LEVELS, UIPrefs, fit_geometry, shown_at
+from modules.ui.TrainController import TrainController
+from modules.ui.ui_prefs import UIPrefs, fit_geometry
 from modules.util.config.config_io import ConfigError
 
 POLL_MS = 100
@@ -26,7 +26,7 @@ FIRST_RUN_HINT = ("New here? Pick \"#demo tiny CPU\" in the presets menu (top le
                   "model and dataset and trains a LoRA in a few minutes on the CPU.")
 
 
-class CtkTrainView(ctk.CTk):
+class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
     def __init__(self, controller: TrainController | None = None, restore_last_used: bool = True):
         self.controller = controller or TrainController()
         self.prefs_path = self.controller.last_used.parent / "prefs.json"
@@ -37,7 +37,7 @@ class CtkTrainView(ctk.CTk):
         # the size (and place) it had when it was last closed, on this screen
         self.geometry(fit_geometry(self.prefs.geometry, self.winfo_screenwidth(), self.winfo_screenheight()))
         self.minsize(1000, 700)
-        self.log_lines: list[str] = []
+        self.log_lines: list[tuple[str, str]] = []   # (level, line): the pane shows them by its filter
         self.config_state = self.controller.state
         self.concepts = ConceptController(self.config_state)
         self.elements = ElementsController(self.config_state)
@@ -68,6 +68,7 @@ class CtkTrainView(ctk.CTk):
         self.controller.preload()
         self.preloaded = True
         self.status_label.configure(text="idle")
+        self.training_view.replan_soon()   # the memory line of the config restored at open (later: every edit)
 
     # ---- top bar ------------------------------------------------------------------------------------------------
 
@@ -260,92 +261,15 @@ class CtkTrainView(ctk.CTk):
             return
         self.tensorboard_label.configure(text=f"http://localhost:6006  ({logdir})")
 
-    # ---- bottom bar ---------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _progress_row(bar, row: int, name: str):
-        ctk.CTkLabel(bar, text=name, width=40).grid(row=row, column=0, sticky="w", padx=8)
-        progress = ctk.CTkProgressBar(bar)
-        progress.set(0)
-        progress.grid(row=row, column=1, sticky="ew", padx=4)
-        label = ctk.CTkLabel(bar, text="0 / 0", width=200, anchor="w")
-        label.grid(row=row, column=2, sticky="w", padx=4)
-        return progress, label
-
-    def _build_bottom_bar(self) -> None:
-        bar = ctk.CTkFrame(self)
-        bar.grid(row=2, column=0, sticky="ew", padx=6, pady=2)
-        bar.grid_columnconfigure(1, weight=1)
-        self.status_label = ctk.CTkLabel(bar, text="idle", anchor="w")
-        self.status_label.grid(row=0, column=0, columnspan=3, sticky="ew", padx=8)
-        self.step_bar, self.step_label = self._progress_row(bar, 1, "step")
-        self.epoch_bar, self.epoch_label = self._progress_row(bar, 2, "epoch")
-        buttons = ctk.CTkFrame(bar, fg_color="transparent")
-        buttons.grid(row=0, column=4, rowspan=3, padx=6)
-        self.start_button = button(buttons, "Start", self.start, width=90, fg_color="#2e7d32",
-                                   hover_color="#1b5e20")
-        self.start_button.grid(row=0, column=0, pady=3)
-        self.stop_button = button(buttons, "Stop", self.stop, width=90, fg_color="#b71c1c", hover_color="#7f0000",
-                                  state="disabled")
-        self.stop_button.grid(row=1, column=0, pady=3)
-        self.queue_button = button(buttons, "Add to queue", self.add_to_queue, width=90)
-        self.queue_button.grid(row=2, column=0, pady=3)
-        folders = ctk.CTkFrame(bar, fg_color="transparent")
-        folders.grid(row=0, column=5, rowspan=3, padx=6)
-        button(folders, "open output folder", self.open_output_folder, width=130).grid(row=0, column=0, pady=3)
-        button(folders, "open workspace", self.open_workspace, width=130).grid(row=1, column=0, pady=3)
-        self.level_menu = ctk.CTkOptionMenu(folders, values=list(LEVELS), width=130, command=self.set_log_level)
-        self.level_menu.set(self.prefs.log_level)
-        self.level_menu.grid(row=2, column=0, pady=3)
-        from modules.ui.CtkRunEndPanel import CtkRunEndPanel
-        self.end_panel = CtkRunEndPanel(self)   # shown (row 3) at the end of a run
-        self.log_box = ctk.CTkTextbox(self, height=90, wrap="word")
-        self.log_box.grid(row=4, column=0, sticky="ew", padx=6, pady=(2, 6))
-        self.log_box.configure(state="disabled")
-
-    def log(self, text: str) -> None:
-        line = text.rstrip("\n")
-        self.log_lines.append(line)
-        if shown_at(line, self.prefs.log_level):
-            self._append_log(line)
-
-    def _append_log(self, line: str) -> None:
-        self.log_box.configure(state="normal")
-        self.log_box.insert("end", line + "\n")
-        self.log_box.see("end")
-        self.log_box.configure(state="disabled")
-
-    def set_log_level(self, level: str) -> None:
-        """The log panel shows the lines at `level` and above (all lines are kept: a lower level shows them again)."""
-        self.prefs.log_level = level
-        self.log_box.configure(state="normal")
-        self.log_box.delete("1.0", "end")
-        self.log_box.configure(state="disabled")
-        for line in self.log_lines:
-            if shown_at(line, level):
-                self._append_log(line)
-
-    def output_folder(self) -> Path:
-        return Path(self.config_state.get("output.destination") or "workspace/output").parent
-
-    def open_output_folder(self) -> None:
-        problem = open_folder(self.output_folder())
-        if problem:
-            self.show_dialog("Open folder", problem)
-
-    def open_workspace(self) -> None:
-        problem = open_folder(self.config_state.get("workspace_dir") or "workspace")
-        if problem:
-            self.show_dialog("Open folder", problem)
-
     def _bind_keys(self) -> None:
         """Ctrl+Enter starts, Ctrl+. stops; Ctrl+A selects a whole entry (Tk's default moves to the line start)."""
         self.bind("<Control-Return>", lambda _e: self.start())
         self.bind("<Control-period>", lambda _e: self.stop())
 
         def select_all(event):
-            event.widget.select_range(0, "end")
-            event.widget.icursor("end")
+            # by Tcl path: the file dialogs' own (ttk) entries have no Python widget object behind them
+            self.tk.call(str(event.widget), "selection", "range", 0, "end")
+            self.tk.call(str(event.widget), "icursor", "end")
             return "break"
 
         def select_all_text(event):   # the caption and prompt boxes (tk Text inside CTkTextbox)
@@ -353,12 +277,13 @@ class CtkTrainView(ctk.CTk):
             event.widget.mark_set("insert", "end-1c")
             return "break"
 
-        self.bind_class("Entry", "<Control-a>", select_all)
-        self.bind_class("Entry", "<Control-A>", select_all)
+        for entry_class in ("Entry", "TEntry"):   # TEntry: the Load / Save / folder dialogs' name fields
+            self.bind_class(entry_class, "<Control-a>", select_all)
+            self.bind_class(entry_class, "<Control-A>", select_all)
         self.bind_class("Text", "<Control-a>", select_all_text)
         self.bind_class("Text", "<Control-A>", select_all_text)
 
-    def show_dialog(self, title: str, text: str) -> ctk.CTkToplevel:
+    def show_dialog(self, title: str, text: str, ok_text: str = "OK") -> ctk.CTkToplevel:
         """A message window that does not block the main loop (training and timers go on)."""
         dialog = ctk.CTkToplevel(self)
         dialog.title(title)
@@ -367,7 +292,7 @@ class CtkTrainView(ctk.CTk):
         box.insert("end", text)
         box.configure(state="disabled")
         box.pack(padx=10, pady=10, fill="both", expand=True)
-        button(dialog, "OK", dialog.destroy, width=80).pack(pady=(0, 10))
+        button(dialog, ok_text, dialog.destroy, width=80).pack(pady=(0, 10))
         dialog.transient(self)
         self.dialogs.append(dialog)
         return dialog
@@ -377,7 +302,7 @@ class CtkTrainView(ctk.CTk):
     def start(self) -> None:
         problems = self.controller.start()
         if problems:
-            self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in problems))
+            self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in problems), "ERROR")
             self.show_dialog("Start refused", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
             return
         self._running_started()
@@ -385,6 +310,9 @@ class CtkTrainView(ctk.CTk):
 
     def _running_started(self) -> None:
         self._drawn_losses = 0
+        for bar, label in ((self.step_bar, self.step_label), (self.epoch_bar, self.epoch_label)):
+            bar.set(0)   # the last run's numbers are not this one's (its plan comes after loading)
+            label.configure(text="0 / 0")
         self.start_button.configure(state="disabled")
         self.queue_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
@@ -420,11 +348,11 @@ class CtkTrainView(ctk.CTk):
                 self.log(str(payload))
             elif kind == "refused":
                 self._run_ended()
-                self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in payload))
+                self.log("Start refused:\n" + "\n".join(f"  - {p}" for p in payload), "ERROR")
                 self.show_dialog("Start refused", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in payload))
             elif kind == "failed":
                 self._run_ended()
-                self.log(f"training failed: {payload}")
+                self.log(f"training failed: {payload}", "ERROR")
                 self.show_dialog("Training failed", str(payload))
             elif kind == "finished":
                 self._run_ended()
@@ -440,6 +368,9 @@ class CtkTrainView(ctk.CTk):
                     self.prefs.has_run = True
                     self.show_hint(False)
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
+                self._update_variant()                  # and its model (the memory line waits for the run's end)
+                for picker in self.part_pickers:
+                    picker.refresh()
             elif kind == "job":
                 self.queue_view.refresh()
             elif kind == "queue_done":
@@ -453,85 +384,14 @@ class CtkTrainView(ctk.CTk):
         self.after(POLL_MS, self._poll)
 
     def _run_ended(self) -> None:
+        # the demo's first Start makes its model: what the window said about the base model before is stale
+        self._update_variant()
+        for picker in self.part_pickers:
+            picker.refresh()
+        self.training_view.replan_soon()
         self.loss_view.refresh_runs()
         self.gallery_view.refresh()
         self.start_button.configure(state="normal")
         self.queue_button.configure(state="normal")
         self.stop_button.configure(state="disabled")
         self.sampling_view.refresh_previews()
-
-    def _show_progress(self) -> None:
-        run = self.controller.run
-        self.status_label.configure(text=run.status)
-        if run.total_steps:
-            self.step_bar.set(run.step / run.total_steps)
-            self.step_label.configure(text=f"{run.step} / {run.total_steps}   {run.seconds_per_step or 0:.2f} s/step"
-                                           f"   ETA {format_duration(run.eta_seconds)}")
-        if run.epochs:
-            self.epoch_bar.set(run.epoch_fraction)
-            self.epoch_label.configure(text=f"epoch {run.epoch + 1} / {run.epochs}")
-        # the loss tab follows the run (its events are read again at most every 2 s)
-        if len(run.losses) != self._drawn_losses and time.monotonic() - self._loss_drawn_at > 2:
-            self._drawn_losses = len(run.losses)
-            self._loss_drawn_at = time.monotonic()
-            self.loss_view.reload()
-
-    def ask_close(self, confirm=None) -> None:
-        """The window's close button: during training, ask first (`confirm`: tests answer without the modal box);
-        the stopped run is offered on the next start."""
-        if self.controller.running:
-            from tkinter import messagebox
-            confirm = confirm or (lambda: messagebox.askyesno(
-                "Training is running", "Stop the run (a backup is written) and close? The next start offers to resume "
-                "it.", parent=self))
-            if not confirm():
-                return
-            self.remember_interrupted_run()
-        self.close()
-
-    def remember_interrupted_run(self) -> None:
-        """The running run's config (run-configs/), offered for resuming on the next start."""
-        trainer = self.controller.trainer
-        if trainer is not None and getattr(trainer, "run_name", None):
-            self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
-
-    def _offer_resume(self) -> None:
-        path = Path(self.prefs.interrupted_config)
-        self.prefs.interrupted_config = ""
-        self._save_prefs()
-        if not path.is_file():
-            return
-        dialog = self.show_dialog("Resume?", f"The last session closed during a run ({path.stem}). Resume the "
-                                             f"interrupted run from its newest backup?")
-        self.resume_button = button(dialog, "Resume the interrupted run",
-                                    lambda: (dialog.destroy(), self.resume_run(path)), width=220)
-        self.resume_button.pack(pady=(0, 10))
-
-    def resume_run(self, config_path: str | Path) -> None:
-        """Loads a run's config with backup.continue_last_backup on and starts it."""
-        self.load_file(config_path)
-        self.config_state.set_text("backup.continue_last_backup", "true")
-        self.start()
-
-    def _save_prefs(self) -> None:
-        try:
-            self.prefs.write(self.prefs_path)
-        except OSError as error:
-            self.log(f"the window's settings were not saved: {error}")
-
-    def close(self) -> None:
-        try:
-            self.controller.save_last_used()
-        except OSError as error:
-            self.log(f"the last-used config was not saved: {error}")
-        self.prefs.geometry = self.geometry()
-        self._save_prefs()
-        if self.controller.running:
-            self.controller.stop()
-            deadline = time.monotonic() + 30
-            while self.controller.running and time.monotonic() < deadline:
-                self.update()
-                time.sleep(0.05)
-        if getattr(self, "_tensorboard", None) is not None:
-            self._tensorboard.terminate()
-        self.destroy()

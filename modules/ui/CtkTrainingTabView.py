@@ -74,7 +74,8 @@ class CtkTrainingTabView:
                       command=lambda: self.memory.predict(self._card_gib())).grid(row=0, column=2, padx=4)
         ctk.CTkButton(box, text="fit to my card", width=120,
                       command=lambda: self.memory.fit(self._card_gib() or 24.0)).grid(row=0, column=3, padx=4)
-        self.memory_label = ctk.CTkLabel(box, text=self.memory.text, anchor="w")
+        # wrapped: a long line ("not planned: ...") widened the box and pushed "fit to my card" out of view
+        self.memory_label = ctk.CTkLabel(box, text=self.memory.text, anchor="w", justify="left", wraplength=540)
         self.memory_label.grid(row=1, column=0, columnspan=4, sticky="w", pady=(4, 0))
         self._poll_memory(box)
 
@@ -93,9 +94,9 @@ class CtkTrainingTabView:
         if path.startswith("timestep.") or path in ("", "expert", "model.base_model_name"):
             self.draw_density()
         if path == "" or path.split(".")[0] in MEMORY_PATHS:
-            self._replan_soon()
+            self.replan_soon()
 
-    def _replan_soon(self) -> None:
+    def replan_soon(self) -> None:
         """The memory line follows the config: a new prediction a second after the last change."""
         if getattr(self, "_replan", None) is not None:
             self.memory_label.after_cancel(self._replan)
@@ -104,7 +105,7 @@ class CtkTrainingTabView:
     def _replan_now(self) -> None:
         self._replan = None
         if not self.memory.predict(self._card_gib()) and self.memory.busy:
-            self._replan_soon()   # one is running: plan again once it is done
+            self.replan_soon()   # one is running: plan again once it is done
 
     def _boundary(self) -> float | None:
         index = Path(self.state.get("model.base_model_name") or "") / "model_index.json"

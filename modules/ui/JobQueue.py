@@ -80,7 +80,15 @@ class JobQueue:
     # ---- editing -------------------------------------------------------------------------------------------
 
     def add(self, config: dict, name: str = "") -> Job:
-        """A job from a config dict (a full config: the window's `json_dict()` or a file's content)."""
+        """A job from a config dict (a full config: the window's `json_dict()` or a file's content). ValueError when
+        a job that has not run yet writes the same output file: the later one would replace it unseen (two jobs
+        of one config with a setting changed in between, the usual way to queue variants)."""
+        destination = (config.get("output") or {}).get("destination")
+        other = self.writing(destination) if destination else None
+        if other is not None:
+            raise ValueError(f"job {self.jobs.index(other) + 1} ({other.name}, {other.state}) already writes "
+                             f"{destination}: the later job would replace it. Give this one another output "
+                             f"destination (output.destination, model tab) to keep both")
         job_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         config_path = self.jobs_dir / f"{job_id}.json"
         atomic_write_text(config_path, json.dumps(config, indent=2) + "\n")
@@ -95,6 +103,20 @@ class JobQueue:
         from modules.util.config.config_io import config_to_dict, load_config
         config = load_config(config_path=str(path))   # validates now: a broken file never waits in the queue
         return self.add(config_to_dict(config), name=Path(path).stem)
+
+    def writing(self, destination: str) -> Job | None:
+        """The job still to run (or running) whose config writes `destination`, if any."""
+        wanted = Path(destination).expanduser().resolve()
+        for job in self.jobs:
+            if job.state in ("done", "failed", "stopped"):
+                continue
+            try:
+                output = json.loads(Path(job.config).read_text(encoding="utf-8")).get("output") or {}
+            except (OSError, ValueError):
+                continue
+            if output.get("destination") and Path(output["destination"]).expanduser().resolve() == wanted:
+                return job
+        return None
 
     def index_of(self, number: int) -> int:
         """A job by its 1-based number as `list` prints it; IndexError names the range."""

@@ -34,9 +34,12 @@ class MemoryPlanController:
             return None
         self.busy = False
         if kind == "fit" and payload[0] is not None:
+            # said, not only done: the switches it changed (the fields elsewhere on the tab change with them)
+            changed = [f"{path} = {value}" for path, value in payload[0].items() if self.state.get(path) != value]
             for path, value in payload[0].items():
                 self.state.set(path, value)
-            self.text = payload[1]
+            self.text = payload[1] + (f"; fit set {', '.join(changed)}" if changed else
+                                      "; it fits as set, nothing changed")
         else:
             self.text = payload if kind != "fit" else payload[1]
         return self.text

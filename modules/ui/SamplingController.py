@@ -160,10 +160,21 @@ class SamplingController:
             if root.is_dir() else []
         return max(runs, key=lambda d: d.stat().st_mtime) if runs else root
 
-    def previews(self) -> list[PreviewSeries]:
-        """Every prompt folder with its preview videos sorted by training step; previews at other LoRA strengths
-        (sampling.compare_strengths) are series of their own after the folder's."""
-        root = self.samples_dir()
+    def locate(self, path: str | Path) -> tuple[list[PreviewSeries], PreviewSeries, int] | None:
+        """A preview chosen elsewhere (a gallery cell, of any run): the series of its run, the one holding it and
+        its index there; None for a video that is no training preview (a comparison grid)."""
+        path = Path(path)
+        series = self.previews(path.parent.parent)
+        for one in series:
+            for index, video in enumerate(one.videos):
+                if video.path == path:
+                    return series, one, index
+        return None
+
+    def previews(self, root: Path | None = None) -> list[PreviewSeries]:
+        """Every prompt folder of a run (default: the newest) with its preview videos sorted by training step;
+        previews at other LoRA strengths (sampling.compare_strengths) are series of their own after the folder's."""
+        root = self.samples_dir() if root is None else root
         if not root.is_dir():
             return []
         series = []

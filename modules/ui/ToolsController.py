@@ -68,12 +68,17 @@ def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list
 
 
 def compare_command(base_model: str, loras: list[str], strengths: list[float], output_dir: str, *,
-                    samples_file: str = "", prompt: str = "", device: str = "auto") -> list[str]:
-    """scripts/compare.py: every checkpoint (file, folder of saves, backup) x strength, a grid per sample."""
+                    samples_file: str = "", prompt: str = "", device: str = "auto", width: int = 0, height: int = 0,
+                    frames: int = 0, steps: int = 0) -> list[str]:
+    """scripts/compare.py: every checkpoint (file, folder of saves, backup) x strength, a grid per sample; a size
+    given here applies where a sample gives none."""
     command = ["compare", "--base-model-name", base_model, "--lora", *loras]
     if strengths:
         command += ["--strengths", *(f"{s:g}" for s in strengths)]
     command += ["--samples-file", samples_file] if samples_file else ["--prompt", prompt]
+    for option, value in (("--width", width), ("--height", height), ("--frames", frames), ("--steps", steps)):
+        if value:
+            command += [option, str(value)]
     return command + ["--output-dir", output_dir, "--device", device]
 
 
@@ -91,6 +96,7 @@ class ToolsController:
         self.python = python
         self.events: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen | None = None
 
     @property
     def running(self) -> bool:
@@ -119,12 +125,26 @@ class ToolsController:
         except OSError as error:
             self.events.put(("done", (1, [f"cannot start {script}: {error}"])))
             return
+        self._process = process
         for line in process.stdout:
             line = line.rstrip("\n")
             self.events.put(("log", line))
             if line and not line.startswith(" ") and Path(line).exists():
                 written.append(line)
         self.events.put(("done", (process.wait(), written)))
+
+    def stop(self) -> bool:
+        """Ends the running tool (a comparison at full size runs for hours on a CPU); False when none runs. The
+        window calls it when it closes too: the child would otherwise go on writing after the window is gone."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return False
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        return True
 
     def poll_events(self) -> list[tuple[str, object]]:
         drained = []

@@ -9,7 +9,8 @@ optimizer steps).
 Events, as (kind, payload): ("status", str), ("progress", dict from GenericTrainer.on_update plus "epochs",
 "epoch_fraction"), ("validation", {"validation_loss", "step", "validation_per_sigma"}: a validation loss, see
 docs/validation.md), ("log", str), ("refused", [problems]), ("failed", message), ("finished", {"written": [paths],
-"stopped": bool, "backups": [paths]}).
+"stopped": bool, "backups": [paths]}), ("released", None): the run's trainer is let go (collected on the main thread
+when the event is drained).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class RunState:
     validation_losses: list[tuple[int, float]] = field(default_factory=list)   # (step, validation loss)
     started: float = 0.0
     resumed_from: int | None = None  # the backup's step when the run continued one
+    encode_calls: dict[str, int] = field(default_factory=dict)   # per cache encoder, of the ended run
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -218,8 +220,10 @@ class TrainController:
         if problems:
             return problems
         config = self.state.config()
-        self.run = RunState(running=True, status="preparing", epochs=config.epochs, started=time.monotonic())
+        # the epochs are the run plan's (it may train fewer than config.epochs): none shown until it comes
+        self.run = RunState(running=True, status="preparing", started=time.monotonic())
         self._plan_sent = False
+        self.trainer = None   # the last run's: its plan and Stop must not stand for this one
         self._thread = threading.Thread(target=self._work, args=(config,), name="training", daemon=True)
         self._thread.start()
         return []
@@ -236,7 +240,10 @@ class TrainController:
         problems = self.state.validate()
         if problems:
             return problems
-        self.job_queue().add(self.state.json_dict())
+        try:
+            self.job_queue().add(self.state.json_dict())
+        except ValueError as error:   # another waiting job writes the same output file
+            return [str(error)]
         return []
 
     def start_queue(self) -> list[str]:
@@ -248,6 +255,7 @@ class TrainController:
             return [f"the queue {queue.path} has no waiting job"]
         self.run = RunState(running=True, status="queue: starting")
         self._plan_sent = False
+        self.trainer = None   # else the first job's progress read the last run's plan and Stop went to it
         self._queue_stop = False
         self._thread = threading.Thread(target=self._work_queue, args=(queue,), name="training", daemon=True)
         self._thread.start()
@@ -330,6 +338,28 @@ class TrainController:
         finally:
             root.removeHandler(handler)
             root.setLevel(previous_level)
+            self._release_trainer()
+
+    def _release_trainer(self) -> None:
+        """An ended run's model and optimizer are let go: the window may stay open for hours, and the tools tab
+        samples the new LoRA in a child process that needs the card's memory. The collection itself runs on the
+        main thread ("released"): one here could finalise Tk objects off their thread."""
+        trainer, self.trainer = self.trainer, None
+        if trainer is not None and getattr(trainer, "data", None) is not None:
+            self.run.encode_calls = {name: getattr(encoder, "encode_calls", 0)
+                                     for name, encoder in trainer.data.encoders.items()}
+        del trainer
+        self.events.put(("released", None))
+
+    @staticmethod
+    def _collect() -> None:
+        gc.collect()
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
 
     def _end_report(self, written) -> str:
         """The terminal's end report (written files, next commands), for the window's end-of-run panel."""
@@ -423,6 +453,8 @@ class TrainController:
             run.running, run.status = False, f"failed: {str(payload).splitlines()[0]}"
         elif kind == "queue_done":
             run.running, run.status = False, payload
+        elif kind == "released":
+            self._collect()
         elif kind == "finished":
             run.running = False
             run.status = "stopped; backup written" if payload["stopped"] else \

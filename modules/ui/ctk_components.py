@@ -138,15 +138,7 @@ class BoundField:
         self.state.set_text(self.path, text, origin=self.show)
 
     def browse(self, kind: str) -> None:
-        from tkinter import filedialog
-        current = self.variable.get().strip()
-        start = current if current and Path(current).is_dir() else str(Path(current).parent) if current else "."
-        if kind == "folder":
-            chosen = filedialog.askdirectory(parent=self.widget, initialdir=start)
-        elif kind == "save":
-            chosen = filedialog.asksaveasfilename(parent=self.widget, initialdir=start)
-        else:
-            chosen = filedialog.askopenfilename(parent=self.widget, initialdir=start)
+        chosen = ask_path(self.widget, kind, self.variable.get())
         if chosen:
             self.set_text(chosen)
 
@@ -186,10 +178,41 @@ def scrollable_tab(tabview: ctk.CTkTabview, name: str) -> ctk.CTkScrollableFrame
     tab = tabview.add(name)
     tab.grid_columnconfigure(0, weight=1)
     tab.grid_rowconfigure(0, weight=1)
-    frame = ctk.CTkScrollableFrame(tab, fg_color="transparent")
+    # the tabview's colour pair, not "transparent": the widgets inside take their background from this frame, and
+    # from a transparent one they got the current mode's colour only (dark labels on dark after a switch to light)
+    frame = ctk.CTkScrollableFrame(tab, fg_color=tabview.cget("fg_color"))
     frame.grid(row=0, column=0, sticky="nsew")
     frame.grid_columnconfigure(2, weight=1)
     return frame
+
+
+class EntryText:
+    """An entry's text with a StringVar's get() / set(). CTkEntry shows its placeholder (the hint of an empty field)
+    only when it has no textvariable: with one, every hint of a form was invisible."""
+
+    def __init__(self, entry: ctk.CTkEntry):
+        self.entry = entry
+
+    def get(self) -> str:
+        return self.entry.get()   # "" while the hint shows
+
+    def set(self, text: str) -> None:
+        self.entry.delete(0, "end")   # empty and not focused: the hint shows again
+        if text:
+            self.entry.insert(0, text)
+
+
+def ask_path(parent, kind: str, current: str = "") -> str:
+    """A file ("file"), folder ("folder") or new file ("save") chosen in the system dialog, starting where
+    `current` points; "" when cancelled."""
+    from tkinter import filedialog
+    current = current.strip()
+    start = current if current and Path(current).is_dir() else str(Path(current).parent) if current else "."
+    if kind == "folder":
+        return filedialog.askdirectory(parent=parent, initialdir=start) or ""
+    if kind == "save":
+        return filedialog.asksaveasfilename(parent=parent, initialdir=start) or ""
+    return filedialog.askopenfilename(parent=parent, initialdir=start) or ""
 
 
 def button(master, text: str, command: Callable[[], None], width: int = 120, **kwargs) -> ctk.CTkButton:

@@ -54,10 +54,18 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def line_level(line: str) -> str:
-    """A log line's level by its first word ("WARNING root: ..."); the window's own messages count as INFO."""
+    """A log line's level by its first word ("WARNING root: ..."), ERROR for a traceback; the window's own messages
+    count as INFO."""
     word = line.split(" ", 1)[0]
+    if line.startswith("Traceback "):
+        return "ERROR"
     return word if word in LEVELS else ("ERROR" if word == "CRITICAL" else "INFO")
 
 
+def level_shown(level: str, shown_from: str) -> bool:
+    """Whether a message of `level` shows in a pane filtered to `shown_from` and above."""
+    return LEVELS.index(level) >= LEVELS.index(shown_from if shown_from in LEVELS else "INFO")
+
+
 def shown_at(line: str, level: str) -> bool:
-    return LEVELS.index(line_level(line)) >= LEVELS.index(level if level in LEVELS else "INFO")
+    return level_shown(line_level(line), level)

@@ -105,8 +105,7 @@ class WanBaseModelLoader:
             if local_only:
                 raise
             # offline, an empty cache, a mistyped or gated repository: what huggingface_hub says, in one sentence
-            what = getattr(self, "_fetching", None) or "the weights"
-            raise ModelLoadError(f"model.base_model_name: cannot fetch {what} of the hub id {base!r}: "
+            raise ModelLoadError(f"model.base_model_name: cannot fetch the weights of the hub id {base!r}: "
                                  f"{(str(error).splitlines() or [type(error).__name__])[0]} (download it once where "
                                  f"the hub is reachable, or name a local folder)") from None
 
@@ -185,9 +184,17 @@ class WanBaseModelLoader:
         path = Path(base) / relative
         if not path.is_file() and not local_only:
             from huggingface_hub import hf_hub_download
-            self._fetching = relative   # named if the download fails
-            path = Path(hf_hub_download(base, relative))
-            self._fetching = None
+            from huggingface_hub.errors import RemoteEntryNotFoundError
+            try:
+                path = Path(hf_hub_download(base, relative))
+            except RemoteEntryNotFoundError:   # the repository has no such file: said below, as for a folder
+                pass
+            except OSError as error:     # offline and not cached, no such repository, gated, a proxy's refusal
+                raise ModelLoadError(
+                    f"model.base_model_name {base!r}: {relative} is neither in the Hugging Face cache nor "
+                    f"downloadable ({type(error).__name__}: {str(error).splitlines()[0]}). Download the model "
+                    f"once where there is a connection (hf download {base} --local-dir DIR) and set "
+                    f"model.base_model_name to DIR") from None
         if not path.is_file():
             raise NotAWanModelError(f"{base}: {relative} is missing; this is not a diffusers Wan model folder")
         return json.loads(path.read_text(encoding="utf-8"))

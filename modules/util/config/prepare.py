@@ -57,6 +57,10 @@ def prepare_config(config: TrainConfig) -> list:
             except ConfigError as error:
                 problems += error.problems
             problems += expert_problems(config, variant, base)
+    if not config.e2v.enabled and not any(concept.enabled for concept in config.data.concepts):
+        # found here, not after the data scan as "no usable training item in (no enabled concept)"
+        problems.append("data.concepts: no enabled concept: add your dataset folder as a concept (the window's "
+                        "concepts tab, or --config-value 'data.concepts=[{\"path\": \"DIR\"}]')")
     datasets = []
     if config.e2v.enabled:
         from modules.util.config.E2VConfig import check_against_frames

@@ -19,12 +19,12 @@ import re
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
 from modules.modelLoader.wan.parts.text_encoder_files import shape_mismatch
+from modules.util.empty_weights import empty_weights
 from modules.util.encoder_keys import ClipSource, clip_vision_sources
 
 LAYOUT_WAN = "wan"
@@ -145,7 +145,7 @@ def plan_image_encoder(keys: dict[str, TensorInfo], layout: str, source: str, co
         raise ModelFileError(f"{source}: not a CLIP vision tower in the {layout!r} layout")
     shapes = {name: _shape(src, keys[src.key]) for name, src in sources.items()}
     settings = image_encoder_config(shapes, source, config)
-    with init_empty_weights():
+    with empty_weights():
         model = CLIPVisionModel(CLIPVisionConfig(**settings))
     problem = shape_mismatch({name: tuple(p.shape) for name, p in model.state_dict().items()}, shapes)
     if problem:
@@ -160,7 +160,7 @@ def load_image_encoder(paths: list[Path], layout: str, dtype: torch.dtype, confi
     paths = [Path(p) for p in paths]
     keys = read_keys_and_shapes(paths)
     sources, settings = plan_image_encoder(keys, layout, str(paths[0]), config or _beside_config(paths[0]))
-    with init_empty_weights():
+    with empty_weights():
         model = CLIPVisionModel(CLIPVisionConfig(**settings))
     shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     reads = {}

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
 from transformers import UMT5Config, UMT5EncoderModel
 
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors, read_keys_and_shapes
 from modules.modelLoader.wan.parts import comfy_quant
+from modules.util.empty_weights import empty_weights
 from modules.util.encoder_keys import SPIECE_MODEL_KEY, WAN_T5_BLOCK_NAMES, WAN_T5_TOP_NAMES
 from modules.util.fp8_scaled import make_scaled_fp8
 
@@ -183,7 +183,7 @@ def plan_text_encoder(keys: dict[str, TensorInfo], layout: str, source: str) -> 
         raise ModelFileError(comfy_quant.refusal(source, problems))
     shapes = {name: keys[key].shape for name, key in found.names.items()}
     config = UMT5Config(**text_encoder_config(shapes, source))
-    with init_empty_weights():
+    with empty_weights():
         model = UMT5EncoderModel(config)
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items() if name != "encoder.embed_tokens.weight"}
     problem = shape_mismatch(expected, shapes)
@@ -205,7 +205,7 @@ def load_text_encoder(paths: list[Path], layout: str, dtype: torch.dtype, keep_f
     """
     keys = read_keys_and_shapes(paths)
     found, config = plan_text_encoder(keys, layout, str(paths[0]))
-    with init_empty_weights():
+    with empty_weights():
         model = UMT5EncoderModel(config)
     shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     # as from_pretrained does: the feed-forward output stays float32 when loading in float16 (T5's activations

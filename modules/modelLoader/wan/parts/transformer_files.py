@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
 from diffusers import WanTransformer3DModel
 
+from modules.util.empty_weights import empty_weights
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
 from modules.modelLoader.wan.parts import comfy_quant
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
@@ -117,7 +117,7 @@ def check_quantization(file: TransformerFile, source: str) -> None:
 
 def key_mismatch(model_class, config: dict, shapes: dict[str, TensorInfo]) -> str | None:
     """What keeps `shapes` (diffusers names) from filling a meta-built `model_class(config)`, or None."""
-    with init_empty_weights():
+    with empty_weights():
         model = model_class.from_config(config)
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     missing = sorted(set(expected) - set(shapes))
@@ -167,7 +167,7 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
     in `weight_dtype`'s compute dtype (bfloat16 for FLOAT_8); FLOAT_8 of a wider file is cast to fp8 as it is read,
     never held whole in the wider dtype."""
     check_transformer_keys(file, config, source)
-    with init_empty_weights():
+    with empty_weights():
         model = WanTransformer3DModel.from_config(config)
     keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
     store_fp8 = file.is_fp8 or weight_dtype is DataType.FLOAT_8

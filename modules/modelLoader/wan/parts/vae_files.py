@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
@@ -20,6 +19,7 @@ from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors
 from modules.modelLoader.wan.parts.transformer_files import dtype_label, key_mismatch
 from modules.modelLoader.wan.parts.wan_configs import released_configs
+from modules.util.empty_weights import empty_weights
 
 # residual block parts: official Sequential index -> diffusers name (both Wan VAE versions)
 _RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight", "residual.2.bias": "conv1.bias",
@@ -125,7 +125,7 @@ def check_vae_keys(file: VaeFile, config: dict, source: str) -> None:
 
 def load_vae(paths: list[Path], file: VaeFile, config: dict, dtype: torch.dtype, source: str) -> AutoencoderKLWan:
     check_vae_keys(file, config, source)
-    with init_empty_weights():
+    with empty_weights():
         model = AutoencoderKLWan.from_config(config)
     reads = {}
     for name, key in file.names.items():
