@@ -13,7 +13,7 @@ from modules.util.config.ModelConfig import ModelConfig
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.util.tiny_model_files import write_comfy_encoders, write_official_encoders
 from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, sample_tiny_video,
-                                    transformer_to_original, vae21_to_original)
+                                    transformer_to_original, vae21_to_original, write_release_transformer)
 
 
 def _state(folder, part, name="diffusion_pytorch_model.safetensors"):
@@ -36,16 +36,7 @@ def official_folder(base, folder):
     """Wan2.1-T2V as the Wan-AI repository ships it: original-key shards + index + the Wan config.json, the VAE and
     T5 .pth files, the google/umt5-xxl tokenizer folder."""
     folder.mkdir()
-    original = transformer_to_original(_state(base, "transformer"))
-    names = sorted(original)
-    weight_map = {}
-    for index, half in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
-        shard = f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"
-        save_file({k: original[k] for k in half}, str(folder / shard))
-        weight_map.update(dict.fromkeys(half, shard))
-    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    config = json.loads((base / "transformer" / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(official_transformer_config(config)))
+    write_release_transformer(base, folder)
     torch.save(vae21_to_original(_state(base, "vae")), folder / "Wan2.1_VAE.pth")
     write_official_encoders(base, folder)
     return folder

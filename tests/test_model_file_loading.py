@@ -15,8 +15,7 @@ from modules.util.config.prepare import prepare_config
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.config.config_io import ConfigError, load_config
 from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, to_fp8_scaled, transformer_to_original,
-                                    vae21_to_original,
-                                    vae22_to_original)
+                                    vae21_to_original, vae22_to_original, write_release_transformer)
 
 
 def _state(folder, part):
@@ -336,17 +335,7 @@ def test_the_official_shard_index_names_the_sharded_transformer(tiny_model, squa
     sharded set). Before: refused by the config check and the plan as "not a safetensors file"."""
     from modules.util.config.validation import path_problems
     base = tiny_model("wan2.1-t2v")
-    original = transformer_to_original(_state(base, "transformer"))
-    names = sorted(original)
-    weight_map = {}
-    for index, half in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
-        shard = f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"
-        save_file({k: original[k] for k in half}, str(tmp_path / shard))
-        weight_map.update(dict.fromkeys(half, shard))
-    index_file = tmp_path / "diffusion_pytorch_model.safetensors.index.json"
-    index_file.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (tmp_path / "config.json").write_text(json.dumps(official_transformer_config(
-        json.loads((base / "transformer" / "config.json").read_text()))))
+    index_file = write_release_transformer(base, tmp_path)
     config = load_config(overrides=[f"model.base_model_name={base}", f"model.transformer.path={index_file}",
                                     "device=cpu", f'data.concepts=[{{"path": "{squares_dataset}"}}]',
                                     f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}"])

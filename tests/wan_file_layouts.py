@@ -20,9 +20,12 @@ produce: tests/fixtures/official_wan_key_names.json, checked by tests/test_offic
   scripts/convert_wan_to_diffusers.py: nested `downsamples.B.downsamples.I` / `upsamples.B.upsamples.I`, the
   resampler at index num_res_blocks (encoder) / num_res_blocks + 1 (decoder).
 """
+import json
 import re
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from modules.util.fp8_scaled import quantise_scaled_fp8
 from modules.util.lora.keys import diffusers_to_original_state_dict
@@ -162,3 +165,21 @@ def comfy_checkpoint(transformer: dict[str, torch.Tensor], vae: dict[str, torch.
     if spiece_model is not None:
         out["text_encoders.spiece_model"] = spiece_model
     return out
+
+
+def write_release_transformer(base: Path, folder: Path) -> Path:
+    """The Wan-AI release's transformer from a diffusers folder `base`: original-key shards
+    `diffusion_pytorch_model-0000N-of-00002.safetensors`, their index and the official config.json; returns the
+    index file."""
+    original = transformer_to_original(load_file(str(base / "transformer" / "diffusion_pytorch_model.safetensors")))
+    names = sorted(original)
+    weight_map = {}
+    for index, half in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        shard = f"diffusion_pytorch_model-0000{index}-of-00002.safetensors"
+        save_file({k: original[k] for k in half}, str(folder / shard))
+        weight_map.update(dict.fromkeys(half, shard))
+    index_file = folder / "diffusion_pytorch_model.safetensors.index.json"
+    index_file.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = json.loads((base / "transformer" / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(official_transformer_config(config)))
+    return index_file
