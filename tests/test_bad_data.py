@@ -11,7 +11,8 @@ from PIL import Image
 from modules.dataLoader.concept_scan import scan_concepts
 from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
 from modules.util.config.DataConfig import ConceptConfig, DataConfig
-from modules.util.video_io import probe_media, read_frames, write_video
+from modules.util.video_io import probe_media, read_frames
+from modules.util.video_frames import write_video
 
 
 def frames(count: int, height: int = 32, width: int = 32) -> np.ndarray:

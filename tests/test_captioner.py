@@ -21,7 +21,7 @@ def tiny_vlm(tmp_path_factory):
 @pytest.fixture
 def media_folder(tmp_path):
     """Two clips (9 frames, mp4 and npz), a still and a broken video."""
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
     rng = np.random.default_rng(0)
     write_video(tmp_path / "clip_a.mp4", rng.integers(0, 255, (9, 48, 64, 3), dtype=np.uint8), fps=16)
     np.savez(tmp_path / "clip_b.npz", frames=rng.integers(0, 255, (9, 40, 40, 3), dtype=np.uint8), fps=16)

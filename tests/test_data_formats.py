@@ -20,7 +20,7 @@ from modules.dataLoader.pipeline.Pipeline import Pipeline
 from modules.util.config.config_io import ConfigError, load_config, save_config
 from modules.util.config.DataConfig import ConceptConfig
 from modules.util.demo_assets import COLOURS, square_clip
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -11,7 +11,7 @@ from modules.ui import DatasetBrowser as browser
 from modules.util.config.config_io import load_config
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.demo_assets import COLOURS, square_clip
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 
 
 def dataset(folder: Path) -> Path:

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from modules.util.demo_assets import COLOURS, square_clip
 from modules.util.demo_e2v import make_e2v_dataset
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 from seed_configs import fixture_text, user_seed_path, user_seed_text, with_data_root
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -727,7 +727,7 @@ def test_the_samples_table_shows_a_samples_file_written_after_it_was_chosen(app,
 
 
 def test_a_comparison_grid_of_the_workspace_opens_from_the_gallery(app, tmp_path):
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
     app.fields["workspace_dir"].set_text(str(tmp_path / "ws"))
     grid = tmp_path / "ws" / "compare" / "000-a-red-square-s3.mp4"     # as the tools tab's compare writes it
     grid.parent.mkdir(parents=True)

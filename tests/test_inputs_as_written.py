@@ -248,7 +248,7 @@ def test_diffusion_pipe_directories_train_with_their_own_buckets_and_their_mask_
     this test warned that masks were not applied before)."""
     from modules.util.config.config_io import load_config
     from modules.util.demo_assets import COLOURS, square_clip
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
     from tests.test_data_formats import items
     monkeypatch.chdir(tmp_path)
     for folder, name in (("plain", "a"), ("own", "b")):
@@ -353,7 +353,7 @@ def test_a_folder_of_frames_with_musubi_source_fps_is_resampled_from_that_rate(t
 def test_a_diffusion_pipe_directory_with_its_own_buckets_trains_and_the_plan_names_them(tmp_path, monkeypatch,
                                                                                         tiny_model, capsys):
     from modules.util.demo_assets import COLOURS, square_clip
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
     monkeypatch.chdir(tmp_path)
     for folder in ("plain", "own"):
         (tmp_path / folder).mkdir()

@@ -18,7 +18,7 @@ from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.config_io import ConfigError, load_config
 from modules.util.config.prepare import prepare_config
 from modules.util.demo_assets import square_clip
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 
 SIZE, FRAMES = 32, 9
 STEPS = 60

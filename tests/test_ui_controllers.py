@@ -19,7 +19,7 @@ from modules.ui.TrainController import TrainController
 from modules.ui.UIState import UIState
 from modules.util.config.config_io import ConfigError, load_config
 from modules.util.config.OptimizerConfig import TimestepConfig
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 from test_e2v_config import SEED_001, SEED_002
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,14 +24,8 @@ from modules.dataLoader.pipeline.ProbeMedia import ProbeMedia  # noqa: E402
 from modules.dataLoader.pipeline.ResizeCropVideo import ResizeCropVideo  # noqa: E402
 from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket  # noqa: E402
 from modules.util.config.DataConfig import ConceptConfig  # noqa: E402
-from modules.util.video_io import (  # noqa: E402
-    UnreadableMediaError,
-    probe_media,
-    read_frames,
-    read_media,
-    resize_and_crop,
-    write_video,
-)
+from modules.util.video_io import UnreadableMediaError, probe_media, read_frames, read_media  # noqa: E402
+from modules.util.video_frames import resize_and_crop, write_video  # noqa: E402
 
 HEIGHT, WIDTH = 64, 96
 BUCKETS = [1, 5, 9, 17, 33]

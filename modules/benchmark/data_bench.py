@@ -1,7 +1,7 @@
 """Data benchmark: how fast the loader turns video files into training clips, and how fast a cached epoch runs.
 
 Writes `clips` synthetic H.264 clips (a scrolling noise texture with a moving square, `source_seconds` at
-`source_fps`, yuv420p, crf 18, through `video_io.write_video`) with caption sidecars, then measures:
+`source_fps`, yuv420p, crf 18, through `video_frames.write_video`) with caption sidecars, then measures:
 
 (a) bare:   PyAV decoding every frame of each file to an rgb24 numpy array (threaded decoder, nothing else) -
             the floor any loader pays;
@@ -81,7 +81,7 @@ def synthetic_clip(frames: int, height: int, width: int, seed: int = 0) -> np.nd
 
 
 def write_source_clips(folder: Path, cfg: DataBenchConfig, log=print) -> tuple[list[Path], float]:
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
 
     folder.mkdir(parents=True, exist_ok=True)
     count = max(1, round(cfg.source_seconds * cfg.source_fps))
@@ -188,7 +188,8 @@ def measure_ours(clip_folder: Path, cache_dir: Path, cfg: DataBenchConfig) -> di
 def measure_breakdown(paths: list[Path], cfg: DataBenchConfig) -> dict:
     """Where (b)'s time goes: the video_io calls the pipeline modules make, timed one by one (in the calling
     thread, one pass): probe_media, read_frames of the 16 fps head window, resize_and_crop, frames_to_tensor."""
-    from modules.util.video_io import covering_size, frames_to_tensor, probe_media, read_frames, resize_and_crop
+    from modules.util.video_io import probe_media, read_frames
+    from modules.util.video_frames import covering_size, frames_to_tensor, resize_and_crop
 
     stages = {"probe": 0.0, "decode": 0.0, "resize_crop": 0.0, "to_tensor": 0.0}
     for path in paths:

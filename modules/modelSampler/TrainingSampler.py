@@ -190,7 +190,7 @@ class TrainingSampler:
         """sampling.compare_strengths: the same sample with the LoRA being trained at each strength (the adapters'
         scaling, put back after), written as <step>-<epoch>-x<strength>.mp4."""
         from modules.util.lora.strength import adapter_strength
-        from modules.util.video_io import write_video
+        from modules.util.video_frames import write_video
 
         config = self.trainer.config
         if config.training_method is not TrainingMethod.LORA:
@@ -211,7 +211,7 @@ class TrainingSampler:
         from PIL import Image
 
         from modules.util.atomic import atomic_path, atomic_write_text
-        from modules.util.video_io import write_video
+        from modules.util.video_frames import write_video
 
         progress = self.trainer.progress
         step, epoch = int(progress.global_step), int(progress.epoch)

@@ -403,7 +403,8 @@ class WanModelSampler:
         """The image scaled to cover height x width and centre-cropped (as the data path crops clips)."""
         from PIL import Image
 
-        from modules.util.video_io import UnreadableMediaError, read_image, resize_and_crop
+        from modules.util.video_io import UnreadableMediaError, read_image
+        from modules.util.video_frames import resize_and_crop
         try:
             pixels = read_image(path)
         except UnreadableMediaError as error:

@@ -52,7 +52,7 @@ def compare_checkpoints(model, lora_sources: list[str | Path], strengths: list[f
 
     from modules.modelSampler.TrainingSampler import prompt_slug
     from modules.util.atomic import atomic_path
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
 
     comparison = LoraComparison(model, find_checkpoints(lora_sources), strengths, device)
     samples = [s for s in samples if s.enabled]

@@ -159,7 +159,7 @@ def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: st
     `e2v_config`: sample an E2V model (see WanModelSampler)."""
     from tqdm import tqdm
 
-    from modules.util.video_io import write_video
+    from modules.util.video_frames import write_video
 
     sampler = WanModelSampler(model, device=device, e2v_config=e2v_config or model.e2v_config)
     jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from modules.util.video_io import tensor_to_frames
+from modules.util.video_frames import tensor_to_frames
 
 log = logging.getLogger(__name__)
 

@@ -86,7 +86,8 @@ def _warm_video_codecs() -> None:
 
     import numpy as np
 
-    from modules.util.video_io import probe_media, read_media, write_video
+    from modules.util.video_io import probe_media, read_media
+    from modules.util.video_frames import write_video
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "warm.mp4"

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from modules.util.demo_paths import DEMO_CONCEPT, DEMO_MODEL, DEMO_SAMPLES_FILE, same_path, uses_demo_data
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 
 log = logging.getLogger(__name__)
 

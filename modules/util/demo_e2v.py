@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from modules.util.demo_assets import BACKGROUND, COLOURS, DIRECTIONS, square_clip
-from modules.util.video_io import write_video
+from modules.util.video_frames import write_video
 
 OBJECT_COLOUR = (230, 200, 40)
 

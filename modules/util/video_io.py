@@ -1,4 +1,5 @@
-"""Reading and writing videos, images and `.npz` clips as uint8 (T, H, W, 3) RGB frame arrays.
+"""Reading videos, images and `.npz` clips as uint8 (T, H, W, 3) RGB frame arrays (resizing, tensors and
+writing: modules/util/video_frames.py).
 
 Every medium is a video here: an image is a one-frame video, a GIF is decoded by PyAV like any other video, and an
 `.npz` clip holds a ready-made frame array (named 'frames', 'video' or 'arr_0', or else the one array shaped
@@ -22,11 +23,9 @@ errors), never everything.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -35,12 +34,12 @@ from typing import Literal
 
 import av
 import av.error
-import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-from modules.util.atomic import atomic_path
-from modules.util.config.bounds import MAX_FPS
+from modules.util.media_errors import UnreadableMediaError, describe_error
+from modules.util.npz_clips import check_frame_array, checked_npz_header, npz_fps, open_npz
+from modules.util.video_frames import as_fraction
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".gif"})
@@ -52,19 +51,6 @@ MediaKind = Literal["image", "video", "clip", "frames"]
 # the errors that a bad or truncated file makes PyAV raise (FFmpegError covers every av.error class)
 _AV_ERRORS = (av.error.FFmpegError, OSError, ValueError, EOFError)
 _IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-_NPZ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
-
-
-class UnreadableMediaError(Exception):
-    """A file that cannot be used: corrupt, truncated, empty, without frames, of an unsupported type or codec."""
-
-    def __init__(self, path: str | os.PathLike, reason: str):
-        self.path = str(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
-
-    def __reduce__(self):
-        return type(self), (self.path, self.reason)
 
 
 @dataclass(frozen=True)
@@ -98,7 +84,7 @@ class MediaInfo:
         """Source frame indices of the clip at `target_fps` (None: every frame as it is); see the module doc."""
         if self.timestamps is None or self.end_time is None or target_fps is None:
             return list(range(self.frame_count))
-        rate = _as_fraction(target_fps)
+        rate = as_fraction(target_fps)
         cached = self._resampled.get(rate)  # probes are cached and reused every epoch: resample once per rate
         if cached is None:
             cached = self._resampled[rate] = tuple(resample_indices(self.timestamps, self.end_time, rate))
@@ -124,13 +110,6 @@ def media_kind(path: str | os.PathLike) -> MediaKind | None:
     return None
 
 
-def _as_fraction(fps: float | Fraction | int) -> Fraction:
-    rate = fps if isinstance(fps, Fraction) else Fraction(fps).limit_denominator(1001)
-    if rate <= 0:
-        raise ValueError(f"a frame rate must be positive, got {fps}")
-    return rate
-
-
 def resample_indices(timestamps: Sequence[Fraction], end_time: Fraction,
                      target_fps: float | Fraction | None) -> list[int]:
     """For each output frame j (time j / target_fps) the index of the source frame at or just before that time.
@@ -144,7 +123,7 @@ def resample_indices(timestamps: Sequence[Fraction], end_time: Fraction,
         return []
     if target_fps is None:
         return list(range(n))
-    rate = _as_fraction(target_fps)
+    rate = as_fraction(target_fps)
     start = Fraction(timestamps[0])
     times = [Fraction(t) - start for t in timestamps]
     end = Fraction(end_time) - start
@@ -201,7 +180,7 @@ def _probe_frame_folder(path: str) -> MediaInfo:
                 turned = image.getexif().get(0x0112, 1) in (5, 6, 7, 8)
                 size = (image.height, image.width) if turned else image.size
         except _IMAGE_ERRORS as error:
-            raise UnreadableMediaError(path, f"frame {file.name}: cannot read the image: {_describe(error)}") \
+            raise UnreadableMediaError(path, f"frame {file.name}: cannot read the image: {describe_error(error)}") \
                 from error
         sizes.setdefault(size, file.name)
     if len(sizes) > 1:
@@ -213,7 +192,7 @@ def _probe_frame_folder(path: str) -> MediaInfo:
 
 def with_frame_rate(info: MediaInfo, fps: float) -> MediaInfo:
     """A folder of frames (no frame times of its own) timed at `fps`, so that it resamples like a video."""
-    rate = _as_fraction(fps)
+    rate = as_fraction(fps)
     timestamps = tuple(Fraction(i) / rate for i in range(info.frame_count))
     return MediaInfo(info.path, info.kind, info.width, info.height, info.frame_count, timestamps,
                      Fraction(info.frame_count) / rate)
@@ -267,7 +246,7 @@ def _probe_video(path: str) -> MediaInfo:
     except UnreadableMediaError:
         raise
     except _AV_ERRORS as error:
-        raise UnreadableMediaError(path, f"cannot decode: {_describe(error)}") from error
+        raise UnreadableMediaError(path, f"cannot decode: {describe_error(error)}") from error
     if first_frame is None:
         raise UnreadableMediaError(path, "the video has no frames that decode")
     height, width = first_frame.shape[:2]
@@ -311,7 +290,7 @@ def _probe_video_by_decoding(path: str, width: int, height: int) -> MediaInfo:
                 else:
                     times.append(Fraction(index, 16))
     except _AV_ERRORS as error:
-        raise UnreadableMediaError(path, f"cannot decode: {_describe(error)}") from error
+        raise UnreadableMediaError(path, f"cannot decode: {describe_error(error)}") from error
     if not times:
         raise UnreadableMediaError(path, "the video has no frames that decode")
     if any(b <= a for a, b in zip(times, times[1:])):
@@ -322,127 +301,15 @@ def _probe_video_by_decoding(path: str, width: int, height: int) -> MediaInfo:
     return MediaInfo(path, "video", width, height, len(timestamps), timestamps, timestamps[-1] + interval)
 
 
-NPZ_FRAME_NAMES = ("frames", "video", "arr_0")
-
-
-def _npz_frames_key(path: str, names: Sequence[str]) -> str | None:
-    """The frame array of an .npz: by name (frames, video, arr_0: np.savez's name for an unnamed array), else the
-    one array shaped like frames (4-D, 3 channels last), whatever the order of the archive's arrays."""
-    for name in NPZ_FRAME_NAMES:
-        if name in names:
-            return name
-    shaped = []
-    for name in names:
-        if name == "fps":
-            continue
-        shape, _, header_end, _ = _npy_header(path, name)
-        if header_end is not None and len(shape) == 4 and shape[3] == 3:
-            shaped.append(name)
-    if len(shaped) == 1:
-        return shaped[0]
-    if len(shaped) > 1:
-        raise UnreadableMediaError(path, f"several arrays look like frames ({', '.join(shaped)}); name the frame "
-                                         f"array 'frames'")
-    return None
-
-
-@contextlib.contextmanager
-def _open_npz(path: str):
-    """(the archive, the name of its frame array); every failure inside the block is an UnreadableMediaError."""
-    if not zipfile.is_zipfile(path):
-        raise UnreadableMediaError(path, "not an .npz archive (it is not a zip file)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            key = _npz_frames_key(path, data.files)
-            if key is None:
-                raise UnreadableMediaError(path, f"the .npz holds no frame array (a uint8 (T, H, W, 3) array named "
-                                                 f"{', '.join(NPZ_FRAME_NAMES)}, or the only array of that shape; "
-                                                 f"it has {', '.join(data.files) or 'no arrays'})")
-            yield data, key
-    except UnreadableMediaError:
-        raise
-    except _NPZ_ERRORS as error:
-        raise UnreadableMediaError(path, f"cannot read the .npz: {_describe(error)}") from error
-
-
 def _probe_npz(path: str) -> MediaInfo:
-    with _open_npz(path) as (data, key):
-        fps = _npz_fps(path, data)
-        shape = _checked_npz_header(path, key)
+    with open_npz(path) as (data, key):
+        fps = npz_fps(path, data)
+        shape = checked_npz_header(path, key)
     count, height, width = shape[0], shape[1], shape[2]
     if fps is None:
         return MediaInfo(path, "clip", width, height, count, None, None)
     timestamps = tuple(Fraction(i) / fps for i in range(count))
     return MediaInfo(path, "clip", width, height, count, timestamps, Fraction(count) / fps)
-
-
-def _npz_fps(path: str, data) -> Fraction | None:
-    if "fps" not in data.files:
-        return None
-    value = np.asarray(data["fps"])
-    if value.size != 1 or not np.issubdtype(value.dtype, np.number) or not float(value.reshape(())) > 0 \
-            or not math.isfinite(float(value.reshape(()))):
-        raise UnreadableMediaError(path, f"its 'fps' entry must be one positive number, got {value!r}")
-    fps = float(value.reshape(()))
-    if fps > MAX_FPS:  # 1e12 would time every frame within a picosecond: the clip would read as one frame
-        raise UnreadableMediaError(path, f"its 'fps' entry is {fps:g}; a clip's frame rate is at most {MAX_FPS}")
-    return _as_fraction(fps)
-
-
-MAX_NPZ_FRAME_BYTES = 16 * 2 ** 30  # far above any clip a Wan model trains on (81 x 1280x720x3 is 224 MB)
-
-
-def _npy_header(path: str, key: str) -> tuple:
-    """(shape, dtype, end of the header, stored size) of one array of the archive, from its .npy header alone; for
-    a header version other than 1.0 / 2.0: (major, minor, None, None)."""
-    with zipfile.ZipFile(path) as archive:
-        stored = archive.getinfo(f"{key}.npy").file_size  # the member's uncompressed size
-        with archive.open(f"{key}.npy") as member:
-            version = np.lib.format.read_magic(member)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(member)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-            else:
-                return version[0], version[1], None, None
-            return tuple(shape), dtype, member.tell(), stored
-
-
-def _checked_npz_header(path: str, key: str) -> tuple[int, ...]:
-    """The frame array's shape, from its .npy header alone: a forged header (a billion frames, a shape of terabytes,
-    an object array that would need unpickling) is refused before anything is allocated."""
-    shape, dtype, header_end, stored = _npy_header(path, key)
-    if header_end is None:  # numpy writes 3.0 only for structured dtypes: never a frame array
-        raise UnreadableMediaError(path, f"its '{key}' array has a .npy header version {(shape, dtype)} that frame "
-                                         f"arrays never have")
-    _check_frame_array(path, key, shape, dtype)
-    needed = math.prod(shape) * np.dtype(dtype).itemsize
-    if needed > MAX_NPZ_FRAME_BYTES:
-        raise UnreadableMediaError(path, f"its '{key}' array declares {tuple(shape)} ({needed / 2 ** 30:.0f} GiB), "
-                                         f"more than the {MAX_NPZ_FRAME_BYTES // 2 ** 30} GiB a clip may have")
-    if stored != header_end + needed:
-        raise UnreadableMediaError(path, f"its '{key}' array declares {tuple(shape)} ({needed} bytes), but the "
-                                         f"archive stores {max(0, stored - header_end)} bytes of data")
-    return tuple(shape)
-
-
-def _check_frame_array(path: str, key: str, shape: Sequence[int], dtype) -> None:
-    if np.dtype(dtype).hasobject:
-        raise UnreadableMediaError(path, f"its '{key}' array holds pickled Python objects, which are never loaded "
-                                         f"(only a uint8 (T, H, W, 3) frame array is read)")
-    if len(shape) != 4 or shape[3] != 3 or np.dtype(dtype) != np.uint8:
-        raise UnreadableMediaError(path, f"its '{key}' array must be uint8 (T, H, W, 3), got {np.dtype(dtype)} "
-                                         f"{tuple(shape)}")
-    if any(side < 0 for side in shape):  # only a forged header has one; its byte count would come out negative
-        raise UnreadableMediaError(path, f"its '{key}' array declares a negative size {tuple(shape)} (a damaged or "
-                                         f"forged header)")
-    if shape[0] == 0 or shape[1] == 0 or shape[2] == 0:
-        raise UnreadableMediaError(path, f"its '{key}' array is empty: {tuple(shape)}")
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 # ----------------------------------------------------------------------------------------------------------- reading
@@ -475,7 +342,7 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
                 image = image.convert("RGB")
             array = np.asarray(image, dtype=np.uint8)
     except _IMAGE_ERRORS as error:
-        raise UnreadableMediaError(path, f"cannot read the image: {_describe(error)}") from error
+        raise UnreadableMediaError(path, f"cannot read the image: {describe_error(error)}") from error
     if array.ndim != 3 or array.shape[0] == 0 or array.shape[1] == 0:
         raise UnreadableMediaError(path, f"the image has no pixels ({array.shape})")
     return np.ascontiguousarray(array)
@@ -524,10 +391,10 @@ def read_media(path: str | os.PathLike, target_fps: float | Fraction | None = No
 
 
 def _read_npz_frames(path: str, indices: list[int]) -> np.ndarray:
-    with _open_npz(path) as (data, key):
-        _checked_npz_header(path, key)
+    with open_npz(path) as (data, key):
+        checked_npz_header(path, key)
         array = data[key]
-    _check_frame_array(path, key, array.shape, array.dtype)
+    check_frame_array(path, key, array.shape, array.dtype)
     return np.ascontiguousarray(array[indices])
 
 
@@ -538,7 +405,7 @@ def _decode_video(path: str, wanted: list[int], info: MediaInfo) -> dict[int, np
         if frames is None:  # the seek landed after the first wanted frame: decode from the start instead
             frames = _decode_pass(path, wanted, info, False)
     except _AV_ERRORS as error:
-        raise UnreadableMediaError(path, f"cannot decode: {_describe(error)}") from error
+        raise UnreadableMediaError(path, f"cannot decode: {describe_error(error)}") from error
     missing = [i for i in wanted if i not in frames]
     if missing:
         raise UnreadableMediaError(path, f"the stream ended before frame {missing[0]} of {info.frame_count} "
@@ -583,81 +450,7 @@ def _decode_pass(path: str, wanted: list[int], info: MediaInfo, seek: bool) -> d
 
 # ----------------------------------------------------------------------------------------------------------- image ops
 
-def resize_and_crop(frames: np.ndarray, height: int, width: int, top: int | None = None, left: int | None = None,
-                    flip: bool = False) -> np.ndarray:
-    """Scales uint8 (T, H, W, 3) frames so that they cover height x width, then crops (centred unless `top` /
-    `left` give the crop's corner in the scaled frame) and optionally mirrors them horizontally.
-
-    Shrinking uses cv2.INTER_AREA, enlarging bicubic. `covering_size` tells the scaled size (for choosing a
-    random top / left)."""
-    frames = np.asarray(frames)
-    src_h, src_w = frames.shape[1:3]
-    new_h, new_w = covering_size(src_h, src_w, height, width)
-    if (new_h, new_w) != (src_h, src_w):
-        interpolation = cv2.INTER_AREA if new_h * new_w < src_h * src_w else cv2.INTER_CUBIC
-        frames = np.stack([cv2.resize(frame, (new_w, new_h), interpolation=interpolation) for frame in frames])
-    top = (new_h - height) // 2 if top is None else top
-    left = (new_w - width) // 2 if left is None else left
-    if not (0 <= top <= new_h - height and 0 <= left <= new_w - width):
-        raise ValueError(f"crop corner ({top}, {left}) outside the scaled {new_h}x{new_w} frame for {height}x{width}")
-    frames = frames[:, top:top + height, left:left + width]
-    if flip:
-        frames = frames[:, :, ::-1]
-    return np.ascontiguousarray(frames)
-
-
-def covering_size(src_h: int, src_w: int, height: int, width: int) -> tuple[int, int]:
-    """The size (h, w) of a source scaled, aspect kept, to the smallest size covering height x width."""
-    scale = max(height / src_h, width / src_w)
-    return max(height, round(src_h * scale)), max(width, round(src_w * scale))
-
-
-def frames_to_tensor(frames: np.ndarray):
-    """uint8 (T, H, W, 3) -> float32 torch tensor (3, T, H, W) in [-1, 1]."""
-    import torch
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0)
-
-
-# ----------------------------------------------------------------------------------------------------------- writing
-
-def tensor_to_frames(video) -> np.ndarray:
-    """float (3, T, H, W) in [-1, 1] -> uint8 (T, H, W, 3): the inverse of frames_to_tensor."""
-    return ((video.detach().float().cpu().permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5).round().byte().numpy()
-
-
-def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float | Fraction, crf: int = 18) -> None:
-    """Writes uint8 (T, H, W, 3) RGB frames as an H.264 yuv420p MP4 (moov first, so it streams).
-
-    yuv420p needs even sides: an odd height or width is padded by repeating the last row or column. The file
-    appears atomically (written beside the target, then renamed)."""
-    frames = np.asarray(frames)
-    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3 or 0 in frames.shape:
-        raise ValueError(f"write_video needs non-empty uint8 (T, H, W, 3) frames, got {frames.dtype} {frames.shape}")
-    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
-    if pad_h or pad_w:
-        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-    rate = _as_fraction(fps)
-    with atomic_path(path) as tmp:
-        with av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
-            stream = container.add_stream("libx264", rate=rate)
-            stream.width, stream.height = frames.shape[2], frames.shape[1]
-            stream.pix_fmt = "yuv420p"
-            # x264's macroblock tree encoded the same small frames (32x32) to different pixels from run to run
-            # (5 outcomes in 25 encodes, with or without threads), so a dataset written twice differed and seeded
-            # runs on it did too; without it every encode was the same (25 of 25, 40 of 40 with frame timestamps)
-            stream.options = {"crf": str(int(crf)), "x264-params": "mbtree=0"}
-            for index, frame in enumerate(frames):
-                video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
-                video_frame.pts = index
-                video_frame.time_base = 1 / rate
-                for packet in stream.encode(video_frame):
-                    container.mux(packet)
-            for packet in stream.encode(None):
-                container.mux(packet)
-
-
 __all__ = [
     "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "CLIP_EXTENSIONS", "MEDIA_EXTENSIONS", "MediaInfo", "UnreadableMediaError",
-    "media_kind", "probe_media", "resample_indices", "read_frames", "read_image", "read_media", "resize_and_crop",
-    "covering_size", "frames_to_tensor", "write_video",
+    "media_kind", "probe_media", "resample_indices", "read_frames", "read_image", "read_media",
 ]

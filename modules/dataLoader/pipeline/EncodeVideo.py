@@ -5,7 +5,7 @@ import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
-from modules.util.video_io import tensor_to_frames
+from modules.util.video_frames import tensor_to_frames
 
 
 class EncodeVideo(PipelineModule):

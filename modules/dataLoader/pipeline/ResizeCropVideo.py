@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
-from modules.util.video_io import covering_size, frames_to_tensor, resize_and_crop
+from modules.util.video_frames import covering_size, frames_to_tensor, resize_and_crop
 
 
 class ResizeCropVideo(PipelineModule):
