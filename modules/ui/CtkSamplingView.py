@@ -130,7 +130,8 @@ class CtkSamplingView:
                                              command=self._choose_series)
         self.series_menu.grid(row=1, column=0, columnspan=2, sticky="w", padx=6)
         self.video_label = ctk.CTkLabel(master, text="previews appear here while training samples",
-                                        width=PLAYER_SIZE, height=PLAYER_SIZE, fg_color="#111111")
+                                        width=PLAYER_SIZE, height=PLAYER_SIZE, fg_color="#111111",
+                                        text_color="#cccccc")   # the player is black in both modes
         self.video_label.grid(row=2, column=0, padx=6, pady=6)
         self.references = ctk.CTkFrame(master, fg_color="transparent")
         self.references.grid(row=2, column=1, sticky="n", padx=4, pady=6)

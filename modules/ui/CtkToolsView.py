@@ -59,7 +59,7 @@ class CtkToolsView:
                    ("steps", ""), ("device", "auto"),
                    ("output dir", "empty: <workspace dir>/compare (the gallery lists it)")], self.compare)
         self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
-                                        fg_color="#111111")
+                                        fg_color="#111111", text_color="#cccccc")   # black in both modes
         self.video_label.grid(row=0, column=0, sticky="nw", pady=4)
         self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
         self.output.grid(row=1, column=0, sticky="nw", pady=4)

@@ -97,7 +97,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                                                  command=self.set_appearance)
         self.appearance_menu.set(self.prefs.appearance)
         self.appearance_menu.grid(row=0, column=10, padx=4)
-        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT, anchor="w", text_color="#ffb74d", wraplength=1100,
+        self.hint_label = ctk.CTkLabel(bar, text=FIRST_RUN_HINT, anchor="w", text_color=("#a85a00", "#ffb74d"), wraplength=1100,
                                        justify="left")
         self.show_hint(not self.prefs.has_run)
 
