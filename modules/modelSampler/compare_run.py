@@ -60,18 +60,15 @@ def compare_checkpoints(model, lora_sources: list[str | Path], strengths: list[f
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs: list[CompareOutput] = []
     pending: dict[tuple[int, int], np.ndarray] = {}
-    total = len(comparison.cells())
-    received = [0]
+    grid_cells = (1 + len(comparison.checkpoints)) * len(comparison.strengths)   # the base fills its whole row
 
     def collect(index: int, cell: Cell, result: SampleResult) -> None:
         if on_cell is not None:
             on_cell(index, cell, result)
         frames = result.frames_uint8()
         pending.update(dict.fromkeys(cell_positions(comparison, cell), frames))
-        received[0] += 1
-        if received[0] < total:
+        if len(pending) < grid_cells:
             return
-        received[0] = 0
         layout = grid_layout(comparison, result)
         grid = compose(layout, pending)
         stem = f"{index:03d}-{prompt_slug(samples[index].prompt)}-s{samples[index].seed}"

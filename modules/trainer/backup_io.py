@@ -233,7 +233,7 @@ def choose_backup(backup_base: Path, run_name: str = "") -> ResumeChoice:
     return ResumeChoice(run_name, None, damaged)
 
 
-def set_aside(folder: Path) -> Path:
+def set_aside(folder: Path) -> Path | None:
     """Renames a damaged backup to `step-N.damaged` (kept for a look, no longer a rolling backup): left in place it
     would count towards backup.rolling_count, and the pruning would delete the good older backups instead. Returns
     the new name, or None when it cannot be renamed (it is skipped at every resume then)."""

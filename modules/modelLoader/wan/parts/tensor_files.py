@@ -351,6 +351,9 @@ def open_tensors(paths: str | Path | Iterable[str | Path]) -> LazyTensors:
 # ComfyUI checkpoints prefix the diffusion model's keys (comfy/model_detection.py `unet_prefix_from_state_dict`);
 # some exports keep only `diffusion_model.`. Longest first.
 DIFFUSION_MODEL_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
+# the other models' prefixes in a checkpoint bundling several (comfy/supported_models.py, supported_models_base.py:
+# ComfyUI's save_checkpoint writes a Wan VAE under `vae.`, older checkpoints `first_stage_model.`)
+BUNDLED_MODEL_PREFIXES = ("vae.", "first_stage_model.", "text_encoders.", "cond_stage_model.", "clip_vision.")
 
 
 def detect_prefix(keys: Iterable[str], prefixes: Iterable[str] = DIFFUSION_MODEL_PREFIXES) -> str:

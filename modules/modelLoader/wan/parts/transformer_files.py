@@ -24,7 +24,8 @@ from modules.util.empty_weights import empty_weights
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
 from modules.modelLoader.wan.parts import comfy_quant
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
-from modules.modelLoader.wan.parts.tensor_files import (DIFFUSION_MODEL_PREFIXES, ModelFileError, TensorInfo,
+from modules.modelLoader.wan.parts.tensor_files import (BUNDLED_MODEL_PREFIXES, DIFFUSION_MODEL_PREFIXES,
+                                                        ModelFileError, TensorInfo,
                                                         open_tensors, strip_prefix_keys)
 from modules.util.enum.DataType import DataType
 from modules.util.lora.keys import _TO_DIFFUSERS, _rename
@@ -75,8 +76,7 @@ def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None
     if not prefix:
         # a bare file: another model's tensors under a prefix (a checkpoint's `vae.`, `text_encoders.`) are not ours
         stripped = {name: key for name, key in stripped.items()
-                    if not name.startswith(("vae.", "first_stage_model.", "text_encoders.", "cond_stage_model.",
-                                            "clip_vision."))}
+                    if not name.startswith(BUNDLED_MODEL_PREFIXES)}
     if "head.head.weight" in stripped and "blocks.0.self_attn.q.weight" in stripped:
         layout = "comfyui" if prefix else "wan"
     elif "proj_out.weight" in stripped and "blocks.0.attn1.to_q.weight" in stripped:

@@ -16,7 +16,8 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
 from modules.modelLoader.wan.parts.state_reads import TensorRead, read_state
-from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo, open_tensors
+from modules.modelLoader.wan.parts.tensor_files import (BUNDLED_MODEL_PREFIXES, DIFFUSION_MODEL_PREFIXES,
+                                                        ModelFileError, TensorInfo, open_tensors)
 from modules.modelLoader.wan.parts.transformer_files import dtype_label, key_mismatch
 from modules.modelLoader.wan.parts.wan_configs import released_configs
 from modules.util.empty_weights import empty_weights
@@ -60,9 +61,7 @@ def _convert_wan22_name(key: str) -> str:
 # save_checkpoint writes a Wan VAE under `vae.`, comfy/supported_models.py WAN21_T2V `vae_key_prefix`; older
 # checkpoints use `first_stage_model.`)
 VAE_PREFIXES = ("", "vae.", "first_stage_model.")
-# the other models' prefixes in such a checkpoint (comfy/supported_models.py, supported_models_base.py)
-_OTHER_MODELS = ("model.diffusion_model.", "diffusion_model.", "text_encoders.", "cond_stage_model.",
-                 "clip_vision.", "vae.", "first_stage_model.")
+_OTHER_MODELS = DIFFUSION_MODEL_PREFIXES + BUNDLED_MODEL_PREFIXES
 _ANCHORS = ("decoder.mid_block.resnets.0.norm1.gamma", "decoder.middle.0.residual.0.gamma")
 
 
