@@ -44,7 +44,8 @@ def start_ranks(spec: dict, folder: Path, world: int = 2) -> list[subprocess.Pop
     processes = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")   # a crash shows where it happened
         processes.append(subprocess.Popen([sys.executable, str(WORKER), str(spec_path)], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return processes
