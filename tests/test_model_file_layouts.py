@@ -46,15 +46,13 @@ def _forward(model, inputs):
 def _load_found(path, weight_dtype=DataType.FLOAT_32):
     [found] = find_parts(path)
     assert found.part == "transformer"
-    given = found.config if found.config and found.config.get("_class_name") == "WanTransformer3DModel" else None
-    if found.config and found.config.get("_class_name") == "WanModel":
-        given = {"num_attention_heads": found.config["num_heads"],
-                 "attention_head_dim": found.config["dim"] // found.config["num_heads"]}
-    config = transformer_config_from_shapes(found.detail.shapes, str(path), given)
+    # the config.json beside the file: diffusers' or the official code's, read as the model plan reads it
+    config = transformer_config_from_shapes(found.detail.shapes, str(path), found.config)
     return found, load_transformer(found.files, found.detail, config, weight_dtype, str(path))
 
 
-@pytest.mark.parametrize("variant,layout", [("wan2.1-t2v", "wan_sharded"), ("wan2.1-t2v", "comfyui"),
+@pytest.mark.parametrize("variant,layout", [("wan2.1-t2v", "wan_sharded"), ("wan2.1-t2v", "wan_sharded_dumped"),
+                                            ("wan2.1-t2v", "comfyui"),
                                             ("wan2.1-flf2v", "comfyui_bare_prefix"), ("wan2.2-ti2v-5b", "wan"),
                                             ("wan2.1-i2v", "diffusers_file")])
 def test_transformer_layouts_compute_what_the_diffusers_folder_computes(tiny_model, tmp_path, variant, layout):
@@ -63,7 +61,7 @@ def test_transformer_layouts_compute_what_the_diffusers_folder_computes(tiny_mod
     state = _transformer_state(folder)
     out = tmp_path / "files"
     out.mkdir()
-    if layout == "wan_sharded":
+    if layout.startswith("wan_sharded"):
         # the official release: original names in shards + index, and the Wan repository's own config.json
         original = transformer_to_original(state)
         names = sorted(original)
@@ -74,7 +72,12 @@ def test_transformer_layouts_compute_what_the_diffusers_folder_computes(tiny_mod
             save_file({k: original[k] for k in half}, str(out / shard))
             weight_map.update({k: shard for k in half})
         (out / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-        (out / "config.json").write_text(json.dumps(official_transformer_config(_config(reference))))
+        official = official_transformer_config(_config(reference))
+        if layout == "wan_sharded_dumped":
+            # the official code's config written as a plain dict (json.dump(model.config)): no `_class_name`; the
+            # 64-wide tiny model is no released width, so only this file gives its head count
+            official = {k: v for k, v in official.items() if not k.startswith("_")}
+        (out / "config.json").write_text(json.dumps(official))
         path = out / "diffusion_pytorch_model.safetensors.index.json"
     else:
         prefix = {"comfyui": COMFY_PREFIX, "comfyui_bare_prefix": "diffusion_model.", "wan": ""}.get(layout)
@@ -87,13 +90,24 @@ def test_transformer_layouts_compute_what_the_diffusers_folder_computes(tiny_mod
             converted = convert_wan_transformer_to_diffusers({k: k for k in tensors})
             assert sorted(converted) == sorted(state)
     found, model = _load_found(path)
-    expected_layout = {"wan_sharded": "wan", "comfyui_bare_prefix": "comfyui", "diffusers_file": "diffusers"}
+    expected_layout = {"wan_sharded": "wan", "wan_sharded_dumped": "wan", "comfyui_bare_prefix": "comfyui", "diffusers_file": "diffusers"}
     assert (found.layout, found.dtype) == (expected_layout.get(layout, layout), "fp32")
     # FLF2V: two CLIP images of 17 tokens each, joined by the model into one sequence with a position embedding
     images = 2 if reference.config.pos_embed_seq_len else 1
     image_tokens = 17 if reference.config.image_dim else 0
     inputs = _inputs(dict(reference.config), image_tokens=image_tokens, images=images)
     torch.testing.assert_close(_forward(model, inputs), _forward(reference, inputs), atol=1e-6, rtol=0)
+
+
+def test_an_official_config_that_contradicts_its_tensors_is_refused_naming_each_field(tiny_model, tmp_path):
+    folder = tiny_model("wan2.1-t2v")
+    save_file(transformer_to_original(_transformer_state(folder)), str(tmp_path / "model.safetensors"))
+    reference = json.loads((folder / "transformer" / "config.json").read_text())
+    official = official_transformer_config(reference) | {"ffn_dim": 512, "model_type": "flf2v"}
+    (tmp_path / "config.json").write_text(json.dumps(official))
+    [found] = find_parts(tmp_path / "model.safetensors")
+    with pytest.raises(ModelFileError, match=r"config\.json .*ffn_dim 512, the tensors 256.*model_type 'flf2v'"):
+        transformer_config_from_shapes(found.detail.shapes, str(tmp_path / "model.safetensors"), found.config)
 
 
 def test_fp8_scaled_transformer_stays_fp8_and_matches_its_dequantised_weights(tiny_model, tmp_path):

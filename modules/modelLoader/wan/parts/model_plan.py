@@ -9,8 +9,8 @@ from pathlib import Path
 
 from modules.modelLoader.wan.parts.recognise import FoundPart, find_parts
 from modules.modelLoader.wan.parts.tensor_files import INDEX_SUFFIX, ModelFileError
-from modules.modelLoader.wan.parts.wan_configs import (released_for_variant, transformer_config_from_shapes,
-                                                       variant_from_transformer)
+from modules.modelLoader.wan.parts.wan_configs import (is_official_transformer_config, released_for_variant,
+                                                       transformer_config_from_shapes, variant_from_transformer)
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.enum.WanVariant import WanVariant
 
@@ -43,14 +43,6 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise ModelFileError(f"{path}: not readable JSON") from None
-
-
-def _official_to_diffusers(config: dict) -> dict | None:
-    """The official Wan repository's config.json (`"_class_name": "WanModel"`) gives the head count."""
-    if config.get("_class_name") != "WanModel" or not config.get("num_heads") or not config.get("dim"):
-        return None
-    return {"num_attention_heads": config["num_heads"], "attention_head_dim": config["dim"] // config["num_heads"],
-            "eps": config.get("eps", 1e-6), "freq_dim": config.get("freq_dim", 256)}
 
 
 def _pick(candidates: list[FoundPart], part: str, origin: str) -> FoundPart | None:
@@ -200,11 +192,9 @@ def _check_encoders(parts: dict[str, FoundPart]) -> None:
 def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str) -> dict:
     source = str(found.folder or found.files[0])
     given = None
-    if found.config:
-        if found.config.get("_class_name") == "WanTransformer3DModel":
-            given = found.config
-        else:
-            given = _official_to_diffusers(found.config)
+    if found.config and (found.config.get("_class_name") == "WanTransformer3DModel"
+                         or is_official_transformer_config(found.config)):
+        given = found.config   # a diffusers config, or the official code's (read by transformer_config_from_shapes)
     if given is None and diffusers_base is not None:
         for sub in (name, "transformer", "transformer_2"):
             if (diffusers_base / sub / "config.json").is_file():

@@ -52,6 +52,13 @@ def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
         derived["added_kv_proj_dim"] = shape("blocks.0.attn2.add_k_proj.weight")[1]
     if "condition_embedder.image_embedder.pos_embed" in keys:
         derived["pos_embed_seq_len"] = shape("condition_embedder.image_embedder.pos_embed")[1]
+    official = is_official_transformer_config(given)
+    if official:
+        problems = official_config_problems(given, derived, dim)
+        if problems:
+            raise ModelFileError(f"{source}: the official config.json beside it does not describe its tensors "
+                                 f"({'; '.join(problems)}): it belongs to another model")
+        given = {**released_configs()["wan2.1-t2v-14b"]["transformer"], **official_to_diffusers(given)}
     if given:
         heads, head_dim = given.get("num_attention_heads"), given.get("attention_head_dim")
         if not heads or not head_dim or heads * head_dim != dim:
@@ -67,6 +74,51 @@ def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
     template.update(derived)
     template["_class_name"] = "WanTransformer3DModel"
     return template
+
+
+# the official Wan code's transformer arguments (Wan-Video/Wan2.1 and Wan2.2 wan/modules/model.py `WanModel`) as a
+# release's config.json holds them -> WanTransformer3DModel's; the releases' files add `"_class_name": "WanModel"`,
+# a config written by other means (json.dump of the model's config) does not, so the fields decide
+_OFFICIAL_SIZES = {"ffn_dim": "ffn_dim", "num_layers": "num_layers", "in_dim": "in_channels",
+                   "out_dim": "out_channels", "freq_dim": "freq_dim", "text_dim": "text_dim"}
+# what each official model_type implies about the tensors (Wan2.1 model.py: t2v, i2v, flf2v; Wan2.2: ti2v)
+_MODEL_TYPE_CHECKS = {
+    "t2v": ("in_dim equal to out_dim (no image condition)", lambda c: c["in_channels"] == c["out_channels"]),
+    "flf2v": ("a first/last-frame position embedding (img_emb.emb_pos)", lambda c: bool(c.get("pos_embed_seq_len"))),
+    "ti2v": ("48 latent channels (the Wan 2.2 VAE)", lambda c: c["out_channels"] == 48),
+}
+
+
+def is_official_transformer_config(config: dict | None) -> bool:
+    return isinstance(config, dict) and config.get("_class_name") in (None, "WanModel") \
+        and isinstance(config.get("dim"), int) and isinstance(config.get("num_heads"), int) and config["num_heads"] > 0
+
+
+def official_to_diffusers(config: dict) -> dict:
+    """The WanTransformer3DModel fields an official config.json gives (head count and every size it states)."""
+    heads = config["num_heads"]
+    out = {"num_attention_heads": heads, "attention_head_dim": config["dim"] // heads,
+           "eps": config.get("eps", 1e-6), "freq_dim": config.get("freq_dim", 256)}
+    out.update({ours: config[theirs] for theirs, ours in _OFFICIAL_SIZES.items() if theirs in config})
+    if "qk_norm" in config:
+        out["qk_norm"] = "rms_norm_across_heads" if config["qk_norm"] else None
+    if "cross_attn_norm" in config:
+        out["cross_attn_norm"] = bool(config["cross_attn_norm"])
+    return out
+
+
+def official_config_problems(official: dict, derived: dict, dim: int) -> list[str]:
+    """Where an official config.json contradicts the tensors it sits beside (`derived`: the sizes they give)."""
+    problems = [] if official["dim"] == dim else [f"dim {official['dim']}, the tensors {dim}"]
+    if official["dim"] % official["num_heads"]:
+        problems.append(f"dim {official['dim']} is not a multiple of num_heads {official['num_heads']}")
+    for theirs, ours in _OFFICIAL_SIZES.items():
+        if theirs in official and official[theirs] != derived[ours]:
+            problems.append(f"{theirs} {official[theirs]}, the tensors {derived[ours]}")
+    check = _MODEL_TYPE_CHECKS.get(official.get("model_type"))
+    if check is not None and not check[1](derived):
+        problems.append(f"model_type {official['model_type']!r} needs {check[0]}, the tensors have none")
+    return problems
 
 
 def variant_from_transformer(config: dict, z_dim: int, two_experts: bool) -> WanVariant:
