@@ -57,10 +57,18 @@ def test_image_encoder_layouts_give_the_diffusers_penultimate_hidden_states(refe
     heads = {"num_attention_heads": model.config.num_attention_heads}
     loaded, loaded_processor = load_image_encoder([path], layout, torch.float32, config=heads)
     expected = _penultimate(model, processor, image)
-    torch.testing.assert_close(_penultimate(loaded, loaded_processor, image), expected, atol=1e-6, rtol=0)
-    # the processor built from the released ViT-H/14 settings at the tower's size equals the folder's
-    assert torch.equal(loaded_processor(images=image, return_tensors="pt").pixel_values,
-                       processor(images=image, return_tensors="pt").pixel_values)
+    torch.testing.assert_close(_penultimate(loaded, processor, image), expected, atol=1e-6, rtol=0)
+    # no preprocessor beside the file: Wan's own preprocessing at the tower's size
+    torch.testing.assert_close(loaded_processor(images=image, return_tensors="pt").pixel_values,
+                               wan_preprocessed(image, 32), atol=1e-5, rtol=0)
+
+
+def wan_preprocessed(image, size: int) -> torch.Tensor:
+    """Wan-Video/Wan2.1 wan/modules/clip.py `CLIPModel.visual`: the whole picture resized to size x size (bicubic,
+    no crop), then normalised with the OpenAI CLIP mean / std."""
+    stretched = np.asarray(image.convert("RGB").resize((size, size), Image.BICUBIC), dtype=np.float32) / 255
+    mean, std = np.array([0.48145466, 0.4578275, 0.40821073]), np.array([0.26862954, 0.26130258, 0.27577711])
+    return torch.from_numpy(((stretched - mean) / std).astype(np.float32)).permute(2, 0, 1)[None]
 
 
 def test_a_tower_of_unknown_width_without_a_config_names_what_to_provide(reference, tmp_path):

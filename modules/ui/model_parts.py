@@ -32,10 +32,27 @@ def describe_for(part: str, path: str) -> str:
         return ""
     if not path:
         return "(from the base model)"
+    from modules.util.config.image_encoder_source import looks_like_hub_id
+    if part == "image_encoder" and looks_like_hub_id(path.strip()):
+        return "hub id: fetched when the run starts (needs model.allow_download)"
     try:
-        return describe_part(path)
+        line = describe_part(path)
     except OSError as error:   # unreadable (permissions, a vanished network drive): said, not raised
         return f"not usable: {path}: {error.strerror or error}"
+    return _only_the_part(part, line)
+
+
+def _only_the_part(part: str, line: str) -> str:
+    """A part picker names the part it takes from a folder of several (a whole diffusers model folder named as the
+    image encoder), as the loader takes it; a path holding none of that part says so."""
+    kind = "transformer" if part.startswith("transformer") else part
+    entries = line.split("; ")
+    if part in ("base", "tokenizer") or line.startswith("not usable") or len(entries) == 1 and ":" not in line:
+        return line
+    own = [entry for entry in entries if entry.startswith(f"{kind}:")]
+    if not own:
+        return f"not usable: holds {', '.join(entry.split(':')[0] for entry in entries)}, not {kind.replace('_', ' ')}"
+    return "; ".join(own)
 
 
 def model_config_from_state(state: UIState):

@@ -128,13 +128,13 @@ class WanBaseModelLoader:
         model.vae = self._load_part(config.vae, base, "vae", AutoencoderKLWan, common)
         for name in expert_names:
             setattr(model, name, self._load_transformer(getattr(config, name), base, name, common))
-        if model_index.get("image_encoder") and model_index["image_encoder"][0] is not None:
+        if config.image_encoder.path:
+            # the one named, with its own preprocessor (a T2V model gets one for E2V's CLIP pathway)
+            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder, config.allow_download)
+        elif model_index.get("image_encoder") and model_index["image_encoder"][0] is not None:
             model.image_encoder = self._load_part(config.image_encoder, base, "image_encoder", CLIPVisionModel, common)
             model.image_processor = CLIPImageProcessor.from_pretrained(base, subfolder="image_processor",
                                                                        local_files_only=local_only)
-        elif config.image_encoder.path:
-            # a model without one (T2V) gets a CLIP vision model for E2V's CLIP pathway
-            model.image_encoder, model.image_processor = self._load_clip(config.image_encoder, config.allow_download)
         scheduler_class = getattr(diffusers, model_index["scheduler"][1])
         model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler",
                                                                 local_files_only=local_only)
@@ -146,8 +146,8 @@ class WanBaseModelLoader:
 
     @staticmethod
     def _load_clip(part: PartConfig, allow_download: bool = False):
-        """A diffusers folder with image_encoder/ and image_processor/, or a CLIP folder holding both configs; with
-        allow_download, a hub id of either."""
+        """Any image-encoder form: a file (ComfyUI's clip_vision_h, the official CLIP .pth), a CLIP folder, a
+        diffusers model's image_encoder/ or the whole model folder, or, with allow_download, a hub id."""
         from modules.util.config.image_encoder_source import WHAT_WORKS, looks_like_hub_id
         path = Path(part.path)
         dtype = part.weight_dtype.torch_dtype()
@@ -159,14 +159,12 @@ class WanBaseModelLoader:
         if not path.is_dir():
             raise ModelLoadError(f"model.image_encoder.path (--image_encoder): {part.path!r} does not exist; "
                                  f"{WHAT_WORKS}")
-        if (path / "image_encoder").is_dir():
-            _refuse_pickles(path / "image_encoder", "model.image_encoder.path")
-            return (CLIPVisionModel.from_pretrained(path, subfolder="image_encoder", torch_dtype=dtype,
-                                                    local_files_only=True, use_safetensors=True),
-                    CLIPImageProcessor.from_pretrained(path, subfolder="image_processor", local_files_only=True))
-        _refuse_pickles(path, "model.image_encoder.path")
-        return (CLIPVisionModel.from_pretrained(path, torch_dtype=dtype, local_files_only=True, use_safetensors=True),
-                CLIPImageProcessor.from_pretrained(path, local_files_only=True))
+        from modules.modelLoader.wan.parts.image_encoder_files import load_image_encoder_folder
+        from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+        try:
+            return load_image_encoder_folder(path, dtype)
+        except ModelFileError as error:
+            raise ModelLoadError(str(error)) from None
 
     @staticmethod
     def _resolve_base(config: ModelConfig) -> tuple[str, bool]:

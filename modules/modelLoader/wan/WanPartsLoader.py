@@ -7,7 +7,7 @@ from pathlib import Path
 import diffusers
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
+from transformers import AutoTokenizer, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
 from modules.modelLoader.wan.parts.model_plan import ModelPlan
@@ -58,7 +58,7 @@ class WanPartsLoader:
                 setattr(model, name, self._transformer(plan, name, getattr(config, name)))
         model.vae = self._vae(plan, config.vae)
         model.text_encoder = self._text_encoder(plan, config.text_encoder)
-        if "image_encoder" in plan.parts:
+        if "image_encoder" in plan.parts or plan.hub_image_encoder:
             model.image_encoder, model.image_processor = self._image_encoder(plan, config.image_encoder)
         scheduler_class = getattr(diffusers, plan.scheduler_config.get("_class_name", "UniPCMultistepScheduler"))
         model.noise_scheduler = scheduler_class.from_config(plan.scheduler_config)
@@ -105,15 +105,13 @@ class WanPartsLoader:
 
     @staticmethod
     def _image_encoder(plan: ModelPlan, part: PartConfig):
-        found = plan.parts["image_encoder"]
         dtype = part.weight_dtype.torch_dtype()
+        if plan.hub_image_encoder:
+            from modules.modelLoader.wan.hub_image_encoder import load_hub_image_encoder
+            return load_hub_image_encoder(plan.hub_image_encoder, dtype)
+        found = plan.parts["image_encoder"]
         if found.folder is not None:
-            encoder = _from_folder(CLIPVisionModel, found, dtype)
-            processor_folder = next((p for p in (found.folder.parent / "image_processor", found.folder)
-                                     if (p / "preprocessor_config.json").is_file()), None)
-            if processor_folder is None:
-                raise ModelFileError(f"{found.folder}: no preprocessor_config.json beside the CLIP vision model "
-                                     f"(a diffusers folder keeps it in image_processor/)")
-            return encoder, CLIPImageProcessor.from_pretrained(processor_folder, local_files_only=True)
+            from modules.modelLoader.wan.parts.image_encoder_files import load_image_encoder_folder
+            return load_image_encoder_folder(found.folder, dtype)
         from modules.modelLoader.wan.parts.image_encoder_files import load_image_encoder
         return load_image_encoder(found.files, found.layout, dtype)

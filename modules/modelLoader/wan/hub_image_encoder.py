@@ -4,10 +4,18 @@ from transformers import CLIPImageProcessor, CLIPVisionModel
 
 
 def load_hub_image_encoder(repo_id: str, dtype) -> tuple[CLIPVisionModel, CLIPImageProcessor]:
+    """The repository's own preprocessor where it has one, else Wan's own CLIP preprocessing."""
+    from modules.modelLoader.wan.parts.image_encoder_files import wan_clip_processor
     try:
         encoder = CLIPVisionModel.from_pretrained(repo_id, subfolder="image_encoder", torch_dtype=dtype,
                                                   use_safetensors=True)
+        processor_places = ({"subfolder": "image_processor"}, {"subfolder": "image_encoder"})
     except OSError:  # no image_encoder/ in the repository: a CLIP vision repository itself
-        return (CLIPVisionModel.from_pretrained(repo_id, torch_dtype=dtype, use_safetensors=True),
-                CLIPImageProcessor.from_pretrained(repo_id))
-    return encoder, CLIPImageProcessor.from_pretrained(repo_id, subfolder="image_processor")
+        encoder = CLIPVisionModel.from_pretrained(repo_id, torch_dtype=dtype, use_safetensors=True)
+        processor_places = ({},)
+    for place in processor_places:
+        try:
+            return encoder, CLIPImageProcessor.from_pretrained(repo_id, **place)
+        except OSError:   # the repository has no preprocessor_config.json there
+            continue
+    return encoder, wan_clip_processor(encoder.config.image_size)

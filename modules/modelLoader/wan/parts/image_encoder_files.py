@@ -123,17 +123,34 @@ def image_encoder_config(shapes: dict[str, tuple[int, ...]], source: str, given:
     return config
 
 
-def image_processor_for(config: dict, path: Path) -> CLIPImageProcessor:
-    """A preprocessor_config.json beside the file or in a diffusers folder's image_processor/ (the file being in its
-    image_encoder/), else the released ViT-H/14 processor at the tower's image size."""
-    for folder in (path.parent, path.parent.parent / "image_processor"):
-        if (folder / "preprocessor_config.json").is_file():
-            return CLIPImageProcessor.from_pretrained(folder, local_files_only=True)
-    settings = json.loads((CONFIG_DIR / "clip-vit-h-14-preprocessor.json").read_text(encoding="utf-8"))
+def processor_folder_near(path: Path) -> Path | None:
+    """Where a CLIP vision model's preprocessor_config.json is: in its own folder, or, for a diffusers model's
+    image_encoder/ (the folder or a file in it), in the image_processor/ beside it; or in a whole diffusers model
+    folder's image_processor/. None when there is none."""
+    folder = path if path.is_dir() else path.parent
+    for candidate in (folder, folder.parent / "image_processor", folder / "image_processor"):
+        if (candidate / "preprocessor_config.json").is_file():
+            return candidate
+    return None
+
+
+def wan_clip_processor(image_size: int) -> CLIPImageProcessor:
+    """Wan's own CLIP preprocessing (Wan-Video/Wan2.1 `wan/modules/clip.py` `CLIPModel.visual`): the whole picture
+    resized to image_size x image_size, bicubic, no crop, then the OpenAI CLIP mean / std
+    (resources/wan_configs/encoders/clip-vit-h-14-wan-preprocessor.json)."""
+    settings = json.loads((CONFIG_DIR / "clip-vit-h-14-wan-preprocessor.json").read_text(encoding="utf-8"))
     settings.pop("image_processor_type", None)
-    size = config["image_size"]
-    settings.update(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    settings.update(size={"height": image_size, "width": image_size},
+                    crop_size={"height": image_size, "width": image_size})
     return CLIPImageProcessor(**settings)
+
+
+def image_processor_for(image_size: int, path: Path) -> CLIPImageProcessor:
+    """The preprocessor saved with the model (`processor_folder_near`), else Wan's own CLIP preprocessing."""
+    folder = processor_folder_near(Path(path))
+    if folder is not None:
+        return CLIPImageProcessor.from_pretrained(folder, local_files_only=True)
+    return wan_clip_processor(image_size)
 
 
 def plan_image_encoder(keys: dict[str, TensorInfo], layout: str, source: str, config: dict | None
@@ -171,4 +188,20 @@ def load_image_encoder(paths: list[Path], layout: str, dtype: torch.dtype, confi
     with open_tensors(paths) as tensors:
         state = read_state(tensors, reads)
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval(), image_processor_for(settings, paths[0])
+    return model.eval(), image_processor_for(settings["image_size"], paths[0])
+
+
+def load_image_encoder_folder(folder: Path, dtype: torch.dtype) -> tuple[CLIPVisionModel, CLIPImageProcessor]:
+    """A transformers CLIP vision folder (config.json + safetensors: a diffusers model's image_encoder/, a CLIP
+    repository) or a diffusers model folder holding one in image_encoder/, with its processor
+    (`image_processor_for`)."""
+    from modules.util.safetensors_only import NotSafetensorsError, refuse_pickled_folder
+    folder = Path(folder)
+    model_folder = folder / "image_encoder" if (folder / "image_encoder" / "config.json").is_file() else folder
+    try:
+        refuse_pickled_folder(model_folder, "model.image_encoder.path")
+    except NotSafetensorsError as error:
+        raise ModelFileError(str(error)) from None
+    encoder = CLIPVisionModel.from_pretrained(model_folder, torch_dtype=dtype, local_files_only=True,
+                                              use_safetensors=True)
+    return encoder, image_processor_for(encoder.config.image_size, model_folder)

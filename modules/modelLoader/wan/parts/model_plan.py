@@ -32,6 +32,7 @@ class ModelPlan:
     scheduler_config: dict
     diffusers_base: Path | None                 # the base, when it is a diffusers folder
     messages: list[str] = field(default_factory=list)
+    hub_image_encoder: str | None = None        # model.image_encoder.path as a hub id (fetched when it loads)
 
     @property
     def transformer_dtypes(self) -> list[str]:
@@ -97,6 +98,18 @@ def _override(config: ModelConfig, part: str) -> FoundPart | None:
     return matching[0]
 
 
+def _hub_image_encoder(config: ModelConfig) -> str | None:
+    """model.image_encoder.path when it names a hub id (nothing here by that name); refused without downloads."""
+    from modules.util.config.image_encoder_source import looks_like_hub_id
+    path = config.image_encoder.path
+    if not path or not looks_like_hub_id(path):
+        return None
+    if not config.allow_download:
+        raise ModelFileError(f"model.image_encoder.path: {path!r} is not a file or folder here; to fetch it as a hub "
+                             f"id, set model.allow_download to true")
+    return path
+
+
 def plan_model(config: ModelConfig) -> ModelPlan:
     """Raises ModelFileError naming the file and what is wrong (nothing is loaded)."""
     base = Path(config.base_model_name) if config.base_model_name else None
@@ -106,8 +119,9 @@ def plan_model(config: ModelConfig) -> ModelPlan:
     base_parts = find_parts(base)
     parts: dict[str, FoundPart] = {}
     origins: dict[str, str] = {}
+    hub_image_encoder = _hub_image_encoder(config)
     for part in PART_NAMES:
-        found = _override(config, part)
+        found = None if part == "image_encoder" and hub_image_encoder else _override(config, part)
         origin = f"model.{part}.path"
         if found is None:
             found, origin = _pick(base_parts, part, "model.base_model_name"), "model.base_model_name"
@@ -139,7 +153,7 @@ def plan_model(config: ModelConfig) -> ModelPlan:
         raise ModelFileError(f"{origins['transformer_2']}: the low-noise expert takes {second['in_channels']} input "
                              f"channels, the high-noise expert {main['in_channels']}: they are not one A14B pair")
     variant = variant_from_transformer(main, z_dim, "transformer_2" in parts)
-    if main.get("image_dim") and "image_encoder" not in parts:
+    if main.get("image_dim") and "image_encoder" not in parts and not hub_image_encoder:
         raise ModelFileError(f"{origins['transformer']}: {parts['transformer'].files[0]} is a Wan {variant.value} "
                              f"transformer with an image (CLIP) branch and no image encoder was found: set "
                              f"model.image_encoder.path to clip_vision_h.safetensors or the official "
@@ -159,9 +173,12 @@ def plan_model(config: ModelConfig) -> ModelPlan:
         base_vae = _read_json(diffusers_base / "vae" / "config.json")
         vae_config = base_vae if base_vae.get("z_dim", 16) == z_dim else None
     plan = ModelPlan(variant, parts, origins, transformer_configs, vae_config, model_index, scheduler_config,
-                     diffusers_base)
+                     diffusers_base, hub_image_encoder=hub_image_encoder)
     plan.messages = [f"{name}: {found.describe()} [{origins[name]}]{_storage_note(config, name, found)}"
                      for name, found in parts.items()]
+    if hub_image_encoder:
+        plan.messages.append(f"image_encoder: {hub_image_encoder} (hub id, fetched when it loads) "
+                             f"[model.image_encoder.path]")
     plan.messages.insert(0, f"model: Wan {variant.value}, found by the transformer's tensors"
                             + ("" if diffusers_base else f"; scheduler and pipeline settings of the released "
                                                          f"{variant.value} model (resources/wan_configs)"))
