@@ -44,10 +44,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=None, help="default 832")
     parser.add_argument("--height", type=int, default=None, help="default 480")
     parser.add_argument("--frames", type=int, default=None, help="default 81 (rounded to 4k+1)")
-    parser.add_argument("--steps", type=int, default=None, help="default 20")
-    parser.add_argument("--guidance", type=float, default=None, help="default 5.0")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="default 20; a base read from official / ComfyUI files: the official steps")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="default 5.0; a base read from official / ComfyUI files: the official guidance")
     parser.add_argument("--guidance-2", type=float, default=None, help="A14B low-noise expert; default: --guidance")
-    parser.add_argument("--flow-shift", type=float, default=None, help="default: the model's scheduler config")
+    parser.add_argument("--flow-shift", type=float, default=None,
+                        help="default: the model's scheduler config (the official shift for a base read from files)")
     parser.add_argument("--scheduler", choices=["UNIPC", "EULER"], type=str.upper, default=None)
     parser.add_argument("--seed", type=int, default=None, help="default 42; video k of a sample uses seed + k")
     parser.add_argument("--num-videos", "--num_videos", dest="num_videos", type=int, default=1,
@@ -175,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
                                                               "tokenizer") if getattr(args, name)}
         model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths)
+        if model.sampling_defaults is not None:
+            print(f"sample: {model.variant} from files: the official settings fill in what is not given: "
+                  f"{model.sampling_defaults.describe()}", file=sys.stderr)
         for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,

@@ -59,14 +59,15 @@ def _check_run(tmp_path, squares_dataset, base_model, reference_folder, override
     # the parts read from these files are the diffusers folder's, exactly
     _same_weights(WanBaseModelLoader().load(trainer.config.model), reference)
     assert sample_tiny_video(base_model, tmp_path / "samples", sample_arguments) == 5
-    return lines
+    from modules.trainer.run_report import start_report
+    return lines, start_report(trainer, [])
 
 
 def test_a_folder_of_comfyui_files_trains_and_samples(tiny_model, squares_dataset, tmp_path):
     base = tiny_model("wan2.1-t2v")
     comfy = comfyui_folder(base, tmp_path / "ComfyUI_models")
     tokenizer = base / "tokenizer"   # the tiny tokenizer is no sentencepiece model a ComfyUI file could embed
-    lines = _check_run(tmp_path, squares_dataset, comfy, base, [f"model.tokenizer.path={tokenizer}"],
+    lines, _ = _check_run(tmp_path, squares_dataset, comfy, base, [f"model.tokenizer.path={tokenizer}"],
                        ["--tokenizer", str(tokenizer)])
     assert "wan2.1_t2v_tiny_fp32.safetensors: comfyui, fp32" in lines[1]
     assert "wan_2.1_vae.safetensors: wan2.1, fp32" in lines[2]
@@ -75,7 +76,10 @@ def test_a_folder_of_comfyui_files_trains_and_samples(tiny_model, squares_datase
 def test_an_official_release_folder_trains_and_samples(tiny_model, squares_dataset, tmp_path):
     base = tiny_model("wan2.1-t2v")
     release = official_folder(base, tmp_path / "Wan2.1-T2V-tiny")
-    lines = _check_run(tmp_path, squares_dataset, release, base, [], [])
+    lines, plan = _check_run(tmp_path, squares_dataset, release, base, [], [])
+    # no scheduler config of its own: the run plan names the official settings it samples with
+    assert "the official T2V settings where a sample sets none: flow shift 5, 50 steps, guidance 5 " \
+           "(Wan-Video/Wan2.1 generate.py" in plan
     assert "diffusion_pytorch_model-00001-of-00002.safetensors (+1 shards): wan, fp32" in lines[1]
     assert "Wan2.1_VAE.pth: wan2.1, fp32" in lines[2]
     assert "models_t5_umt5-xxl-enc-bf16.pth" in lines[3]
@@ -92,7 +96,7 @@ def test_a_mix_of_official_vae_comfyui_transformer_and_diffusers_text_encoder_tr
     vae = tmp_path / "Wan2.1_VAE.pth"
     torch.save(vae21_to_original(_state(base, "vae")), vae)
     parts = {"vae": vae, "text_encoder": base / "text_encoder", "tokenizer": base / "tokenizer"}
-    lines = _check_run(tmp_path, squares_dataset, folder, base,
+    lines, _ = _check_run(tmp_path, squares_dataset, folder, base,
                        [f"model.{name}.path={path}" for name, path in parts.items()],
                        [argument for name, path in parts.items() for argument in (f"--{name.replace('_', '-')}",
                                                                                   str(path))])

@@ -8,6 +8,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from torch import Tensor
 
+from modules.model.sampling_defaults import SamplingDefaults
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.WanVariant import WanVariant
 
@@ -28,6 +29,9 @@ class WanModel:
     noise_scheduler: object = None
     boundary_ratio: float | None = None
     expand_timesteps: bool = False
+    # an official-release / ComfyUI base: the variant's official sampling settings (None for a diffusers folder,
+    # whose scheduler config is its own)
+    sampling_defaults: SamplingDefaults | None = None
     # Where the weights came from, for modelspec metadata and cache keys.
     source: str = ""
     # one line per part read from files (file, layout, dtype), for the run plan; empty for a diffusers folder

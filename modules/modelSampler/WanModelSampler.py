@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,8 @@ import numpy as np
 import torch
 
 from modules.model.WanModel import WanModel
+from modules.model.sampling_defaults import sample_updates
+from modules.modelSampler.preserved_state import preserved_state
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.ModelType import ModelType
@@ -129,48 +130,6 @@ class _Placement:
             self.evict(*names)
 
 
-def _adapter_layers(module: torch.nn.Module) -> list:
-    try:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return []
-    return [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
-
-
-@contextlib.contextmanager
-def preserved_state(model: WanModel, device: torch.device) -> Iterator[None]:
-    """Everything sampling may touch comes back exactly as it was: train/eval mode of every module, requires_grad of
-    every parameter, peft adapters' enabled flags, and the torch (CPU and `device`), numpy and Python RNGs.
-    Inside, every part is in eval mode and every peft adapter layer is enabled."""
-    parts = list(model.parts().values())
-    modes = [(m, m.training) for part in parts for m in part.modules()]
-    grads = [(p, p.requires_grad) for part in parts for p in part.parameters()]
-    adapters = [(layer, layer.disable_adapters) for part in parts for layer in _adapter_layers(part)]
-    python_rng, numpy_rng = random.getstate(), np.random.get_state()
-    rng_devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=rng_devices):
-            for part in parts:
-                part.eval()
-            for layer, disabled in adapters:
-                if disabled:
-                    layer.enable_adapters(True)
-            with torch.no_grad():
-                yield
-    finally:
-        for layer, disabled in adapters:
-            if layer.disable_adapters != disabled:
-                layer.enable_adapters(not disabled)
-        for module, training in modes:
-            module.training = training
-        for parameter, requires_grad in grads:
-            if parameter.requires_grad != requires_grad:
-                parameter.requires_grad_(requires_grad)
-        random.setstate(python_rng)
-        np.random.set_state(numpy_rng)
-
-
 # ---------------------------------------------------------------------------------------------- the sampler
 
 @register("model_sampler", [ModelType.WAN_2_1, ModelType.WAN_2_2], list(TrainingMethod))
@@ -229,8 +188,10 @@ class WanModelSampler:
             notes.append(f"guidance_2 {guidance_2} ignored: {variant} has one expert")
             guidance_2 = None
         flow_shift = sample.flow_shift if sample.flow_shift is not None else self.default_flow_shift()
-        resolved = sample.model_copy(update=dict(width=width, height=height, frames=frames, guidance_2=guidance_2,
-                                                 flow_shift=flow_shift))
+        # an official-release / ComfyUI base: the variant's official settings fill in what the sample left unset
+        official = sample_updates(model.sampling_defaults, sample, width, height)
+        resolved = sample.model_copy(update=dict(dict(width=width, height=height, frames=frames, guidance_2=guidance_2,
+                                                      flow_shift=flow_shift), **official))
         for note in notes if log else ():
             logger.warning("sample %r: %s", sample.prompt[:40], note)
         return resolved, notes

@@ -154,6 +154,9 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
     lines.append(f"  model: {model.variant} ({model.variant.model_type.value}) from {config.model.base_model_name}, "
                  f"transformer {_count(transformer_parameters)} parameters")
     lines += [f"    {message}" for message in model.part_messages]
+    if model.sampling_defaults is not None:   # a base read from files: no scheduler config of its own
+        lines.append(f"    sampling (previews, sample.py): the official {model.variant} settings where a sample sets "
+                     f"none: {model.sampling_defaults.describe()}")
     from modules.util.config.image_encoder_source import image_encoder_description
     encoder = image_encoder_description(config, model)
     if encoder:

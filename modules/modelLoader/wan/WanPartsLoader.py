@@ -63,6 +63,7 @@ class WanPartsLoader:
         scheduler_class = getattr(diffusers, plan.scheduler_config.get("_class_name", "UniPCMultistepScheduler"))
         model.noise_scheduler = scheduler_class.from_config(plan.scheduler_config)
         model.boundary_ratio = plan.model_index.get("boundary_ratio")
+        model.sampling_defaults = plan.sampling_defaults
         model.expand_timesteps = bool(plan.model_index.get("expand_timesteps", False))
         for part in model.parts().values():
             part.requires_grad_(False).eval()

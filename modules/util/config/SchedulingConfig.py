@@ -14,8 +14,10 @@ class SamplingConfig(BaseConfig):
     every_n_minutes: float = Field(0.0, ge=0)
     sample_before_training: bool = False
     skip_first: int = Field(0, ge=0)
-    steps: int = Field(20, ge=1, le=1000)
-    guidance: float = Field(5.0, ge=0)
+    steps: int | None = Field(None, ge=1, le=1000, description="empty: the model's default (20; the official "
+                              "sample steps for a base read from an official release or ComfyUI files)")
+    guidance: float | None = Field(None, ge=0, description="empty: the model's default (5; the official guidance "
+                                   "of each expert for a base read from an official release or ComfyUI files)")
     scheduler: SamplerScheduler = "UNIPC"
     compare_strengths: list[Annotated[float, Field(ge=-MAX_LORA_STRENGTH, le=MAX_LORA_STRENGTH)]] = Field(
         [], max_length=MAX_LIST, description="LoRA: each preview is also made at these strengths of the LoRA being "

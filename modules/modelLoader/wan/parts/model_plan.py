@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modules.model.sampling_defaults import SamplingDefaults
 from modules.modelLoader.wan.parts.recognise import FoundPart, find_parts
 from modules.modelLoader.wan.parts.tensor_files import INDEX_SUFFIX, ModelFileError
 from modules.modelLoader.wan.parts.wan_configs import (is_official_transformer_config, released_for_variant,
@@ -33,6 +34,7 @@ class ModelPlan:
     diffusers_base: Path | None                 # the base, when it is a diffusers folder
     messages: list[str] = field(default_factory=list)
     hub_image_encoder: str | None = None        # model.image_encoder.path as a hub id (fetched when it loads)
+    sampling_defaults: SamplingDefaults | None = None   # the official settings, for a base that is no diffusers folder
 
     @property
     def transformer_dtypes(self) -> list[str]:
@@ -162,18 +164,21 @@ def plan_model(config: ModelConfig) -> ModelPlan:
         raise ModelFileError(f"model.base_model_name: {base} holds no UMT5 text encoder; set model.text_encoder.path "
                              f"(e.g. umt5_xxl_fp16.safetensors or models_t5_umt5-xxl-enc-bf16.pth)")
     _check_encoders(parts)
+    sampling_defaults = None
     if diffusers_base:
         scheduler_config = _read_json(diffusers_base / "scheduler" / "scheduler_config.json")
     else:
+        # no scheduler config of its own: the released model's, sampled with the official code's settings
         release = released_for_variant(variant, main["num_attention_heads"] * main["attention_head_dim"])
+        sampling_defaults = SamplingDefaults.from_json(release["sampling"])
         model_index = dict(release["model_index"])
-        scheduler_config = dict(release["scheduler"])
+        scheduler_config = dict(release["scheduler"], flow_shift=sampling_defaults.flow_shift)
     vae_config = vae.config if vae.config and vae.config.get("_class_name") == "AutoencoderKLWan" else None
     if vae_config is None and diffusers_base and (diffusers_base / "vae" / "config.json").is_file():
         base_vae = _read_json(diffusers_base / "vae" / "config.json")
         vae_config = base_vae if base_vae.get("z_dim", 16) == z_dim else None
     plan = ModelPlan(variant, parts, origins, transformer_configs, vae_config, model_index, scheduler_config,
-                     diffusers_base, hub_image_encoder=hub_image_encoder)
+                     diffusers_base, hub_image_encoder=hub_image_encoder, sampling_defaults=sampling_defaults)
     plan.messages = [f"{name}: {found.describe()} [{origins[name]}]{_storage_note(config, name, found)}"
                      for name, found in parts.items()]
     if hub_image_encoder:
