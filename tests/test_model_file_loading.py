@@ -200,7 +200,8 @@ def test_an_official_a14b_folder_is_planned_by_its_expert_folders(tiny_model, tm
     assert plan.variant.value == "T2V_A14B" and plan.diffusers_base is None
     assert plan.parts["transformer"].files[0].parent.name == "high_noise_model"
     assert plan.parts["transformer_2"].files[0].parent.name == "low_noise_model"
-    assert plan.model_index["boundary_ratio"] == 0.875 and plan.scheduler_config["flow_shift"] == 3.0
+    # the official sample_shift of T2V-A14B, not diffusers' hub default 3
+    assert plan.model_index["boundary_ratio"] == 0.875 and plan.scheduler_config["flow_shift"] == 12.0
     # the same two experts as loose files cannot be told apart by their tensors: the error says how to name them
     loose = tmp_path / "comfy"
     loose.mkdir()

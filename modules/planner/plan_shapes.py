@@ -52,7 +52,7 @@ def resolve_architecture(config: TrainConfig) -> Architecture:
     from modules.modelLoader.wan.parts.wan_configs import released_configs, released_for_variant
     base = config.model.base_model_name or ""
     folder = Path(base)
-    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
+    from modules.modelLoader.wan.parts.model_plan import uses_parts_loader
     if uses_parts_loader(config.model):
         return _architecture_from_files(config)
     if base and (folder / "transformer" / "config.json").is_file():

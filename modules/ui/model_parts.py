@@ -63,7 +63,7 @@ def model_config_from_state(state: UIState):
 def detect_variant_text(state: UIState) -> str | None:
     """The variant of a model given as files (an official release or ComfyUI folder, or part overrides), or None
     when the base is a plain diffusers folder (the caller's own detection applies)."""
-    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
+    from modules.modelLoader.wan.parts.model_plan import uses_parts_loader
     from modules.modelLoader.wan.parts.model_plan import plan_model
     from modules.modelLoader.wan.parts.tensor_files import ModelFileError
     try:

@@ -10,6 +10,7 @@ from huggingface_hub.errors import HFValidationError
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
+from modules.modelLoader.wan.parts.model_plan import plan_model, uses_parts_loader
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
@@ -67,32 +68,10 @@ def _refuse_pickles(folder: Path, what: str) -> None:
         raise ModelLoadError(str(error)) from None
 
 
-def uses_parts_loader(config: ModelConfig) -> bool:
-    """True unless the whole model is a diffusers folder (or hub id) with diffusers-folder overrides only: then the
-    parts are found by content (modules/modelLoader/wan/parts/)."""
-    base = Path(config.base_model_name) if config.base_model_name else None
-    if base is None or not base.is_dir():
-        return False
-    if not (base / "model_index.json").is_file() or config.tokenizer.path:
-        return True
-    for name in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
-        path = Path(getattr(config, name).path) if getattr(config, name).path else None
-        if path is not None and (path.is_file() or path.is_dir() and not (path / "config.json").is_file()
-                                 and not (path / "model_index.json").is_file()):
-            return True
-    return False
-
-
-def load_quantized_transformer(folder: Path, weight_dtype: DataType) -> WanTransformer3DModel:
-    part = PartConfig(path=str(folder), weight_dtype=weight_dtype)
-    return WanBaseModelLoader._load_quantized_transformer(part, "", "transformer", {})
-
-
 class WanBaseModelLoader:
     def load(self, config: ModelConfig) -> WanModel:
         if uses_parts_loader(config):
             from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
-            from modules.modelLoader.wan.parts.model_plan import plan_model
             from modules.modelLoader.wan.parts.tensor_files import ModelFileError
             try:
                 return WanPartsLoader().load(config, plan_model(config))
@@ -217,7 +196,12 @@ class WanBaseModelLoader:
 
     def _load_transformer(self, part: PartConfig, base: str, subfolder: str, common: dict) -> WanTransformer3DModel:
         if part.weight_dtype.is_quantized:
-            return self._load_quantized_transformer(part, base, subfolder, common)
+            from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+            from modules.modelLoader.wan.quantized_transformer import load_quantized_transformer
+            try:
+                return load_quantized_transformer(part, base, subfolder, common)
+            except ModelFileError as error:
+                raise ModelLoadError(str(error)) from None
         if part.path and Path(part.path).is_file():
             config = WanTransformer3DModel.load_config(base, subfolder=subfolder, **common)
             # a hub-id base (a local folder goes through the parts loader): the file's own layout and dtype decide
@@ -230,23 +214,3 @@ class WanBaseModelLoader:
             # frozen base weights stored in fp8 and upcast per layer for compute: a 14B model fits in 24 GB
             transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
         return transformer
-
-    @staticmethod
-    def _load_quantized_transformer(part: PartConfig, base: str, subfolder: str,
-                                    common: dict) -> WanTransformer3DModel:
-        """nf4 or int8 frozen weights through bitsandbytes (QLoRA), computed in bfloat16; the model lands on the GPU
-        as it loads (performance_checks refused this on a CPU before anything loaded)."""
-        from diffusers import BitsAndBytesConfig
-        if part.path and Path(part.path).is_file():
-            raise ModelLoadError(f"model.{subfolder}.path: {part.weight_dtype} weights load from a diffusers folder, "
-                                 f"not a single file")
-        if part.weight_dtype is DataType.NF4:
-            quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                              bnb_4bit_compute_dtype=torch.bfloat16)
-        else:
-            quantization = BitsAndBytesConfig(load_in_8bit=True)
-        source, extra = (part.path, {}) if part.path else (base, dict(subfolder=subfolder, **common))
-        if part.path and not (Path(part.path) / "config.json").is_file():
-            extra = dict(subfolder=subfolder, local_files_only=True)
-        return WanTransformer3DModel.from_pretrained(source, quantization_config=quantization,
-                                                     torch_dtype=torch.bfloat16, **extra)

@@ -7,21 +7,19 @@ from pathlib import Path
 import diffusers
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from transformers import AutoTokenizer, UMT5EncoderModel
+from transformers import UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
 from modules.modelLoader.wan.parts.model_plan import ModelPlan
 from modules.modelLoader.wan.parts.recognise import FoundPart
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+from modules.modelLoader.wan.parts.tokenizer_files import load_tokenizer
 from modules.modelLoader.wan.parts.transformer_files import load_transformer
 from modules.modelLoader.wan.parts.vae_files import load_vae, vae_config_for
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 
 logger = logging.getLogger(__name__)
-
-UMT5_HUB_ID = "google/umt5-xxl"
-
 
 def _from_folder(cls, found: FoundPart, dtype: torch.dtype):
     return cls.from_pretrained(found.folder, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
@@ -31,17 +29,6 @@ def model_source(plan: ModelPlan, base: str) -> str:
     """An identity for caches: the base and the files every part came from."""
     parts = ";".join(f"{name}={','.join(str(f) for f in found.files)}" for name, found in sorted(plan.parts.items()))
     return f"{base}|{parts}"
-
-
-def load_tokenizer(plan: ModelPlan, config: ModelConfig):
-    """`model.tokenizer.path`, the diffusers base's tokenizer/, or files-enc's search (the release's google/umt5-xxl,
-    a spiece_model tensor, ...); ModelFileError naming what to point at when none is found."""
-    text_encoder = plan.parts["text_encoder"]
-    if not config.tokenizer.path and plan.diffusers_base is not None and (plan.diffusers_base / "tokenizer").is_dir():
-        return AutoTokenizer.from_pretrained(plan.diffusers_base, subfolder="tokenizer", local_files_only=True)
-    from modules.modelLoader.wan.parts.tokenizer_files import find_tokenizer
-    where = Path(config.tokenizer.path or config.base_model_name)
-    return find_tokenizer(where, list(text_encoder.files), config.allow_download, UMT5_HUB_ID)
 
 
 class WanPartsLoader:
@@ -77,8 +64,8 @@ class WanPartsLoader:
             if found.folder is None or found.layout != "diffusers":
                 raise ModelFileError(f"{plan.origins[name]}: {part.weight_dtype} weights load from a diffusers "
                                      f"folder, not from {source} ({found.layout}); use FLOAT_8 for single files")
-            from modules.modelLoader.wan.WanBaseModelLoader import load_quantized_transformer
-            return load_quantized_transformer(found.folder, part.weight_dtype)
+            from modules.modelLoader.wan.quantized_transformer import load_quantized_transformer
+            return load_quantized_transformer(part.model_copy(update={"path": str(found.folder)}))
         if found.folder is not None and not found.dtype.startswith("fp8"):
             transformer = _from_folder(WanTransformer3DModel, found, part.weight_dtype.torch_dtype())
             if part.weight_dtype is DataType.FLOAT_8:

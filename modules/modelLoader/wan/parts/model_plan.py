@@ -235,13 +235,28 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
     return transformer_config_from_shapes(found.detail.shapes, source, given)
 
 
+def uses_parts_loader(config: ModelConfig) -> bool:
+    """True unless the whole model is a diffusers folder (or hub id) with diffusers-folder overrides only: then the
+    parts are found by content (modules/modelLoader/wan/parts/)."""
+    base = Path(config.base_model_name) if config.base_model_name else None
+    if base is None or not base.is_dir():
+        return False
+    if not (base / "model_index.json").is_file() or config.tokenizer.path:
+        return True
+    for name in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+        path = Path(getattr(config, name).path) if getattr(config, name).path else None
+        if path is not None and (path.is_file() or path.is_dir() and not (path / "config.json").is_file()
+                                 and not (path / "model_index.json").is_file()):
+            return True
+    return False
+
+
 def plan_problems(config: ModelConfig, full_fine_tune: bool, dora: bool = False) -> list[str]:
     """Config-check problems (no weights read): the plan's errors (a missing tokenizer included), fp8 base weights
     for a full fine-tune, fp8_scaled weights under DoRA."""
-    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
     if not uses_parts_loader(config):
         return []
-    from modules.modelLoader.wan.WanPartsLoader import load_tokenizer
+    from modules.modelLoader.wan.parts.tokenizer_files import load_tokenizer
     try:
         plan = plan_model(config)
         load_tokenizer(plan, config)   # small; a missing one is named here, before the run starts
@@ -265,7 +280,6 @@ def plan_problems(config: ModelConfig, full_fine_tune: bool, dora: bool = False)
 def detect_model_variant(config: ModelConfig) -> WanVariant:
     """The variant of the model a config names, from configs and tensor headers (no weights read). Raises
     NotAWanModelError, as `detect_variant_from_folder` does for diffusers folders."""
-    from modules.modelLoader.wan.WanBaseModelLoader import uses_parts_loader
     from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
     if not uses_parts_loader(config):
         return detect_variant_from_folder(config.base_model_name)

@@ -182,3 +182,17 @@ def find_tokenizer(folder_or_file: Path | None, text_encoder_paths: list[Path], 
                          f"model.tokenizer.path to a tokenizer folder (a diffusers folder's tokenizer/, the official "
                          f"release's google/umt5-xxl/), a sentencepiece spiece.model, or a ComfyUI umt5_xxl "
                          f"safetensors file holding a 'spiece_model' tensor{download}")
+
+
+UMT5_HUB_ID = "google/umt5-xxl"
+
+
+def load_tokenizer(plan, config):
+    """The tokenizer of a model plan (modules/modelLoader/wan/parts/model_plan.py) and its ModelConfig:
+    `model.tokenizer.path`, the diffusers base's tokenizer/, or the search of `find_tokenizer` (the release's
+    google/umt5-xxl, a spiece_model tensor, ...); ModelFileError naming what to point at when none is found."""
+    text_encoder = plan.parts["text_encoder"]
+    if not config.tokenizer.path and plan.diffusers_base is not None and (plan.diffusers_base / "tokenizer").is_dir():
+        return AutoTokenizer.from_pretrained(plan.diffusers_base, subfolder="tokenizer", local_files_only=True)
+    where = Path(config.tokenizer.path or config.base_model_name)
+    return find_tokenizer(where, list(text_encoder.files), config.allow_download, UMT5_HUB_ID)
