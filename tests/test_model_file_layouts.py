@@ -90,7 +90,8 @@ def test_transformer_layouts_compute_what_the_diffusers_folder_computes(tiny_mod
             converted = convert_wan_transformer_to_diffusers({k: k for k in tensors})
             assert sorted(converted) == sorted(state)
     found, model = _load_found(path)
-    expected_layout = {"wan_sharded": "wan", "wan_sharded_dumped": "wan", "comfyui_bare_prefix": "comfyui", "diffusers_file": "diffusers"}
+    expected_layout = {"wan_sharded": "wan", "wan_sharded_dumped": "wan", "comfyui_bare_prefix": "comfyui",
+                       "diffusers_file": "diffusers"}
     assert (found.layout, found.dtype) == (expected_layout.get(layout, layout), "fp32")
     # FLF2V: two CLIP images of 17 tokens each, joined by the model into one sequence with a position embedding
     images = 2 if reference.config.pos_embed_seq_len else 1

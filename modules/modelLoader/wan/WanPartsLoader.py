@@ -2,7 +2,6 @@
 folder (from_pretrained) or from single files in the official Wan / ComfyUI layouts, read one tensor at a time
 into a meta-built model."""
 import logging
-from pathlib import Path
 
 import diffusers
 import torch
@@ -20,6 +19,7 @@ from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 
 logger = logging.getLogger(__name__)
+
 
 def _from_folder(cls, found: FoundPart, dtype: torch.dtype):
     return cls.from_pretrained(found.folder, torch_dtype=dtype, local_files_only=True, use_safetensors=True)
