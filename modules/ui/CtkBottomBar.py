@@ -3,7 +3,6 @@ status, step and epoch progress with s/step and ETA, Start / Stop / Add to queue
 filter, the end-of-run panel's place and the log pane. Widgets are touched from the Tk main loop only."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import customtkinter as ctk
@@ -107,8 +106,3 @@ class CtkBottomBar:
         if run.epochs:
             self.epoch_bar.set(run.epoch_fraction)
             self.epoch_label.configure(text=f"epoch {run.epoch + 1} / {run.epochs}")
-        # the loss tab follows the run (its events are read again at most every 2 s)
-        if len(run.losses) != self._drawn_losses and time.monotonic() - self._loss_drawn_at > 2:
-            self._drawn_losses = len(run.losses)
-            self._loss_drawn_at = time.monotonic()
-            self.loss_view.reload()

@@ -44,7 +44,6 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.sampling = SamplingController(self.config_state)
         self.fields: dict[str, BoundField] = {}
         self.dialogs: list[ctk.CTkToplevel] = []
-        self._drawn_losses = 0
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)
         if restore_last_used:
@@ -207,7 +206,6 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         from modules.ui.CtkLossView import CtkLossView
         self.loss_view = CtkLossView(self.tabs["loss"], self)
         self.loss_canvas = self.loss_view.canvas
-        self._loss_drawn_at = 0.0
 
     def _render_method_tab(self) -> None:
         frame = self.method_frame
@@ -309,7 +307,6 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.log("Start: checking the config")
 
     def _running_started(self) -> None:
-        self._drawn_losses = 0
         for bar, label in ((self.step_bar, self.step_label), (self.epoch_bar, self.epoch_label)):
             bar.set(0)   # the last run's numbers are not this one's (its plan comes after loading)
             label.configure(text="0 / 0")

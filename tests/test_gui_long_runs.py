@@ -1,0 +1,87 @@
+"""The window over long runs and their companions (under Xvfb, as tests/test_gui.py): the loss tab never stalls the
+Tk main loop, whatever the run's length; the gallery follows the run being trained; the queue's failures are shown
+whole; the memory plan reports its progress and can be cancelled."""
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("tkinter", reason="this Python has no tkinter")
+
+from gui_helpers import ARTEFACTS, app, display, run_until, screenshot, settle  # noqa: E402,F401
+
+STALL_LIMIT_S = 0.1
+
+
+class Probe:
+    """A Tk round trip every 20 ms: the longest gap between two is the longest the main loop was blocked."""
+
+    def __init__(self, window):
+        self.window, self.gaps, self.running = window, [], True
+        self.last = time.perf_counter()
+        window.after(20, self._tick)
+
+    def _tick(self):
+        now = time.perf_counter()
+        self.gaps.append(now - self.last)
+        self.last = now
+        if self.running:
+            self.window.after(20, self._tick)
+
+    @property
+    def longest(self) -> float:
+        return max(self.gaps)
+
+
+def _write_steps(folder, first: int, last: int, wall_time: float | None = None) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(str(folder))
+    for step in range(first, last + 1):
+        writer.add_scalar("loss/step", 0.2 + 0.1 / step ** 0.5, step, walltime=wall_time)
+        writer.add_scalar("lr/group_0", 1e-4, step, walltime=wall_time)
+        if step % 100 == 0:
+            writer.add_scalar("validation/loss", 0.25, step, walltime=wall_time)
+    writer.close()
+
+
+def test_the_loss_tab_follows_a_run_of_20000_steps_without_stalling_the_window(app, tmp_path):
+    from modules.ui.CtkLossView import CURRENT
+
+    workspace = tmp_path / "ws"
+    name = "2026-01-01_10-00-00"
+    folder = workspace / "tensorboard" / name
+    _write_steps(folder, 1, 19900)
+    app.fields["workspace_dir"].set_text(str(workspace))
+    app.controller.last_run_name = name   # the window's run, as after its plan event
+    view = app.loss_view
+    app.tabview.set("loss")
+    settle(app, 0.5)
+    probe = Probe(app)
+    view.run_menu.set(CURRENT)
+    view.reload()                          # as the tab's reload button, or a run's end
+    # the run goes on: its last 100 steps are appended while the tab shows it
+    writer = threading.Thread(target=_write_steps, args=(folder, 19901, 20000), daemon=True)
+    assert run_until(app, lambda: view.run is not None and view.run.steps() == (1, 19900), 60)
+    writer.start()
+    assert run_until(app, lambda: not writer.is_alive() and view.run.steps() == (1, 20000)
+                     and view.drawn_version == view.follower.version, 60)
+    settle(app, 0.5)
+    probe.running = False
+    print(f"longest main loop block: {probe.longest * 1000:.0f} ms over {len(probe.gaps)} probes")
+    assert probe.longest < STALL_LIMIT_S, f"the main loop was blocked for {probe.longest * 1000:.0f} ms"
+    # what was drawn is the whole run: the label names its steps, and the lines hold a few thousand points
+    labels = [view.canvas.itemcget(item, "text") for item in view.canvas.find_all()
+              if view.canvas.type(item) == "text"]
+    assert f"{name}: steps 1-20000" in labels
+    lines = [item for item in view.canvas.find_all() if view.canvas.type(item) == "line"]
+    assert max(len(view.canvas.coords(item)) for item in lines) <= 4 * 1060 * 2
+    screenshot(app, "loss-20000-steps")
+    # not shown, not drawn: the follower reads on, the tab waits until it is shown again
+    app.tabview.set("model")
+    drawn = view.draw_count
+    _write_steps(folder, 20001, 20010)
+    assert run_until(app, lambda: view.run.steps() == (1, 20010), 30)
+    settle(app, 0.7)
+    assert view.draw_count == drawn
+    app.tabview.set("loss")
+    assert run_until(app, lambda: view.draw_count > drawn and view.drawn_version == view.follower.version, 10)
