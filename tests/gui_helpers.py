@@ -125,3 +125,14 @@ def type_into(app, widget, text: str) -> None:
     xdotool("key", "--delay", "10", "End", *(["BackSpace"] * 10))
     xdotool("type", "--delay", "80", "--", text)
     settle(app, 0.3)
+
+
+def _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, **values):
+    settings = {"demo_assets": "false", "model.base_model_name": str(tiny_model("wan2.1-t2v")),
+                "workspace_dir": str(tmp_path / "run"), "cache_dir": str(tmp_path / "cache"),
+                "output.destination": str(tmp_path / "out" / "lora.safetensors"),
+                "data.concepts.0.path": str(squares_dataset), "tensorboard": "false",
+                "sampling.samples_file": "", **values}
+    for path, text in settings.items():
+        app.fields[path].set_text(text)
+    assert app.controller.state.problems == [], app.controller.state.problems

@@ -21,8 +21,8 @@ GAP_LIMIT_S = 0.25
 
 pytest.importorskip("tkinter", reason="this Python has no tkinter")
 
-from gui_helpers import (ARTEFACTS, DEMO, ROOT, app, assert_not_empty, display, run_until,  # noqa: E402,F401
-                         screenshot, settle, type_into, xdotool)
+from gui_helpers import (ARTEFACTS, DEMO, ROOT, _point_at_test_data, app, assert_not_empty,  # noqa: E402,F401
+                         display, run_until, screenshot, settle, type_into, xdotool)
 
 
 # ---- launcher -------------------------------------------------------------------------------------------------
@@ -148,17 +148,6 @@ def test_loading_a_preset_fills_the_fields(app):
     assert app.fields["data.concepts.0.path"].variable.get() == "workspace/demo/squares"
 
 
-def _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, **values):
-    settings = {"demo_assets": "false", "model.base_model_name": str(tiny_model("wan2.1-t2v")),
-                "workspace_dir": str(tmp_path / "run"), "cache_dir": str(tmp_path / "cache"),
-                "output.destination": str(tmp_path / "out" / "lora.safetensors"),
-                "data.concepts.0.path": str(squares_dataset), "tensorboard": "false",
-                "sampling.samples_file": "", **values}
-    for path, text in settings.items():
-        app.fields[path].set_text(text)
-    assert app.controller.state.problems == [], app.controller.state.problems
-
-
 def test_save_as_reloads_equal_and_trains_through_the_cli(app, tmp_path, tiny_model, squares_dataset):
     from modules.ui.TrainController import TrainController
 
@@ -255,6 +244,14 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert run_until(app, lambda: app.sampling_view.step_label.cget("text").startswith("step 0,"), 10)
 
 
+def add_to_queue(app) -> None:
+    """"Add to queue", and the window's handling of its check (run in a worker)."""
+    jobs = len(app.controller.job_queue().jobs)
+    app.add_to_queue()
+    assert run_until(app, lambda: len(app.controller.job_queue().jobs) == jobs + 1 and len(app.queue_view.rows)
+                     == jobs + 1, 60), app.log_box.get("1.0", "end")[-2000:]
+
+
 def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
     _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
     queue = app.controller.job_queue()
@@ -262,7 +259,7 @@ def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_mo
         queue.remove(0)
     for name in ("first", "second"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
-        app.add_to_queue()
+        add_to_queue(app)
     app.fields["output.destination"].set_text(str(tmp_path / "out" / "changed-after.safetensors"))  # a snapshot
     app.tabview.set("queue")
     assert len(app.queue_view.rows) == 2
@@ -285,7 +282,7 @@ def test_queue_jobs_are_reordered_paused_and_removed_in_the_tab_and_survive_a_re
         queue.remove(0)
     for name in ("a", "b", "c"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
-        app.add_to_queue()
+        add_to_queue(app)
     app.tabview.set("queue")
     settle(app, 0.3)
 

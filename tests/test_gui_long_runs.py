@@ -85,3 +85,53 @@ def test_the_loss_tab_follows_a_run_of_20000_steps_without_stalling_the_window(a
     assert view.draw_count == drawn
     app.tabview.set("loss")
     assert run_until(app, lambda: view.draw_count > drawn and view.drawn_version == view.follower.version, 10)
+
+
+def test_the_queue_checks_a_job_when_added_and_shows_a_failure_whole(app, tmp_path, tiny_model, squares_dataset):
+    import shutil
+
+    from gui_helpers import _point_at_test_data
+
+    queue = app.controller.job_queue()
+    while queue.jobs:
+        queue.remove(0)
+    missing = tmp_path / "missing"
+    _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
+    app.fields["data.concepts.0.path"].set_text(str(missing))
+    dialogs = len(app.dialogs)
+    app.add_to_queue()                     # checked as Start checks: refused before it waits in the queue
+    assert run_until(app, lambda: len(app.dialogs) > dialogs, 60)
+    message = f"data.concepts.0.path: {str(missing)!r} does not exist"
+    assert message in app.dialogs[-1].winfo_children()[0].get("1.0", "end")
+    app.dialogs[-1].destroy()
+    assert not app.controller.job_queue().jobs
+    data = tmp_path / "data"
+    shutil.copytree(squares_dataset, data)
+    app.fields["data.concepts.0.path"].set_text(str(data))
+    app.add_to_queue()
+    assert run_until(app, lambda: len(app.queue_view.rows) == 1, 60), app.log_box.get("1.0", "end")[-2000:]
+    shutil.rmtree(data)                    # gone before it runs: checked again there
+    app.tabview.set("queue")
+    app.queue_view.run_queue()
+    assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("queue:"),
+                     120), app.log_box.get("1.0", "end")[-2000:]
+    message = f"data.concepts.0.path: {str(data)!r} does not exist"
+    assert app.controller.job_queue().jobs[0].state == "failed"
+    assert message in app.queue_view.rows[0]["detail"]            # the job list: the whole message
+    assert message in app.log_box.get("1.0", "end")                # and the log pane
+    settle(app, 0.3)
+    screenshot(app, "queue-failed-job")
+    # a second runner: `queue run` in a shell holds the queue; the window's Run queue says who, and runs nothing
+    app.queue_view._edit("retry", 0)
+    lock = app.controller.job_queue().runner_lock().acquire()
+    try:
+        dialogs = len(app.dialogs)
+        app.queue_view.run_queue()
+        assert len(app.dialogs) == dialogs + 1 and not app.controller.running
+        import os
+        assert f":{os.getpid()} (host:pid)" in app.dialogs[-1].winfo_children()[0].get("1.0", "end")
+        app.dialogs[-1].destroy()
+    finally:
+        lock.release()
+    assert app.controller.job_queue().jobs[0].state == "waiting"
+    app.queue_view._edit("remove", 0)

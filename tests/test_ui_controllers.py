@@ -338,7 +338,8 @@ def test_an_ended_run_frees_its_model_and_the_next_queue_job_reports_its_own_pla
     assert controller.run.encode_calls["EncodeText"] == 6   # what the run encoded is still told
     state.set("max_steps", 3)
     state.set("output.destination", str(tmp_path / "job.safetensors"))
-    assert controller.add_to_queue() == [] and controller.start_queue() == [] and controller.wait(300)
+    assert controller.add_to_queue() == [] and controller.wait_added(120)
+    assert controller.start_queue() == [] and controller.wait(300)
     events = controller.poll_events()
     assert [payload["total_steps"] for kind, payload in events if kind == "plan"] == [3], events[-3:]
     assert (tmp_path / "job.safetensors").is_file() and controller.trainer is None

@@ -316,12 +316,16 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.end_panel.hide()
 
     def add_to_queue(self) -> None:
+        """The config is checked as Start checks it (in the controller's worker); the "queued" event says how."""
         problems = self.controller.add_to_queue()
         if problems:
-            self.show_dialog("Not added to the queue", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
+            self._not_queued(problems)
             return
-        self.queue_view.refresh()
-        self.log(f"added to the queue ({len(self.controller.job_queue().jobs)} job(s)): see the queue tab")
+        self.log("Add to queue: checking the config")
+
+    def _not_queued(self, problems: list[str]) -> None:
+        self.log("Not added to the queue:\n" + "\n".join(f"  - {p}" for p in problems), "ERROR")
+        self.show_dialog("Not added to the queue", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
 
     def start_queue(self) -> None:
         problems = self.controller.start_queue()
@@ -368,6 +372,13 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                 self._update_variant()                  # and its model (the memory line waits for the run's end)
                 for picker in self.part_pickers:
                     picker.refresh()
+            elif kind == "queued":
+                if payload["problems"]:
+                    self._not_queued(payload["problems"])
+                else:
+                    self.queue_view.refresh()
+                    self.log(f"added {payload['name']} to the queue ({len(self.controller.job_queue().jobs)} "
+                             f"job(s)): see the queue tab")
             elif kind == "job":
                 self.queue_view.refresh()
             elif kind == "queue_done":

@@ -23,6 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modules.ui.QueueControl import QueueControl
 from modules.ui.UIState import UIState
 from modules.util.config.config_io import ConfigError, read_json_object
 
@@ -96,7 +97,7 @@ def _warm_video_codecs() -> None:
         read_media(path)
 
 
-class TrainController:
+class TrainController(QueueControl):
     def __init__(self, state: UIState | None = None, presets_dir: Path = PRESETS_DIR, last_used: Path = LAST_USED,
                  queue_path: Path | None = None):
         from modules.ui.JobQueue import DEFAULT_QUEUE
@@ -229,66 +230,9 @@ class TrainController:
         self._thread.start()
         return []
 
-    # ---- the job queue ------------------------------------------------------------------------------------------
-
-    def job_queue(self):
-        """The job queue (workspace/queue/queue.json unless given), read again from its file."""
-        from modules.ui.JobQueue import JobQueue
-        return JobQueue(self.queue_path)
-
-    def add_to_queue(self) -> list[str]:
-        """The config as it stands becomes a job (a snapshot); returns the problems that refuse it."""
-        problems = self.state.validate()
-        if problems:
-            return problems
-        try:
-            self.job_queue().add(self.state.json_dict())
-        except ValueError as error:   # another waiting job writes the same output file
-            return [str(error)]
-        return []
-
-    def start_queue(self) -> list[str]:
-        """Runs the queue's waiting jobs one after another in the worker thread (one model at a time)."""
-        if self.running:
-            return ["training is already running"]
-        queue = self.job_queue()
-        if queue.next_job() is None:
-            return [f"the queue {queue.path} has no waiting job"]
-        self.run = RunState(running=True, status="queue: starting")
-        self._plan_sent = False
-        self.trainer = None   # else the first job's progress read the last run's plan and Stop went to it
-        self._queue_stop = False
-        self._thread = threading.Thread(target=self._work_queue, args=(queue,), name="training", daemon=True)
-        self._thread.start()
-        return []
-
-    def _work_queue(self, queue) -> None:
-        from modules.ui.JobQueue import train_config_file
-
-        def train_one(config_path, job):
-            self.run = RunState(running=True, status=f"queue: {job.name}", started=time.monotonic())
-            self._plan_sent = False
-            self.current_job = job
-            self.events.put(("job", job.id))
-            holder: list = []
-            self._trainer_holder = holder
-            try:
-                return train_config_file(config_path, job, on_update=self._on_update, trainer_holder=holder)
-            finally:
-                self.trainer = None
-                self.events.put(("job", job.id))
-
-        handler = self._attach_log()
-        try:
-            ran = queue.run(train_one, should_stop=lambda: self._queue_stop)
-            failed = sum(job.state == "failed" for job in ran)
-            self.events.put(("queue_done", f"queue: {len(ran)} job(s) ran, {failed} failed"))
-        except Exception as error:  # the window must survive any failure
-            self.events.put(("log", traceback.format_exc()))
-            self.events.put(("failed", f"{type(error).__name__}: {error}"))
-        finally:
-            self.current_job = None
-            self._detach_log(handler)
+    @staticmethod
+    def _new_run_state(**values) -> RunState:
+        return RunState(running=True, **values)
 
     def _attach_log(self):
         handler = _QueueLogHandler(self.events)
