@@ -135,3 +135,79 @@ def test_the_queue_checks_a_job_when_added_and_shows_a_failure_whole(app, tmp_pa
         lock.release()
     assert app.controller.job_queue().jobs[0].state == "waiting"
     app.queue_view._edit("remove", 0)
+
+
+def _write_preview(run_folder, row: str, step: int, epoch: int) -> None:
+    import json
+
+    import numpy as np
+
+    from modules.util.video_frames import write_video
+    folder = run_folder / row
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = np.full((3, 32, 32, 3), (step * 7) % 255, dtype=np.uint8)
+    write_video(folder / f"{step}-{epoch}.mp4", frames, 16)
+    (folder / f"{step}-{epoch}.json").write_text(json.dumps({"prompt": row.split("-", 1)[1], "seed": 1}))
+
+
+def test_the_gallery_follows_the_run_being_trained_newest_first_and_scrolls_both_ways(app, tmp_path):
+    """The trainer's side is stood in for by a thread that sends the run's plan event and writes previews where
+    TrainingSampler writes them (<workspace>/samples/<run>/<index>-<slug>/<step>-<epoch>.mp4, with the settings
+    beside): the gallery's part is what is tested."""
+    workspace = tmp_path / "ws"
+    rows = [f"{index}-sample_{index}" for index in range(6)]
+    _write_preview(workspace / "samples" / "2026-01-01_08-00-00", rows[0], 5, 0)   # an earlier run
+    app.fields["workspace_dir"].set_text(str(workspace))
+    app.tabview.set("gallery")
+    gallery = app.gallery_view
+    gallery.refresh()
+    assert gallery.run_menu.get() == "2026-01-01_08-00-00"
+    name = "2026-01-02_09-00-00"
+    run_folder = workspace / "samples" / name
+    more, done = threading.Event(), threading.Event()
+
+    def trainer():
+        app.controller.events.put(("plan", {"epochs": 4, "total_steps": 100, "batches_per_epoch": 25,
+                                            "resumed_from": None, "run_name": name}))
+        for step in range(0, 80, 5):
+            for row in rows:
+                _write_preview(run_folder, row, step, step // 25)
+        more.wait(60)
+        for row in rows:
+            _write_preview(run_folder, row, 80, 3)
+        done.wait(60)
+
+    app.controller._thread = threading.Thread(target=trainer, daemon=True)
+    app.controller._thread.start()
+    try:
+        # listed and shown at its plan, before any reload
+        assert run_until(app, lambda: gallery.run_menu.get() == name, 10)
+        assert name in gallery.run_menu.cget("values")
+        assert run_until(app, lambda: len(gallery.cells) == 96 and gallery.thumbnails_shown == 96, 60), \
+            (len(gallery.cells), gallery.thumbnails_shown)
+        settle(app, 0.3)
+        newest = gallery._labels[("step", 75)]
+        assert int(newest.grid_info()["column"]) == 1                      # newest step first
+        canvas = gallery.scroll.canvas
+        assert canvas.xview()[0] == 0 and canvas.xview()[1] < 1          # wider than the window: scrolls sideways
+        assert canvas.yview()[1] < 1                                       # and taller: scrolls down
+        assert gallery.scroll.x_bar.winfo_ismapped() and gallery.scroll.y_bar.winfo_ismapped()
+        screenshot(app, "gallery-following")
+        canvas.xview_moveto(1.0)
+        canvas.yview_moveto(1.0)
+        settle(app, 0.2)
+        assert canvas.xview()[1] == 1 and canvas.yview()[1] == 1
+        # the next preview step: added in front, the thumbnails already decoded kept (not decoded again)
+        kept = gallery.cells[(rows[0], 0)]
+        more.set()
+        assert run_until(app, lambda: len(gallery.cells) == 102 and gallery.thumbnails_shown == 102, 30)
+        assert gallery.cells[(rows[0], 0)] is kept
+        assert int(gallery._labels[("step", 80)].grid_info()["column"]) == 1
+        assert canvas.xview()[0] == 0                                      # the newest column in view again
+        cell = gallery.cells[(rows[1], 80)]["cell"]
+        assert cell.tooltip.startswith("step 80 (epoch 4)")               # counted from 1, as the progress bar
+    finally:
+        more.set()
+        done.set()
+        app.controller._thread.join(10)
+        app.controller.poll_events()

@@ -70,7 +70,7 @@ def test_gallery_rows_are_samples_and_columns_steps_in_step_order(tmp_path):
     assert newest.rows == ["0-a_red_square", "1-a_blue_square", "10-late"]              # by sample index
     assert newest.steps == [2, 9, 10, 100]                                             # numbers, not strings
     cell = newest.cells[("0-a_red_square", 10)]
-    assert cell.tooltip == "step 10 (epoch 0)\nseed 7\na red square"
+    assert cell.tooltip == "step 10 (epoch 1)\nseed 7\na red square"   # counted from 1, as the progress bar
     assert newest.cells[("1-a_blue_square", 10)].prompt == "a blue square"             # no sidecar: the slug
     assert ("1-a_blue_square", 2) not in newest.cells
 

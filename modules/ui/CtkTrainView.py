@@ -368,6 +368,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                 if not self.prefs.has_run:   # a run is made once it trains (a refused Start keeps the hint)
                     self.prefs.has_run = True
                     self.show_hint(False)
+                self.gallery_view.follow(payload["run_name"])   # listed and shown now, previews as they come
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
                 self._update_variant()                  # and its model (the memory line waits for the run's end)
                 for picker in self.part_pickers:
