@@ -211,3 +211,21 @@ def test_the_gallery_follows_the_run_being_trained_newest_first_and_scrolls_both
         done.set()
         app.controller._thread.join(10)
         app.controller.poll_events()
+
+
+def test_open_output_folder_without_a_file_manager_shows_the_path_to_copy(app, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))
+    monkeypatch.chdir(tmp_path)
+    app.fields["output.destination"].set_text("out/lora.safetensors")
+    dialogs = len(app.dialogs)
+    app.open_output_folder()
+    assert len(app.dialogs) == dialogs + 1
+    dialog = app.dialogs[-1]
+    text = dialog.winfo_children()[0].get("1.0", "end")
+    assert str(tmp_path / "out") in text and "Errno" not in text
+    import customtkinter as ctk
+    copy = next(w for w in dialog.winfo_children() if isinstance(w, ctk.CTkButton) and w.cget("text") ==
+                "copy the path")
+    copy.invoke()
+    assert app.clipboard_get() == str(tmp_path / "out")
+    dialog.destroy()

@@ -87,14 +87,24 @@ class CtkBottomBar:
         return Path(self.config_state.get("output.destination") or "workspace/output").parent
 
     def open_output_folder(self) -> None:
-        problem = open_folder(self.output_folder())
-        if problem:
-            self.show_dialog("Open folder", problem)
+        self._open_folder(self.output_folder())
 
     def open_workspace(self) -> None:
-        problem = open_folder(self.config_state.get("workspace_dir") or "workspace")
+        self._open_folder(self.config_state.get("workspace_dir") or "workspace")
+
+    def _open_folder(self, folder) -> None:
+        """The file manager; without one, the folder's absolute path in a dialog, with a button that copies it."""
+        problem = open_folder(folder)
         if problem:
-            self.show_dialog("Open folder", problem)
+            path = str(Path(folder).expanduser().absolute())
+            dialog = self.show_dialog("Open folder", problem)
+
+            def copy():
+                self.clipboard_clear()
+                self.clipboard_append(path)
+                self.log(f"copied {path}")
+
+            button(dialog, "copy the path", copy, width=120).pack(pady=(0, 10))
 
     def _show_progress(self) -> None:
         run = self.controller.run

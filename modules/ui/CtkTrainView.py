@@ -360,6 +360,8 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                 self.log(self.controller.run.status)
                 if not payload["stopped"]:
                     self.end_panel.show(payload, self.controller.run)
+            elif kind == "run_plan":
+                self.log(str(payload))   # whole, as the terminal prints it (the end panel shows it again)
             elif kind == "plan":
                 self.log(f"training started: {payload['total_steps']} steps over {payload['epochs']} epoch(s) of "
                          f"{payload['batches_per_epoch']} batches")

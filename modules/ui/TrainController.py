@@ -7,7 +7,8 @@ Stop / sample now / backup now / save now are requests the trainer serves at its
 optimizer steps).
 
 Events, as (kind, payload): ("status", str), ("progress", dict from GenericTrainer.on_update plus "epochs",
-"epoch_fraction"), ("validation", {"validation_loss", "step", "validation_per_sigma"}: a validation loss, see
+"epoch_fraction"), ("run_plan", str): the run plan the terminal prints, whole, ("validation", {"validation_loss",
+"step", "validation_per_sigma"}: a validation loss, see
 docs/validation.md), ("log", str), ("refused", [problems]), ("failed", message), ("finished", {"written": [paths],
 "stopped": bool, "backups": [paths]}), ("released", None): the run's trainer is let go (collected on the main thread
 when the event is drained).
@@ -47,6 +48,7 @@ class RunState:
     started: float = 0.0
     resumed_from: int | None = None  # the backup's step when the run continued one
     encode_calls: dict[str, int] = field(default_factory=dict)   # per cache encoder, of the ended run
+    plan_text: str = ""              # the run plan the terminal prints at the start (GenericTrainer's start report)
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -334,6 +336,8 @@ class TrainController(QueueControl):
             self.events.put(("plan", {"epochs": plan.epochs, "total_steps": plan.total_steps,
                                       "batches_per_epoch": plan.batches_per_epoch, "resumed_from": resumed,
                                       "run_name": trainer.run_name}))
+            if getattr(trainer, "plan_report", ""):   # the run plan the terminal printed, whole
+                self.events.put(("run_plan", trainer.plan_report))
         batches = (plan.batches_per_epoch if plan is not None else 0) or 1
         epochs = plan.epochs if plan is not None else trainer.config.epochs
         # the epoch bar shows the run's epochs done (it fills once over the run, it does not refill every epoch)
@@ -389,6 +393,8 @@ class TrainController(QueueControl):
             # every step's loss, read back from the device every few steps (performance.loss_readback_steps)
             run.losses.extend(payload.get("losses", []))
             run.step_times.append(payload["step_time"])
+        elif kind == "run_plan":
+            run.plan_text = payload
         elif kind == "validation":
             run.validation_losses.append((payload["step"], payload["validation_loss"]))
         elif kind == "refused":
