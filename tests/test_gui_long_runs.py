@@ -169,7 +169,7 @@ def test_the_gallery_follows_the_run_being_trained_newest_first_and_scrolls_both
     def trainer():
         app.controller.events.put(("plan", {"epochs": 4, "total_steps": 100, "batches_per_epoch": 25,
                                             "resumed_from": None, "run_name": name}))
-        for step in range(0, 80, 5):
+        for step in range(0, 60, 5):
             for row in rows:
                 _write_preview(run_folder, row, step, step // 25)
         more.wait(60)
@@ -183,10 +183,10 @@ def test_the_gallery_follows_the_run_being_trained_newest_first_and_scrolls_both
         # listed and shown at its plan, before any reload
         assert run_until(app, lambda: gallery.run_menu.get() == name, 10)
         assert name in gallery.run_menu.cget("values")
-        assert run_until(app, lambda: len(gallery.cells) == 96 and gallery.thumbnails_shown == 96, 60), \
+        assert run_until(app, lambda: len(gallery.cells) == 72 and gallery.thumbnails_shown == 72, 60), \
             (len(gallery.cells), gallery.thumbnails_shown)
         settle(app, 0.3)
-        newest = gallery._labels[("step", 75)]
+        newest = gallery._labels[("step", 55)]
         assert int(newest.grid_info()["column"]) == 1                      # newest step first
         canvas = gallery.scroll.canvas
         assert canvas.xview()[0] == 0 and canvas.xview()[1] < 1          # wider than the window: scrolls sideways
@@ -200,7 +200,7 @@ def test_the_gallery_follows_the_run_being_trained_newest_first_and_scrolls_both
         # the next preview step: added in front, the thumbnails already decoded kept (not decoded again)
         kept = gallery.cells[(rows[0], 0)]
         more.set()
-        assert run_until(app, lambda: len(gallery.cells) == 102 and gallery.thumbnails_shown == 102, 30)
+        assert run_until(app, lambda: len(gallery.cells) == 78 and gallery.thumbnails_shown == 78, 30)
         assert gallery.cells[(rows[0], 0)] is kept
         assert int(gallery._labels[("step", 80)].grid_info()["column"]) == 1
         assert canvas.xview()[0] == 0                                      # the newest column in view again

@@ -148,15 +148,15 @@ class FitResult:
             else:
                 what = (f"checkpointing every {after.checkpoint_every}: those blocks' activations are recomputed "
                         f"in the backward pass, not kept")
-            memory = (f"{gib[after] - gib[before]:+.1f} GiB" if before in gib and after in gib and
+            memory = (_memory_change(gib[after] - gib[before]) if before in gib and after in gib and
                       math.isfinite(gib[after] - gib[before]) else "memory not traced alone")
-            lines.append(f"{what} ({memory}, {self.cost.seconds(after) - self.cost.seconds(before):+.2f} s/step)")
+            lines.append(f"{what} ({memory}, {_time_change(self.cost.seconds(after) - self.cost.seconds(before))})")
         if configured != chosen and configured in gib and math.isfinite(gib[configured]):
             change = self.cost.seconds(chosen) - self.cost.seconds(configured)
             lines.append(f"against the switches as set ({gib[configured]:.1f} GiB predicted): "
-                         f"{self.prediction.peak_gib - gib[configured]:+.1f} GiB, "
-                         + (f"{-change:.2f} s/step faster" if change < 0 else f"{change:.2f} s/step slower")
-                         + " on a nominal GPU")
+                         f"{_memory_change(self.prediction.peak_gib - gib[configured])}, "
+                         + (f"{_time_change(-change)[1:]} faster" if change < 0 else
+                            f"{_time_change(change)[1:]} slower") + " on a nominal GPU")
         return lines
 
     def text(self) -> str:
@@ -168,6 +168,14 @@ class FitResult:
                     f"({smallest[0].text()})")
         return (f"fits {self.vram_gib:g} GiB with {self.settings.text()}: {self.prediction.peak_gib:.1f} GiB "
                 f"predicted (switch cost ~{self.cost_seconds:.2f} s / step on a nominal GPU)")
+
+
+def _memory_change(gib: float) -> str:
+    return f"{gib:+.1f} GiB" if abs(gib) >= 0.1 else f"{gib * 1024:+.0f} MiB"
+
+
+def _time_change(seconds: float) -> str:
+    return f"{seconds:+.2f} s/step" if abs(seconds) >= 0.1 else f"{seconds * 1000:+.1f} ms/step"
 
 
 def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost,

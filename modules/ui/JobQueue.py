@@ -64,8 +64,9 @@ class RunnerLock:
     holder (host:pid) for the runner that is refused. The kernel drops it when the process dies. No lock where fcntl
     is missing (Windows)."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, queue_path: Path):
+        self.queue_path = queue_path
+        self.path = queue_path.with_suffix(".runner.lock")
         self._handle = None
 
     def acquire(self) -> "RunnerLock":
@@ -81,7 +82,7 @@ class RunnerLock:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
-            raise QueueBusy(f"the queue {self.path.with_suffix('').with_suffix('.json')} is already being run by "
+            raise QueueBusy(f"the queue {self.queue_path} is already being run by "
                             f"{holder} (host:pid): one runner at a time, or two would train at once. Wait for it, "
                             f"or stop it") from None
         handle.seek(0)
@@ -231,7 +232,7 @@ class JobQueue:
     # ---- running -------------------------------------------------------------------------------------------
 
     def runner_lock(self) -> RunnerLock:
-        return RunnerLock(self.path.with_suffix(".runner.lock"))
+        return RunnerLock(self.path)
 
     def run(self, train_one: Callable[[str, Job], tuple[list[str], bool]],
             should_stop: Callable[[], bool] = lambda: False, lock: RunnerLock | None = None) -> list[Job]:

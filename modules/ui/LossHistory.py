@@ -56,6 +56,7 @@ class RunEvents:
     def read(self) -> bool:
         """Reads what was appended to the folder's event files since the last call; True when a point changed."""
         from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+        from tensorboard.compat import tf
 
         # its directory watcher logs "No path found after <file>" at INFO on every read: noise in the log panel
         logging.getLogger("tensorboard").setLevel(logging.WARNING)
@@ -63,7 +64,10 @@ class RunEvents:
         for path in sorted(self.folder.glob("events.out.tfevents.*")):
             loader = self._loaders.get(path)
             if loader is None:
-                loader = self._loaders[path] = LegacyEventFileLoader(str(path))
+                try:
+                    loader = self._loaders[path] = LegacyEventFileLoader(str(path))
+                except tf.errors.NotFoundError:   # removed since the folder was listed
+                    continue
             for event in loader.Load():
                 self.records_read += 1
                 for value in event.summary.value:

@@ -297,7 +297,7 @@ class TwoWayScroll:
         self.canvas.grid(row=0, column=0, sticky="nw")
         self.y_bar.grid(row=0, column=1, sticky="ns")
         self.x_bar.grid(row=1, column=0, sticky="ew")
-        self.inner = ctk.CTkFrame(self.canvas, fg_color=colors)
+        self.inner = ctk.CTkFrame(self.canvas, fg_color=colors, corner_radius=0)
         self.canvas.create_window(0, 0, window=self.inner, anchor="nw")
         self.inner.bind("<Configure>", lambda _e: self.canvas.configure(scrollregion=self.canvas.bbox("all")))
         self._follow_appearance(ctk.get_appearance_mode())
