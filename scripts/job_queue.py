@@ -1,5 +1,7 @@
 """The training job queue (the GUI's "Add to queue" uses the same file). Exit codes: 0 success, 2 a bad command or
-config, 1 a job failed (`run`: the queue still ran every job).
+config, or another runner (the window, another `queue run`) already running the queue, 1 a job failed (`run`: the
+queue still ran every job). A job's config is checked when it is added, as `train` checks it before loading, and
+again when it runs.
 
   run-cmd.sh queue add C.json [C2.json ...]   a job per complete config file (as a run writes to run-configs/)
   run-cmd.sh queue list
@@ -14,7 +16,7 @@ import sys
 
 import _bootstrap  # noqa: F401
 
-from modules.ui.JobQueue import DEFAULT_QUEUE, JobQueue, describe, train_config_file
+from modules.ui.JobQueue import DEFAULT_QUEUE, JobQueue, QueueBusy, describe, train_config_file
 from modules.util.config.config_io import ConfigError
 
 
@@ -79,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"queue: running {job.name} ({config_path})", flush=True)
             return train_config_file(config_path, job)
 
-        ran = queue.run(train_one)
+        try:
+            ran = queue.run(train_one)
+        except QueueBusy as error:
+            print(f"queue run: {error}", file=sys.stderr)
+            return 2
         print(describe(queue))
         failed = [job for job in ran if job.state == "failed"]
         return 1 if failed else 0

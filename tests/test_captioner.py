@@ -111,6 +111,9 @@ def test_caption_controller_plans_refuses_and_runs_without_a_display(tiny_vlm, m
     assert controller.start()
     controller.wait(60)
     assert controller.progress.status == "refused" and "downloads are off" in controller.progress.error
+    # the window's refusal names its tick box, not the command line's flag
+    assert 'tick "allow downloading the model"' in controller.progress.error
+    assert "--allow-download" not in controller.progress.error and "--model" not in controller.progress.error
     controller.settings.model, controller.settings.max_new_tokens = str(tiny_vlm), 4
     assert controller.start()
     controller.wait(120)

@@ -17,120 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "training_presets" / "#demo tiny CPU.json"
-ARTEFACTS = ROOT / "workspace" / "test-artefacts" / "gui"
 GAP_LIMIT_S = 0.25
 
 pytest.importorskip("tkinter", reason="this Python has no tkinter")
 
-
-def _has(tool: str) -> bool:
-    return shutil.which(tool) is not None
-
-
-@pytest.fixture(scope="module")
-def display():
-    """An X display: the session's when it answers, else a private Xvfb. Skips (with the reason) without one."""
-    for tool in ("Xvfb", "xdotool", "import"):
-        if not _has(tool) and not (tool == "Xvfb" and os.environ.get("DISPLAY")):
-            pytest.skip(f"{tool} is not installed; run-tests.sh installs xvfb, xdotool and imagemagick with apt-get "
-                        f"where it can")
-    previous = os.environ.get("DISPLAY")
-    server = None
-    if not _has("Xvfb"):
-        yield previous
-        return
-    number = 90 + os.getpid() % 500
-    server = subprocess.Popen(["Xvfb", f":{number}", "-screen", "0", "1400x1000x24", "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.environ["DISPLAY"] = f":{number}"
-    deadline = time.monotonic() + 10
-    while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield os.environ["DISPLAY"]
-    finally:
-        server.terminate()
-        server.wait(10)
-        if previous is None:
-            os.environ.pop("DISPLAY", None)
-        else:
-            os.environ["DISPLAY"] = previous
-
-
-@pytest.fixture(scope="module")
-def app(display, tmp_path_factory):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import train_ui
-    from modules.ui.TrainController import TrainController
-
-    workspace = tmp_path_factory.mktemp("workspace")
-    controller = TrainController(last_used=workspace / "ui" / "last-used.json",
-                                 queue_path=workspace / "queue" / "queue.json")
-    window = train_ui.create_app(str(DEMO), controller=controller)
-    assert run_until(window, lambda: window.winfo_ismapped() and window.preloaded, 120)
-    yield window
-    window.destroy()
-    # Tk objects must be finalised on the thread that made them: a collection in a later test's worker thread
-    # that finds them would abort the interpreter (Tcl_AsyncDelete), taking pytest down with exit 134
-    import gc
-    gc.collect()
-
-
-def run_until(app, condition, timeout: float, every_ms: int = 50) -> bool:
-    """Runs the Tk main loop until `condition()` holds (True) or `timeout` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    result = {}
-
-    def check():
-        if condition():
-            result["ok"] = True
-        elif time.monotonic() > deadline:
-            result["ok"] = False
-        else:
-            app.after(every_ms, check)
-            return
-        app.quit()
-
-    app.after(every_ms, check)
-    app.mainloop()
-    return result["ok"]
-
-
-def settle(app, seconds: float = 0.3) -> None:
-    end = time.monotonic() + seconds
-    run_until(app, lambda: time.monotonic() > end, seconds + 5)
-
-
-def screenshot(window, name: str) -> Path:
-    ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTEFACTS / f"{name}.png"
-    subprocess.run(["import", "-window", window.wm_frame(), str(path)], check=True, timeout=30)
-    return path
-
-
-def assert_not_empty(path: Path, top: int = 90, bottom: int = 560) -> None:
-    """The tab's area holds drawn content: many colours and some contrast, not a blank panel."""
-    from PIL import Image
-
-    pixels = np.asarray(Image.open(path).convert("L"))[top:bottom]
-    assert pixels.std() > 12 and len(np.unique(pixels)) > 40, path
-
-
-def xdotool(*args: str) -> None:
-    subprocess.run(["xdotool", *args], check=True, timeout=30)
-
-
-def type_into(app, widget, text: str) -> None:
-    """Real X input: click the entry, clear it, type."""
-    x = widget.winfo_rootx() + widget.winfo_width() // 2
-    y = widget.winfo_rooty() + widget.winfo_height() // 2
-    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
-    settle(app, 0.2)
-    xdotool("key", "--delay", "10", "End", *(["BackSpace"] * 10))
-    xdotool("type", "--delay", "80", "--", text)
-    settle(app, 0.3)
+from gui_helpers import (ARTEFACTS, DEMO, ROOT, _point_at_test_data, app, assert_not_empty,  # noqa: E402,F401
+                         display, run_until, screenshot, settle, type_into, xdotool)
 
 
 # ---- launcher -------------------------------------------------------------------------------------------------
@@ -256,17 +148,6 @@ def test_loading_a_preset_fills_the_fields(app):
     assert app.fields["data.concepts.0.path"].variable.get() == "workspace/demo/squares"
 
 
-def _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, **values):
-    settings = {"demo_assets": "false", "model.base_model_name": str(tiny_model("wan2.1-t2v")),
-                "workspace_dir": str(tmp_path / "run"), "cache_dir": str(tmp_path / "cache"),
-                "output.destination": str(tmp_path / "out" / "lora.safetensors"),
-                "data.concepts.0.path": str(squares_dataset), "tensorboard": "false",
-                "sampling.samples_file": "", **values}
-    for path, text in settings.items():
-        app.fields[path].set_text(text)
-    assert app.controller.state.problems == [], app.controller.state.problems
-
-
 def test_save_as_reloads_equal_and_trains_through_the_cli(app, tmp_path, tiny_model, squares_dataset):
     from modules.ui.TrainController import TrainController
 
@@ -324,7 +205,8 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     paused[0], last[0] = False, time.perf_counter()
     # events, not wall time: the bars follow the worker's progress events whenever the loaded machine lets them
     assert run_until(app, lambda: app.step_bar.get() > 0 and app.controller.run.step >= 6, 60)
-    assert run_until(app, lambda: app.loss_canvas.find_all(), 30)
+    # the loss tab's follower has the run's losses (drawn when the tab is shown)
+    assert run_until(app, lambda: app.loss_view.run is not None and app.loss_view.run.curves.get("loss"), 30)
     # the epoch bar fills once over the run (never refills per epoch) and the label counts the plan's epochs
     assert all(b >= a for a, b in zip(fractions, fractions[1:])), fractions
     plan = app.controller.trainer.plan
@@ -344,7 +226,7 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert backups and read_backup(backups[-1])["progress"].global_step == app.controller.run.step
     assert app.start_button.cget("state") == "normal"
     # the loss tab holds the run's per-step losses (tensorboard is off here: the worker's numbers)
-    assert [step for step, _ in app.loss_view.run.curves["loss"]][:3] == [1, 2, 3]
+    assert run_until(app, lambda: [step for step, _ in app.loss_view.run.curves["loss"]][:3] == [1, 2, 3], 10)
     # the gallery: one row (the sample), a column per preview step in step order, thumbnails playing
     app.tabview.set("gallery")
     gallery = app.gallery_view
@@ -362,6 +244,14 @@ def test_start_trains_in_a_worker_while_the_window_stays_responsive(app, tmp_pat
     assert run_until(app, lambda: app.sampling_view.step_label.cget("text").startswith("step 0,"), 10)
 
 
+def add_to_queue(app) -> None:
+    """"Add to queue", and the window's handling of its check (run in a worker)."""
+    jobs = len(app.controller.job_queue().jobs)
+    app.add_to_queue()
+    assert run_until(app, lambda: len(app.controller.job_queue().jobs) == jobs + 1 and len(app.queue_view.rows)
+                     == jobs + 1, 60), app.log_box.get("1.0", "end")[-2000:]
+
+
 def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_model, squares_dataset):
     _point_at_test_data(app, tmp_path, tiny_model, squares_dataset, max_steps="2")
     queue = app.controller.job_queue()
@@ -369,7 +259,7 @@ def test_two_queued_jobs_both_run_and_write_their_outputs(app, tmp_path, tiny_mo
         queue.remove(0)
     for name in ("first", "second"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
-        app.add_to_queue()
+        add_to_queue(app)
     app.fields["output.destination"].set_text(str(tmp_path / "out" / "changed-after.safetensors"))  # a snapshot
     app.tabview.set("queue")
     assert len(app.queue_view.rows) == 2
@@ -392,7 +282,7 @@ def test_queue_jobs_are_reordered_paused_and_removed_in_the_tab_and_survive_a_re
         queue.remove(0)
     for name in ("a", "b", "c"):
         app.fields["output.destination"].set_text(str(tmp_path / "out" / f"{name}.safetensors"))
-        app.add_to_queue()
+        add_to_queue(app)
     app.tabview.set("queue")
     settle(app, 0.3)
 

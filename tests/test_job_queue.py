@@ -168,3 +168,56 @@ def test_an_edit_from_an_older_view_keeps_the_changes_made_meanwhile(tmp_path):
     window.move(2, -2)            # the window, still showing a as waiting, moves c to the top
     assert [(job.name, job.state) for job in JobQueue(tmp_path / "queue.json").jobs] == [
         ("c.safetensors", "waiting"), ("a.safetensors", "paused"), ("b.safetensors", "waiting")]
+
+
+def test_a_jobs_files_are_checked_when_added_and_when_run_and_a_failure_is_shown_whole(tmp_path, tiny_model,
+                                                                                       squares_dataset, capsys):
+    import shutil
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import job_queue
+
+    from modules.ui.JobQueue import train_config_file
+
+    queue_file = tmp_path / "q.json"
+    missing = tmp_path / "missing"
+    refused = tmp_path / "refused.json"
+    refused.write_text(json.dumps(job_config(tmp_path, tiny_model, squares_dataset, "refused")
+                                  | {"data": {"concepts": [{"path": str(missing)}]}}))
+    assert job_queue.main(["add", str(refused), "--queue", str(queue_file)]) == 2   # as Start: before it waits
+    assert f"data.concepts.0.path: {str(missing)!r} does not exist" in capsys.readouterr().err
+    assert not JobQueue(queue_file).jobs
+    data = tmp_path / "data"
+    shutil.copytree(squares_dataset, data)
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(job_config(tmp_path, tiny_model, data, "job")))
+    assert job_queue.main(["add", str(config), "--queue", str(queue_file)]) == 0
+    shutil.rmtree(data)                    # gone before the job runs: checked again, the job fails
+    ran = JobQueue(queue_file).run(train_config_file)
+    assert [job.state for job in ran] == ["failed"]
+    message = f"data.concepts.0.path: {str(data)!r} does not exist"
+    assert ran[0].error.startswith("invalid configuration") and message in ran[0].error
+    assert message in describe(JobQueue(queue_file))   # `queue list`: the whole message, not its first line
+    assert job_queue.main(["list", "--queue", str(queue_file)]) == 0 and message in capsys.readouterr().out
+
+
+def test_a_second_runner_is_refused_and_names_the_holder(tmp_path, capsys):
+    import os
+    import socket
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import job_queue
+
+    from modules.ui.JobQueue import QueueBusy
+
+    queue = JobQueue(tmp_path / "queue.json")
+    queue.add({"epochs": 1, "output": {"destination": str(tmp_path / "a.safetensors")}})
+    lock = queue.runner_lock().acquire()   # the window runs the queue
+    try:
+        assert job_queue.main(["run", "--queue", str(queue.path)]) == 2
+        err = capsys.readouterr().err
+        assert f"already being run by {socket.gethostname()}:{os.getpid()}" in err
+        with pytest.raises(QueueBusy):
+            queue.run(lambda *_: ([], False))
+        assert [job.state for job in JobQueue(queue.path).jobs] == ["waiting"]   # nothing was taken
+    finally:
+        lock.release()
+    assert [job.state for job in queue.run(lambda *_: (["x"], False))] == ["done"]   # free again

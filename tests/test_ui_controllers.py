@@ -333,12 +333,17 @@ def test_an_ended_run_frees_its_model_and_the_next_queue_job_reports_its_own_pla
     assert controller.start() == [] and controller.wait(300)
     events = controller.poll_events()
     assert [payload["total_steps"] for kind, payload in events if kind == "plan"] == [2], events[-3:]
+    # the whole run plan the terminal prints, for the window's log pane and end panel
+    plans = [payload for kind, payload in events if kind == "run_plan"]
+    assert len(plans) == 1 and plans[0] == controller.run.plan_text
+    assert plans[0].startswith("run plan:") and "  steps: 2 optimizer steps" in plans[0] and "  optimizer: " in plans[0]
     gc.collect()
     assert controller.trainer is None and not [o for o in gc.get_objects() if isinstance(o, GenericTrainer)]
     assert controller.run.encode_calls["EncodeText"] == 6   # what the run encoded is still told
     state.set("max_steps", 3)
     state.set("output.destination", str(tmp_path / "job.safetensors"))
-    assert controller.add_to_queue() == [] and controller.start_queue() == [] and controller.wait(300)
+    assert controller.add_to_queue() == [] and controller.wait_added(120)
+    assert controller.start_queue() == [] and controller.wait(300)
     events = controller.poll_events()
     assert [payload["total_steps"] for kind, payload in events if kind == "plan"] == [3], events[-3:]
     assert (tmp_path / "job.safetensors").is_file() and controller.trainer is None
@@ -347,3 +352,13 @@ def test_an_ended_run_frees_its_model_and_the_next_queue_job_reports_its_own_pla
 def test_field_listing_covers_every_section():
     names = {spec.name for spec in section_fields("")}
     assert {"optimizer", "lora", "data", "e2v", "epochs"} <= names
+
+
+def test_without_a_file_manager_the_folder_is_named_by_its_absolute_path(tmp_path, monkeypatch):
+    """Before: "[Errno 2] No such file or directory: 'xdg-open'" where the user wanted to find the folder."""
+    from modules.ui.desktop import open_folder
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))
+    monkeypatch.chdir(tmp_path)
+    problem = open_folder("workspace/output")
+    assert problem is not None and "Errno" not in problem
+    assert problem.endswith(f"\n\n{tmp_path / 'workspace' / 'output'}") and "is not installed" in problem

@@ -2,6 +2,8 @@
 gallery's grid (rows samples, columns steps in step order)."""
 from pathlib import Path
 
+import pytest
+
 from modules.ui import LossHistory as history
 
 
@@ -68,6 +70,73 @@ def test_gallery_rows_are_samples_and_columns_steps_in_step_order(tmp_path):
     assert newest.rows == ["0-a_red_square", "1-a_blue_square", "10-late"]              # by sample index
     assert newest.steps == [2, 9, 10, 100]                                             # numbers, not strings
     cell = newest.cells[("0-a_red_square", 10)]
-    assert cell.tooltip == "step 10 (epoch 0)\nseed 7\na red square"
+    assert cell.tooltip == "step 10 (epoch 1)\nseed 7\na red square"   # counted from 1, as the progress bar
     assert newest.cells[("1-a_blue_square", 10)].prompt == "a blue square"             # no sidecar: the slug
     assert ("1-a_blue_square", 2) not in newest.cells
+
+
+def _trainer_smoothing(losses):
+    """TrainingHooks' loss/smoothed, as an uninterrupted run logs it."""
+    out, average = [], None
+    for loss in losses:
+        average = loss if average is None else 0.95 * average + 0.05 * loss
+        out.append(average)
+    return out
+
+
+def test_events_are_read_incrementally_and_the_smoothed_line_runs_on_through_a_resume(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "tensorboard" / "run"
+    losses = [1.0 / step for step in range(1, 26)]
+    killed = SummaryWriter(str(folder))   # steps 1-20, killed after its backup at step 15
+    for step in range(1, 21):
+        killed.add_scalar("loss/step", losses[step - 1], step)
+        killed.add_scalar("loss/smoothed", _trainer_smoothing(losses[:step])[-1], step)
+    killed.flush()
+    events = history.RunEvents(folder)
+    assert events.read()
+    first_reading = events.records_read
+    assert not events.read() and events.records_read == first_reading   # nothing appended: nothing parsed
+    killed.add_scalar("loss/step", 9.0, 21)
+    killed.flush()
+    assert events.read() and events.records_read == first_reading + 1   # only the appended record
+    killed.close()
+    resumed = SummaryWriter(str(folder))   # resumed from step 15: its own average starts afresh at step 16
+    for step in range(16, 26):
+        resumed.add_scalar("loss/step", losses[step - 1], step)
+        resumed.add_scalar("loss/smoothed", _trainer_smoothing(losses[15:step])[-1], step)
+    resumed.close()
+    assert events.read()
+    run = events.curves()
+    assert [s for s, _ in run.curves["loss"]] == list(range(1, 26))
+    assert run.curves["loss"][20] == (21, pytest.approx(losses[20]))   # the resumed run's step 21 replaced 9.0
+    # the line runs on as one uninterrupted run's would, not from the resumed step's loss
+    expected = _trainer_smoothing(losses)
+    assert [v for _, v in run.curves["smoothed"]] == pytest.approx(expected, rel=1e-5)
+    assert run.curves["smoothed"][15][1] > 2 * losses[15]
+
+
+def test_the_follower_publishes_decimated_snapshots_of_a_run(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from modules.ui.LossFollower import COLUMNS, LossFollower, Source
+
+    folder = tmp_path / "tensorboard" / "long"
+    writer = SummaryWriter(str(folder))
+    for step in range(1, 3001):
+        writer.add_scalar("loss/step", 5.0 if step == 1234 else 0.1, step)
+    writer.close()
+    follower = LossFollower()
+    follower._source = Source(folder)   # read in this thread, not the follower's
+    assert follower.read_now() and follower.version == 1
+    assert not follower.read_now() and follower.version == 1          # nothing new: no new snapshot
+    overview = follower.snapshot.overview["loss"]
+    assert len(overview) <= 2 * COLUMNS < 3000 and (1234, 5.0) in overview   # the spike is kept
+    assert len(follower.snapshot.run.curves["loss"]) == 3000
+    # tensorboard off: the window's own losses, until the folder has events
+    own = [0.5, 0.4]
+    follower._source = Source(tmp_path / "tensorboard" / "no-events", lambda: own, 11)
+    assert follower.read_now() and follower.snapshot.run.curves["loss"] == [(11, 0.5), (12, 0.4)]
+    own.append(0.3)
+    assert follower.read_now() and follower.snapshot.run.curves["loss"][-1] == (13, 0.3)

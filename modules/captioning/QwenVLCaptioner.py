@@ -27,12 +27,17 @@ class ModelNotAvailableError(Exception):
     """The model is neither a local folder nor in the Hugging Face cache, and downloads are off."""
 
 
-def _resolve(model: str, allow_download: bool) -> tuple[str, bool]:
+# how a refusal names the model option and the way to allow a download: the command line's flags here; the window
+# passes its own field and tick box (modules/ui/CaptionController.py)
+CLI_NAMES = {"model": "--model", "allow": "allow the download with --allow-download"}
+
+
+def _resolve(model: str, allow_download: bool, names: dict = CLI_NAMES) -> tuple[str, bool]:
     """(what from_pretrained gets, local_files_only); ModelNotAvailableError with the remedy when it cannot load."""
     if Path(model).is_dir():
         if not (Path(model) / "config.json").is_file():
-            raise ModelNotAvailableError(f"--model {model}: the folder has no config.json (a transformers model "
-                                         f"folder has config.json, the weights, the tokenizer and "
+            raise ModelNotAvailableError(f"{names['model']} {model}: the folder has no config.json (a transformers "
+                                         f"model folder has config.json, the weights, the tokenizer and "
                                          f"preprocessor_config.json)")
         return model, True
     if allow_download:
@@ -41,8 +46,8 @@ def _resolve(model: str, allow_download: bool) -> tuple[str, bool]:
     cached = try_to_load_from_cache(model, "config.json")
     if not isinstance(cached, str):
         raise ModelNotAvailableError(
-            f"--model {model}: not a local folder and not in the Hugging Face cache, and downloads are off. "
-            f"Pass a local model folder, or allow the download with --allow-download (Qwen2.5-VL-7B is about 16 GB).")
+            f"{names['model']} {model}: not a local folder and not in the Hugging Face cache, and downloads are off. "
+            f"Pass a local model folder, or {names['allow']} (Qwen2.5-VL-7B is about 16 GB).")
     return model, True
 
 
@@ -59,10 +64,10 @@ def fit_pixels(frame: np.ndarray, max_pixels: int) -> Image.Image:
 
 class QwenVLCaptioner:
     def __init__(self, model: str = DEFAULT_MODEL, allow_download: bool = False, device: str | None = None,
-                 dtype: torch.dtype | None = None, max_new_tokens: int = 160):
+                 dtype: torch.dtype | None = None, max_new_tokens: int = 160, names: dict = CLI_NAMES):
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
-        name, local_only = _resolve(model, allow_download)
+        name, local_only = _resolve(model, allow_download, names)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         try:

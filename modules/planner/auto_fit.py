@@ -15,7 +15,8 @@ for a large shape a swap is nearly free and checkpointing is not; for a small on
 The search: the combinations of checkpointing (off, every 2nd block, every block) and offload (with
 checkpointing), cheapest first at no swap; for each, the fewest swapped blocks that fit (the prediction does not
 grow with more swapped blocks), by bisection over real traces; a combination whose cost without any swap already
-exceeds the best found is skipped.
+exceeds the best found is skipped. The objective "least" (least memory) takes every switch at its most instead, the
+smallest peak the switches can give.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from modules.util.config.TrainConfig import TrainConfig
 COMPUTE_RATE = 400e12      # FLOP/s: an H100's dense bf16 peak (989 TFLOP/s) at about 40 % utilisation
 TRANSFER_RATE = 20e9       # bytes/s: pinned host <-> device over PCIe 4.0 x16, as measured copies reach
 TEXT_TOKENS = 512
+OBJECTIVES = ("fastest", "least")   # the fastest settings that fit, or the least memory the switches can give
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,12 @@ def step_cost(arch, shape, block_weight_bytes: int) -> StepCost:
                     input_copy_seconds=shape.batch_size * tokens * d * 4 / TRANSFER_RATE)
 
 
+def max_traces(layers: int) -> int:
+    """The most traces a search makes (as configured, every switch at its most, then per combination its no-swap,
+    all-swap and bisection traces): a bound for a progress bar."""
+    return 2 + len(combinations()) * (2 + math.ceil(math.log2(max(2, layers))))
+
+
 @dataclass
 class FitResult:
     vram_gib: float
@@ -111,6 +119,45 @@ class FitResult:
     prediction: object | None           # the chosen settings' Prediction
     cost_seconds: float | None
     tried: list[tuple[Settings, float]] = field(default_factory=list)   # (settings, predicted GiB), in order
+    cost: StepCost | None = None        # the cost model the choice was made with
+    objective: str = "fastest"
+
+    def explain(self, configured: Settings, configured_gib: float | None = None) -> list[str]:
+        """What each chosen switch buys, added one at a time from no switch (memory from the traces made, time
+        from the cost model), and the choice against the switches as `configured` (predicted `configured_gib`)."""
+        if self.settings is None or self.cost is None:
+            return []
+        gib = {} if configured_gib is None else {configured: configured_gib}
+        for settings, value in self.tried:
+            gib.setdefault(settings, value)
+        chosen = self.settings
+        chain = [Settings(False)]
+        if chosen.gradient_checkpointing:
+            chain.append(Settings(True, chosen.checkpoint_every))
+        if chosen.activation_offload:
+            chain.append(Settings(True, chosen.checkpoint_every, 0, True))
+        if chosen.block_swap:
+            chain.append(chosen)
+        lines = []
+        for before, after in zip(chain, chain[1:]):
+            if after.block_swap != before.block_swap:
+                what = (f"block swap {after.block_swap}: {after.block_swap} blocks' frozen weights wait in host "
+                        f"memory and are copied in for each pass")
+            elif after.activation_offload != before.activation_offload:
+                what = "activation offload: the checkpointed blocks' inputs wait in host memory"
+            else:
+                what = (f"checkpointing every {after.checkpoint_every}: those blocks' activations are recomputed "
+                        f"in the backward pass, not kept")
+            memory = (_memory_change(gib[after] - gib[before]) if before in gib and after in gib and
+                      math.isfinite(gib[after] - gib[before]) else "memory not traced alone")
+            lines.append(f"{what} ({memory}, {_time_change(self.cost.seconds(after) - self.cost.seconds(before))})")
+        if configured != chosen and configured in gib and math.isfinite(gib[configured]):
+            change = self.cost.seconds(chosen) - self.cost.seconds(configured)
+            lines.append(f"against the switches as set ({gib[configured]:.1f} GiB predicted): "
+                         f"{_memory_change(self.prediction.peak_gib - gib[configured])}, "
+                         + (f"{_time_change(-change)[1:]} faster" if change < 0 else
+                            f"{_time_change(change)[1:]} slower") + " on a nominal GPU")
+        return lines
 
     def text(self) -> str:
         if self.settings is None:
@@ -123,9 +170,21 @@ class FitResult:
                 f"predicted (switch cost ~{self.cost_seconds:.2f} s / step on a nominal GPU)")
 
 
-def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost) -> FitResult:
-    """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search."""
-    result = FitResult(vram_gib, None, None, None)
+def _memory_change(gib: float) -> str:
+    return f"{gib:+.1f} GiB" if abs(gib) >= 0.1 else f"{gib * 1024:+.0f} MiB"
+
+
+def _time_change(seconds: float) -> str:
+    return f"{seconds:+.2f} s/step" if abs(seconds) >= 0.1 else f"{seconds * 1000:+.1f} ms/step"
+
+
+def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost,
+        objective: str = "fastest") -> FitResult:
+    """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search.
+    `objective`: "fastest" (the fastest settings that fit) or "least" (the least memory)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    result = FitResult(vram_gib, None, None, None, cost=cost, objective=objective)
 
     def fits(settings: Settings):
         try:
@@ -138,7 +197,15 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
 
     max_swap = layers
     frugal = _with_swap(combinations()[-1], max_swap)
-    if fits(frugal) is None and result.tried[-1][1] != math.inf:   # not even every switch at its most: nothing does
+    least = fits(frugal)
+    if least is None and result.tried[-1][1] != math.inf:   # not even every switch at its most: nothing does
+        return result
+    if objective == "least":
+        if least is not None:
+            result.settings, result.prediction, result.cost_seconds = frugal, least, cost.seconds(frugal)
+            # each switch's share of the saving, for explain(): the switches added one at a time
+            for step in (Settings(False), Settings(True, 1), Settings(True, 1, 0, True)):
+                fits(step)
         return result
     def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload
         return cost.seconds(settings), settings.block_swap, settings.activation_offload

@@ -2,21 +2,30 @@
 train start and the GUI:
 
     predict(config) -> Prediction          # the run as configured
-    fit(config, vram_gib) -> FitResult     # the fastest memory switches that fit (auto_fit.py)
+    fit(config, vram_gib) -> FitResult     # the fastest memory switches that fit, or the least memory (auto_fit.py)
 
 Both trace the run's training step at its real size on fake tensors (step_trace.py): seconds, no weights, no GPU.
+A fit traces up to a few dozen settings (minutes for a 14B model): it reports each trace (`progress`), stops
+between traces when asked (`cancel`: PlanCancelled), and keeps its traces in the caller's `traces` memo, so a fit
+of the same config to another card, or with the other objective, traces nothing again.
 """
 from __future__ import annotations
 
 import time
 
-from modules.planner.auto_fit import FitResult, Settings, block_weight_bytes, canonical, settings_of, step_cost
+from modules.planner.auto_fit import (FitResult, Settings, block_weight_bytes, canonical, max_traces, settings_of,
+                                      step_cost)
 from modules.planner.auto_fit import fit as fit_settings
 from modules.planner.plan_shapes import PlanError, PlanShape, largest_shape, resolve_architecture
 from modules.planner.Prediction import PARTS, Prediction
 from modules.util.config.TrainConfig import TrainConfig
 
-__all__ = ["PlanError", "Prediction", "FitResult", "Settings", "predict", "fit"]
+__all__ = ["PlanError", "PlanCancelled", "Prediction", "FitResult", "Settings", "predict", "fit"]
+
+
+class PlanCancelled(Exception):
+    """A fit stopped on request, between two traces (not a PlanError: the search must not take it for a setting
+    the run cannot use)."""
 
 
 def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> Prediction:
@@ -41,24 +50,35 @@ def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> P
 
 
 def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,
-        arch=None, shape: PlanShape | None = None) -> FitResult:
-    """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib`; `known`:
-    predict(config), when the caller has it; `arch` / `shape` as in predict."""
+        arch=None, shape: PlanShape | None = None, objective: str = "fastest", progress=None, cancel=None,
+        traces: dict | None = None) -> FitResult:
+    """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib` (`objective`
+    "least": the least memory); `known`: predict(config), when the caller has it; `arch` / `shape` as in predict.
+    `progress(traced, at_most, text)` after each trace; `cancel()` true: PlanCancelled before the next trace;
+    `traces`: the caller's memo of Settings -> Prediction for this config (its memory switches aside)."""
     arch = arch or resolve_architecture(config)
     shape = shape or largest_shape(config, arch)
     layers = arch.transformer["num_layers"]
-    cache: dict[Settings, Prediction] = {}
+    cache: dict[Settings, Prediction] = traces if traces is not None else {}
     if known is not None:
-        cache[canonical(settings_of(config), layers)] = known
+        cache.setdefault(canonical(settings_of(config), layers), known)
+    at_most = max_traces(layers)
+    traced = [0]
 
     def predict_settings(settings: Settings) -> Prediction:
         settings = canonical(settings, layers)
         if settings not in cache:
+            if cancel is not None and cancel():
+                raise PlanCancelled("cancelled")
             try:
                 cache[settings] = predict(settings.apply(config), shape, arch)
             except PlanError as error:   # e.g. a fine-tune cannot swap the blocks it trains
                 raise PlanError(f"{settings.text()}: {error}") from None
-            log(f"  {settings.text()}: {cache[settings].peak_gib:.1f} GiB predicted")
+            traced[0] += 1
+            text = f"{settings.text()}: {cache[settings].peak_gib:.1f} GiB predicted"
+            log(f"  {text}")
+            if progress is not None:
+                progress(traced[0], at_most, text)
         return cache[settings]
 
     first = predict_settings(settings_of(config))
@@ -66,4 +86,4 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
     weight = config.model.transformer.weight_dtype
     bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
     cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
-    return fit_settings(config, vram_gib, predict_settings, layers, cost)
+    return fit_settings(config, vram_gib, predict_settings, layers, cost, objective)

@@ -226,7 +226,8 @@ class GenericTrainer:
         from modules.trainer.ValidationEvaluator import ValidationEvaluator
         self.validation = ValidationEvaluator.create(self)
         if self.parallel.is_main:
-            print(start_report(self, parameters), flush=True)
+            self.plan_report = start_report(self, parameters)   # the window shows it too (log pane, end panel)
+            print(self.plan_report, flush=True)
 
         from modules.trainer.TrainingHooks import TrainingHooks
         self.hooks = TrainingHooks(self)

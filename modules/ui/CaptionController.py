@@ -15,6 +15,8 @@ from modules.ui.UIState import UIState
 
 log = logging.getLogger(__name__)
 CONCEPTS = "data.concepts"
+# a refusal names the caption window's own field and tick box (CtkCaptionWindow), not the command line's flags
+WINDOW_NAMES = {"model": "model", "allow": 'tick "allow downloading the model"'}
 
 
 @dataclass
@@ -114,7 +116,7 @@ class CaptionController:
         if self._captioner is None or self._captioner_key != key:
             self._captioner = None   # the old model is freed before the new one loads
             self._captioner = QwenVLCaptioner(s.model, allow_download=s.allow_download,
-                                              max_new_tokens=s.max_new_tokens)
+                                              max_new_tokens=s.max_new_tokens, names=WINDOW_NAMES)
             self._captioner_key = key
         return self._captioner
 

@@ -3,7 +3,6 @@ status, step and epoch progress with s/step and ETA, Start / Stop / Add to queue
 filter, the end-of-run panel's place and the log pane. Widgets are touched from the Tk main loop only."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import customtkinter as ctk
@@ -88,14 +87,24 @@ class CtkBottomBar:
         return Path(self.config_state.get("output.destination") or "workspace/output").parent
 
     def open_output_folder(self) -> None:
-        problem = open_folder(self.output_folder())
-        if problem:
-            self.show_dialog("Open folder", problem)
+        self._open_folder(self.output_folder())
 
     def open_workspace(self) -> None:
-        problem = open_folder(self.config_state.get("workspace_dir") or "workspace")
+        self._open_folder(self.config_state.get("workspace_dir") or "workspace")
+
+    def _open_folder(self, folder) -> None:
+        """The file manager; without one, the folder's absolute path in a dialog, with a button that copies it."""
+        problem = open_folder(folder)
         if problem:
-            self.show_dialog("Open folder", problem)
+            path = str(Path(folder).expanduser().absolute())
+            dialog = self.show_dialog("Open folder", problem)
+
+            def copy():
+                self.clipboard_clear()
+                self.clipboard_append(path)
+                self.log(f"copied {path}")
+
+            button(dialog, "copy the path", copy, width=120).pack(pady=(0, 10))
 
     def _show_progress(self) -> None:
         run = self.controller.run
@@ -107,8 +116,3 @@ class CtkBottomBar:
         if run.epochs:
             self.epoch_bar.set(run.epoch_fraction)
             self.epoch_label.configure(text=f"epoch {run.epoch + 1} / {run.epochs}")
-        # the loss tab follows the run (its events are read again at most every 2 s)
-        if len(run.losses) != self._drawn_losses and time.monotonic() - self._loss_drawn_at > 2:
-            self._drawn_losses = len(run.losses)
-            self._loss_drawn_at = time.monotonic()
-            self.loss_view.reload()

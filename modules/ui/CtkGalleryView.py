@@ -1,21 +1,26 @@
 """The gallery tab: every preview of the workspace's runs as a grid (modules/ui/SampleGallery.py): rows are samples,
-columns are steps, each cell a playing thumbnail; hover shows step, prompt and seed; a click opens the preview in
-the sampling tab's player. Thumbnails are decoded in a thread; one timer plays them all."""
+columns are steps, newest first, each cell a playing thumbnail; hover shows step, prompt and seed; a click opens the
+preview in the sampling tab's player. The grid scrolls both ways. The run being trained is shown as soon as it
+starts, and its new previews are added as they are made (its folder read in a thread, only the new cells decoded).
+Thumbnails are decoded in a thread; one timer plays them all."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import customtkinter as ctk
 from PIL import Image
 
 from modules.ui import SampleGallery as gallery
-from modules.ui.ctk_components import ToolTip, button
+from modules.ui.ctk_components import ToolTip, TwoWayScroll, button
 from modules.ui.SamplingController import PreviewPlayer
 
 THUMB = 96
 THUMB_FRAMES = 12
 TICK_MS = 120
+FOLLOW_MS = 500     # the followed run's new previews are looked for every SCAN_S, shown within FOLLOW_MS
+SCAN_S = 2.0
 
 
 def thumbnail_frames(path) -> list[Image.Image]:
@@ -47,56 +52,145 @@ class CtkGalleryView:
                                            command=lambda _v: self.open_grid())
         self.grid_menu.grid(row=0, column=3, padx=4)
         self.comparison_grids: dict = {}   # menu entry (path under compare/) -> grid video
-        self.grid = ctk.CTkFrame(frame, fg_color="transparent")
-        self.grid.grid(row=1, column=0, sticky="nw", padx=8)
+        # the grid scrolls both ways: a long run's columns (newest step first) run off the window's width
+        self.scroll = TwoWayScroll(frame, 900, 420, tuple(app.tabview.cget("fg_color")))
+        self.scroll.outer.grid(row=1, column=0, sticky="nw", padx=8)
+        self.grid = self.scroll.inner
+        # the visible part follows the tab's size (the tab's own frame, around its vertical scrolling one)
+        app.tabview.tab("gallery").bind("<Configure>", lambda e: self.scroll.resize(e.width - 60, e.height - 70),
+                                        add="+")
         self.runs: list[gallery.GalleryRun] = []
         self.cells: dict[tuple[str, int], dict] = {}
+        self._labels: dict = {}            # ("step", n) / ("row", name) -> the grid's header labels
+        self._drawn_run: str | None = None
         self._generation = 0
         self._tick_job = None
+        self.following: str | None = None  # the run being trained: its previews appear as they are made
+        self._scan: threading.Thread | None = None
+        self._scanned: gallery.GalleryRun | None = None
+        self._dirty = False
+        self._last_scan = 0.0
         self.refresh()
+        self.grid.after(FOLLOW_MS, self._poll)
+
+    def workspace(self) -> str:
+        return self.app.config_state.get("workspace_dir") or "workspace"
 
     def refresh(self) -> None:
-        self.runs = gallery.gallery_runs(self.app.config_state.get("workspace_dir") or "workspace")
-        names = [run.name for run in self.runs] or ["(no previews yet)"]
-        self.run_menu.configure(values=names)
-        if self.run_menu.get() not in names:
-            self.run_menu.set(names[0])
-        workspace = self.app.config_state.get("workspace_dir") or "workspace"
+        workspace = self.workspace()
+        self.runs = gallery.gallery_runs(workspace)
+        if self.following and self.following not in [run.name for run in self.runs]:
+            self.runs.insert(0, gallery.GalleryRun(self.following, Path(workspace) / "samples" / self.following))
+        self._set_menu()
         root = Path(workspace) / "compare"
         self.comparison_grids = {p.relative_to(root).as_posix(): p for p in gallery.comparison_grids(workspace)}
         self.grid_menu.configure(values=list(self.comparison_grids) or ["(no comparison grid)"])
         self.grid_menu.set(f"comparison grids: {len(self.comparison_grids)}")
         self.show_run()
 
-    def show_run(self) -> None:
-        for child in self.grid.winfo_children():
-            child.destroy()
-        self.cells = {}
-        self._generation += 1
-        run = next((r for r in self.runs if r.name == self.run_menu.get()), None)
-        if run is None:
-            ctk.CTkLabel(self.grid, text="previews appear here: set a samples file on the sampling tab and train",
-                         anchor="w").grid(row=0, column=0, sticky="w")
+    def _set_menu(self) -> None:
+        names = [run.name for run in self.runs] or ["(no previews yet)"]
+        self.run_menu.configure(values=names)
+        if self.run_menu.get() not in names:
+            self.run_menu.set(names[0])
+
+    def follow(self, run_name: str) -> None:
+        """The window's new run (its plan event): listed and shown at once, its previews added as they are made."""
+        self.following = run_name
+        if run_name not in [run.name for run in self.runs]:
+            self.runs.insert(0, gallery.GalleryRun(run_name, Path(self.workspace()) / "samples" / run_name))
+        self._set_menu()
+        self.run_menu.set(run_name)
+        self.show_run()
+
+    def shown(self) -> bool:
+        return self.app.tabview.get() == "gallery"
+
+    def _poll(self) -> None:
+        """While the followed run trains, its folder is read again in a worker (the settings files of new previews
+        only); the grid gains the new cells when the tab is shown."""
+        if not self.grid.winfo_exists():
             return
-        ctk.CTkLabel(self.grid, text="sample \\ step", anchor="w").grid(row=0, column=0, sticky="w", padx=4)
-        for column, step in enumerate(run.steps, 1):
-            ctk.CTkLabel(self.grid, text=str(step)).grid(row=0, column=column, padx=2)
+        scanned, self._scanned = self._scanned, None
+        if scanned is not None:
+            index = next((i for i, run in enumerate(self.runs) if run.name == scanned.name), None)
+            if index is not None and (self.runs[index].cells.keys() != scanned.cells.keys()):
+                self.runs[index] = scanned
+                self._dirty = self._dirty or self.run_menu.get() == scanned.name
+        if self._scan is not None and not self._scan.is_alive():
+            self._scan = None
+        if (self._scan is None and self.following and self.app.controller.running
+                and time.monotonic() - self._last_scan > SCAN_S):
+            self._start_scan()
+        if self._dirty and self.shown():
+            self._dirty = False
+            self.show_run()
+        self.grid.after(FOLLOW_MS, self._poll)
+
+    def _start_scan(self) -> None:
+        run = next((r for r in self.runs if r.name == self.following), None)
+        if run is None:
+            return
+        self._last_scan = time.monotonic()
+
+        def scan():   # no Tk call in this thread
+            if run.folder.is_dir():
+                self._scanned = gallery.read_run(run.folder, known=run)
+
+        self._scan = threading.Thread(target=scan, name="gallery-scan", daemon=True)
+        self._scan.start()
+
+    def show_run(self) -> None:
+        """The chosen run's grid, newest step first. The same run drawn again keeps its cells (and their decoded
+        thumbnails): only new previews are added and decoded."""
+        run = next((r for r in self.runs if r.name == self.run_menu.get()), None)
+        if run is None or run.name != self._drawn_run:
+            for child in self.grid.winfo_children():
+                child.destroy()
+            self.cells, self._labels = {}, {}
+            self._generation += 1
+            self._drawn_run = run.name if run is not None else None
+        if run is None or not run.rows:
+            if not self._labels:
+                text = ("previews appear here: set a samples file on the sampling tab and train" if run is None else
+                        f"no previews of {run.name} yet: they appear here as the run makes them")
+                self._labels["empty"] = ctk.CTkLabel(self.grid, text=text, anchor="w")
+                self._labels["empty"].grid(row=0, column=0, sticky="w")
+            return
+        if "empty" in self._labels:
+            self._labels.pop("empty").destroy()
+        self.info.configure(text=f"{len(run.rows)} sample(s) x {len(run.steps)} step(s), newest first")
+
+        def label(key, **options):
+            if key not in self._labels:
+                self._labels[key] = ctk.CTkLabel(self.grid, **options)
+            return self._labels[key]
+
+        label(("corner",), text="sample \\ step", anchor="w").grid(row=0, column=0, sticky="w", padx=4)
+        steps = sorted(run.steps, reverse=True)   # newest first: the latest previews in view without scrolling
+        for column, step in enumerate(steps, 1):
+            label(("step", step), text=str(step)).grid(row=0, column=column, padx=2)
+        new = []
         for row_index, row in enumerate(run.rows, 1):
-            ctk.CTkLabel(self.grid, text=row[:28], anchor="w", width=160).grid(row=row_index, column=0, sticky="w",
-                                                                              padx=4)
-            for column, step in enumerate(run.steps, 1):
+            label(("row", row), text=row[:28], anchor="w", width=160).grid(row=row_index, column=0, sticky="w",
+                                                                         padx=4)
+            for column, step in enumerate(steps, 1):
                 cell = run.cells.get((row, step))
                 if cell is None:
                     continue
-                label = ctk.CTkLabel(self.grid, text="…", width=THUMB, height=THUMB, fg_color="#111111")
-                label.grid(row=row_index, column=column, padx=2, pady=2)
-                label.bind("<Button-1>", lambda _e, c=cell: self.open(c))
-                ToolTip(label, cell.tooltip, delay_ms=300)
-                self.cells[(row, step)] = {"cell": cell, "label": label, "images": [], "index": 0}
-        self._decode(self._generation)
+                entry = self.cells.get((row, step))
+                if entry is None:
+                    widget = ctk.CTkLabel(self.grid, text="…", width=THUMB, height=THUMB, fg_color="#111111")
+                    widget.bind("<Button-1>", lambda _e, c=cell: self.open(c))
+                    ToolTip(widget, cell.tooltip, delay_ms=300)
+                    entry = self.cells[(row, step)] = {"cell": cell, "label": widget, "images": [], "index": 0}
+                    new.append(entry)
+                entry["label"].grid(row=row_index, column=column, padx=2, pady=2)
+        self.scroll.canvas.xview_moveto(0)
+        if new:
+            self._decode(self._generation, new)
 
-    def _decode(self, generation: int) -> None:
-        entries = list(self.cells.values())
+    def _decode(self, generation: int, entries: list[dict]) -> None:
         results: dict[int, list] = {}
 
         def work():  # no Tk call in this thread

@@ -1,6 +1,9 @@
 """The loss tab: training loss raw and smoothed, learning rate and validation loss of the current run and of the
 workspace's earlier runs (modules/ui/LossHistory.py reads their TensorBoard events), over a step axis; the step range
-is zoomed with the from / to fields or by dragging across the graph (right click: the whole run)."""
+is zoomed with the from / to fields or by dragging across the graph (right click: the whole run).
+
+The events are read off the UI thread (modules/ui/LossFollower.py, only what was appended since the last reading);
+the graph is drawn from the follower's snapshot, and only while this tab is shown."""
 from __future__ import annotations
 
 import tkinter as tk
@@ -9,10 +12,12 @@ from pathlib import Path
 import customtkinter as ctk
 
 from modules.ui import LossHistory as history
+from modules.ui.LossFollower import COLUMNS, LossFollower, Source
 from modules.ui.ctk_components import EntryText, button
 
 COLORS = {"loss": "#335f7f", "smoothed": "#4aa3df", "lr": "#ffb74d", "validation": "#e57373"}
 CURRENT = "(this window's run)"
+POLL_MS = 300
 
 
 class CtkLossView:
@@ -22,12 +27,12 @@ class CtkLossView:
         bar.grid(row=0, column=0, sticky="w", padx=8, pady=4)
         self.run_menu = ctk.CTkOptionMenu(bar, values=[CURRENT], width=260, command=lambda _v: self.reload())
         self.run_menu.grid(row=0, column=0, padx=4)
-        self.shown = {}
+        self.shown_curves = {}
         for column, name in enumerate(("loss", "smoothed", "lr", "validation"), 1):
             variable = tk.BooleanVar(value=True)
             ctk.CTkCheckBox(bar, text=name, variable=variable, width=90, command=self.draw,
                             text_color=COLORS[name]).grid(row=0, column=column, padx=2)
-            self.shown[name] = variable
+            self.shown_curves[name] = variable
         ctk.CTkLabel(bar, text="steps").grid(row=0, column=5, padx=(12, 2))
         entries = [ctk.CTkEntry(bar, width=70, placeholder_text=hint) for hint in ("from", "to")]
         for column, entry in enumerate(entries, 6):
@@ -41,12 +46,23 @@ class CtkLossView:
         self.canvas.bind("<ButtonPress-1>", self._drag_start)
         self.canvas.bind("<ButtonRelease-1>", self._drag_end)
         self.canvas.bind("<Button-3>", lambda _e: self.reset_range())
-        self.run: history.RunCurves | None = None
-        self._frame = (60, 12, 1120, 490)   # left, top, right, bottom of the plot area
+        self._frame = (60, 12, 60 + COLUMNS, 490)   # left, top, right, bottom of the plot area
         self._span = (0, 1)
+        self.follower = LossFollower()
+        controller = app.controller   # not the view: the follower's thread must hold no Tk object
+        self._own_losses = lambda: controller.run.losses
+        self.canvas.bind("<Destroy>", lambda _e: self.follower.stop(), add="+")
+        self.drawn_version = -1
+        self.draw_count = 0
         self.refresh_runs()
+        self.canvas.after(POLL_MS, self._poll)
 
     # ---- data ----------------------------------------------------------------------------------------------------
+
+    @property
+    def run(self) -> history.RunCurves | None:
+        snapshot = self.follower.snapshot
+        return snapshot.run if snapshot is not None else None
 
     def workspace(self) -> str:
         return self.app.config_state.get("workspace_dir") or "workspace"
@@ -58,22 +74,36 @@ class CtkLossView:
             self.run_menu.set(CURRENT)
         self.reload()
 
-    def reload(self) -> None:
+    def _source(self) -> Source | None:
+        root = Path(self.workspace()) / "tensorboard"
         choice = self.run_menu.get()
+        if choice != CURRENT:
+            return Source(root / choice)
         controller = self.app.controller
-        trainer = controller.trainer
-        if choice == CURRENT:
-            name = getattr(trainer, "run_name", None) or controller.last_run_name
-            folder = history.run_folders(self.workspace())
-            folder = next((f for f in folder if f.name == name), None)
-            if folder is not None:
-                self.run = history.read_run(folder)
-            else:   # TensorBoard off: the losses the worker reported
-                self.run = history.from_losses(name or "this run", controller.run.losses,
-                                               (controller.run.resumed_from or 0) + 1)
-        else:
-            self.run = history.read_run(Path(self.workspace()) / "tensorboard" / choice)
-        self.draw()
+        name = getattr(controller.trainer, "run_name", None) or controller.last_run_name
+        if name is None:
+            return None
+        # tensorboard off: the losses the worker reported
+        return Source(root / name, self._own_losses, (controller.run.resumed_from or 0) + 1)
+
+    def reload(self) -> None:
+        """The chosen run read again now (in the follower's thread)."""
+        source = self._source()
+        if source is not None:
+            self.follower.follow(source)
+        self.drawn_version = -1
+
+    def shown(self) -> bool:
+        return self.app.tabview.get() == "loss"
+
+    def _poll(self) -> None:
+        """Follows the window's new run, and draws a new snapshot while the tab is shown."""
+        source = self._source()
+        if source is not None and source != self.follower.source:
+            self.follower.follow(source)
+        if self.follower.version != self.drawn_version and self.shown():
+            self.draw()
+        self.canvas.after(POLL_MS, self._poll)
 
     def reset_range(self) -> None:
         self.first.set("")
@@ -107,16 +137,23 @@ class CtkLossView:
     def draw(self) -> None:
         canvas = self.canvas
         canvas.delete("all")
+        self.drawn_version = self.follower.version
+        self.draw_count += 1
         left, top, right, bottom = self._frame
         canvas.create_rectangle(left, top, right, bottom, outline="#666666")
-        run = self.run
+        snapshot = self.follower.snapshot
+        run = snapshot.run if snapshot is not None else None
         first, last = self._range()
-        curves = {name: history.in_range(points, first, last) for name, points in (run.curves if run else {}).items()
-                  if self.shown[name].get()}
-        curves = {name: points for name, points in curves.items() if points}
+        if first is None and last is None:   # the whole run: the follower's decimated lines
+            curves = dict(snapshot.overview) if snapshot is not None else {}
+        else:                                # zoomed: this range at the plot's resolution
+            curves = {name: history.decimate(history.in_range(points, first, last), COLUMNS)
+                      for name, points in (run.curves if run else {}).items()}
+        curves = {name: points for name, points in curves.items() if points and self.shown_curves[name].get()}
         if not curves:
             canvas.create_text((left + right) / 2, (top + bottom) / 2, fill="#aaaaaa",
-                               text="no loss yet: start a run, or pick an earlier run of the workspace above")
+                               text=self.follower.error or
+                               "no loss yet: start a run, or pick an earlier run of the workspace above")
             return
         steps = [s for points in curves.values() for s, _ in points]
         low_step, high_step = min(steps), max(steps)

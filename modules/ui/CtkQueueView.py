@@ -50,8 +50,9 @@ class CtkQueueView:
             bar.grid(row=row, column=3, padx=4)
             eta = ctk.CTkLabel(self.table, text="--", width=70)
             eta.grid(row=row, column=4)
-            detail = job.error.splitlines()[0] if job.error else ", ".join(job.outputs)
-            ctk.CTkLabel(self.table, text=detail[:90], anchor="w", width=320, wraplength=320).grid(
+            # the whole error ("invalid configuration:" alone says nothing; its problem lines say what to fix)
+            detail = job.error if job.error else ", ".join(job.outputs)
+            ctk.CTkLabel(self.table, text=detail, anchor="w", justify="left", width=320, wraplength=320).grid(
                 row=row, column=5, sticky="w", padx=4)
             actions = ctk.CTkFrame(self.table, fg_color="transparent")
             actions.grid(row=row, column=6, padx=4)
@@ -64,7 +65,8 @@ class CtkQueueView:
                                                    ("remove", lambda i=index: self._edit("remove", i)))):
                 buttons[text] = button(actions, text, command, width=28 if len(text) == 1 else 60)
                 buttons[text].grid(row=0, column=col, padx=1)
-            self.rows.append({"id": job.id, "state": state, "bar": bar, "eta": eta, "buttons": buttons})
+            self.rows.append({"id": job.id, "state": state, "bar": bar, "eta": eta, "buttons": buttons,
+                              "detail": detail})
 
     def _edit(self, action: str, index: int, *args) -> None:
         queue = self.queue()

@@ -15,7 +15,7 @@ class CtkRunEndPanel:
         self.app = app
         self.frame = ctk.CTkFrame(app, border_width=1, border_color="#2e7d32")
         self.frame.grid_columnconfigure(0, weight=1)
-        self.text = ctk.CTkTextbox(self.frame, height=110, wrap="none")
+        self.text = ctk.CTkTextbox(self.frame, height=160, wrap="none")
         self.text.grid(row=0, column=0, rowspan=3, sticky="ew", padx=6, pady=6)
         button(self.frame, "open output folder", app.open_output_folder, width=150).grid(row=0, column=1, padx=6,
                                                                                       pady=2)
@@ -27,7 +27,8 @@ class CtkRunEndPanel:
 
     def show(self, payload: dict, run) -> None:
         self.written = list(payload["written"])
-        plan = f"run plan: {run.total_steps} steps over {run.epochs} epoch(s)"
+        # the whole plan the terminal printed at the start, else its numbers
+        plan = run.plan_text.rstrip() or f"run plan: {run.total_steps} steps over {run.epochs} epoch(s)"
         if run.resumed_from:
             plan += f"; resumed from step {run.resumed_from}"
         self.text.configure(state="normal")

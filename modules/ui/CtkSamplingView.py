@@ -13,7 +13,7 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
-from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries, PreviewVideo
+from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries, PreviewVideo, epoch_text
 
 PLAYER_SIZE = 256
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
@@ -234,7 +234,8 @@ class CtkSamplingView:
             self._frame_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
                                   for image in images]
             self.player.loop = self.loop_var.get()
-            self.step_label.configure(text=f"step {video.step}, epoch {video.epoch}: {video.path.name} "
+            self.step_label.configure(text=f"step {video.step}, {epoch_text(video.step, video.epoch)}: "
+                                           f"{video.path.name} "
                                            f"({len(self.player.frames)} frames at {self.player.fps:.0f} fps)")
             self._render_frame()
             if self._tick_job is None:

@@ -44,7 +44,6 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.sampling = SamplingController(self.config_state)
         self.fields: dict[str, BoundField] = {}
         self.dialogs: list[ctk.CTkToplevel] = []
-        self._drawn_losses = 0
         self.grid_columnconfigure(0, weight=1)
         self.grid_rowconfigure(1, weight=1)
         if restore_last_used:
@@ -207,7 +206,6 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         from modules.ui.CtkLossView import CtkLossView
         self.loss_view = CtkLossView(self.tabs["loss"], self)
         self.loss_canvas = self.loss_view.canvas
-        self._loss_drawn_at = 0.0
 
     def _render_method_tab(self) -> None:
         frame = self.method_frame
@@ -309,7 +307,6 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.log("Start: checking the config")
 
     def _running_started(self) -> None:
-        self._drawn_losses = 0
         for bar, label in ((self.step_bar, self.step_label), (self.epoch_bar, self.epoch_label)):
             bar.set(0)   # the last run's numbers are not this one's (its plan comes after loading)
             label.configure(text="0 / 0")
@@ -319,12 +316,16 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.end_panel.hide()
 
     def add_to_queue(self) -> None:
+        """The config is checked as Start checks it (in the controller's worker); the "queued" event says how."""
         problems = self.controller.add_to_queue()
         if problems:
-            self.show_dialog("Not added to the queue", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
+            self._not_queued(problems)
             return
-        self.queue_view.refresh()
-        self.log(f"added to the queue ({len(self.controller.job_queue().jobs)} job(s)): see the queue tab")
+        self.log("Add to queue: checking the config")
+
+    def _not_queued(self, problems: list[str]) -> None:
+        self.log("Not added to the queue:\n" + "\n".join(f"  - {p}" for p in problems), "ERROR")
+        self.show_dialog("Not added to the queue", "Fix these first:\n\n" + "\n".join(f"- {p}" for p in problems))
 
     def start_queue(self) -> None:
         problems = self.controller.start_queue()
@@ -359,6 +360,8 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                 self.log(self.controller.run.status)
                 if not payload["stopped"]:
                     self.end_panel.show(payload, self.controller.run)
+            elif kind == "run_plan":
+                self.log(str(payload))   # whole, as the terminal prints it (the end panel shows it again)
             elif kind == "plan":
                 self.log(f"training started: {payload['total_steps']} steps over {payload['epochs']} epoch(s) of "
                          f"{payload['batches_per_epoch']} batches")
@@ -367,10 +370,18 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                 if not self.prefs.has_run:   # a run is made once it trains (a refused Start keeps the hint)
                     self.prefs.has_run = True
                     self.show_hint(False)
+                self.gallery_view.follow(payload["run_name"])   # listed and shown now, previews as they come
                 self.sampling_view.reload_samples()   # the demo writes its samples file while it starts
                 self._update_variant()                  # and its model (the memory line waits for the run's end)
                 for picker in self.part_pickers:
                     picker.refresh()
+            elif kind == "queued":
+                if payload["problems"]:
+                    self._not_queued(payload["problems"])
+                else:
+                    self.queue_view.refresh()
+                    self.log(f"added {payload['name']} to the queue ({len(self.controller.job_queue().jobs)} "
+                             f"job(s)): see the queue tab")
             elif kind == "job":
                 self.queue_view.refresh()
             elif kind == "queue_done":

@@ -60,9 +60,9 @@ class CtkTrainingTabView:
         self._memory_plan(right, row + 3)
 
     def _memory_plan(self, parent, row: int) -> None:
-        """The predicted peak of the config being edited against a card size, and "fit to my card"
-        (MemoryPlanController: planning runs in a worker thread)."""
-        from modules.ui.MemoryPlanController import MemoryPlanController
+        """The predicted peak of the config being edited against a card size, and "fit to my card" with its
+        objective, progress and cancel (MemoryPlanController: planning runs in a worker thread)."""
+        from modules.ui.MemoryPlanController import OBJECTIVES, MemoryPlanController
         self.memory = MemoryPlanController(self.state)
         box = ctk.CTkFrame(parent, fg_color="transparent")
         box.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(12, 0))
@@ -70,14 +70,30 @@ class CtkTrainingTabView:
         self.memory_gib = ctk.CTkEntry(box, width=60)
         self.memory_gib.insert(0, "24")
         self.memory_gib.grid(row=0, column=1, padx=4)
+        # the line follows the box: the kept prediction against the new size, no new trace
+        self.memory_gib.bind("<KeyRelease>", lambda _e: self._card_changed(), add="+")
         ctk.CTkButton(box, text="predict memory", width=120,
                       command=lambda: self.memory.predict(self._card_gib())).grid(row=0, column=2, padx=4)
-        ctk.CTkButton(box, text="fit to my card", width=120,
-                      command=lambda: self.memory.fit(self._card_gib() or 24.0)).grid(row=0, column=3, padx=4)
+        ctk.CTkButton(box, text="fit to my card", width=120, command=self.fit_to_card).grid(row=0, column=3, padx=4)
+        self.objective_menu = ctk.CTkOptionMenu(box, values=list(OBJECTIVES), width=150)
+        self.objective_menu.grid(row=1, column=3, padx=4, pady=(4, 0))
+        self.cancel_button = ctk.CTkButton(box, text="cancel", width=120, command=self.memory.cancel,
+                                           state="disabled")
+        self.cancel_button.grid(row=1, column=2, padx=4, pady=(4, 0))
         # wrapped: a long line ("not planned: ...") widened the box and pushed "fit to my card" out of view
         self.memory_label = ctk.CTkLabel(box, text=self.memory.text, anchor="w", justify="left", wraplength=540)
-        self.memory_label.grid(row=1, column=0, columnspan=4, sticky="w", pady=(4, 0))
+        self.memory_label.grid(row=2, column=0, columnspan=4, sticky="w", pady=(4, 0))
+        self.memory_details = ctk.CTkLabel(box, text="", anchor="w", justify="left", wraplength=540)
+        self.memory_details.grid(row=3, column=0, columnspan=4, sticky="w")
         self._poll_memory(box)
+
+    def fit_to_card(self) -> None:
+        from modules.ui.MemoryPlanController import OBJECTIVES
+        self.memory.fit(self._card_gib() or 24.0, OBJECTIVES[self.objective_menu.get()])
+
+    def _card_changed(self) -> None:
+        self.memory.card_changed(self._card_gib())
+        self.memory_label.configure(text=self.memory.text)
 
     def _card_gib(self) -> float | None:
         try:
@@ -87,7 +103,13 @@ class CtkTrainingTabView:
 
     def _poll_memory(self, widget) -> None:
         text = self.memory.poll()
-        self.memory_label.configure(text=self.memory.text if text is None else text)
+        if self.memory.busy:
+            self.memory_label.configure(text=self.memory.status())
+        else:
+            self.memory_label.configure(text=self.memory.text if text is None else text)
+        if text is not None:
+            self.memory_details.configure(text="\n".join(f"- {line}" for line in self.memory.details))
+        self.cancel_button.configure(state="normal" if self.memory.busy else "disabled")
         widget.after(300, lambda: self._poll_memory(widget))
 
     def on_config_change(self, path: str) -> None:

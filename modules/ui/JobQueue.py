@@ -8,7 +8,11 @@ queue survives a restart of the app (a job that was running when the app died is
 `run(train_one)` takes the first waiting job, marks it running, calls `train_one(config_path, job)` and marks the job
 done with its outputs or failed with its error; then the next one. A failed job never stops the queue. The runner
 (`train_config_file` here, the GUI's worker there) frees the model between jobs (GenericTrainer is dropped and the
-garbage collected before the next one loads).
+garbage collected before the next one loads). One runner at a time: `run` holds the queue's runner lock
+(`queue.runner.lock`, naming its holder's host and pid) and a second runner is refused with QueueBusy.
+
+A job's config is checked when it is added, as Start checks (`check_job_config`: paths, model, data, E2V), and
+again when it runs (a file deleted meanwhile fails the job, with the whole message).
 """
 from __future__ import annotations
 
@@ -49,6 +53,63 @@ class Job:
     @property
     def progress(self) -> float:
         return self.step / self.total_steps if self.total_steps else 0.0
+
+
+class QueueBusy(RuntimeError):
+    """Another runner (the window or `queue run`) is running this queue."""
+
+
+class RunnerLock:
+    """The queue's runner lock: an exclusive, non-blocking flock on `<queue>.runner.lock`, whose content names the
+    holder (host:pid) for the runner that is refused. The kernel drops it when the process dies. No lock where fcntl
+    is missing (Windows)."""
+
+    def __init__(self, queue_path: Path):
+        self.queue_path = queue_path
+        self.path = queue_path.with_suffix(".runner.lock")
+        self._handle = None
+
+    def acquire(self) -> "RunnerLock":
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise QueueBusy(f"the queue {self.queue_path} is already being run by "
+                            f"{holder} (host:pid): one runner at a time, or two would train at once. Wait for it, "
+                            f"or stop it") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{socket.gethostname()}:{os.getpid()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()   # closing the file drops the flock
+            self._handle = None
+
+
+def check_job_config(config: dict) -> list[str]:
+    """What Start checks before a run, for a job's config dict (a deep copy is checked: nothing is changed): the
+    schema, then prepare_config's paths, model, data and E2V checks. The problems, or [] when it would start."""
+    import copy
+
+    from modules.util.config.config_io import ConfigError, config_from_dict
+    from modules.util.config.prepare import prepare_config
+    try:
+        prepare_config(config_from_dict(copy.deepcopy(config), "the job's config"))
+    except ConfigError as error:
+        return list(error.problems) or [str(error)]
+    return []
 
 
 class JobQueue:
@@ -99,10 +160,14 @@ class JobQueue:
         return job
 
     def add_file(self, path: str | Path) -> Job:
-        """A job from a config file; refuses (ConfigError, naming the file) one the trainer cannot read."""
-        from modules.util.config.config_io import config_to_dict, load_config
-        config = load_config(config_path=str(path))   # validates now: a broken file never waits in the queue
-        return self.add(config_to_dict(config), name=Path(path).stem)
+        """A job from a config file; refuses (ConfigError, naming the file) one the trainer cannot read or Start
+        would refuse (a path that does not exist, a model of another type, ...)."""
+        from modules.util.config.config_io import ConfigError, config_to_dict, load_config
+        config = config_to_dict(load_config(config_path=str(path)))   # a broken file never waits in the queue
+        problems = check_job_config(config)
+        if problems:
+            raise ConfigError(problems, str(path))
+        return self.add(config, name=Path(path).stem)
 
     def writing(self, destination: str) -> Job | None:
         """The job still to run (or running) whose config writes `destination`, if any."""
@@ -166,11 +231,22 @@ class JobQueue:
 
     # ---- running -------------------------------------------------------------------------------------------
 
+    def runner_lock(self) -> RunnerLock:
+        return RunnerLock(self.path)
+
     def run(self, train_one: Callable[[str, Job], tuple[list[str], bool]],
-            should_stop: Callable[[], bool] = lambda: False) -> list[Job]:
+            should_stop: Callable[[], bool] = lambda: False, lock: RunnerLock | None = None) -> list[Job]:
         """Runs every waiting job in order; returns the jobs it ran. `train_one(config_path, job)` returns
         (files written, stopped); it raises for a failed run. Paused jobs are skipped; jobs added meanwhile run too
-        (the file is read again between jobs)."""
+        (the file is read again between jobs). Holds the runner lock (`lock`, taken already, or taken here: QueueBusy
+        when another runner has it) until it returns."""
+        lock = lock or self.runner_lock().acquire()
+        try:
+            return self._run(train_one, should_stop)
+        finally:
+            lock.release()
+
+    def _run(self, train_one, should_stop) -> list[Job]:
         ran = []
         while not should_stop():
             job = self._claim_next()
@@ -294,7 +370,8 @@ def describe(queue: JobQueue) -> str:
     lines = [f"queue {queue.path}:"]
     for number, job in enumerate(queue.jobs, 1):
         progress = f" {job.step}/{job.total_steps}" if job.total_steps else ""
-        detail = f": {job.error.splitlines()[0]}" if job.error else \
+        # the whole error: "invalid configuration:" alone says nothing, its problem lines say what to fix
+        detail = (": " + job.error.replace("\n", "\n      ")) if job.error else \
             (f" -> {', '.join(job.outputs)}" if job.outputs else "")
         lines.append(f"  {number}. [{job.state}{progress}] {job.name}  ({job.config}){detail}")
     return "\n".join(lines)

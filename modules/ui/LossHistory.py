@@ -1,17 +1,24 @@
 """The loss graph's numbers: a run's training loss, learning rate and validation loss, read from its TensorBoard
-event files (tensorboard's EventAccumulator), so runs started from the command line show as well as the window's.
-Imports no toolkit.
+event files, so runs started from the command line show as well as the window's. Imports no toolkit.
 
 A workspace's runs log to <workspace>/tensorboard/<run>/; a resumed run continues its folder (its steps after the
 backup are logged again when the killed run had gone further: the last value logged for a step wins).
+
+`RunEvents` reads a folder incrementally: each `read()` parses only the records appended since the last one
+(tensorboard's own event file loader keeps each file's offset), so following a run of 20,000 steps costs what its
+last few steps wrote, not the whole history. The smoothed line is computed here from the merged losses, not read
+from the trainer's `loss/smoothed` tag: the trainer's average starts afresh when a run resumes, and the line must
+run on through a resume point.
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TAGS = {"loss": "loss/step", "smoothed": "loss/smoothed", "lr": "lr/group_0", "validation": "validation/loss"}
+TAGS = {"loss/step": "loss", "lr/group_0": "lr", "validation/loss": "validation"}
+SMOOTHING = 0.95   # the trainer's own (TrainingHooks): an uninterrupted run's line equals its loss/smoothed tag
 
 Points = list[tuple[int, float]]
 
@@ -34,39 +41,80 @@ def run_folders(workspace: str | Path) -> list[Path]:
     return sorted(d for d in root.iterdir() if d.is_dir() and any(d.glob("events.out.tfevents.*")))
 
 
+class RunEvents:
+    """One run folder's scalars, read incrementally (see the module doc)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self._loaders: dict[Path, object] = {}
+        # curve -> step -> (wall time, value): the value logged last for a step wins, by its time. A folder's event
+        # files are read in name order, and two writers opened in one second are named by a counter ('.10' before
+        # '.9'), so the order of reading cannot decide
+        self._latest: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in TAGS.values()}
+        self.records_read = 0   # events parsed so far, over every reading
+
+    def read(self) -> bool:
+        """Reads what was appended to the folder's event files since the last call; True when a point changed."""
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+        from tensorboard.compat import tf
+
+        # its directory watcher logs "No path found after <file>" at INFO on every read: noise in the log panel
+        logging.getLogger("tensorboard").setLevel(logging.WARNING)
+        changed = False
+        for path in sorted(self.folder.glob("events.out.tfevents.*")):
+            loader = self._loaders.get(path)
+            if loader is None:
+                try:
+                    loader = self._loaders[path] = LegacyEventFileLoader(str(path))
+                except tf.errors.NotFoundError:   # removed since the folder was listed
+                    continue
+            for event in loader.Load():
+                self.records_read += 1
+                for value in event.summary.value:
+                    name = TAGS.get(value.tag)
+                    if name is None:
+                        continue
+                    number = value.simple_value if value.HasField("simple_value") else \
+                        (value.tensor.float_val[0] if value.tensor.float_val else math.nan)
+                    known = self._latest[name].get(event.step)
+                    if known is None or event.wall_time >= known[0]:
+                        self._latest[name][event.step] = (event.wall_time, float(number))
+                        changed = True
+        return changed
+
+    @property
+    def has_points(self) -> bool:
+        return any(self._latest.values())
+
+    def curves(self) -> RunCurves:
+        run = RunCurves(self.folder.name)
+        for name, latest in self._latest.items():
+            if latest:
+                run.curves[name] = sorted((step, value) for step, (_, value) in latest.items())
+        if "loss" in run.curves:
+            run.curves["smoothed"] = smoothed(run.curves["loss"])
+        return run
+
+
 def read_run(folder: str | Path) -> RunCurves:
-    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-
-    # its directory watcher logs "No path found after <file>" at INFO on every read: noise in the window's log panel
-    logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    accumulator = EventAccumulator(str(folder), size_guidance={SCALARS: 0})   # 0: every point, not a sample
-    accumulator.Reload()
-    available = set(accumulator.Tags().get("scalars", []))
-    run = RunCurves(Path(folder).name)
-    for name, tag in TAGS.items():
-        if tag in available:
-            # the value logged last for a step wins, by its time: the accumulator reads a folder's event files in
-            # name order, and two writers opened in one second are named by a counter ('.10' before '.9')
-            latest: dict[int, tuple[float, float]] = {}
-            for event in accumulator.Scalars(tag):
-                if event.step not in latest or event.wall_time >= latest[event.step][0]:
-                    latest[event.step] = (event.wall_time, float(event.value))
-            run.curves[name] = sorted((step, value) for step, (_, value) in latest.items())
-    return run
+    events = RunEvents(folder)
+    events.read()
+    return events.curves()
 
 
-def from_losses(name: str, losses: list[float], first_step: int = 1, smoothing: float = 0.9) -> RunCurves:
+def from_losses(name: str, losses: list[float], first_step: int = 1) -> RunCurves:
     """The window's own run when it logs no TensorBoard events (tensorboard off): its per-step losses."""
     points = [(first_step + i, value) for i, value in enumerate(losses)]
-    return RunCurves(name, {"loss": points, "smoothed": smoothed(points, smoothing)})
+    return RunCurves(name, {"loss": points, "smoothed": smoothed(points)})
 
 
-def smoothed(points: Points, weight: float = 0.9) -> Points:
-    """An exponential moving average, as TensorBoard's smoothing slider draws it (debiased at the start)."""
-    out, average = [], 0.0
-    for index, (step, value) in enumerate(points):
-        average = weight * average + (1 - weight) * value
-        out.append((step, average / (1 - weight ** (index + 1))))
+def smoothed(points: Points, weight: float = SMOOTHING) -> Points:
+    """An exponential moving average over the points in step order, started at the first value, as the trainer's
+    loss/smoothed (TrainingHooks) is: over a resumed run's merged losses it runs on through the resume point."""
+    out, average = [], None
+    for step, value in points:
+        average = value if average is None else weight * average + (1 - weight) * value
+        out.append((step, average))
     return out
 
 
@@ -74,9 +122,32 @@ def in_range(points: Points, first: int | None, last: int | None) -> Points:
     return [(s, v) for s, v in points if (first is None or s >= first) and (last is None or s <= last)]
 
 
+def decimate(points: Points, columns: int) -> Points:
+    """At most two points per pixel column (its lowest and highest, in step order): the line drawn from them looks
+    as the whole curve's would (spikes kept), for 20,000 steps as for 200, at a hundredth of the drawing cost."""
+    if len(points) <= 2 * columns:
+        return points
+    low, high = points[0][0], points[-1][0]
+    width = (high - low + 1) / columns
+    out: Points = []
+    column, lowest, highest = None, None, None
+    for point in points:
+        here = int((point[0] - low) / width)
+        if here != column:
+            if column is not None:
+                out.extend(sorted({lowest, highest}))
+            column, lowest, highest = here, point, point
+        else:
+            if point[1] < lowest[1]:
+                lowest = point
+            if point[1] > highest[1]:
+                highest = point
+    out.extend(sorted({lowest, highest}))
+    return out
+
+
 def nice_ticks(low: float, high: float, count: int = 6) -> list[float]:
     """Round axis ticks (1, 2, 5 x 10^k apart) covering [low, high]."""
-    import math
     if high <= low:
         return [low]
     raw = (high - low) / max(1, count - 1)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modules.ui.SamplingController import PREVIEW_NAME
+from modules.ui.SamplingController import PREVIEW_NAME, epoch_text
 
 
 @dataclass
@@ -26,7 +26,7 @@ class GalleryCell:
     @property
     def tooltip(self) -> str:
         seed = "random" if self.seed is None or self.seed < 0 else str(self.seed)
-        return f"step {self.step} (epoch {self.epoch})\nseed {seed}\n{self.prompt}"
+        return f"step {self.step} ({epoch_text(self.step, self.epoch)})\nseed {seed}\n{self.prompt}"
 
 
 @dataclass
@@ -43,14 +43,23 @@ def _index(folder: Path) -> int:
     return int(head) if head.isdigit() else 1 << 30
 
 
-def read_run(folder: Path) -> GalleryRun:
+def read_run(folder: Path, known: GalleryRun | None = None) -> GalleryRun:
+    """A run's previews; `known`: this run as read before, whose cells are kept (their settings files are not read
+    again: following a run of a thousand previews reads only the new ones)."""
     run = GalleryRun(folder.name, folder)
+    cells_before = {cell.path: cell for cell in known.cells.values()} if known is not None else {}
     steps = set()
     for prompt_folder in sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: (_index(p), p.name)):
         found = False
         for video in prompt_folder.glob("*.mp4"):
             match = PREVIEW_NAME.match(video.name)
             if not match:
+                continue
+            if video in cells_before:
+                cell = cells_before[video]
+                run.cells[(prompt_folder.name, cell.step)] = cell
+                steps.add(cell.step)
+                found = True
                 continue
             step, epoch = int(match[1]), int(match[2])
             settings = {}

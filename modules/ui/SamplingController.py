@@ -24,6 +24,12 @@ EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "fra
                  "image", "elements")
 
 
+def epoch_text(step: int, epoch: int) -> str:
+    """The epoch a preview was made in, counted from 1 as the progress bar counts (file names keep the trainer's
+    0-based epoch); a preview made before the first step says so."""
+    return "before training" if step == 0 else f"epoch {epoch + 1}"
+
+
 @dataclass
 class PreviewVideo:
     path: Path

@@ -7,7 +7,8 @@ Stop / sample now / backup now / save now are requests the trainer serves at its
 optimizer steps).
 
 Events, as (kind, payload): ("status", str), ("progress", dict from GenericTrainer.on_update plus "epochs",
-"epoch_fraction"), ("validation", {"validation_loss", "step", "validation_per_sigma"}: a validation loss, see
+"epoch_fraction"), ("run_plan", str): the run plan the terminal prints, whole, ("validation", {"validation_loss",
+"step", "validation_per_sigma"}: a validation loss, see
 docs/validation.md), ("log", str), ("refused", [problems]), ("failed", message), ("finished", {"written": [paths],
 "stopped": bool, "backups": [paths]}), ("released", None): the run's trainer is let go (collected on the main thread
 when the event is drained).
@@ -23,6 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modules.ui.QueueControl import QueueControl
 from modules.ui.UIState import UIState
 from modules.util.config.config_io import ConfigError, read_json_object
 
@@ -46,6 +48,7 @@ class RunState:
     started: float = 0.0
     resumed_from: int | None = None  # the backup's step when the run continued one
     encode_calls: dict[str, int] = field(default_factory=dict)   # per cache encoder, of the ended run
+    plan_text: str = ""              # the run plan the terminal prints at the start (GenericTrainer's start report)
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -96,7 +99,7 @@ def _warm_video_codecs() -> None:
         read_media(path)
 
 
-class TrainController:
+class TrainController(QueueControl):
     def __init__(self, state: UIState | None = None, presets_dir: Path = PRESETS_DIR, last_used: Path = LAST_USED,
                  queue_path: Path | None = None):
         from modules.ui.JobQueue import DEFAULT_QUEUE
@@ -229,66 +232,9 @@ class TrainController:
         self._thread.start()
         return []
 
-    # ---- the job queue ------------------------------------------------------------------------------------------
-
-    def job_queue(self):
-        """The job queue (workspace/queue/queue.json unless given), read again from its file."""
-        from modules.ui.JobQueue import JobQueue
-        return JobQueue(self.queue_path)
-
-    def add_to_queue(self) -> list[str]:
-        """The config as it stands becomes a job (a snapshot); returns the problems that refuse it."""
-        problems = self.state.validate()
-        if problems:
-            return problems
-        try:
-            self.job_queue().add(self.state.json_dict())
-        except ValueError as error:   # another waiting job writes the same output file
-            return [str(error)]
-        return []
-
-    def start_queue(self) -> list[str]:
-        """Runs the queue's waiting jobs one after another in the worker thread (one model at a time)."""
-        if self.running:
-            return ["training is already running"]
-        queue = self.job_queue()
-        if queue.next_job() is None:
-            return [f"the queue {queue.path} has no waiting job"]
-        self.run = RunState(running=True, status="queue: starting")
-        self._plan_sent = False
-        self.trainer = None   # else the first job's progress read the last run's plan and Stop went to it
-        self._queue_stop = False
-        self._thread = threading.Thread(target=self._work_queue, args=(queue,), name="training", daemon=True)
-        self._thread.start()
-        return []
-
-    def _work_queue(self, queue) -> None:
-        from modules.ui.JobQueue import train_config_file
-
-        def train_one(config_path, job):
-            self.run = RunState(running=True, status=f"queue: {job.name}", started=time.monotonic())
-            self._plan_sent = False
-            self.current_job = job
-            self.events.put(("job", job.id))
-            holder: list = []
-            self._trainer_holder = holder
-            try:
-                return train_config_file(config_path, job, on_update=self._on_update, trainer_holder=holder)
-            finally:
-                self.trainer = None
-                self.events.put(("job", job.id))
-
-        handler = self._attach_log()
-        try:
-            ran = queue.run(train_one, should_stop=lambda: self._queue_stop)
-            failed = sum(job.state == "failed" for job in ran)
-            self.events.put(("queue_done", f"queue: {len(ran)} job(s) ran, {failed} failed"))
-        except Exception as error:  # the window must survive any failure
-            self.events.put(("log", traceback.format_exc()))
-            self.events.put(("failed", f"{type(error).__name__}: {error}"))
-        finally:
-            self.current_job = None
-            self._detach_log(handler)
+    @staticmethod
+    def _new_run_state(**values) -> RunState:
+        return RunState(running=True, **values)
 
     def _attach_log(self):
         handler = _QueueLogHandler(self.events)
@@ -390,6 +336,8 @@ class TrainController:
             self.events.put(("plan", {"epochs": plan.epochs, "total_steps": plan.total_steps,
                                       "batches_per_epoch": plan.batches_per_epoch, "resumed_from": resumed,
                                       "run_name": trainer.run_name}))
+            if getattr(trainer, "plan_report", ""):   # the run plan the terminal printed, whole
+                self.events.put(("run_plan", trainer.plan_report))
         batches = (plan.batches_per_epoch if plan is not None else 0) or 1
         epochs = plan.epochs if plan is not None else trainer.config.epochs
         # the epoch bar shows the run's epochs done (it fills once over the run, it does not refill every epoch)
@@ -445,6 +393,8 @@ class TrainController:
             # every step's loss, read back from the device every few steps (performance.loss_readback_steps)
             run.losses.extend(payload.get("losses", []))
             run.step_times.append(payload["step_time"])
+        elif kind == "run_plan":
+            run.plan_text = payload
         elif kind == "validation":
             run.validation_losses.append((payload["step"], payload["validation_loss"]))
         elif kind == "refused":
