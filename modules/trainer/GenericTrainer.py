@@ -190,6 +190,8 @@ class GenericTrainer:
         config = self.config
         torch.manual_seed(config.seed)
         self._remove_leftovers()
+        if config.backup.continue_last_backup:  # which run continues is decided before any model loads
+            self.resume_choice = choose_resume(self)
         self._load()
         self._check_samples()
         if not self._cache():
@@ -199,10 +201,9 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
-        if config.backup.continue_last_backup:
-            self.resume_choice = choose_resume(self)
-        # several ranks: rank 0's name (the start time) for all
-        self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice))
+        # several ranks: rank 0's name (the start time, its folder reserved) for all
+        self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice)
+                                       if self.parallel.is_main else None)
         config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
         if config.backup.continue_last_backup:
             try:
