@@ -18,6 +18,7 @@ from modules.trainer.distributed import Parallel, gradient_norm, join_process_gr
 from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
 from modules.trainer.errors import BackupWriteError, TrainingError
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
+from modules.trainer.output_files import keep_previous_outputs
 from modules.trainer.parameter_groups import parameter_groups
 from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
@@ -258,6 +259,8 @@ class GenericTrainer:
                     if self.stop_requested.is_set():  # Ctrl-C during that backup: it is complete, the save waits
                         return []
             note_untrained_save(self)
+            if self.parallel.is_main:
+                keep_previous_outputs(self)
             if self.ema is not None:
                 self.ema.copy_to_parameters()
             self._writing = f"the final save of {config.output.destination}"

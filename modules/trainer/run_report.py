@@ -224,7 +224,11 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append(trainer.validation.plan_line())
     if config.tensorboard:
         lines.append(f"  TensorBoard: {trainer.tensorboard_dir}")
-    lines.append(f"  output: {config.output.destination} ({config.output.format.value})")
+    from modules.trainer.output_files import final_output_paths, plan_lines
+    files = final_output_paths(trainer)
+    named = "" if files == [Path(config.output.destination)] else f": {', '.join(str(p) for p in files)}"
+    lines.append(f"  output: {config.output.destination} ({config.output.format.value}){named}")
+    lines += plan_lines(trainer)
     return "\n".join(lines)
 
 
