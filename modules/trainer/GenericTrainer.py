@@ -18,7 +18,7 @@ from modules.trainer.distributed import Parallel, gradient_norm, join_process_gr
 from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
 from modules.trainer.errors import BackupWriteError, TrainingError
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
-from modules.trainer.output_files import keep_previous_outputs
+from modules.trainer.output_files import keep_previous_outputs, undo_kept_outputs
 from modules.trainer.parameter_groups import parameter_groups
 from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
@@ -259,12 +259,15 @@ class GenericTrainer:
                     if self.stop_requested.is_set():  # Ctrl-C during that backup: it is complete, the save waits
                         return []
             note_untrained_save(self)
-            if self.parallel.is_main:
-                keep_previous_outputs(self)
+            kept = keep_previous_outputs(self) if self.parallel.is_main else []
             if self.ema is not None:
                 self.ema.copy_to_parameters()
             self._writing = f"the final save of {config.output.destination}"
-            written = self.save_result(config.output.destination)
+            try:
+                written = self.save_result(config.output.destination)
+            except TrainingError:
+                undo_kept_outputs(kept)  # the earlier files are intact: no second name for them is left
+                raise
             self.completed = True
         finally:
             self._writing = None
@@ -463,5 +466,6 @@ class GenericTrainer:
         else:
             where = (f"the trained weights are kept in the backup {folder}. To save from it, free space (or choose "
                      f"another output.destination) and run the same command with --config-value "
-                     f"backup.continue_last_backup=true: a run resumed at its last step only saves")
+                     f"backup.continue_last_backup=true --config-value run_name={self.run_name}: a run resumed at its "
+                     f"last step only saves")
         return f"saving {destination} failed: {error}; every earlier file is intact and {where}"

@@ -11,6 +11,8 @@ import shutil
 import time
 from pathlib import Path
 
+from modules.trainer.errors import TrainingError
+
 log = logging.getLogger(__name__)
 
 
@@ -76,22 +78,39 @@ def plan_lines(trainer) -> list[str]:
             for path, kept, who in outputs_to_keep(trainer)]
 
 
-def keep_previous_outputs(trainer) -> list[Path]:
+def keep_previous_outputs(trainer) -> list[tuple[Path, Path]]:
     """Keeps each existing output another run wrote beside it (rank 0, before the final save). A file gets a second
-    name (a hard link, a copy where links are not possible), so it stays in place until the atomic save replaces it
-    and a save that fails leaves it as it was; a folder is renamed. Returns the names kept."""
+    name (a hard link, a copy where links are not possible), so it stays in place until the atomic save replaces it;
+    a folder is renamed. Returns (output, kept as) for undo_kept_outputs."""
     kept_paths = []
     for path, kept, who in outputs_to_keep(trainer):
-        if path.is_dir():
-            os.replace(path, kept)
-        else:
-            try:
-                os.link(path, kept)
-            except OSError:
-                shutil.copy2(path, kept)
+        try:
+            if path.is_dir():
+                os.replace(path, kept)
+            else:
+                try:
+                    os.link(path, kept)
+                except OSError:
+                    shutil.copy2(path, kept)
+        except OSError as error:
+            if kept.is_file():  # a copy cut short
+                kept.unlink()
+            raise TrainingError(f"the earlier output {path} (written by {who}) cannot be kept as {kept.name}: "
+                                f"{error.strerror or error}; it was not overwritten. Free space, or choose another "
+                                f"output.destination, and resume (backup.continue_last_backup=true)") from None
         message = f"note: {path} was written by {who}: kept as {kept} (this run's save replaces {path.name})"
         print(message, flush=True)
         log.info("%s", message)
         trainer.on_update({"note": message})
-        kept_paths.append(kept)
+        kept_paths.append((path, kept))
     return kept_paths
+
+
+def undo_kept_outputs(kept_paths: list[tuple[Path, Path]]) -> None:
+    """After a save that failed (its files were not replaced): the second names go, a renamed folder returns."""
+    for path, kept in kept_paths:
+        if kept.is_dir():
+            if not path.exists():
+                os.replace(kept, path)
+        elif path.is_file():
+            kept.unlink(missing_ok=True)
