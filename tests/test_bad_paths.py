@@ -26,17 +26,21 @@ def image(path: Path, colour=(200, 40, 40), height: int = 32, width: int = 64) -
     Image.fromarray(np.full((height, width, 3), colour, np.uint8)).save(path)
 
 
-def test_device_and_fifo_paths_are_refused_as_not_regular_files_all_at_once(tiny_model, tmp_path):
-    fifo = tmp_path / "pipe.safetensors"
-    os.mkfifo(fifo)
+def config_with(tiny_model, tmp_path: Path, *values: str):
     clips = tmp_path / "clips"
     clips.mkdir()
     image(clips / "a.png")
-    config = load_config(overrides=[
+    return load_config(overrides=[
         f"model.base_model_name={tiny_model('wan2.1-t2v')}", f'data.concepts=[{{"path": "{clips}"}}]',
-        f"workspace_dir={tmp_path / 'run'}", f"output.destination={tmp_path / 'o.safetensors'}",
-        f"model.image_encoder.path={ROOT / 'README.md'}", "model.vae.path=/dev/null",
-        f"model.transformer.path={fifo}", "sampling.samples_file=/dev/zero", "lora.init_from=/dev/zero"])
+        f"workspace_dir={tmp_path / 'run'}", f"output.destination={tmp_path / 'o.safetensors'}", *values])
+
+
+def test_device_and_fifo_paths_are_refused_as_not_regular_files_all_at_once(tiny_model, tmp_path):
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    config = config_with(tiny_model, tmp_path, f"model.image_encoder.path={ROOT / 'README.md'}",
+                         "model.vae.path=/dev/null", f"model.transformer.path={fifo}", "sampling.samples_file=/dev/zero",
+                         "lora.init_from=/dev/zero")
     # before: a NotADirectoryError traceback from recognise.find_parts; alone, /dev/zero "does not exist"
     with pytest.raises(ConfigError) as error:
         prepare_config(config)
@@ -49,13 +53,7 @@ def test_device_and_fifo_paths_are_refused_as_not_regular_files_all_at_once(tiny
 
 
 def test_a_part_path_that_is_no_model_file_is_named_by_its_field(tiny_model, tmp_path):
-    clips = tmp_path / "clips"
-    clips.mkdir()
-    image(clips / "a.png")
-    config = load_config(overrides=[
-        f"model.base_model_name={tiny_model('wan2.1-t2v')}", f'data.concepts=[{{"path": "{clips}"}}]',
-        f"workspace_dir={tmp_path / 'run'}", f"output.destination={tmp_path / 'o.safetensors'}",
-        f"model.image_encoder.path={ROOT / 'README.md'}"])
+    config = config_with(tiny_model, tmp_path, f"model.image_encoder.path={ROOT / 'README.md'}")
     # before: blamed on model.base_model_name
     with pytest.raises(ConfigError, match=r"model.image_encoder.path: .*README.md: not a weight file"):
         prepare_config(config)
