@@ -36,12 +36,12 @@ def recorded_run(path: Path) -> str | None:
     """The run that wrote a file, as its header's training config records it (None when it records none)."""
     if not path.is_file():
         return None
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     try:
         with safe_open(str(path), "pt") as file:
             metadata = file.metadata() or {}
         return json.loads(metadata.get("training_config") or "{}").get("run_name") or None
-    except Exception:  # noqa: BLE001  (not a safetensors file, a damaged header: it records no run)
+    except (OSError, ValueError, AttributeError, SafetensorError):  # another file, a damaged header: no run
         return None
 
 
@@ -68,7 +68,7 @@ def outputs_to_keep(trainer) -> list[tuple[Path, Path, str]]:
         if run == trainer.run_name:
             continue
         label = run or time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
-        kept.append((path, previous_path(path, label), f"run {run}" if run else "no run this trainer recorded"))
+        kept.append((path, previous_path(path, label), f"run {run}" if run else "an earlier run or another program (it records no run)"))
     return kept
 
 

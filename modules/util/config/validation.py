@@ -68,6 +68,9 @@ def expert_file_problems(config: TrainConfig) -> list[str]:
     return problems
 
 
+MODEL_PARTS = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer")
+
+
 def model_path_problems(config: TrainConfig) -> list[str]:
     """The model part paths (`model.<part>.path`) that are missing or no file or folder."""
     problems = []
@@ -81,17 +84,13 @@ def model_path_problems(config: TrainConfig) -> list[str]:
     return problems
 
 
-MODEL_PARTS = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer")
-
-
 def path_problems(config: TrainConfig) -> list[str]:
     problems = []
     base = config.model.base_model_name
     if not base:
         problems.append("model.base_model_name: required, but empty: a diffusers folder or a hub id (on the "
                         "command line: --model_name DIR_OR_HUB_ID, or --config-value model.base_model_name=...)")
-    elif Path(base).exists() and not Path(base).is_dir() or not Path(base).is_dir() and \
-            not config.model.allow_download:
+    elif not Path(base).is_dir() and (Path(base).exists() or not config.model.allow_download):
         problems.append(f"model.base_model_name: {base!r} is not a folder" + (
             "" if Path(base).exists() else "; a hub id needs model.allow_download=true"))
     problems += model_path_problems(config)
@@ -106,7 +105,8 @@ def path_problems(config: TrainConfig) -> list[str]:
             problems.append(f"{field}: {concept.path!r} is a file; a concept is a folder or a .jsonl manifest (put "
                             f"the file in a folder and name the folder)")
         if concept.caption_source == "prompt_file":
-            kind = path_problem(f"data.concepts.{index}.prompt_path", concept.prompt_path, "file")
+            field = f"data.concepts.{index}.prompt_path"
+            kind = path_problem(field, concept.prompt_path, "file") if concept.prompt_path else f"{field}: empty"
             if kind:
                 problems.append(f"{kind} (caption_source is 'prompt_file')")
     for field, path in (("sampling.samples_file", config.sampling.samples_file),
