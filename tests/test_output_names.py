@@ -29,3 +29,10 @@ def test_which_names_say_their_expert():
         ["lora_high_noise.safetensors"]
     assert [p.name for p in expert_output_paths("/out/high.safetensors", ["transformer", "transformer_2"]).values()] \
         == ["high_high_noise.safetensors", "high_low_noise.safetensors"]
+
+
+def test_a_kept_earlier_output_is_no_step_for_the_checkpoint_list():
+    from modules.modelSampler.lora_checkpoints import step_from_name
+    # before: the seconds of the run's name read as step 53
+    assert step_from_name("demo_lora.previous-2026-11-27_21-51-53.safetensors") is None
+    assert step_from_name("lora-500.safetensors") == 500
