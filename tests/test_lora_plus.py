@@ -47,7 +47,8 @@ def test_resume_keeps_the_groups_and_continues_identically(lora_plus_run, tiny_m
     shutil.copytree(full.backup_root / "step-00000002", resumed_dir / "run" / "backup" / "step-00000002")
     # the resumed run is given another ratio: the backup's groups and rates win, as its single rate always did
     resumed = train(resumed_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=4,
-                    overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=2"])
+                    overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=2",
+                                        f"run_name={full.run_name}"])
     groups = {g["name"]: g["lr"] for g in resumed.optimizer.param_groups}
     assert groups == pytest.approx({"base": LR, "lora_B": RATIO * LR})
     assert resumed.step_losses == full.step_losses[2:]
@@ -66,7 +67,8 @@ def test_a_backup_with_other_groups_is_refused_naming_both(lora_plus_run, tiny_m
     before = run_config.read_bytes()
     with pytest.raises(TrainingError, match=r"parameter groups \['base', 'lora_B'\], this run has \['all'\]"):
         train(plain_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=4,
-              overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=1"])
+              overrides=COMMON + ["backup.continue_last_backup=true", "lora.plus_lr_ratio=1",
+                                  f"run_name={full.run_name}"])
     # a refused resume leaves it as it was: rewritten, it held the refused settings and the printed command to
     # train on failed the same way
     assert run_config.read_bytes() == before

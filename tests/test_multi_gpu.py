@@ -115,17 +115,20 @@ def test_caching_is_split_across_ranks(lora_runs):
     assert all(12 <= c <= 18 for c in calls), calls
 
 
-def copy_backup(source_workspace: Path, target: Path) -> None:
+def copy_backup(source_workspace: Path, target: Path) -> str:
+    """Copies the run's backup into another workspace; returns the run's name (the copy writes another output, so
+    its resume names the run)."""
     backup = next((source_workspace / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
     shutil.copytree(backup, target / "run" / "backup" / backup.parent.name / backup.name)
+    return backup.parent.name
 
 
 def test_two_rank_backup_resumes_on_one_process(lora_runs, squares_dataset):
     tmp, single = lora_runs["tmp"], lora_runs["single"]
-    copy_backup(tmp / "ranks" / "run", tmp / "two_to_one")
+    run = copy_backup(tmp / "ranks" / "run", tmp / "two_to_one")
     # the user's per-rank batch_size=1 stays as written: the resume keeps the backup's global batch of 2
     resumed = train(tmp / "two_to_one", lora_runs["base"], squares_dataset, steps=STEPS,
-                    overrides=COMMON + ["batch_size=1", "backup.continue_last_backup=true"])
+                    overrides=COMMON + ["batch_size=1", "backup.continue_last_backup=true", f"run_name={run}"])
     assert resumed.config.batch_size == 2
     assert resumed.step_losses == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-5)
     assert_same_tensors(tmp / "two_to_one" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
@@ -133,9 +136,9 @@ def test_two_rank_backup_resumes_on_one_process(lora_runs, squares_dataset):
 
 def test_one_process_backup_resumes_on_two_ranks(lora_runs, squares_dataset):
     tmp, single = lora_runs["tmp"], lora_runs["single"]
-    copy_backup(tmp / "single" / "run", tmp / "one_to_two")
+    run = copy_backup(tmp / "single" / "run", tmp / "one_to_two")
     ranks = run_ranks(tmp / "one_to_two", lora_runs["base"], squares_dataset,
-                      COMMON + ["batch_size=2", "backup.continue_last_backup=true"])
+                      COMMON + ["batch_size=2", "backup.continue_last_backup=true", f"run_name={run}"])
     assert ranks[0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-5)
     assert_same_tensors(tmp / "one_to_two" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
 

@@ -146,8 +146,11 @@ def test_a_final_save_on_a_full_disk_keeps_the_weights_in_a_backup(tiny_model, s
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "out.safetensors"]  # no temporary left
 
     # as the message says: the same run, resumed with room to save, saves without training a step
+    run = next((tmp_path / "run" / "backup").glob("*/step-00000002")).parent.name
+    assert f"--config-value run_name={run}" in str(failure.value)  # another output is another run's, unless named
     resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
-                    overrides=["backup.continue_last_backup=true", f"output.destination={tmp_path / 'roomy.safetensors'}"])
+                    overrides=["backup.continue_last_backup=true", f"run_name={run}",
+                               f"output.destination={tmp_path / 'roomy.safetensors'}"])
     assert resumed.step_losses == [] and resumed.progress.global_step == 2
     saved = load_file(str(tmp_path / "roomy.safetensors"))
     assert saved and all(torch.isfinite(v).all() for v in saved.values())
@@ -292,8 +295,9 @@ def test_resume_skips_a_damaged_newest_backup_with_a_warning(two_backups, tiny_m
     folder, full = two_backups
     shutil.copytree(folder / "run" / "backup", tmp_path / "run" / "backup")
     DAMAGES["truncated"](next((tmp_path / "run" / "backup").glob("*/step-00000002")) / "trainable.safetensors")
-    resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
-                    overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true"])
+    resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,  # the copied run, by its name
+                    overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true",
+                               f"run_name={full.run_name}"])
     out = capsys.readouterr().out
     assert "backup" in out and "step-00000002 is damaged and is skipped (trainable.safetensors" in out, out
     assert "resuming from" in out and "step-00000001" in out

@@ -245,8 +245,9 @@ def test_a_resumed_run_keeps_its_values_and_its_best(validated_run, tiny_model, 
     tmp, trainer = validated_run
     resumed_dir = tmp / "resumed"
     shutil.copytree(tmp / "run", resumed_dir / "run")  # the whole workspace: backups, best/, logs, history
-    resumed = train(resumed_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=STEPS + EVERY,
-                    overrides=VALIDATION + ["optimizer.learning_rate=0.001", "backup.continue_last_backup=true"])
+    resumed = train(resumed_dir, tiny_model("wan2.1-t2v"), squares_dataset, steps=STEPS + EVERY,  # named: its output
+                    overrides=VALIDATION + ["optimizer.learning_rate=0.001", "backup.continue_last_backup=true",
+                                            f"run_name={trainer.run_name}"])
     history = resumed.validation.history
     assert [r.step for r in history] == [0, 3, 6, 9, 12, 15]
     assert history[:5] == trainer.validation.history  # read back from <workspace>/validation/<run>.json
@@ -265,8 +266,9 @@ def test_the_best_backup_saves_as_docs_validation_md_says(validated_run, tiny_mo
     step = json.loads((best / RESULT_FILE).read_text())["step"]
     export = tmp / "best-export"
     shutil.copytree(best, export / "run" / "backup" / f"step-{step:08d}")
-    saved = train(export, tiny_model("wan2.1-t2v"), squares_dataset, steps=step,
-                  overrides=VALIDATION + ["optimizer.learning_rate=0.001", "backup.continue_last_backup=true"])
+    saved = train(export, tiny_model("wan2.1-t2v"), squares_dataset, steps=step,  # the run's config names the run
+                  overrides=VALIDATION + ["optimizer.learning_rate=0.001", "backup.continue_last_backup=true",
+                                          f"run_name={trainer.run_name}"])
     assert saved.step_losses == []  # nothing trained: only saved
     kept = read_backup(best)["trainable"]
     now = saved.setup.trainable_state_dict()

@@ -130,8 +130,10 @@ def test_a_damaged_or_unmanifested_backup_is_skipped_with_a_warning(damage, two_
         assert any("does not match its checksum" in p for p in verify_backup(newest, checksums=True))
     else:
         (newest / "manifest.json").unlink()
+    # the copied run wrote another folder's output: named, it is continued all the same
     resumed = train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
-                    overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true"])
+                    overrides=["backup.every_n_steps=1", "backup.continue_last_backup=true",
+                               f"run_name={full.run_name}"])
     out = capsys.readouterr().out
     assert f"warning: backup {newest} is damaged and is skipped" in out, out
     # set aside, not left among the rolling backups: there it counted towards backup.rolling_count, so a resumed run
@@ -150,7 +152,8 @@ def test_a_run_whose_every_backup_is_damaged_is_not_restarted_over_its_output(tw
         flip_tensor_bytes(backup / "trainable.safetensors")
     # before: a warning, then a fresh run from step 0 that ended by replacing the output
     with pytest.raises(TrainingError, match=f"every backup of run {full.run_name} is damaged"):
-        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2, overrides=["backup.continue_last_backup=true"])
+        train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=2,
+              overrides=["backup.continue_last_backup=true", f"run_name={full.run_name}"])
     assert sorted(p.name for p in (tmp_path / "run" / "backup" / full.run_name).iterdir()) == \
         ["step-00000001.damaged", "step-00000002.damaged"]
 
@@ -165,7 +168,7 @@ def test_a_resume_with_changed_lora_settings_names_them_and_keeps_the_runs_confi
     with pytest.raises(TrainingError, match=r"cannot resume from .*step-00000002: its trained tensors do not fit "
                                             r"this run .*lora.rank: 32 in the backup, 16 now"):
         train(tmp_path, tiny_model("wan2.1-t2v"), six_clips, steps=3,
-              overrides=["lora.rank=16", "backup.continue_last_backup=true"])
+              overrides=["lora.rank=16", "backup.continue_last_backup=true", f"run_name={full.run_name}"])
     assert recorded.read_bytes() == before
 
 

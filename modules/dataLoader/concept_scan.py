@@ -35,10 +35,16 @@ def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | No
     return None
 
 
-def _folder_media(folder: Path, recursive: bool) -> list[Path]:
+def _folder_media(folder: Path, recursive: bool, frame_folders: bool = False) -> list[Path]:
+    """The media files of a concept folder, and anything else named as one (a FIFO, a link to a device: skipped
+    with a warning later, not dropped unseen); with `frame_folders` also its sub-folders that hold images, each one
+    clip (musubi-tuner's video_directory)."""
     pattern = "**/*" if recursive else "*"
-    media = {p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in MEDIA_EXTENSIONS}
-    return sorted(p for p in media if not is_beside_mask(p, media))
+    media = {p for p in folder.glob(pattern) if not p.is_dir() and p.suffix.lower() in MEDIA_EXTENSIONS}
+    found = [p for p in media if not is_beside_mask(p, media)]
+    if frame_folders:
+        found += [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and frame_files(p)]
+    return sorted(found)
 
 
 MANIFEST_MEDIA_KEYS = ("path", "media", "video", "file", "clip", "video_path", "image_path")
@@ -112,15 +118,17 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
                         mask or find_mask(path, concept)) for path, caption, mask in _manifest_media(root, result)]
         else:
             entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept))
-                       for path in _folder_media(root, concept.include_subdirectories)]
+                       for path in _folder_media(root, concept.include_subdirectories, concept.frame_folders)]
         for path, caption, mask in entries:
-            # musubi-tuner's video_path may name a folder of frames: one clip, its images in name order
-            frames_folder = path.is_dir() and root.is_file()
+            # musubi-tuner's video_path (and video_directory) may name a folder of frames: one clip, its images in
+            # name order
+            frames_folder = path.is_dir() and (root.is_file() or concept.frame_folders)
             if frames_folder and not frame_files(path):
                 result.skip(path, f"a folder of frames needs images ({', '.join(sorted(IMAGE_EXTENSIONS))}); "
                                   f"it has none")
             elif not frames_folder and not path.is_file():
-                result.skip(path, "file does not exist")
+                result.skip(path, "not a regular file (a FIFO, device or socket, or a link to one): it cannot be "
+                                  "read as media" if path.exists() else "file does not exist")
             elif caption is None and concept.caption_required:
                 result.skip(path, f"no caption ({path.with_suffix(concept.caption_extension).name} is missing)")
             elif mask is None and concept.mask_required:

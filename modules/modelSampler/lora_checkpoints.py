@@ -28,7 +28,11 @@ class Checkpoint:
 
 
 def step_from_name(name: str) -> int | None:
-    """`step-00000100.safetensors` -> 100, `lora-500` -> 500; None when the name holds no trailing number."""
+    """`step-00000100.safetensors` -> 100, `lora-500` -> 500; None when the name holds no trailing number, or ends in
+    a run's name (`lora.previous-2026-11-27_21-51-53.safetensors`, an earlier output kept beside: its seconds are no
+    step)."""
+    if ".previous-" in name:
+        return None
     match = _STEP_IN_NAME.search(name.removesuffix(".safetensors").removesuffix("_high_noise")
                                  .removesuffix("_low_noise"))
     return int(match.group(1)) if match else None

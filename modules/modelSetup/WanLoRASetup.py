@@ -18,7 +18,8 @@ from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.lora.apply import is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft
-from modules.util.lora.formats import expert_lora_paths, load_lora_file, match_to_model, save_lora_file
+from modules.util.lora.formats import (expert_lora_paths, expert_output_paths, load_lora_file, match_to_model,
+                                       save_lora_file)
 from modules.util.lora.targets import lora_target_names
 from modules.util.modelspec import modelspec_metadata
 from modules.model.e2v_file_metadata import e2v_file_metadata
@@ -131,8 +132,7 @@ class WanLoRASetup(BaseWanSetup):
         metadata.update(e2v_file_metadata(self.model, self.config.model))  # an E2V LoRA samples from the file alone
         experts = self.experts_in_training()
         if self.model.variant.has_two_experts:
-            high, low = expert_lora_paths(destination)
-            paths = {"transformer": high, "transformer_2": low}
+            paths = expert_output_paths(destination, experts)
         else:
             paths = {"transformer": destination}
         written = []

@@ -18,6 +18,7 @@ from modules.trainer.distributed import Parallel, gradient_norm, join_process_gr
 from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
 from modules.trainer.errors import BackupWriteError, TrainingError
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
+from modules.trainer.output_files import keep_previous_outputs, undo_kept_outputs
 from modules.trainer.parameter_groups import parameter_groups
 from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
@@ -190,6 +191,8 @@ class GenericTrainer:
         config = self.config
         torch.manual_seed(config.seed)
         self._remove_leftovers()
+        if config.backup.continue_last_backup:  # which run continues is decided before any model loads
+            self.resume_choice = choose_resume(self)
         self._load()
         self._check_samples()
         if not self._cache():
@@ -199,10 +202,9 @@ class GenericTrainer:
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
-        if config.backup.continue_last_backup:
-            self.resume_choice = choose_resume(self)
-        # several ranks: rank 0's name (the start time) for all
-        self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice))
+        # several ranks: rank 0's name (the start time, its folder reserved) for all
+        self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice)
+                                       if self.parallel.is_main else None)
         config.run_name = self.run_name  # backups record it: a resume continues this run's log and previews
         if config.backup.continue_last_backup:
             try:
@@ -258,10 +260,15 @@ class GenericTrainer:
                     if self.stop_requested.is_set():  # Ctrl-C during that backup: it is complete, the save waits
                         return []
             note_untrained_save(self)
+            kept = keep_previous_outputs(self) if self.parallel.is_main else []
             if self.ema is not None:
                 self.ema.copy_to_parameters()
             self._writing = f"the final save of {config.output.destination}"
-            written = self.save_result(config.output.destination)
+            try:
+                written = self.save_result(config.output.destination)
+            except TrainingError:
+                undo_kept_outputs(kept)  # the earlier files are intact: no second name for them is left
+                raise
             self.completed = True
         finally:
             self._writing = None
@@ -460,5 +467,6 @@ class GenericTrainer:
         else:
             where = (f"the trained weights are kept in the backup {folder}. To save from it, free space (or choose "
                      f"another output.destination) and run the same command with --config-value "
-                     f"backup.continue_last_backup=true: a run resumed at its last step only saves")
+                     f"backup.continue_last_backup=true --config-value run_name={self.run_name}: a run resumed at its "
+                     f"last step only saves")
         return f"saving {destination} failed: {error}; every earlier file is intact and {where}"

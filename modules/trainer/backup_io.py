@@ -15,7 +15,7 @@ import re
 import shutil
 import struct
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -206,6 +206,7 @@ class ResumeChoice:
     run_name: str                         # the run continued ('' when the workspace has no backup)
     folder: Path | None                   # None: nothing usable, the run starts fresh
     damaged: list[tuple[Path, list[str]]]  # newer backups of that run skipped, with their problems
+    set_aside: list[Path] = field(default_factory=list)  # its backups an earlier resume found damaged
 
     def describe(self) -> str:
         if self.folder is None:
@@ -230,7 +231,18 @@ def choose_backup(backup_base: Path, run_name: str = "") -> ResumeChoice:
         if not problems:
             return ResumeChoice(run_name, folder, damaged)
         damaged.append((folder, problems))
-    return ResumeChoice(run_name, None, damaged)
+    return ResumeChoice(run_name, None, damaged, set_aside_backups(backup_base / run_name))
+
+
+_SET_ASIDE = re.compile(r"^step-\d+\.damaged(-\d+)?$")
+
+
+def set_aside_backups(run_folder: Path) -> list[Path]:
+    """The backups of one run's folder that a resume found damaged and renamed `step-N.damaged` (oldest first)."""
+    if not run_folder.is_dir():
+        return []
+    found = [p for p in run_folder.iterdir() if p.is_dir() and _SET_ASIDE.match(p.name)]
+    return sorted(found, key=lambda p: (written_at(p), p.name))
 
 
 def set_aside(folder: Path) -> Path | None:

@@ -8,6 +8,8 @@ from modules.trainer.backup_io import (ResumeChoice, choose_backup, config_chang
 from modules.trainer.distributed_checkpoint import restore_backup_state
 from modules.trainer.errors import TrainingError
 from modules.trainer.parameter_groups import group_mismatch
+from modules.trainer.run_matching import run_to_continue
+from modules.util.config.ConfigError import ConfigError
 from modules.util.config.config_io import config_to_dict
 from modules.util.ranks import broadcast_json
 
@@ -15,13 +17,46 @@ log = logging.getLogger(__name__)
 
 
 def choose_resume(trainer) -> ResumeChoice:
-    """The backup to continue (rank 0 verifies it, checksums included, and tells the others)."""
-    choice = choose_backup(trainer.backup_base, trainer.config.run_name) if trainer.parallel.is_main else None
-    shared = broadcast_json(None if choice is None else
-                            [choice.run_name, choice.folder and str(choice.folder),
-                             [[str(folder), problems] for folder, problems in choice.damaged]])
-    return ResumeChoice(shared[0], Path(shared[1]) if shared[1] else None,
-                        [(Path(folder), problems) for folder, problems in shared[2]])
+    """The backup to continue (rank 0 verifies it, checksums included, and tells the others). Refuses, before any
+    model loads, a workspace whose runs all have other settings (ConfigError) and a run whose every backup is
+    damaged, now or at an earlier resume (TrainingError): starting fresh would replace its output."""
+    shared = None
+    if trainer.parallel.is_main:
+        try:
+            name = trainer.config.run_name or run_to_continue(trainer.backup_base, trainer.config)
+            choice = choose_backup(trainer.backup_base, name)
+            shared = [choice.run_name, choice.folder and str(choice.folder),
+                      [[str(folder), problems] for folder, problems in choice.damaged],
+                      [str(folder) for folder in choice.set_aside], None]
+        except ConfigError as error:
+            shared = [None, None, [], [], error.problems]
+    shared = broadcast_json(shared)
+    if shared[4]:
+        raise ConfigError(shared[4])
+    choice = ResumeChoice(shared[0], Path(shared[1]) if shared[1] else None,
+                          [(Path(folder), problems) for folder, problems in shared[2]], [Path(p) for p in shared[3]])
+    if choice.folder is None and (choice.damaged or choice.set_aside):
+        if trainer.parallel.is_main:
+            set_aside_damaged(choice)
+        # starting fresh here would end by replacing the output with a model that forgot every trained step; a
+        # retry finds the backups set aside and must stop again
+        aside = ", ".join(p.name for p in choice.set_aside)
+        where = f"set aside earlier as {aside} in {choice.set_aside[0].parent}" if choice.set_aside and not \
+            choice.damaged else "set aside as *.damaged, see the warnings above"
+        raise TrainingError(f"backup.continue_last_backup: every backup of run {choice.run_name} is damaged "
+                            f"({where}); nothing was resumed or overwritten. Set backup.continue_last_backup=false "
+                            f"to train the run again from step 0, or another run_name to start a new run")
+    return choice
+
+
+def set_aside_damaged(choice: ResumeChoice) -> None:
+    """Renames the damaged backups a resume skipped to `step-N.damaged`, with a warning each."""
+    for bad, problems in choice.damaged:
+        moved = set_aside(bad)
+        text = f"backup {bad} is damaged and is skipped ({'; '.join(problems)})" + (
+            f"; moved to {moved}" if moved else "")
+        log.warning("%s", text)
+        print(f"warning: {text}" + (f"; resuming from {choice.folder} instead" if choice.folder else ""), flush=True)
 
 
 def resume(trainer) -> None:
@@ -29,17 +64,7 @@ def resume(trainer) -> None:
     choice = trainer.resume_choice
     folder = choice.folder
     if trainer.parallel.is_main:
-        for bad, problems in choice.damaged:
-            moved = set_aside(bad)
-            text = f"backup {bad} is damaged and is skipped ({'; '.join(problems)})" + (
-                f"; moved to {moved}" if moved else "")
-            log.warning("%s", text)
-            print(f"warning: {text}" + (f"; resuming from {folder} instead" if folder else ""), flush=True)
-    if folder is None and choice.damaged:
-        # starting fresh here would end by replacing the output with a model that forgot every trained step
-        raise TrainingError(f"backup.continue_last_backup: every backup of run {choice.run_name} is damaged (set "
-                            f"aside as *.damaged, see the warnings above); nothing was resumed or overwritten. Set "
-                            f"backup.continue_last_backup=false to train the run again from step 0")
+        set_aside_damaged(choice)
     if folder is None:
         log.warning("backup.continue_last_backup is set, but %s holds no usable backup%s: starting fresh",
                     trainer.backup_base, f" of run {choice.run_name}" if choice.run_name else "")

@@ -88,18 +88,25 @@ def describe_schedule(plan: RunPlan, every_steps: int, every_epochs: int, every_
 
 def resolve_run_name(config: TrainConfig, workspace: Path, resume=None) -> str:
     """`run_name` when set; on a resume the name of the run it continues (`resume`, a backup_io.ResumeChoice); else
-    the start time, with a counter when a run of that name already has folders (two runs started in the same
-    second)."""
+    the start time. A new name is reserved by creating its backup folder exclusively, with a counter when that
+    fails or the name's other folders exist: two runs started in the same second never share folders (one
+    TensorBoard run, one recorded config, each pruning the other's backups)."""
     if config.run_name:
         return config.run_name
     if resume is not None and resume.folder is not None and resume.run_name:
         return resume.run_name
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    (workspace / "backup").mkdir(parents=True, exist_ok=True)
     name, number = stamp, 1
-    while any((workspace / kind / name).exists() for kind in ("tensorboard", "samples", "backup")):
+    while True:
+        if not any((workspace / kind / name).exists() for kind in ("tensorboard", "samples")):
+            try:
+                (workspace / "backup" / name).mkdir()
+                return name
+            except FileExistsError:
+                pass
         number += 1
         name = f"{stamp}-{number}"
-    return name
 
 
 # ---- the start -------------------------------------------------------------------------------------------------
@@ -220,7 +227,11 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append(trainer.validation.plan_line())
     if config.tensorboard:
         lines.append(f"  TensorBoard: {trainer.tensorboard_dir}")
-    lines.append(f"  output: {config.output.destination} ({config.output.format.value})")
+    from modules.trainer.output_files import final_output_paths, plan_lines
+    files = final_output_paths(trainer)
+    named = "" if files == [Path(config.output.destination)] else f": {', '.join(str(p) for p in files)}"
+    lines.append(f"  output: {config.output.destination} ({config.output.format.value}){named}")
+    lines += plan_lines(trainer)
     return "\n".join(lines)
 
 

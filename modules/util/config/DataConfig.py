@@ -62,6 +62,8 @@ class ConceptConfig(BaseConfig):
     target_frames: list[int] = Field([], max_length=MAX_LIST, description="every listed frame count that a clip "
                                      "holds makes its own item(s) (musubi-tuner's target_frames); empty: one count "
                                      "per clip, the largest data.frame_buckets bucket that fits")
+    frame_folders: bool = Field(False, description="read each sub-folder holding images as one clip, its images "
+                                "the frames in name order (musubi-tuner's video_directory)")
     frames_fps: float | None = Field(None, gt=0, le=MAX_FPS, description="the frame rate of a folder of images "
                                      "read as a clip (musubi-tuner's source_fps); null: every image one frame, as "
                                      "stored")

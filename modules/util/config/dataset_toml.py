@@ -16,6 +16,7 @@ from pathlib import Path
 
 from modules.util.text_encoding import decode_with_bom
 from modules.util.config.ConfigError import MAX_CONFIG_BYTES, ConfigError
+from modules.util.config.path_kinds import path_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,8 +33,9 @@ def load_toml(path: str | Path) -> dict:
                            f"not a dataset TOML; give it as a concept instead: "
                            f"--config-value 'data.concepts=[{{\"path\": \"{path}\"}}]'"], str(path))
     if not path.is_file():
-        raise ConfigError([f"data.dataset_config: {str(path)!r} does not exist (relative paths are read from the "
-                           f"current directory, {Path.cwd()})"], str(path))
+        problem = path_problem("data.dataset_config", str(path), "file")
+        raise ConfigError([problem + (f" (relative paths are read from the current directory, {Path.cwd()})"
+                                      if not path.exists() else "")], str(path))
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ConfigError([f"data.dataset_config: {path.stat().st_size} bytes; a dataset TOML is at most "
                            f"{MAX_CONFIG_BYTES}"], str(path))

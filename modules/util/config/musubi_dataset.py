@@ -146,8 +146,10 @@ def _concept(dataset: dict, general: dict, where: str, source_file: str,
     # musubi-tuner uses every frame as stored unless source_fps asks for a conversion to the model's rate; here the
     # conversion reads each file's own frame times (source_fps is not needed for that)
     concept.update({"extraction": EXTRACTION[mode], "fps": "model" if source_fps is not None else "source"})
-    if source_fps is not None and is_jsonl:
-        concept["frames_fps"] = source_fps  # a video_path naming a folder of images is a clip at this rate
+    if source_fps is not None:
+        concept["frames_fps"] = source_fps  # a folder of images (a video_path, a sub-folder) is a clip at this rate
+    if not is_jsonl:
+        concept["frame_folders"] = True  # a video_directory's sub-folders of images are clips, as a video_path's
     if mode == "full":
         concept["max_frames"] = max_frames
     else:

@@ -36,7 +36,9 @@ def prepare_config(config: TrainConfig) -> list:
     problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
     spatial_unit = 16
-    if config.model.base_model_name and base.is_dir():  # an empty name (Path ".") is reported once, as empty
+    from modules.util.config.validation import model_path_problems
+    # an empty name (Path ".") is reported once, as empty; a part path that is no file or folder, once, as such
+    if config.model.base_model_name and base.is_dir() and not model_path_problems(config):
         # the model's files are read by content (keys and shapes only), whatever their layout
         from modules.modelLoader.wan.parts.model_plan import detect_model_variant, plan_problems
         from modules.util.wan_detection import NotAWanModelError
@@ -47,7 +49,7 @@ def prepare_config(config: TrainConfig) -> list:
                 problems.append(f"model_type: {config.model_type} is set, but {str(base)!r} is a {variant} model "
                                 f"({variant.model_type})")
         except NotAWanModelError as error:
-            problems.append(f"model.base_model_name: {error}")
+            problems.append(str(error) if str(error).startswith("model.") else f"model.base_model_name: {error}")
             variant = None
         if variant is not None:
             problems += plan_problems(config.model, config.training_method.value == "FINE_TUNE",

@@ -17,6 +17,7 @@ import torch
 
 from modules.util.config.ConfigError import ConfigError
 from modules.util.config.image_encoder_source import looks_like_hub_id
+from modules.util.config.path_kinds import path_problem
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.devices import available_devices
 from modules.util.lora.targets import LoraTargetError, lora_target_names
@@ -67,41 +68,60 @@ def expert_file_problems(config: TrainConfig) -> list[str]:
     return problems
 
 
+MODEL_PARTS = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer")
+
+
+def model_path_problems(config: TrainConfig) -> list[str]:
+    """The model part paths (`model.<part>.path`) that are missing or no file or folder."""
+    problems = []
+    for part in MODEL_PARTS:
+        path = getattr(config.model, part).path
+        if part == "image_encoder" and config.model.allow_download and looks_like_hub_id(path):
+            continue  # a hub id (train --image_encoder): fetched by the loader
+        kind = path_problem(f"model.{part}.path", path, "file or folder") if path else None
+        if kind:
+            problems.append(kind)
+    return problems
+
+
 def path_problems(config: TrainConfig) -> list[str]:
     problems = []
     base = config.model.base_model_name
     if not base:
-        problems.append("model.base_model_name: required, but empty (a diffusers folder, or a hub id)")
-    elif not Path(base).is_dir() and not config.model.allow_download:
-        problems.append(f"model.base_model_name: {base!r} is not a folder; a hub id needs model.allow_download=true")
-    for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
-        path = getattr(config.model, part).path
-        if part == "image_encoder" and config.model.allow_download and looks_like_hub_id(path):
-            continue  # a hub id (train --image_encoder): fetched by the loader
-        if path and not Path(path).exists():
-            problems.append(f"model.{part}.path: {path!r} does not exist")
+        problems.append("model.base_model_name: required, but empty: a diffusers folder or a hub id (on the "
+                        "command line: --model_name DIR_OR_HUB_ID, or --config-value model.base_model_name=...)")
+    elif not Path(base).is_dir() and (Path(base).exists() or not config.model.allow_download):
+        problems.append(f"model.base_model_name: {base!r} is not a folder" + (
+            "" if Path(base).exists() else "; a hub id needs model.allow_download=true"))
+    problems += model_path_problems(config)
     for index, concept in enumerate(config.data.concepts):
-        if concept.enabled and not Path(concept.path).exists():
-            problems.append(f"data.concepts.{index}.path: {concept.path!r} does not exist")
+        field = f"data.concepts.{index}.path"
+        kind = path_problem(field, concept.path, "file or folder") if concept.enabled else None
+        if kind:
+            problems.append(kind)
         elif concept.enabled and Path(concept.path).is_dir() and not any(Path(concept.path).iterdir()):
-            problems.append(f"data.concepts.{index}.path: {concept.path!r} is an empty folder")
+            problems.append(f"{field}: {concept.path!r} is an empty folder")
         elif concept.enabled and not Path(concept.path).is_dir() and Path(concept.path).suffix.lower() != ".jsonl":
-            problems.append(f"data.concepts.{index}.path: {concept.path!r} is a file; a concept is a folder or a "
-                            f".jsonl manifest (put the file in a folder and name the folder)")
-        if concept.caption_source == "prompt_file" and not Path(concept.prompt_path).is_file():
-            problems.append(f"data.concepts.{index}.prompt_path: {concept.prompt_path!r} is not a file "
-                            f"(caption_source is 'prompt_file')")
-    if config.sampling.samples_file and not Path(config.sampling.samples_file).is_file():
-        problems.append(f"sampling.samples_file: {config.sampling.samples_file!r} does not exist")
-    if config.lora.init_from and not Path(config.lora.init_from).is_file():
-        problems.append(f"lora.init_from: {config.lora.init_from!r} does not exist")
+            problems.append(f"{field}: {concept.path!r} is a file; a concept is a folder or a .jsonl manifest (put "
+                            f"the file in a folder and name the folder)")
+        if concept.caption_source == "prompt_file":
+            field = f"data.concepts.{index}.prompt_path"
+            kind = path_problem(field, concept.prompt_path, "file") if concept.prompt_path else f"{field}: empty"
+            if kind:
+                problems.append(f"{kind} (caption_source is 'prompt_file')")
+    for field, path in (("sampling.samples_file", config.sampling.samples_file),
+                        ("lora.init_from", config.lora.init_from)):
+        kind = path_problem(field, path, "file") if path else None
+        if kind:
+            problems.append(kind)
     weight_files = [("lora.init_from", config.lora.init_from)] + [
         (f"model.{part}.path", getattr(config.model, part).path) for part in ("transformer", "transformer_2")]
     for field, path in weight_files:
         # a transformer's sharded set may be named by its index (the official release's
         # diffusion_pytorch_model.safetensors.index.json): its shards are checked when the set is read
         sharded = field.startswith("model.") and str(path).endswith(".safetensors.index.json")
-        if path and not Path(path).is_dir() and not sharded:
+        regular_or_missing = Path(path).is_file() or not Path(path).exists()  # others: said above
+        if path and not Path(path).is_dir() and not sharded and regular_or_missing:
             try:
                 require_safetensors(path, field)
             except NotSafetensorsError as error:

@@ -228,6 +228,23 @@ def expert_lora_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return (path.with_name(f"{stem}_high_noise.safetensors"), path.with_name(f"{stem}_low_noise.safetensors"))
 
 
+def names_expert(path: str | os.PathLike, side: str) -> bool:
+    """Whether a file's name already says it holds the `side` ('high' / 'low') expert: `high.safetensors`,
+    `wan_high_noise.safetensors`, `my-LoRA-low-noise.safetensors`."""
+    stem = Path(path).name.removesuffix(".safetensors").lower()
+    return re.search(rf"(^|[^a-z0-9]){side}([ _-]?noise)?$", stem) is not None
+
+
+def expert_output_paths(destination: str | os.PathLike, experts: list[str]) -> dict[str, Path]:
+    """Where a Wan 2.2 A14B LoRA of the experts in training (`transformer`, `transformer_2`) is written: the
+    expert pair of expert_lora_paths, except that one expert trained into a name that already says it keeps the
+    name the user gave (`expert=high`, `high.safetensors`: not `high_high_noise.safetensors`)."""
+    if len(experts) == 1 and names_expert(destination, "high" if experts[0] == "transformer" else "low"):
+        return {experts[0]: Path(destination)}
+    pair = dict(zip(("transformer", "transformer_2"), expert_lora_paths(destination)))
+    return {expert: pair[expert] for expert in experts}
+
+
 # ---------------------------------------------------------------------------------------------------- reading
 def _split_key(key: str) -> tuple[str, str] | None:
     for suffix, role in _SUFFIXES:

@@ -85,7 +85,10 @@ def _override(config: ModelConfig, part: str) -> FoundPart | None:
             require_safetensors(path, f"model.{part}.path")
         except NotSafetensorsError as error:
             raise ModelFileError(str(error)) from None
-    found = find_parts(path)
+    try:
+        found = find_parts(path)
+    except ModelFileError as error:  # named by the field that gave the path, not by the base model
+        raise ModelFileError(f"model.{part}.path: {error}") from None
     kind = _KIND[part]
     matching = [c for c in found if c.part == kind]
     if not matching:

@@ -138,6 +138,8 @@ def find_parts(path: str | Path) -> list[FoundPart]:
     path = Path(path)
     if not path.exists():
         raise ModelFileError(f"{path}: does not exist")
+    if not path.is_file() and not path.is_dir():  # /dev/null, a FIFO: reading would fail or block
+        raise ModelFileError(f"{path}: not a regular file (a device, FIFO or socket) nor a folder")
     if path.is_file():
         files = shard_set(path)
         parts = recognise_files(files)
