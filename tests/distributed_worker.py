@@ -2,7 +2,8 @@
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): `python tests/distributed_worker.py SPEC.json`.
 
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
-writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs); {"argv", "fail_rank"}
+writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
+base this rank holds against the whole base's); {"argv", "fail_rank"}
 runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
 import json
 import os
@@ -22,11 +23,28 @@ def run_training(spec: dict) -> int:
                     overrides=spec["overrides"])
     rank = os.environ["RANK"]
     result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
-              "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else []}
+              "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
+              "base_bytes": base_bytes(trainer.model.transformer)}
     Path(spec["results"], f"rank{rank}.json").write_text(json.dumps(result))
     from modules.trainer.distributed import leave_process_group
     leave_process_group()
     return 0
+
+
+def base_bytes(transformer) -> list[int]:
+    """[bytes of the frozen weights' storages this rank holds, bytes of the whole frozen weights]: a shard counts
+    with its storage (padding included), each storage once."""
+    from torch.distributed.tensor import DTensor
+    held, whole, seen = 0, 0, set()
+    for parameter in transformer.parameters():
+        if parameter.requires_grad:
+            continue
+        whole += parameter.numel() * parameter.element_size()
+        storage = (parameter.to_local() if isinstance(parameter, DTensor) else parameter).untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            held += storage.nbytes()
+    return [held, whole]
 
 
 def run_failing(spec: dict) -> int:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from learning import train
+from modules.trainer.backup_io import read_backup
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "distributed_worker.py"
@@ -102,6 +103,43 @@ def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
     # and alone wrote the backups, with every rank's RNG and the layout
     backup = next((tmp / "ranks" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
     assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 2, "batch_size": 1}
+
+
+def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora_runs, squares_dataset):
+    single, tmp = lora_runs["single"], lora_runs["tmp"]
+    cache = f"cache_dir={tmp / 'single' / 'cache'}"  # filled: the ranks go straight to training
+    ranks = run_ranks(tmp / "sharded", lora_runs["base"], squares_dataset,
+                      COMMON + ["batch_size=1", "distributed.shard_base=true", cache])
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    # rank 0 alone saved one file: the adapter a single process trains
+    assert_same_tensors(tmp / "sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+    # each rank holds about half of the frozen base, the two halves the whole of it
+    (held_0, whole), (held_1, _) = ranks[0]["base_bytes"], ranks[1]["base_bytes"]
+    assert 0.45 < held_0 / whole < 0.55 and 0.45 < held_1 / whole < 0.55, (held_0, held_1, whole)
+    assert held_0 + held_1 >= whole
+    # whereas DDP holds all of it on every rank
+    assert lora_runs["ranks"][0]["base_bytes"][0] == whole
+    # the backup gathered the adapters and their optimizer state whole: the single process's backup
+    sharded, one = (read_backup(next((tmp / name / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))
+                    for name in ("sharded", "single"))
+    assert sharded["trainable"].keys() == one["trainable"].keys()
+    for key in one["trainable"]:
+        torch.testing.assert_close(sharded["trainable"][key], one["trainable"][key], atol=1e-5, rtol=0, msg=key)
+    assert sharded["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
+    for position, entries in one["optimizer"]["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(sharded["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, squares_dataset):
+    tmp, single = lora_runs["tmp"], lora_runs["single"]
+    copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")
+    ranks = run_ranks(tmp / "one_to_sharded", lora_runs["base"], squares_dataset,
+                      COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.shard_base=true",
+                                f"cache_dir={tmp / 'single' / 'cache'}"])
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-6)
+    assert_same_tensors(tmp / "one_to_sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
 
 
 def test_caching_is_split_across_ranks(lora_runs):
