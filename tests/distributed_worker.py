@@ -3,8 +3,8 @@
 
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
-base this rank holds against the whole base's); {"argv", "fail_rank"}
-runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
+base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak);
+{"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
 import json
 import os
 import sys
@@ -25,6 +25,8 @@ def run_training(spec: dict) -> int:
     result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
               "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
               "base_bytes": base_bytes(trainer.model.transformer)}
+    if "trace" in spec:  # in the same processes: starting two more costs more than the step
+        result["traced_peak"] = traced_peak(spec["trace"])
     Path(spec["results"], f"rank{rank}.json").write_text(json.dumps(result))
     from modules.trainer.distributed import leave_process_group
     leave_process_group()
@@ -63,6 +65,28 @@ def run_failing(spec: dict) -> int:
         BaseWanSetup.calculate_loss = failing
     import train as train_script
     return train_script.main(spec["argv"])
+
+
+def traced_peak(trace: dict) -> int:
+    """The counted peak of one real step of the LoRA over a sharded base (the planner's step_trace on real tensors,
+    placed by ParallelLayout) for trace = {"config": values, "layers", "shape"}."""
+    import dataclasses
+
+    import torch
+    from modules.planner.plan_shapes import PlanShape, resolve_architecture
+    from modules.planner.step_trace import trace_step
+    from modules.trainer.distributed import join_process_group
+    from modules.trainer.ParallelLayout import Parallel
+    from modules.util.config.TrainConfig import TrainConfig
+    config = TrainConfig(**trace["config"])
+    device = join_process_group(config)
+    arch = resolve_architecture(config)
+    arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": trace["layers"]})
+    parallel = Parallel(config)
+    torch.manual_seed(0)
+    counter, _ = trace_step(config, arch, PlanShape(**trace["shape"]), fake=False,
+                            place=lambda setup, model: parallel.wrap(setup, model, device))
+    return counter.peak
 
 
 if __name__ == "__main__":

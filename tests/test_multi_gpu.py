@@ -1,6 +1,7 @@
 """Issue 13: several processes (gloo on the CPU, 2 ranks) train exactly as one process on the global batch: DDP
 for LoRA, FSDP2 for a full fine-tune; caching is split across ranks; backups resume on another world size; a
 failing rank stops every rank."""
+import dataclasses
 import json
 import os
 import socket
@@ -52,11 +53,11 @@ def start_ranks(spec: dict, folder: Path, world: int = 2) -> list[subprocess.Pop
     return processes
 
 
-def run_ranks(tmp: Path, base, dataset, overrides, method="LORA", steps=STEPS) -> list[dict]:
+def run_ranks(tmp: Path, base, dataset, overrides, method="LORA", steps=STEPS, **extra) -> list[dict]:
     results = tmp / "results"
     results.mkdir(parents=True, exist_ok=True)
     spec = {"tmp": str(tmp), "base": str(base), "dataset": str(dataset), "method": method, "steps": steps,
-            "overrides": overrides, "results": str(results)}
+            "overrides": overrides, "results": str(results), **extra}
     processes = start_ranks(spec, tmp)
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     for process, output in zip(processes, outputs):
@@ -109,7 +110,8 @@ def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora
     single, tmp = lora_runs["single"], lora_runs["tmp"]
     cache = f"cache_dir={tmp / 'single' / 'cache'}"  # filled: the ranks go straight to training
     ranks = run_ranks(tmp / "sharded", lora_runs["base"], squares_dataset,
-                      COMMON + ["batch_size=1", "distributed.shard_base=true", cache])
+                      COMMON + ["batch_size=1", "distributed.shard_base=true", cache],
+                      trace=planned_trace(lora_runs["base"]))
     assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
     assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
     # rank 0 alone saved one file: the adapter a single process trains
@@ -132,11 +134,40 @@ def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora
             torch.testing.assert_close(sharded["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
 
 
+def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(lora_runs):
+    """The planner's per-GPU prediction (fake tensors, one process) against the counted peak of the same step run
+    for real on each of 2 ranks over a sharded base (in the processes of the test above)."""
+    from modules.planner.parallel_plan import TOLERANCE, plan_layouts
+    from modules.planner.plan_shapes import PlanShape, resolve_architecture
+    from modules.util.config.TrainConfig import TrainConfig
+    trace = planned_trace(lora_runs["base"])
+    config = TrainConfig(**trace["config"])
+    arch = resolve_architecture(config)
+    arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": trace["layers"]})
+    plans = {p.layout: p for p in plan_layouts(config, 2, arch=arch, shape=PlanShape(**trace["shape"]))}
+    counted = [json.loads(p.read_text())["traced_peak"] for p in sorted((lora_runs["tmp"] / "sharded" / "results")
+                                                                          .glob("rank*.json"))]
+    assert len(counted) == 2
+    for peak in counted:
+        assert abs(plans["sharded base"].traced_bytes - peak) <= TOLERANCE * peak, (plans["sharded base"], counted)
+    # and the sharded base is planned below the whole base on each GPU
+    assert plans["sharded base"].traced_bytes < plans["DDP"].traced_bytes
+
+
+def planned_trace(base) -> dict:
+    """6 blocks, so that one or two gathered blocks are a small part of the base, as at real size."""
+    return {"config": {"model": {"base_model_name": str(base)}, "train_dtype": "BFLOAT_16", "device": "cpu",
+                       "optimizer": {"optimizer": "ADAMW"}, "lora": {"rank": 4, "alpha": 4.0},
+                       "gradient_checkpointing": False, "distributed": {"shard_base": True}},
+            "layers": 6, "shape": {"batch_size": 1, "frames": 9, "height": 64, "width": 64}}
+
+
 def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, squares_dataset):
     tmp, single = lora_runs["tmp"], lora_runs["single"]
     copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")
+    # shard_base auto shards where the shards are offloaded to the host (FSDP2's CPU offload policy)
     ranks = run_ranks(tmp / "one_to_sharded", lora_runs["base"], squares_dataset,
-                      COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.shard_base=true",
+                      COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.cpu_offload=true",
                                 f"cache_dir={tmp / 'single' / 'cache'}"])
     assert ranks[0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-6)
     assert_same_tensors(tmp / "one_to_sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)

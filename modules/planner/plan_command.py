@@ -18,15 +18,20 @@ def add_plan_arguments(parser) -> None:
                         help="a card of G GiB: plan: the fastest memory switches whose prediction fits; train: "
                              "refuse (exit 2) a run predicted not to fit G GiB, before anything loads")
     parser.add_argument("--plan-json", metavar="PATH", help="write the prediction (and the fit) to this JSON file")
+    parser.add_argument("--gpus", type=int, default=1, metavar="N",
+                        help="plan per GPU for N GPUs (batch_size per GPU): every multi-GPU layout's peak, and the "
+                             "fastest that fits --vram-gib")
     parser.add_argument("--skip-caching", action="store_true",
                         help="plan the training step only (not the VAE and text encoder passes of caching)")
 
 
 def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print,
-                   caching: bool = True) -> int:
+                   caching: bool = True, gpus: int = 1) -> int:
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
-    2 when nothing fits (or the config cannot be planned)."""
+    2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout."""
     vram_gib = vram_gib if vram_gib is not None else config.performance.auto_fit
+    if gpus > 1:
+        return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
     try:
         prediction = predict(config)
         out(prediction.report())
@@ -59,6 +64,28 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     if vram_gib and not prediction.fits(vram_gib) and (result is None or result.settings is None):
         return 2
     return 0
+
+
+def _plan_per_gpu(config: TrainConfig, gpus: int, vram_gib: float | None, json_path: str | None, out) -> int:
+    from modules.planner.parallel_plan import choose, plan_layouts, report
+    try:
+        prediction = predict(config)
+        plans = plan_layouts(config, gpus, prediction)
+    except PlanError as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return 2
+    out(prediction.report().replace("predicted peak:", "one process with the whole run:", 1))
+    chosen = choose(plans, vram_gib)
+    out("\n" + report(plans, chosen, vram_gib))
+    if chosen.config_values():
+        out("settings: " + " ".join(f"--config-value {k}={json.dumps(v)}" for k, v in chosen.config_values().items()))
+    if json_path:
+        from modules.benchmark.common import write_json
+        write_json(json_path, {"prediction": prediction.as_dict(), "vram_gib": vram_gib, "gpus": gpus,
+                               "layouts": [{"layout": p.layout, "peak_gib": p.peak_gib, "host_gib": p.host_bytes / GIB,
+                                            "built": p.built, "problem": p.problem} for p in plans],
+                               "chosen": chosen.layout})
+    return 2 if vram_gib and not chosen.fits(vram_gib) else 0
 
 
 class RunDoesNotFit(PlanError):
