@@ -19,6 +19,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from learning import train
 from modules.trainer.backup_io import read_backup
+from modules.util.config.TrainConfig import TrainConfig
+
+GIB = 1024 ** 3
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "distributed_worker.py"
@@ -139,7 +142,6 @@ def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(lora_ru
     for real on each of 2 ranks over a sharded base (in the processes of the test above)."""
     from modules.planner.parallel_plan import TOLERANCE, plan_layouts
     from modules.planner.plan_shapes import PlanShape, resolve_architecture
-    from modules.util.config.TrainConfig import TrainConfig
     trace = planned_trace(lora_runs["base"])
     config = TrainConfig(**trace["config"])
     arch = resolve_architecture(config)
@@ -152,6 +154,32 @@ def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(lora_ru
         assert abs(plans["sharded base"].traced_bytes - peak) <= TOLERANCE * peak, (plans["sharded base"], counted)
     # and the sharded base is planned below the whole base on each GPU
     assert plans["sharded base"].traced_bytes < plans["DDP"].traced_bytes
+
+
+def test_train_start_plans_per_gpu_and_auto_fit_picks_the_layout(tiny_model, monkeypatch, tmp_path):
+    """Under torchrun (WORLD_SIZE 2) the check before loading plans each GPU: a card between the sharded base's and
+    DDP's per-GPU peaks refuses DDP naming the layout that fits, and performance.auto_fit switches to it."""
+    from modules.planner.parallel_plan import plan_layouts
+    from modules.planner.plan_command import RunDoesNotFit, check_fits_device
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    # the planner reads the transformer's config only: 6 blocks, as planned_trace's real step has
+    folder = tmp_path / "six-blocks"
+    shutil.copytree(tiny_model("wan2.1-t2v"), folder)
+    transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
+    (folder / "transformer" / "config.json").write_text(json.dumps({**transformer_config, "num_layers": 6}))
+    values = planned_trace(folder)["config"]
+    config = TrainConfig(**{**values, "distributed": {"shard_base": False},
+                            "data": {"resolution": 64, "frame_buckets": [9], "aspect_ratios": [1.0]}})
+    plans = {p.layout: p for p in plan_layouts(config, 2)}
+    card = (plans["DDP"].peak_bytes + plans["sharded base"].peak_bytes) / 2 / GIB
+    with pytest.raises(RunDoesNotFit, match="fits: sharded base"):
+        check_fits_device(config, "cpu", vram_gib=card, out=lambda _line: None)
+    config.performance.auto_fit = card
+    lines = []
+    check_fits_device(config, "cpu", out=lines.append)
+    assert config.distributed.shard_base is True and config.distributed.cpu_offload is False
+    assert lines == [f"memory plan (2 GPUs, sharded base): predicted peak per GPU: "
+                     f"{plans['sharded base'].peak_gib:.1f} GiB ({card:.1f} GiB, performance.auto_fit)"]
 
 
 def planned_trace(base) -> dict:

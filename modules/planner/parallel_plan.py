@@ -86,7 +86,9 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
     n = max(1, gpus)
     plans = _sharded_layouts(config, arch, unswapped, n)
     plans[:0] = [LayoutPlan("DDP", n, prediction.counted_bytes + _ddp_buckets(config, prediction), 0,
-                            "the whole base and the adapters; gradients averaged")]
+                            "the whole base and the adapters; gradients averaged",
+                            problem="a fine-tune is always sharded (FSDP2)"
+                            if config.training_method.value == "FINE_TUNE" else "")]
     plans += _planned_only(config, arch, prediction, n)
     return plans
 
@@ -153,3 +155,14 @@ def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) 
         lines.append(f"  {plan.layout:<28}{plan.peak_gib:7.1f} GiB{host}{verdict}{note}: {plan.holds}")
     lines.append(f"predicted peak per GPU: {chosen.peak_gib:.1f} GiB ({chosen.layout})")
     return "\n".join(lines)
+
+
+def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | None) -> LayoutPlan:
+    """The layout the config asks for (`shard_base: auto`: what `choose` picks for `vram_gib`)."""
+    by_name = {p.layout: p for p in plans}
+    shard = config.distributed.shard_base
+    if config.training_method.value == "FINE_TUNE" or shard is True or config.distributed.cpu_offload:
+        return by_name["sharded base + CPU offload" if config.distributed.cpu_offload else "sharded base"]
+    if shard is False:
+        return by_name["DDP"]
+    return choose(plans, vram_gib)

@@ -110,6 +110,10 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     RunDoesNotFit (naming what fits) when the run is predicted not to fit `vram_gib` (default: the CUDA device's free
     memory). A CPU device with no `vram_gib` has no card to refuse on: nothing is checked there."""
     import torch
+    gpus = _processes(config)
+    if gpus > 1:
+        _check_fits_per_gpu(config, device, vram_gib, gpus, out)
+        return
     if config.performance.auto_fit:
         result = fit(config, config.performance.auto_fit)
         if result.settings is None:
@@ -139,3 +143,52 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     raise RunDoesNotFit(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
                     f"({where}); {result.text()}"
                     + ("; set those switches, or performance.auto_fit" if result.settings else ""))
+
+
+def _processes(config: TrainConfig) -> int:
+    """The ranks this run will have: torchrun's WORLD_SIZE, or `multi_gpu`'s process count."""
+    import os
+
+    import torch
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 or not config.multi_gpu:
+        return world
+    return config.distributed.processes or torch.cuda.device_count()
+
+
+def _check_fits_per_gpu(config: TrainConfig, device, vram_gib: float | None, gpus: int, out) -> None:
+    """check_fits_device for several ranks: the per-GPU plan of every layout; `performance.auto_fit` (and
+    `distributed.shard_base: auto`) takes the fastest that fits, which is written into the config."""
+    import torch
+
+    from modules.planner.parallel_plan import choose, configured, plan_layouts
+    budget, where = config.performance.auto_fit, "performance.auto_fit"
+    if vram_gib:
+        budget, where = budget or vram_gib, f"--vram-gib {vram_gib:g}"
+    elif not budget and torch.device(device).type == "cuda":
+        budget, where = torch.cuda.mem_get_info(torch.device(device))[0] / GIB, f"free on {device}"
+    if not budget:
+        return  # no card to plan for (CPU processes)
+    try:
+        plans = plan_layouts(config, gpus)
+    except PlanError as error:
+        out(f"memory plan: not planned ({error}); the run starts unplanned")
+        return
+    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
+        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+        return
+    chosen = choose(plans, budget) if config.performance.auto_fit else configured(plans, config, budget)
+    for key, value in chosen.config_values().items():
+        if config.training_method.value == "LORA":
+            setattr(config.distributed, key.rpartition(".")[2], value)
+    out(f"memory plan ({gpus} GPUs, {chosen.layout}): predicted peak per GPU: {chosen.peak_gib:.1f} GiB "
+        f"({budget:.1f} GiB, {where})")
+    if chosen.fits(budget):
+        return
+    fitting = [p.layout for p in plans if p.built and p.fits(budget)]
+    raise RunDoesNotFit(f"predicted peak per GPU {chosen.peak_gib:.1f} GiB ({chosen.layout}) does not fit the "
+                        f"{budget:.1f} GiB ({where}); "
+                        + (f"fits: {', '.join(fitting)} (distributed.shard_base / distributed.cpu_offload, or "
+                           f"performance.auto_fit)" if fitting else
+                           "no multi-GPU layout fits: add GPUs, lower the resolution or frames, or turn on "
+                           "gradient checkpointing and activation offload"))

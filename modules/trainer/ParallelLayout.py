@@ -104,21 +104,27 @@ class Parallel:
         return bool(broadcast_json(reason))
 
     def _auto_shard_reason(self, device: torch.device) -> str | None:
+        """Why `auto` shards (None: it does not). train.py decides before loading (check_fits_device, which
+        writes true / false into the config); this decides for runs started otherwise."""
         config = self.config
         if config.distributed.cpu_offload:
             return "distributed.cpu_offload is set"
         if device.type != "cuda" or config.sampling.samples_file or config.optimizer.ema \
                 or config.performance.block_swap:
             return None  # no card to overflow, or a setting that needs the whole base on every rank
-        from modules.planner.memory_plan import PlanError, predict
+        from modules.planner.parallel_plan import choose, plan_layouts
+        from modules.planner.plan_shapes import PlanError
         try:
-            prediction = predict(config)
+            plans = plan_layouts(config, self.world_size)
         except PlanError:
             return None
         free = torch.cuda.mem_get_info(device)[0] / GIB
-        if prediction.fits(free):
+        chosen = choose(plans, free)
+        if chosen.layout == "DDP":
             return None
-        return f"one GPU would need {prediction.peak_gib:.1f} GiB with the whole base, {free:.1f} GiB are free"
+        config.distributed.cpu_offload = chosen.config_values().get("distributed.cpu_offload", False)
+        return (f"predicted peak per GPU with the whole base {plans[0].peak_gib:.1f} GiB, {free:.1f} GiB free; "
+                f"{chosen.layout}: {chosen.peak_gib:.1f} GiB")
 
     def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
