@@ -182,6 +182,23 @@ def test_train_start_plans_per_gpu_and_auto_fit_picks_the_layout(tiny_model, mon
                      f"{plans['sharded base'].peak_gib:.1f} GiB ({card:.1f} GiB, performance.auto_fit)"]
 
 
+def test_gui_memory_line_answers_per_gpu(tiny_model):
+    """The training tab's memory line (controller, no toolkit) for a multi_gpu config: the per-GPU answer of the
+    layout the config asks for."""
+    from modules.planner.parallel_plan import plan_layouts
+    from modules.ui.MemoryPlanController import MemoryPlanController
+    from modules.ui.UIState import UIState
+    values = {**planned_trace(tiny_model("wan2.1-t2v"))["config"], "multi_gpu": True,
+              "distributed": {"processes": 2, "shard_base": True},
+              "data": {"resolution": 64, "frame_buckets": [9], "aspect_ratios": [1.0]}}
+    controller = MemoryPlanController(UIState(values))
+    assert controller.predict(4.0)
+    controller.wait(120)
+    expected = {p.layout: p for p in plan_layouts(TrainConfig(**values), 2)}["sharded base"]
+    assert controller.poll() == (f"2 GPUs, sharded base: fits 4 GiB per GPU: {expected.peak_gib:.1f} GiB predicted "
+                                 f"per GPU")
+
+
 def planned_trace(base) -> dict:
     """6 blocks, so that one or two gathered blocks are a small part of the base, as at real size."""
     return {"config": {"model": {"base_model_name": str(base)}, "train_dtype": "BFLOAT_16", "device": "cpu",

@@ -109,11 +109,16 @@ def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int) 
     expert_weights = (weights + 4 * prediction.trainable_parameters) / (2 if two else 1)
     gathered = int(expert_weights * (2 * shares.block + shares.outside))
     rest = traced - weights - trained
+    problem = "FLOAT_8 base weights cannot be sharded yet" if any(
+        getattr(config.model, part).weight_dtype.value == "FLOAT_8" for part in ("transformer", "transformer_2")) \
+        and config.training_method.value == "LORA" else ""
     return [
         LayoutPlan("sharded base", n, rest + weights // n + trained // n + gathered, 0,
-                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time"),
+                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time",
+                   problem=problem),
         LayoutPlan("sharded base + CPU offload", n, rest + gathered, (weights + trained) // n,
-                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory"),
+                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory",
+                   problem=problem),
     ]
 
 
@@ -139,7 +144,7 @@ def _planned_only(config: TrainConfig, arch, prediction: Prediction, n: int) -> 
 
 def choose(plans: list[LayoutPlan], vram_gib: float | None) -> LayoutPlan:
     """The fastest built layout that fits `vram_gib` (no size: DDP); else the built one with the smallest peak."""
-    built = [p for p in plans if p.built and not p.problem]
+    built = [p for p in plans if p.built and not p.problem] or plans[:1]
     if vram_gib is None:
         return built[0]
     fitting = [p for p in built if p.fits(vram_gib)]
