@@ -322,3 +322,22 @@ def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model,
     assert code == 2
     assert "optimizer.ema: not supported" in err and "performance.block_swap:" in err
     assert "sampling.samples_file: previews during a sharded (FSDP2)" in err
+
+
+def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    samples = tmp_path / "samples.json"
+    samples.write_text('[{"prompt": "a red square"}]')
+    common = cli_arguments(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path, tmp_path / "cache",
+                           ["multi_gpu=true", "distributed.processes=2"])
+    values = ["distributed.shard_base=true", "optimizer.ema=true", "performance.block_swap=1",
+              f"sampling.samples_file={samples}"]
+    assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
+    err = capsys.readouterr().err
+    for field in ("optimizer.ema", "performance.block_swap", "sampling.samples_file"):
+        assert f"{field}: " in err and "multi-GPU run (distributed.shard_base)" in err, err
+    # offloading shards where every GPU holds the whole base
+    values = ["distributed.shard_base=false", "distributed.cpu_offload=true"]
+    assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
+    assert "distributed.cpu_offload: offloads the shards of a sharded run" in capsys.readouterr().err

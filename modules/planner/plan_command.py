@@ -128,13 +128,8 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
         free, where = torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
     else:
         return
-    try:
-        prediction = predict(config)
-    except PlanError as error:
-        out(f"memory plan: not planned ({error}); the run starts unplanned")
-        return
-    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
-        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+    prediction = _or_unplanned(lambda: predict(config), out)
+    if prediction is None:
         return
     out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB {where})")
     if prediction.fits(free / GIB):
@@ -143,6 +138,17 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     raise RunDoesNotFit(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
                     f"({where}); {result.text()}"
                     + ("; set those switches, or performance.auto_fit" if result.settings else ""))
+
+
+def _or_unplanned(plan, out):
+    """plan()'s result, or None (said) when the config cannot be planned."""
+    try:
+        return plan()
+    except PlanError as error:
+        out(f"memory plan: not planned ({error}); the run starts unplanned")
+    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
+        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+    return None
 
 
 def _processes(config: TrainConfig) -> int:
@@ -169,13 +175,8 @@ def _check_fits_per_gpu(config: TrainConfig, device, vram_gib: float | None, gpu
         budget, where = torch.cuda.mem_get_info(torch.device(device))[0] / GIB, f"free on {device}"
     if not budget:
         return  # no card to plan for (CPU processes)
-    try:
-        plans = plan_layouts(config, gpus)
-    except PlanError as error:
-        out(f"memory plan: not planned ({error}); the run starts unplanned")
-        return
-    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
-        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+    plans = _or_unplanned(lambda: plan_layouts(config, gpus), out)
+    if plans is None:
         return
     chosen = choose(plans, budget) if config.performance.auto_fit else configured(plans, config, budget)
     for key, value in chosen.config_values().items():
