@@ -94,8 +94,12 @@ def config_problems(config: TrainConfig) -> list[str]:
 
 
 def _shard_base_asked(config: TrainConfig) -> bool | str:
-    """True / False as set; "auto" is decided at the wrap (it needs the device), and is off where it cannot work."""
-    return config.training_method is TrainingMethod.LORA and config.distributed.shard_base
+    """True / False as set (cpu_offload makes `auto` shard); otherwise "auto" is decided from the memory plan, and
+    is off where it cannot work."""
+    if config.training_method is not TrainingMethod.LORA:
+        return False
+    shard = config.distributed.shard_base
+    return True if shard == "auto" and config.distributed.cpu_offload else shard
 
 
 def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
