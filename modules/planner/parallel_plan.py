@@ -154,7 +154,7 @@ def choose(plans: list[LayoutPlan], vram_gib: float | None) -> LayoutPlan:
 def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) -> str:
     lines = [f"per GPU on {chosen.gpus} GPUs (batch_size per GPU; allowance included):"]
     for plan in plans:
-        verdict = "" if vram_gib is None else (" fits" if plan.fits(vram_gib) else " does not fit")
+        verdict = "" if vram_gib is None or plan.problem else (" fits" if plan.fits(vram_gib) else " does not fit")
         note = f" ({plan.problem})" if plan.problem else ("" if plan.built else " (planned only: not built yet)")
         host = f", host {plan.host_bytes / GIB:.1f} GiB" if plan.host_bytes else ""
         lines.append(f"  {plan.layout:<28}{plan.peak_gib:7.1f} GiB{host}{verdict}{note}: {plan.holds}")
