@@ -56,6 +56,12 @@ class Parallel:
         return self.rank == 0
 
     @property
+    def forward_needs_every_rank(self) -> bool:
+        """A sharded model's forward gathers weights from every rank: all ranks must run each forward pass (a
+        validation batch one rank lacks is run and its loss dropped)."""
+        return bool(self.sharded)
+
+    @property
     def layout(self) -> str:
         if not self.enabled:
             return "one process"
