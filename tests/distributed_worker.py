@@ -3,7 +3,8 @@
 
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
-base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak);
+base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak; "then":
+more runs in the same processes);
 {"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
 import json
 import os
@@ -18,19 +19,25 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 def run_training(spec: dict) -> int:
     import torch
     torch.set_num_threads(1)
-    from learning import train
-    trainer = train(Path(spec["tmp"]), spec["base"], spec["dataset"], method=spec["method"], steps=spec["steps"],
-                    overrides=spec["overrides"])
-    rank = os.environ["RANK"]
-    result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
-              "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
-              "base_bytes": base_bytes(trainer.model.transformer)}
-    if "trace" in spec:  # in the same processes: starting two more costs more than the step
-        result["traced_peak"] = traced_peak(spec["trace"])
-    Path(spec["results"], f"rank{rank}.json").write_text(json.dumps(result))
+    # "then": further runs {"tmp", "overrides", "results"} in the same processes (starting two more costs more
+    # than a tiny run), as is "trace"
+    for run in [spec, *spec.get("then", [])]:
+        result = train_once(spec, run)
+        if "trace" in run:
+            result["traced_peak"] = traced_peak(run["trace"])
+        Path(run["results"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(result))
     from modules.trainer.distributed import leave_process_group
     leave_process_group()
     return 0
+
+
+def train_once(spec: dict, run: dict) -> dict:
+    from learning import train
+    trainer = train(Path(run["tmp"]), spec["base"], spec["dataset"], method=spec["method"], steps=spec["steps"],
+                    overrides=run["overrides"])
+    return {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
+            "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
+            "base_bytes": base_bytes(trainer.model.transformer)}
 
 
 def base_bytes(transformer) -> list[int]:

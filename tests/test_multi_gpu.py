@@ -109,12 +109,27 @@ def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
     assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 2, "batch_size": 1}
 
 
-def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora_runs, squares_dataset):
-    single, tmp = lora_runs["single"], lora_runs["tmp"]
+@pytest.fixture(scope="module")
+def sharded_runs(lora_runs, squares_dataset):
+    """In one pair of processes: the LoRA training of lora_runs on 2 ranks over a sharded base (with the counted
+    step of planned_trace), then the single process's backup resumed there with the shards offloaded."""
+    tmp = lora_runs["tmp"]
     cache = f"cache_dir={tmp / 'single' / 'cache'}"  # filled: the ranks go straight to training
+    copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")
+    (tmp / "one_to_sharded" / "results").mkdir(parents=True)
+    # shard_base auto shards where the shards are offloaded to the host (FSDP2's CPU offload policy)
+    resume = {"tmp": str(tmp / "one_to_sharded"), "results": str(tmp / "one_to_sharded" / "results"),
+              "overrides": COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.cpu_offload=true",
+                                     cache]}
     ranks = run_ranks(tmp / "sharded", lora_runs["base"], squares_dataset,
                       COMMON + ["batch_size=1", "distributed.shard_base=true", cache],
-                      trace=planned_trace(lora_runs["base"]))
+                      trace=planned_trace(lora_runs["base"]), then=[resume])
+    return {"ranks": ranks, "resumed": [json.loads((tmp / "one_to_sharded" / "results" / f"rank{r}.json").read_text())
+                                        for r in range(2)]}
+
+
+def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora_runs, sharded_runs):
+    single, tmp, ranks = lora_runs["single"], lora_runs["tmp"], sharded_runs["ranks"]
     assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
     assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
     # rank 0 alone saved one file: the adapter a single process trains
@@ -137,9 +152,9 @@ def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora
             torch.testing.assert_close(sharded["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
 
 
-def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(lora_runs):
+def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(sharded_runs, lora_runs):
     """The planner's per-GPU prediction (fake tensors, one process) against the counted peak of the same step run
-    for real on each of 2 ranks over a sharded base (in the processes of the test above)."""
+    for real on each of 2 ranks over a sharded base (in the processes of sharded_runs)."""
     from modules.planner.parallel_plan import TOLERANCE, plan_layouts
     from modules.planner.plan_shapes import PlanShape, resolve_architecture
     trace = planned_trace(lora_runs["base"])
@@ -147,9 +162,7 @@ def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(lora_ru
     arch = resolve_architecture(config)
     arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": trace["layers"]})
     plans = {p.layout: p for p in plan_layouts(config, 2, arch=arch, shape=PlanShape(**trace["shape"]))}
-    counted = [json.loads(p.read_text())["traced_peak"] for p in sorted((lora_runs["tmp"] / "sharded" / "results")
-                                                                          .glob("rank*.json"))]
-    assert len(counted) == 2
+    counted = [rank["traced_peak"] for rank in sharded_runs["ranks"]]
     for peak in counted:
         assert abs(plans["sharded base"].traced_bytes - peak) <= TOLERANCE * peak, (plans["sharded base"], counted)
     # and the sharded base is planned below the whole base on each GPU
@@ -207,14 +220,9 @@ def planned_trace(base) -> dict:
             "layers": 6, "shape": {"batch_size": 1, "frames": 9, "height": 64, "width": 64}}
 
 
-def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, squares_dataset):
+def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, sharded_runs):
     tmp, single = lora_runs["tmp"], lora_runs["single"]
-    copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")
-    # shard_base auto shards where the shards are offloaded to the host (FSDP2's CPU offload policy)
-    ranks = run_ranks(tmp / "one_to_sharded", lora_runs["base"], squares_dataset,
-                      COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.cpu_offload=true",
-                                f"cache_dir={tmp / 'single' / 'cache'}"])
-    assert ranks[0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-6)
+    assert sharded_runs["resumed"][0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-6)
     assert_same_tensors(tmp / "one_to_sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
 
 
