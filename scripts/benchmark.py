@@ -10,7 +10,7 @@
   benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
                     [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
-  benchmark.py plan [--config-path C.json] [--preset-path P] [--config-value k=v ...] [--vram-gib G]
+  benchmark.py plan [--config-path C.json] [--preset-path P] [--config-value k=v ...] [--vram-gib G] [--gpus N]
                     [--plan-json PATH]
   benchmark.py proof [--workdir DIR] [--quick]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
@@ -218,7 +218,7 @@ def _plan(args) -> int:
     except ConfigError as error:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
-    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
+    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus)
 
 
 def _proof(args) -> int:

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return 2
     from modules.planner.plan_command import check_fits_device, plan_and_print
     if args.plan:
-        return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
+        return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus)
     if not args.only_cache:
         from modules.planner.memory_plan import PlanError
         from modules.util.devices import resolve_device

@@ -1,6 +1,7 @@
 """Issue 13: several processes (gloo on the CPU, 2 ranks) train exactly as one process on the global batch: DDP
 for LoRA, FSDP2 for a full fine-tune; caching is split across ranks; backups resume on another world size; a
 failing rank stops every rank."""
+import dataclasses
 import json
 import os
 import socket
@@ -17,6 +18,10 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from learning import train
+from modules.trainer.backup_io import read_backup
+from modules.util.config.TrainConfig import TrainConfig
+
+GIB = 1024 ** 3
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "distributed_worker.py"
@@ -51,11 +56,11 @@ def start_ranks(spec: dict, folder: Path, world: int = 2) -> list[subprocess.Pop
     return processes
 
 
-def run_ranks(tmp: Path, base, dataset, overrides, method="LORA", steps=STEPS) -> list[dict]:
+def run_ranks(tmp: Path, base, dataset, overrides, method="LORA", steps=STEPS, **extra) -> list[dict]:
     results = tmp / "results"
     results.mkdir(parents=True, exist_ok=True)
     spec = {"tmp": str(tmp), "base": str(base), "dataset": str(dataset), "method": method, "steps": steps,
-            "overrides": overrides, "results": str(results)}
+            "overrides": overrides, "results": str(results), **extra}
     processes = start_ranks(spec, tmp)
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     for process, output in zip(processes, outputs):
@@ -102,6 +107,123 @@ def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
     # and alone wrote the backups, with every rank's RNG and the layout
     backup = next((tmp / "ranks" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
     assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 2, "batch_size": 1}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(lora_runs, squares_dataset):
+    """In one pair of processes: the LoRA training of lora_runs on 2 ranks over a sharded base (with the counted
+    step of planned_trace), then the single process's backup resumed there with the shards offloaded."""
+    tmp = lora_runs["tmp"]
+    cache = f"cache_dir={tmp / 'single' / 'cache'}"  # filled: the ranks go straight to training
+    copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")
+    (tmp / "one_to_sharded" / "results").mkdir(parents=True)
+    # shard_base auto shards where the shards are offloaded to the host (FSDP2's CPU offload policy)
+    resume = {"tmp": str(tmp / "one_to_sharded"), "results": str(tmp / "one_to_sharded" / "results"),
+              "overrides": COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.cpu_offload=true",
+                                     cache]}
+    ranks = run_ranks(tmp / "sharded", lora_runs["base"], squares_dataset,
+                      COMMON + ["batch_size=1", "distributed.shard_base=true", cache],
+                      trace=planned_trace(lora_runs["base"]), then=[resume])
+    return {"ranks": ranks, "resumed": [json.loads((tmp / "one_to_sharded" / "results" / f"rank{r}.json").read_text())
+                                        for r in range(2)]}
+
+
+def test_lora_over_a_sharded_base_equals_single_process_on_the_global_batch(lora_runs, sharded_runs):
+    single, tmp, ranks = lora_runs["single"], lora_runs["tmp"], sharded_runs["ranks"]
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    # rank 0 alone saved one file: the adapter a single process trains
+    assert_same_tensors(tmp / "sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+    # each rank holds about half of the frozen base, the two halves the whole of it
+    (held_0, whole), (held_1, _) = ranks[0]["base_bytes"], ranks[1]["base_bytes"]
+    assert 0.45 < held_0 / whole < 0.55 and 0.45 < held_1 / whole < 0.55, (held_0, held_1, whole)
+    assert held_0 + held_1 >= whole
+    # whereas DDP holds all of it on every rank
+    assert lora_runs["ranks"][0]["base_bytes"][0] == whole
+    # the backup gathered the adapters and their optimizer state whole: the single process's backup
+    sharded, one = (read_backup(next((tmp / name / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))
+                    for name in ("sharded", "single"))
+    assert sharded["trainable"].keys() == one["trainable"].keys()
+    for key in one["trainable"]:
+        torch.testing.assert_close(sharded["trainable"][key], one["trainable"][key], atol=1e-5, rtol=0, msg=key)
+    assert sharded["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
+    for position, entries in one["optimizer"]["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(sharded["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_the_per_gpu_plan_of_a_sharded_base_is_the_counted_per_rank_peak(sharded_runs, lora_runs):
+    """The planner's per-GPU prediction (fake tensors, one process) against the counted peak of the same step run
+    for real on each of 2 ranks over a sharded base (in the processes of sharded_runs)."""
+    from modules.planner.parallel_plan import TOLERANCE, plan_layouts
+    from modules.planner.plan_shapes import PlanShape, resolve_architecture
+    trace = planned_trace(lora_runs["base"])
+    config = TrainConfig(**trace["config"])
+    arch = resolve_architecture(config)
+    arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": trace["layers"]})
+    plans = {p.layout: p for p in plan_layouts(config, 2, arch=arch, shape=PlanShape(**trace["shape"]))}
+    counted = [rank["traced_peak"] for rank in sharded_runs["ranks"]]
+    for peak in counted:
+        assert abs(plans["sharded base"].traced_bytes - peak) <= TOLERANCE * peak, (plans["sharded base"], counted)
+    # and the sharded base is planned below the whole base on each GPU
+    assert plans["sharded base"].traced_bytes < plans["DDP"].traced_bytes
+
+
+def test_train_start_plans_per_gpu_and_auto_fit_picks_the_layout(tiny_model, monkeypatch, tmp_path):
+    """Under torchrun (WORLD_SIZE 2) the check before loading plans each GPU: a card between the sharded base's and
+    DDP's per-GPU peaks refuses DDP naming the layout that fits, and performance.auto_fit switches to it."""
+    from modules.planner.parallel_plan import plan_layouts
+    from modules.planner.plan_command import RunDoesNotFit, check_fits_device
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    # the planner reads the transformer's config only: 6 blocks, as planned_trace's real step has
+    folder = tmp_path / "six-blocks"
+    shutil.copytree(tiny_model("wan2.1-t2v"), folder)
+    transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
+    (folder / "transformer" / "config.json").write_text(json.dumps({**transformer_config, "num_layers": 6}))
+    values = planned_trace(folder)["config"]
+    config = TrainConfig(**{**values, "distributed": {"shard_base": False},
+                            "data": {"resolution": 64, "frame_buckets": [9], "aspect_ratios": [1.0]}})
+    plans = {p.layout: p for p in plan_layouts(config, 2)}
+    card = (plans["DDP"].peak_bytes + plans["sharded base"].peak_bytes) / 2 / GIB
+    with pytest.raises(RunDoesNotFit, match="fits: sharded base"):
+        check_fits_device(config, "cpu", vram_gib=card, out=lambda _line: None)
+    config.performance.auto_fit = card
+    lines = []
+    check_fits_device(config, "cpu", out=lines.append)
+    assert config.distributed.shard_base is True and config.distributed.cpu_offload is False
+    assert lines == [f"memory plan (2 GPUs, sharded base): predicted peak per GPU: "
+                     f"{plans['sharded base'].peak_gib:.1f} GiB ({card:.1f} GiB, performance.auto_fit)"]
+
+
+def test_gui_memory_line_answers_per_gpu(tiny_model):
+    """The training tab's memory line (controller, no toolkit) for a multi_gpu config: the per-GPU answer of the
+    layout the config asks for."""
+    from modules.planner.parallel_plan import plan_layouts
+    from modules.ui.MemoryPlanController import MemoryPlanController
+    from modules.ui.UIState import UIState
+    values = {**planned_trace(tiny_model("wan2.1-t2v"))["config"], "multi_gpu": True,
+              "distributed": {"processes": 2, "shard_base": True},
+              "data": {"resolution": 64, "frame_buckets": [9], "aspect_ratios": [1.0]}}
+    controller = MemoryPlanController(UIState(values))
+    assert controller.predict(4.0)
+    controller.wait(120)
+    expected = {p.layout: p for p in plan_layouts(TrainConfig(**values), 2)}["sharded base"]
+    assert controller.poll() == (f"2 GPUs, sharded base: fits 4 GiB per GPU: {expected.peak_gib:.1f} GiB predicted "
+                                 f"per GPU")
+
+
+def planned_trace(base) -> dict:
+    """6 blocks, so that one or two gathered blocks are a small part of the base, as at real size."""
+    return {"config": {"model": {"base_model_name": str(base)}, "train_dtype": "BFLOAT_16", "device": "cpu",
+                       "optimizer": {"optimizer": "ADAMW"}, "lora": {"rank": 4, "alpha": 4.0},
+                       "gradient_checkpointing": False, "distributed": {"shard_base": True}},
+            "layers": 6, "shape": {"batch_size": 1, "frames": 9, "height": 64, "width": 64}}
+
+
+def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, sharded_runs):
+    tmp, single = lora_runs["tmp"], lora_runs["single"]
+    assert sharded_runs["resumed"][0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-6)
+    assert_same_tensors(tmp / "one_to_sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
 
 
 def test_caching_is_split_across_ranks(lora_runs):
@@ -211,3 +333,22 @@ def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model,
     assert code == 2
     assert "optimizer.ema: not supported" in err and "performance.block_swap:" in err
     assert "sampling.samples_file: previews during a sharded (FSDP2)" in err
+
+
+def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    samples = tmp_path / "samples.json"
+    samples.write_text('[{"prompt": "a red square"}]')
+    common = cli_arguments(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path, tmp_path / "cache",
+                           ["multi_gpu=true", "distributed.processes=2"])
+    values = ["distributed.shard_base=true", "optimizer.ema=true", "performance.block_swap=1",
+              f"sampling.samples_file={samples}"]
+    assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
+    err = capsys.readouterr().err
+    for field in ("optimizer.ema", "performance.block_swap", "sampling.samples_file"):
+        assert f"{field}: " in err and "multi-GPU run (distributed.shard_base)" in err, err
+    # offloading shards where every GPU holds the whole base
+    values = ["distributed.shard_base=false", "distributed.cpu_offload=true"]
+    assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
+    assert "distributed.cpu_offload: offloads the shards of a sharded run" in capsys.readouterr().err

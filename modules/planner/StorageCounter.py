@@ -63,14 +63,14 @@ class StorageCounter(TorchDispatchMode):
 
     def track(self, tensors, tag: str | None = None) -> None:
         """Counts tensors made before the counter ran (or retags them when already counted)."""
-        for tensor in tensors:
+        for tensor in map(_local, tensors):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == self.device_type:
                 entry = self._add(tensor.untyped_storage(), tag or self.phase)
                 if tag is not None:
                     entry.tag = tag
 
     def retag(self, tensors, tag: str) -> None:
-        for tensor in tensors:
+        for tensor in map(_local, tensors):
             if isinstance(tensor, torch.Tensor):
                 entry = self.live.get(id(tensor.untyped_storage()))
                 if entry is not None:
@@ -141,6 +141,7 @@ class StorageCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(out):
+            tensor = _local(tensor)
             if isinstance(tensor, torch.Tensor) and tensor.device.type == self.device_type:
                 storage = tensor.untyped_storage()
                 if self._host_depth:
@@ -186,3 +187,36 @@ class StorageCounter(TorchDispatchMode):
 
     def _free_host(self, key: int) -> None:
         self.host_total -= self.host_live.pop(key, 0)
+
+
+def _local(tensor):
+    """A DTensor's own shard (a sharded run's parameters, gradients and optimizer states): the wrapper reports the
+    whole tensor's size but holds only its local tensor's storage."""
+    from torch.distributed.tensor import DTensor
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+@contextlib.contextmanager
+def following_resizes(counter: StorageCounter):
+    """Within: a storage resized in place counts with its new size. FSDP2 frees a gathered block's weights with
+    `untyped_storage().resize_(0)` and gathers them again into the same storage (no op the dispatch mode sees), so
+    a real sharded step is counted right only with this."""
+    original = torch.UntypedStorage.resize_
+
+    def resize(storage, size):
+        result = original(storage, size)
+        entry = counter.live.get(id(storage))
+        if entry is not None and entry.nbytes != size:
+            if size < entry.nbytes:
+                counter._snapshot_if_pending()   # the state just before a shrink may be the peak
+            counter.total += size - entry.nbytes
+            entry.nbytes = size
+            if counter.total > counter.peak:
+                counter.peak, counter.peak_phase, counter._peak_pending = counter.total, counter.phase, True
+        return result
+
+    torch.UntypedStorage.resize_ = resize
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original

@@ -18,15 +18,20 @@ def add_plan_arguments(parser) -> None:
                         help="a card of G GiB: plan: the fastest memory switches whose prediction fits; train: "
                              "refuse (exit 2) a run predicted not to fit G GiB, before anything loads")
     parser.add_argument("--plan-json", metavar="PATH", help="write the prediction (and the fit) to this JSON file")
+    parser.add_argument("--gpus", type=int, default=1, metavar="N",
+                        help="plan per GPU for N GPUs (batch_size per GPU): every multi-GPU layout's peak, and the "
+                             "fastest that fits --vram-gib")
     parser.add_argument("--skip-caching", action="store_true",
                         help="plan the training step only (not the VAE and text encoder passes of caching)")
 
 
 def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print,
-                   caching: bool = True) -> int:
+                   caching: bool = True, gpus: int = 1) -> int:
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
-    2 when nothing fits (or the config cannot be planned)."""
+    2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout."""
     vram_gib = vram_gib if vram_gib is not None else config.performance.auto_fit
+    if gpus > 1:
+        return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
     try:
         prediction = predict(config)
         out(prediction.report())
@@ -61,6 +66,28 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     return 0
 
 
+def _plan_per_gpu(config: TrainConfig, gpus: int, vram_gib: float | None, json_path: str | None, out) -> int:
+    from modules.planner.parallel_plan import choose, plan_layouts, report
+    try:
+        prediction = predict(config)
+        plans = plan_layouts(config, gpus, prediction)
+    except PlanError as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return 2
+    out(prediction.report().replace("predicted peak:", "one process with the whole run:", 1))
+    chosen = choose(plans, vram_gib)
+    out("\n" + report(plans, chosen, vram_gib))
+    if chosen.config_values():
+        out("settings: " + " ".join(f"--config-value {k}={json.dumps(v)}" for k, v in chosen.config_values().items()))
+    if json_path:
+        from modules.benchmark.common import write_json
+        write_json(json_path, {"prediction": prediction.as_dict(), "vram_gib": vram_gib, "gpus": gpus,
+                               "layouts": [{"layout": p.layout, "peak_gib": p.peak_gib, "host_gib": p.host_bytes / GIB,
+                                            "built": p.built, "problem": p.problem} for p in plans],
+                               "chosen": chosen.layout})
+    return 2 if vram_gib and not chosen.fits(vram_gib) else 0
+
+
 class RunDoesNotFit(PlanError):
     """The run is predicted not to fit: train refuses it (exit 2)."""
 
@@ -83,6 +110,10 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     RunDoesNotFit (naming what fits) when the run is predicted not to fit `vram_gib` (default: the CUDA device's free
     memory). A CPU device with no `vram_gib` has no card to refuse on: nothing is checked there."""
     import torch
+    gpus = _processes(config)
+    if gpus > 1:
+        _check_fits_per_gpu(config, device, vram_gib, gpus, out)
+        return
     if config.performance.auto_fit:
         result = fit(config, config.performance.auto_fit)
         if result.settings is None:
@@ -97,13 +128,8 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
         free, where = torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
     else:
         return
-    try:
-        prediction = predict(config)
-    except PlanError as error:
-        out(f"memory plan: not planned ({error}); the run starts unplanned")
-        return
-    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
-        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+    prediction = _or_unplanned(lambda: predict(config), out)
+    if prediction is None:
         return
     out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB {where})")
     if prediction.fits(free / GIB):
@@ -112,3 +138,58 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     raise RunDoesNotFit(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
                     f"({where}); {result.text()}"
                     + ("; set those switches, or performance.auto_fit" if result.settings else ""))
+
+
+def _or_unplanned(plan, out):
+    """plan()'s result, or None (said) when the config cannot be planned."""
+    try:
+        return plan()
+    except PlanError as error:
+        out(f"memory plan: not planned ({error}); the run starts unplanned")
+    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
+        log.warning("memory plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+    return None
+
+
+def _processes(config: TrainConfig) -> int:
+    """The ranks this run will have: torchrun's WORLD_SIZE, or `multi_gpu`'s process count."""
+    import os
+
+    import torch
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 or not config.multi_gpu:
+        return world
+    return config.distributed.processes or torch.cuda.device_count()
+
+
+def _check_fits_per_gpu(config: TrainConfig, device, vram_gib: float | None, gpus: int, out) -> None:
+    """check_fits_device for several ranks: the per-GPU plan of every layout; `performance.auto_fit` (and
+    `distributed.shard_base: auto`) takes the fastest that fits, which is written into the config."""
+    import torch
+
+    from modules.planner.parallel_plan import choose, configured, plan_layouts
+    budget, where = config.performance.auto_fit, "performance.auto_fit"
+    if vram_gib:
+        budget, where = budget or vram_gib, f"--vram-gib {vram_gib:g}"
+    elif not budget and torch.device(device).type == "cuda":
+        budget, where = torch.cuda.mem_get_info(torch.device(device))[0] / GIB, f"free on {device}"
+    if not budget:
+        return  # no card to plan for (CPU processes)
+    plans = _or_unplanned(lambda: plan_layouts(config, gpus), out)
+    if plans is None:
+        return
+    chosen = choose(plans, budget) if config.performance.auto_fit else configured(plans, config, budget)
+    for key, value in chosen.config_values().items():
+        if config.training_method.value == "LORA":
+            setattr(config.distributed, key.rpartition(".")[2], value)
+    out(f"memory plan ({gpus} GPUs, {chosen.layout}): predicted peak per GPU: {chosen.peak_gib:.1f} GiB "
+        f"({budget:.1f} GiB, {where})")
+    if chosen.fits(budget):
+        return
+    fitting = [p.layout for p in plans if p.built and p.fits(budget)]
+    raise RunDoesNotFit(f"predicted peak per GPU {chosen.peak_gib:.1f} GiB ({chosen.layout}) does not fit the "
+                        f"{budget:.1f} GiB ({where}); "
+                        + (f"fits: {', '.join(fitting)} (distributed.shard_base / distributed.cpu_offload, or "
+                           f"performance.auto_fit)" if fitting else
+                           "no multi-GPU layout fits: add GPUs, lower the resolution or frames, or turn on "
+                           "gradient checkpointing and activation offload"))

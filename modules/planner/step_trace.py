@@ -23,7 +23,7 @@ import torch
 
 from modules.benchmark.architectures import TEXT_SEQUENCE_LENGTH, Architecture, make_wan_model
 from modules.planner.plan_shapes import PlanError, PlanShape
-from modules.planner.StorageCounter import StorageCounter
+from modules.planner.StorageCounter import StorageCounter, following_resizes
 from modules.util.config.TrainConfig import TrainConfig
 
 DEVICE = torch.device("cpu")
@@ -149,10 +149,11 @@ def _predict_fake(setup, batch: dict, expert: str):
 
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,
-               steps: int = 1) -> tuple[StorageCounter, dict]:
+               steps: int = 1, place=None) -> tuple[StorageCounter, dict]:
     """Runs `steps` optimizer steps of the run under a StorageCounter, after an optimizer step on zero gradients
     that creates the optimizer's state (so the traced step is a later step: its forward pass holds that state);
-    returns the counter and facts about the setup."""
+    returns the counter and facts about the setup. `place(setup, model)`: puts the trained experts on the device
+    instead of setup.move_experts_to_device() (a real multi-process run's layout: ParallelLayout.wrap)."""
     import modules.modelSetup.WanEmbeddingSetup  # noqa: F401  (registers)
     import modules.modelSetup.WanFineTuneSetup  # noqa: F401
     import modules.modelSetup.WanLoRASetup  # noqa: F401
@@ -175,7 +176,8 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
     two = arch.variant.has_two_experts
     skeletons = [_skeleton(arch) for _ in range(2 if two else 1)]
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with mode, counter, _set_data_when_swap_fails(fake):
+    resizes = contextlib.nullcontext() if fake else following_resizes(counter)
+    with mode, counter, resizes, _set_data_when_swap_fails(fake):
         counter.set_phase("weights")
         # an expert that does not train stays on the host (GenericTrainer moves only the trained ones)
         trained = {"high": ["transformer"], "low": ["transformer_2"],
@@ -193,7 +195,7 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
             setup.setup_model()
         except ValueError as error:
             raise PlanError(str(error)) from None
-        setup.move_experts_to_device()
+        (place or (lambda s, _m: s.move_experts_to_device()))(setup, model)
         if fake:
             for expert in setup.experts_in_training():
                 for module in getattr(model, expert).modules():

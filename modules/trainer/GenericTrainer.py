@@ -14,7 +14,8 @@ import torch
 
 from modules.trainer.backup_io import (ResumeChoice, TrainProgress, newest_usable_backup, non_finite_tensors,
                                        prune_backups, write_backup)
-from modules.trainer.distributed import Parallel, gradient_norm, join_process_group
+from modules.trainer.distributed import gradient_norm, join_process_group
+from modules.trainer.ParallelLayout import Parallel
 from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
 from modules.trainer.errors import BackupWriteError, TrainingError
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
@@ -198,7 +199,6 @@ class GenericTrainer:
         if not self._cache():
             return []
         self.setup.setup_model()
-        self.setup.move_experts_to_device()
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
 
@@ -211,7 +211,7 @@ class GenericTrainer:
                 keep_global_batch(self)
             except ValueError as error:
                 raise TrainingError(str(error)) from None
-        self.parallel.wrap(self.setup, self.model, self.device)
+        self.parallel.wrap(self.setup, self.model, self.device)  # places the experts on the device(s)
         parameters = self.setup.trainable_parameters()
         self.optimizer = create_optimizer(config.optimizer,
                                           parameter_groups(config, self.setup.named_trainable_parameters()))

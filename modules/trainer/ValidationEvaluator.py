@@ -183,7 +183,7 @@ class ValidationEvaluator:
         try:
             for slot in range(slots):
                 index = slot * world + rank
-                if index >= self.batch_count and not trainer.parallel.sharded:
+                if index >= self.batch_count and not trainer.parallel.forward_needs_every_rank:
                     break
                 batch = self.pipeline.get_item(index % self.batch_count)
                 items = self.batcher.upstream_indices(index % self.batch_count)

@@ -11,6 +11,9 @@ rank 0 needs CPU memory for the trained weights and their optimizer state while 
 What a backup adds over a single-process one: `ranks.json` ({"world_size", "batch_size"}: the global batch is
 their product) and `rng.ranks`, every rank's RNG state. Resuming keeps the global batch, so the data order goes on
 where it stopped: with another world size the per-rank batch becomes global batch / world size.
+
+Adapters over a sharded base gather only what trains (each adapter tensor and its optimizer state, one at a time):
+the frozen base is never gathered, and the backup is the one a DDP or single-process run writes.
 """
 import json
 from pathlib import Path
@@ -73,6 +76,8 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
             mine["cuda"] = torch.cuda.get_rng_state(trainer.device).tolist()
         rng["ranks"] = [{k: torch.tensor(v, dtype=torch.uint8) for k, v in state.items()}
                         for state in all_gather_json(mine)]
+    if trainer.parallel.base_sharded:
+        return _gather_adapters(trainer), _gather_optimizer(trainer), rng, layout
     if not trainer.parallel.sharded:
         # DDP keeps the trainable weights and optimizer state equal on every rank: rank 0's are the whole state
         return trainer.setup.trainable_state_dict(), trainer.optimizer.state_dict(), rng, layout
@@ -98,6 +103,51 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
     return trainable, optimizer_state, rng, layout
 
 
+def _gather_adapters(trainer) -> dict:
+    return {f"{expert}.{name}": tensor for expert, tensors in trainer.parallel.full_trainable().items()
+            for name, tensor in tensors.items()}
+
+
+def _gather_optimizer(trainer) -> dict:
+    """optimizer.state_dict() with every sharded state tensor whole (rank 0; every rank must call it)."""
+    from torch.distributed.tensor import DTensor
+
+    state = trainer.optimizer.state_dict()  # the same parameter positions and keys on every rank
+    whole = {position: {key: value.full_tensor().cpu() if isinstance(value, DTensor) else value
+                        for key, value in entries.items()}
+             for position, entries in state["state"].items()}
+    return {"state": whole, "param_groups": state["param_groups"]} if trainer.parallel.is_main else {}
+
+
+def _restore_adapters(trainer, state: dict) -> None:
+    """Every rank read the same backup: each cuts its own shards out of the whole tensors, no communication."""
+    parameters = dict(trainer.setup.named_trainable_parameters())
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            _own_part(parameter, state["trainable"][name], copy_into=True)
+    positions = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    saved = state["optimizer"]
+    trainer.optimizer.load_state_dict({
+        "state": {position: {key: _own_part(positions[int(position)], value) for key, value in entries.items()}
+                  for position, entries in saved["state"].items()},
+        "param_groups": saved["param_groups"]})
+
+
+def _own_part(parameter: torch.nn.Parameter, whole: torch.Tensor, copy_into: bool = False):
+    """This rank's shard of `whole`, laid out as `parameter` is (a plain tensor, such as Adam's step, as it is)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(parameter, DTensor) or whole.shape != parameter.shape:
+        if copy_into:
+            parameter.copy_(whole)
+        return whole
+    part = distribute_tensor(whole.to(parameter.device), parameter.device_mesh, parameter.placements,
+                             src_data_rank=None)
+    if copy_into:
+        parameter.to_local().copy_(part.to_local())
+    return part
+
+
 def _empty_optimizer_state(optimizer: torch.optim.Optimizer, names: list) -> dict:
     """optimizer.state_dict()'s form for an optimizer that has not stepped: its groups, parameters by position."""
     position = {id(p): i for i, (_, _, p) in enumerate(names)}
@@ -108,7 +158,9 @@ def _empty_optimizer_state(optimizer: torch.optim.Optimizer, names: list) -> dic
 
 def restore_backup_state(trainer, state: dict) -> None:
     """Loads a backup's trainable weights, optimizer state and this rank's RNG (every rank calls it)."""
-    if trainer.parallel.sharded:
+    if trainer.parallel.base_sharded:
+        _restore_adapters(trainer, state)
+    elif trainer.parallel.sharded:
         _restore_sharded(trainer, state)
     else:
         trainer.setup.load_trainable_state_dict(state["trainable"])

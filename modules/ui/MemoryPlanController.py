@@ -173,6 +173,10 @@ class MemoryPlanController:
     def _predict(self, config, key: str, vram_gib: float | None) -> None:
         from modules.planner.memory_plan import PlanError, predict
         try:
+            gpus = _gpus(config)
+            if gpus >= 2:
+                self._results.put(("text", _per_gpu_line(config, gpus, vram_gib)))
+                return
             self._predictions[key] = predict(config)
         except PlanError as error:
             self._results.put(("text", f"memory: not planned: {error}"))
@@ -214,3 +218,22 @@ def _on_cpu(config) -> bool:
         return resolve_device(config.device).type == "cpu"
     except (ValueError, RuntimeError):
         return False
+
+
+def _gpus(config) -> int:
+    """The processes a `multi_gpu` run launches (distributed.processes, else one per visible GPU)."""
+    if not config.multi_gpu:
+        return 1
+    import torch
+    return config.distributed.processes or torch.cuda.device_count()
+
+
+def _per_gpu_line(config, gpus: int, vram_gib: float | None) -> str:
+    """'2 GPUs, sharded base: fits 16 GiB per GPU: 15.0 GiB predicted per GPU' (the layout the config asks for;
+    shard_base auto: the one the run would take)."""
+    from modules.planner.parallel_plan import configured, plan_layouts
+    plan = configured(plan_layouts(config, gpus), config, vram_gib)
+    if vram_gib is None:
+        return f"{gpus} GPUs, {plan.layout}: {plan.peak_gib:.1f} GiB predicted per GPU"
+    verdict = "fits" if plan.fits(vram_gib) else "does not fit"
+    return f"{gpus} GPUs, {plan.layout}: {verdict} {vram_gib:g} GiB per GPU: {plan.peak_gib:.1f} GiB predicted per GPU"

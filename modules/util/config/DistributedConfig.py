@@ -13,3 +13,9 @@ class DistributedConfig(BaseConfig):
                                                            "(rank 0 sampling previews must finish within it)")
     reduce_dtype: Literal["FLOAT_32", "BFLOAT_16"] = Field(
         "FLOAT_32", description="the dtype in which ranks average gradients (BFLOAT_16 halves the traffic)")
+    shard_base: bool | Literal["auto"] = Field(
+        "auto", description="adapters: split the frozen base over the GPUs (FSDP2) instead of a whole copy on each; "
+                            "auto: when the whole base does not fit one GPU's free memory")
+    cpu_offload: bool = Field(False, description="sharded runs: keep each GPU's shard of the weights (and of the "
+                                                 "gradients and optimizer state) in host memory, gathered block by "
+                                                 "block (FSDP2's CPU offload, the multi-GPU block swap)")

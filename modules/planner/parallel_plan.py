@@ -1,0 +1,173 @@
+"""Planned per GPU: each rank's predicted peak for every multi-GPU layout (docs/multi-gpu.md), derived from the
+single-process trace of the run's step (memory_plan.predict, with the per-GPU batch), and the layout
+`performance.auto_fit` and `distributed.shard_base: auto` choose.
+
+How a layout changes one rank's memory, against one process holding the whole run (parts of the traced peak:
+W frozen weights, T trainable weights + gradients + optimizer state, A activations, X transients):
+- DDP: everything of one process, plus DDP's gradient buckets (a copy of the trainable gradients).
+- sharded base (FSDP2 per block): W / N and T / N, plus what is gathered whole while it computes: the block that
+  runs and the next one (FSDP2 fetches ahead), and the parts outside the blocks (patch and condition embedders,
+  head), which stay gathered from the forward pass to the backward pass.
+- sharded base with CPU offload: the shards live in host memory; the GPU holds only the gathered blocks and parts.
+- expert parallel (A14B `expert: both`): each rank holds one expert: W / 2 and T / 2 of a `both` run.
+- context parallel N: one clip's tokens split N ways: A / N and X / N, weights whole.
+
+Tolerance: the per-GPU figures inherit the single trace's (within 5 % of a real step) and count the gathered
+blocks in full on top of their shards (at most 2 blocks / N too many): they err on the safe side by that much.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modules.planner.Prediction import GIB, Prediction, allowance_bytes
+from modules.util.config.TrainConfig import TrainConfig
+
+TOLERANCE = 0.05
+# fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit
+BUILT = ("DDP", "sharded base", "sharded base + CPU offload")
+
+
+@dataclass
+class LayoutPlan:
+    layout: str
+    gpus: int
+    traced_bytes: int           # one rank's counted peak
+    host_bytes: int             # what the layout keeps in each rank's host memory instead
+    holds: str                  # what each GPU holds, in words
+    built: bool = True          # False: planned only, the trainer cannot run it yet
+    problem: str = ""           # why the layout cannot run this config (heads that do not divide, one expert)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.traced_bytes + allowance_bytes(self.traced_bytes)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    def fits(self, vram_gib: float) -> bool:
+        return not self.problem and self.peak_bytes <= vram_gib * GIB
+
+    def config_values(self) -> dict:
+        return {"DDP": {"distributed.shard_base": False},
+                "sharded base": {"distributed.shard_base": True, "distributed.cpu_offload": False},
+                "sharded base + CPU offload": {"distributed.shard_base": True,
+                                               "distributed.cpu_offload": True}}.get(self.layout, {})
+
+
+@dataclass
+class BlockShares:
+    block: float      # one block's share of an expert's weights
+    outside: float    # the share outside the blocks (embedders, head)
+
+
+def block_shares(arch) -> BlockShares:
+    """Counted from the transformer built on the meta device (no memory, no weights)."""
+    from modules.planner.step_trace import _skeleton
+    transformer = _skeleton(arch)
+    total = sum(p.numel() for p in transformer.parameters())
+    blocks = [sum(p.numel() for p in block.parameters()) for block in transformer.blocks]
+    return BlockShares(block=max(blocks) / total, outside=(total - sum(blocks)) / total)
+
+
+def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None = None, arch=None,
+                 shape=None) -> list[LayoutPlan]:
+    """Each layout's per-GPU peak for `gpus` GPUs (batch_size per GPU, as the trainer reads it); `prediction`:
+    predict(config), when the caller has it."""
+    from modules.planner.memory_plan import predict
+    from modules.planner.plan_shapes import resolve_architecture
+    arch = arch or resolve_architecture(config)
+    prediction = prediction or predict(config, shape, arch)
+    unswapped = prediction
+    if config.performance.block_swap:
+        # a sharded base cannot swap blocks (the shards are split already): its layouts start from the run without
+        unswapped = predict(config.model_copy(update={"performance": config.performance.model_copy(
+            update={"block_swap": 0})}), shape, arch)
+    n = max(1, gpus)
+    plans = _sharded_layouts(config, arch, unswapped, n)
+    plans[:0] = [LayoutPlan("DDP", n, prediction.counted_bytes + _ddp_buckets(config, prediction), 0,
+                            "the whole base and the adapters; gradients averaged",
+                            problem="a fine-tune is always sharded (FSDP2)"
+                            if config.training_method.value == "FINE_TUNE" else "")]
+    plans += _planned_only(config, arch, prediction, n)
+    return plans
+
+
+def _ddp_buckets(config: TrainConfig, prediction: Prediction) -> int:
+    # adapter gradients are float32: a fourth of T for AdamW's weights, gradients and two moments
+    trained = prediction.parts["trainable + grads + optimizer"]
+    return trained // 4 if config.training_method.value == "LORA" else 0
+
+
+def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+    parts = prediction.parts
+    traced = prediction.counted_bytes
+    weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
+    two = arch.variant.has_two_experts and config.expert == "both"
+    shares = block_shares(arch)
+    # one expert runs at a time; FSDP2 gathers a block's adapters (float32) with its frozen weights
+    expert_weights = (weights + 4 * prediction.trainable_parameters) / (2 if two else 1)
+    gathered = int(expert_weights * (2 * shares.block + shares.outside))
+    rest = traced - weights - trained
+    problem = "FLOAT_8 base weights cannot be sharded yet" if any(
+        getattr(config.model, part).weight_dtype.value == "FLOAT_8" for part in ("transformer", "transformer_2")) \
+        and config.training_method.value == "LORA" else ""
+    return [
+        LayoutPlan("sharded base", n, rest + weights // n + trained // n + gathered, 0,
+                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time",
+                   problem=problem),
+        LayoutPlan("sharded base + CPU offload", n, rest + gathered, (weights + trained) // n,
+                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory",
+                   problem=problem),
+    ]
+
+
+def _planned_only(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+    parts = prediction.parts
+    traced = prediction.counted_bytes
+    weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
+    activations, transient = parts["activations"], parts["transient"]
+    two = arch.variant.has_two_experts and config.expert == "both"
+    plans = []
+    expert_problem = "" if two else "needs a two-expert model (A14B) with expert: both"
+    if two and n % 2:
+        expert_problem = "needs an even number of GPUs (half for each expert)"
+    plans.append(LayoutPlan("expert parallel", n, traced - weights // 2 - trained // 2, 0,
+                            "one expert and its adapter per GPU group", built=False, problem=expert_problem))
+    heads = arch.transformer["num_attention_heads"]
+    cp_problem = "" if heads % n == 0 else f"{heads} attention heads do not divide over {n} GPUs"
+    plans.append(LayoutPlan(f"context parallel {n}", n, weights + trained + (activations + transient) // n
+                            + (traced - weights - trained - activations - transient), 0,
+                            f"the whole base; 1/{n} of each clip's tokens", built=False, problem=cp_problem))
+    return plans
+
+
+def choose(plans: list[LayoutPlan], vram_gib: float | None) -> LayoutPlan:
+    """The fastest built layout that fits `vram_gib` (no size: DDP); else the built one with the smallest peak."""
+    built = [p for p in plans if p.built and not p.problem] or plans[:1]
+    if vram_gib is None:
+        return built[0]
+    fitting = [p for p in built if p.fits(vram_gib)]
+    return fitting[0] if fitting else min(built, key=lambda p: p.peak_bytes)
+
+
+def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) -> str:
+    lines = [f"per GPU on {chosen.gpus} GPUs (batch_size per GPU; allowance included):"]
+    for plan in plans:
+        verdict = "" if vram_gib is None or plan.problem else (" fits" if plan.fits(vram_gib) else " does not fit")
+        note = f" ({plan.problem})" if plan.problem else ("" if plan.built else " (planned only: not built yet)")
+        host = f", host {plan.host_bytes / GIB:.1f} GiB" if plan.host_bytes else ""
+        lines.append(f"  {plan.layout:<28}{plan.peak_gib:7.1f} GiB{host}{verdict}{note}: {plan.holds}")
+    lines.append(f"predicted peak per GPU: {chosen.peak_gib:.1f} GiB ({chosen.layout})")
+    return "\n".join(lines)
+
+
+def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | None) -> LayoutPlan:
+    """The layout the config asks for (`shard_base: auto`: what `choose` picks for `vram_gib`)."""
+    by_name = {p.layout: p for p in plans}
+    shard = config.distributed.shard_base
+    if config.training_method.value == "FINE_TUNE" or shard is True or config.distributed.cpu_offload:
+        return by_name["sharded base + CPU offload" if config.distributed.cpu_offload else "sharded base"]
+    if shard is False:
+        return by_name["DDP"]
+    return choose(plans, vram_gib)

@@ -1,0 +1,266 @@
+"""The one object that owns a run's parallel layout (DESIGN.md section 12): the device mesh, how the trained
+transformer(s) are placed and wrapped (once, before the optimizer is made), this rank's forward pass, gradient sync,
+the gather for saves and the loss every rank reports. The training loop calls the same methods whatever the layout.
+
+Layouts, all over one data-parallel mesh dimension ("dp"; the data loader deals the global batch out along it):
+- one process: the experts are moved to the device as they are;
+- DDP (adapters, embeddings): every rank holds the whole base; the trainable gradients are averaged;
+- FSDP2 (`fully_shard` per block, then the transformer): full fine-tunes, and adapters over a frozen base with
+  `distributed.shard_base`, where each rank holds 1/N of the base and FSDP2 gathers one block at a time. FSDP2 leaves
+  frozen parameters out of its reduce-scatter, so only the adapters' gradients are averaged (in reduce_dtype, float32
+  by default). `distributed.cpu_offload` keeps the shards in host memory (FSDP2's CPUOffloadPolicy).
+"""
+import contextlib
+
+import torch
+from torch import nn
+
+from modules.util.config.TrainConfig import TrainConfig
+from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.ranks import broadcast_json, rank_and_world
+
+GIB = 1024 ** 3
+
+
+class TrainingStep(nn.Module):
+    """The forward pass DDP wraps: predict and loss of one batch. Holding the trained parts as submodules lets DDP
+    find their trainable parameters and average exactly those gradients."""
+
+    def __init__(self, setup, parts: dict[str, nn.Module]):
+        super().__init__()
+        self.setup = setup
+        self.parts = nn.ModuleDict(parts)
+
+    def forward(self, batch: dict, generator: torch.Generator):
+        prediction = self.setup.predict(batch, generator)
+        return self.setup.calculate_loss(batch, prediction), prediction
+
+
+class Parallel:
+    """This process's part in the run: how its forward pass, gradient sync and gradient norm go."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.rank, self.world_size = rank_and_world()
+        self.mesh = None                            # DeviceMesh ("dp",) once wrapped on several ranks
+        self.step_module: nn.Module | None = None   # DDP(TrainingStep) when adapters train on several ranks
+        self.sharded: dict[str, nn.Module] = {}     # expert name -> fully_shard root (fine-tunes, sharded base)
+        self.base_sharded = False                   # adapters over a sharded frozen base
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def forward_needs_every_rank(self) -> bool:
+        """A sharded model's forward gathers weights from every rank: all ranks must run each forward pass (a
+        validation batch one rank lacks is run and its loss dropped)."""
+        return bool(self.sharded)
+
+    @property
+    def layout(self) -> str:
+        if not self.enabled:
+            return "one process"
+        if self.base_sharded:
+            return "sharded base (FSDP2)" + (" with CPU offload" if self.config.distributed.cpu_offload else "")
+        return "sharded (FSDP2)" if self.sharded else "DDP"
+
+    def wrap(self, setup, model, device: torch.device) -> None:
+        """Places the experts that train on the device and wraps them for the layout; before the optimizer is made
+        (FSDP2 replaces parameters)."""
+        if not self.enabled:
+            setup.move_experts_to_device()
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
+        experts = setup.experts_in_training()
+        method = self.config.training_method
+        if method is TrainingMethod.FINE_TUNE:
+            self._shard(model, experts, device, param_dtype=self.config.train_dtype.torch_dtype())
+        elif method is TrainingMethod.LORA and self._shards_base(device):
+            # adapters keep float32 and the base its own dtype, computed under autocast as in one process
+            self.base_sharded = True
+            self._shard(model, experts, device, param_dtype=None)
+        else:
+            setup.move_experts_to_device()
+            parts = {name: getattr(model, name) for name in experts}
+            if method is TrainingMethod.EMBEDDING:
+                parts["text_encoder"] = model.text_encoder
+            self._data_parallel(setup, parts, device, unused=len(experts) > 1)
+        if self.is_main:
+            batch = self.config.batch_size
+            print(f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
+                  f"layout: {self.layout}", flush=True)
+
+    def _shards_base(self, device: torch.device) -> bool:
+        """distributed.shard_base; `auto`: rank 0 decides for all, sharding when the whole base does not fit."""
+        asked = self.config.distributed.shard_base
+        if asked != "auto":
+            return bool(asked)
+        reason = None
+        if self.is_main:
+            reason = self._auto_shard_reason(device)
+            if reason:
+                print(f"distributed.shard_base auto: sharding the frozen base ({reason})", flush=True)
+        return bool(broadcast_json(reason))
+
+    def _auto_shard_reason(self, device: torch.device) -> str | None:
+        """Why `auto` shards (None: it does not). train.py decides before loading (check_fits_device, which
+        writes true / false into the config); this decides for runs started otherwise."""
+        config = self.config
+        if config.distributed.cpu_offload:
+            return "distributed.cpu_offload is set"
+        if device.type != "cuda" or config.sampling.samples_file or config.optimizer.ema \
+                or config.performance.block_swap:
+            return None  # no card to overflow, or a setting that needs the whole base on every rank
+        from modules.planner.parallel_plan import choose, plan_layouts
+        from modules.planner.plan_shapes import PlanError
+        try:
+            plans = plan_layouts(config, self.world_size)
+        except PlanError:
+            return None
+        free = torch.cuda.mem_get_info(device)[0] / GIB
+        chosen = choose(plans, free)
+        if chosen.layout == "DDP":
+            return None
+        config.distributed.cpu_offload = chosen.config_values().get("distributed.cpu_offload", False)
+        return (f"predicted peak per GPU with the whole base {plans[0].peak_gib:.1f} GiB, {free:.1f} GiB free; "
+                f"{chosen.layout}: {chosen.peak_gib:.1f} GiB")
+
+    def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
+
+        step = TrainingStep(setup, parts)
+        # every rank loaded the same frozen base: broadcasting it at start would move gigabytes for nothing
+        frozen = [name for name, p in step.named_parameters() if not p.requires_grad]
+        frozen += [name for name, _ in step.named_buffers()]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step, frozen)
+        self.step_module = DistributedDataParallel(
+            step, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False,
+            # two experts: each step routes to one, the other's adapter gets no gradient that step
+            find_unused_parameters=unused)
+        if self.config.distributed.reduce_dtype == "BFLOAT_16":
+            self.step_module.register_comm_hook(None, default_hooks.bf16_compress_hook)
+
+    def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None) -> None:
+        """fully_shard per block, then the transformer, from the host copy: FSDP2 moves only this rank's shard to
+        the device (or keeps it in host memory with cpu_offload), so no rank ever holds the whole model there."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        reduce = torch.bfloat16 if self.config.distributed.reduce_dtype == "BFLOAT_16" else torch.float32
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce)
+        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.config.distributed.cpu_offload \
+            else OffloadPolicy()
+        for name in experts:
+            transformer = getattr(model, name)
+            for block in transformer.blocks:
+                fully_shard(block, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
+            fully_shard(transformer, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
+            transformer.train()
+            self.sharded[name] = transformer
+
+    def forward(self, setup, batch: dict, generator: torch.Generator):
+        """(loss, prediction) of this rank's share of the global batch."""
+        if self.step_module is not None:
+            return self.step_module(batch, generator)
+        prediction = setup.predict(batch, generator)
+        return setup.calculate_loss(batch, prediction), prediction
+
+    def sync_gradients(self, sync: bool) -> None:
+        """Gradient accumulation: average across ranks only on the micro-step before an optimizer step."""
+        if self.step_module is not None:
+            self.step_module.require_backward_grad_sync = sync
+        for transformer in self.sharded.values():
+            transformer.set_requires_gradient_sync(sync)
+
+    def full_trainable(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{expert: {name: whole tensor on the host}} of every trained parameter of the sharded experts, on rank 0
+        (empty elsewhere). Every rank must call it: each tensor is all-gathered in turn, so at most one whole
+        parameter is in flight on the device."""
+        from torch.distributed.tensor import DTensor
+
+        whole = {}
+        for expert, transformer in self.sharded.items():
+            whole[expert] = {}
+            for name, parameter in transformer.named_parameters():
+                if not parameter.requires_grad:
+                    continue
+                full = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
+                if self.is_main:
+                    whole[expert][name] = full.detach().cpu()
+        return whole
+
+    @contextlib.contextmanager
+    def gathered(self, model):
+        """For saving: on rank 0 each sharded expert appears whole to the usual savers, which write the files a
+        single process would. Every rank must enter (the gather is a collective)."""
+        if not self.sharded:
+            yield
+            return
+        if self.base_sharded:
+            with _standing_in(self.sharded, self.full_trainable()):
+                yield
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.fsdp import FSDPModule
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = {name: get_model_state_dict(transformer, options=options) for name, transformer in self.sharded.items()}
+        if not self.is_main:
+            yield
+            return
+        for name, transformer in self.sharded.items():
+            # fully_shard made the class a subclass of FSDPModule and the model's own class
+            original = next(c for c in type(transformer).__mro__ if not issubclass(c, FSDPModule))
+            with torch.device("meta"):
+                whole = original.from_config(transformer.config)
+            whole.load_state_dict(full[name], assign=True)
+            for module_name, module in whole.named_modules():
+                # buffers outside the state dict (rotary tables) are not sharded: take them as they are
+                source = transformer.get_submodule(module_name)
+                for key, buffer in module.named_buffers(recurse=False):
+                    if buffer.is_meta:
+                        module.register_buffer(key, source.get_buffer(key).detach().cpu(), persistent=False)
+            setattr(model, name, whole.eval())
+        try:
+            yield
+        finally:
+            for name, transformer in self.sharded.items():
+                setattr(model, name, transformer)
+
+    def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The global batch's loss, detached and left on the device: the mean of the ranks' losses (each rank's is
+        weighted for padding)."""
+        import torch.distributed as dist
+
+        loss = loss.detach()
+        if not self.enabled:
+            return loss
+        total = loss.float().clone()
+        dist.all_reduce(total)
+        return total / self.world_size
+
+
+@contextlib.contextmanager
+def _standing_in(sharded: dict[str, nn.Module], whole: dict[str, dict[str, torch.Tensor]]):
+    """Adapters over a sharded base, on rank 0: the whole trained tensors stand in for their shards while the
+    savers read them (they read adapters module by module); the frozen base is never gathered. The shards go back
+    before any forward pass, so FSDP2 finds its own parameters again."""
+    replaced = []
+    try:
+        for expert, tensors in whole.items():
+            for name, tensor in tensors.items():
+                module_name, _, leaf = name.rpartition(".")
+                module = sharded[expert].get_submodule(module_name)
+                replaced.append((module, leaf, module._parameters[leaf]))
+                module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+        yield
+    finally:
+        for module, leaf, parameter in reversed(replaced):
+            module._parameters[leaf] = parameter
