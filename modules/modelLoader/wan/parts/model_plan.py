@@ -9,10 +9,12 @@ from pathlib import Path
 
 from modules.modelLoader.wan.parts.recognise import FoundPart, find_parts
 from modules.modelLoader.wan.parts.tensor_files import INDEX_SUFFIX, ModelFileError
+from modules.modelLoader.wan.parts.vace_files import OFFICIAL_VACE_CLASS, official_vace_fields
 from modules.modelLoader.wan.parts.wan_configs import (released_for_variant, transformer_config_from_shapes,
                                                        variant_from_transformer)
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.enum.WanVariant import WanVariant
+from modules.util.wan_detection import TRANSFORMER_CLASSES
 
 PART_NAMES = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder")
 _KIND = {"transformer": "transformer", "transformer_2": "transformer", "vae": "vae", "text_encoder": "text_encoder",
@@ -46,11 +48,13 @@ def _read_json(path: Path) -> dict:
 
 
 def _official_to_diffusers(config: dict) -> dict | None:
-    """The official Wan repository's config.json (`"_class_name": "WanModel"`) gives the head count."""
-    if config.get("_class_name") != "WanModel" or not config.get("num_heads") or not config.get("dim"):
+    """The official Wan repository's config.json (`"_class_name": "WanModel"`, VACE's `"VaceWanModel"`) gives the
+    head count (and VACE's `vace_layers`)."""
+    if config.get("_class_name") not in ("WanModel", OFFICIAL_VACE_CLASS) or not config.get("num_heads") \
+            or not config.get("dim"):
         return None
     return {"num_attention_heads": config["num_heads"], "attention_head_dim": config["dim"] // config["num_heads"],
-            "eps": config.get("eps", 1e-6), "freq_dim": config.get("freq_dim", 256)}
+            "eps": config.get("eps", 1e-6), "freq_dim": config.get("freq_dim", 256), **official_vace_fields(config)}
 
 
 def _pick(candidates: list[FoundPart], part: str, origin: str) -> FoundPart | None:
@@ -201,7 +205,7 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
     source = str(found.folder or found.files[0])
     given = None
     if found.config:
-        if found.config.get("_class_name") == "WanTransformer3DModel":
+        if found.config.get("_class_name") in TRANSFORMER_CLASSES:
             given = found.config
         else:
             given = _official_to_diffusers(found.config)
@@ -217,7 +221,7 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
         raise ModelFileError(f"{source}: the transformer's tensors were not recognised")
     from modules.modelLoader.wan.parts.transformer_files import check_quantization
     check_quantization(found.detail, source)   # ComfyUI's nvfp4 / mxfp8 / int8 layers: named before anything loads
-    if given is not None and given.get("_class_name") == "WanTransformer3DModel" and found.layout == "diffusers" \
+    if given is not None and given.get("_class_name") in TRANSFORMER_CLASSES and found.layout == "diffusers" \
             and found.folder is not None:
         return dict(given)
     return transformer_config_from_shapes(found.detail.shapes, source, given)
