@@ -18,9 +18,14 @@ class VaceInputError(ValueError):
 def _read_clip(path: str, label: str, frames: int, height: int, width: int) -> np.ndarray:
     """The first `frames` frames of a video file or frames folder, covered and centre-cropped to height x width
     (as the data path crops clips); fewer frames than the sample has is an error naming the file."""
-    from modules.util.video_io import media_kind, read_media
+    from modules.util.video_io import media_kind, read_image, read_media
     if not Path(path).exists():
         raise VaceInputError(f"{label} {path!r} does not exist")
+    if label == "mask video" and media_kind(path) == "image":   # one mask image for every frame, as in training
+        try:
+            return resize_and_crop(np.repeat(read_image(path)[None], frames, axis=0), height, width)
+        except UnreadableMediaError as error:
+            raise VaceInputError(f"{label} {path!r} cannot be read: {error.reason}") from error
     if media_kind(path) not in ("video", "frames"):
         raise VaceInputError(f"{label} {path!r} is not a video or a folder of frames")
     try:
