@@ -12,3 +12,8 @@ def transformer_class(config: dict) -> type:
     if name not in TRANSFORMER_CLASSES:
         raise ValueError(f"transformer class {name!r} is not a Wan transformer ({', '.join(TRANSFORMER_CLASSES)})")
     return TRANSFORMER_CLASSES[name]
+
+
+def transformer_class_for_kwargs(kwargs: dict) -> type:
+    """The class for constructor arguments without `_class_name` (the planner's and benchmarks' architectures)."""
+    return WanVACETransformer3DModel if "vace_layers" in kwargs else WanTransformer3DModel
