@@ -95,3 +95,16 @@ def test_a_control_shorter_than_the_clip_is_named_and_the_clip_skipped(tmp_path,
     assert path == str(folder / "clip.mp4")
     assert reason == f"{folder / 'clip_control'}: the control has 5 frames, the clip 9; a control must have the " \
                      f"clip's frames"
+
+
+def test_the_demo_set_has_a_control_and_a_reference_per_clip(tmp_path):
+    from modules.util.demo_vace import make_vace_dataset
+    folder = make_vace_dataset(tmp_path / "demo", clips_per_class=1, frames=5, size=32)
+    records = scan_concepts([ConceptConfig(path=str(folder))]).records
+    assert len(records) == 6 and all(r["control"] and len(r["references"]) == 1 for r in records)
+    control = np.asarray(Image.open(folder / "red_right_00_control" / "000.png"))[..., 0] > 0
+    rows, columns = np.nonzero(control)
+    # the square's outline: a closed rectangle border, nothing inside it
+    assert control[rows.min(), columns.min():columns.max() + 1].all() and control[rows.min():rows.max() + 1,
+                                                                                   columns.min()].all()
+    assert not control[rows.min() + 2:rows.max() - 1, columns.min() + 2:columns.max() - 1].any()

@@ -1,0 +1,41 @@
+"""The synthetic VACE set (make_demo_dataset --kind vace): the demo's moving squares, each clip with its control (the
+square's white outline on black, as an edge annotator would draw it, frame by frame as lossless PNGs in
+`<stem>_control/`) and one reference image (`<stem>_ref.png`: the square's colour on white, the "subject")."""
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from modules.util.demo_assets import COLOURS, DIRECTIONS, square_clip
+from modules.util.video_frames import write_video
+
+
+def outline(clip: np.ndarray) -> np.ndarray:
+    """White where a pixel differs from a 4-neighbour (the square's edge), black elsewhere: (F, H, W, 3) uint8."""
+    frame = clip.astype(np.int16)
+    edge = np.zeros(clip.shape[:3], bool)
+    edge[:, 1:] |= np.any(frame[:, 1:] != frame[:, :-1], axis=-1)
+    edge[:, :-1] |= np.any(frame[:, :-1] != frame[:, 1:], axis=-1)
+    edge[:, :, 1:] |= np.any(frame[:, :, 1:] != frame[:, :, :-1], axis=-1)
+    edge[:, :, :-1] |= np.any(frame[:, :, :-1] != frame[:, :, 1:], axis=-1)
+    return np.repeat(np.where(edge, 255, 0).astype(np.uint8)[..., None], 3, axis=-1)
+
+
+def make_vace_dataset(output: str | Path, clips_per_class: int = 4, frames: int = 9, size: int = 32,
+                      fps: int = 16) -> Path:
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    for colour_name, colour in COLOURS.items():
+        for direction in DIRECTIONS:
+            for i in range(clips_per_class):
+                stem = f"{colour_name}_{direction}_{i:02d}"
+                clip = square_clip(colour, direction, frames, size, offset=i)
+                write_video(output / f"{stem}.mp4", clip, fps)
+                (output / f"{stem}.txt").write_text(f"a {colour_name} square moving {direction}\n")
+                (output / f"{stem}_control").mkdir(exist_ok=True)
+                for index, frame in enumerate(outline(clip)):
+                    Image.fromarray(frame).save(output / f"{stem}_control" / f"{index:03d}.png")
+                reference = np.full((size, size, 3), 255, np.uint8)
+                reference[size // 4:3 * size // 4, size // 4:3 * size // 4] = colour
+                Image.fromarray(reference).save(output / f"{stem}_ref.png")
+    return output
