@@ -6,18 +6,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from modules.util.demo_assets import COLOURS, DIRECTIONS, square_clip
+from modules.util.demo_assets import BACKGROUND, COLOURS, DIRECTIONS, square_clip
 from modules.util.video_frames import write_video
 
 
 def outline(clip: np.ndarray) -> np.ndarray:
-    """White where a pixel differs from a 4-neighbour (the square's edge), black elsewhere: (F, H, W, 3) uint8."""
-    frame = clip.astype(np.int16)
-    edge = np.zeros(clip.shape[:3], bool)
-    edge[:, 1:] |= np.any(frame[:, 1:] != frame[:, :-1], axis=-1)
-    edge[:, :-1] |= np.any(frame[:, :-1] != frame[:, 1:], axis=-1)
-    edge[:, :, 1:] |= np.any(frame[:, :, 1:] != frame[:, :, :-1], axis=-1)
-    edge[:, :, :-1] |= np.any(frame[:, :, :-1] != frame[:, :, 1:], axis=-1)
+    """The square's one-pixel border (its pixels with a 4-neighbour outside it or outside the frame) in white on
+    black: (F, H, W, 3) uint8."""
+    inside = np.any(clip != np.array(BACKGROUND, np.uint8), axis=-1)
+    padded = np.pad(inside, ((0, 0), (1, 1), (1, 1)))
+    interior = padded[:, :-2, 1:-1] & padded[:, 2:, 1:-1] & padded[:, 1:-1, :-2] & padded[:, 1:-1, 2:]
+    edge = inside & ~interior
     return np.repeat(np.where(edge, 255, 0).astype(np.uint8)[..., None], 3, axis=-1)
 
 
