@@ -1,13 +1,13 @@
 """The synthetic VACE set (make_demo_dataset --kind vace): the demo's moving squares, each clip with its control (the
 square's white outline on black, as an edge annotator would draw it, frame by frame as lossless PNGs in
 `<stem>_control/`) and one reference image (`<stem>_ref.png`: the square's colour on white, the "subject")."""
+from itertools import product
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from modules.util.demo_assets import BACKGROUND, COLOURS, DIRECTIONS, square_clip
-from modules.util.video_frames import write_video
+from modules.util.demo_assets import BACKGROUND, COLOURS, DIRECTIONS, make_t2v_dataset, square_clip
 
 
 def outline(clip: np.ndarray) -> np.ndarray:
@@ -22,19 +22,14 @@ def outline(clip: np.ndarray) -> np.ndarray:
 
 def make_vace_dataset(output: str | Path, clips_per_class: int = 4, frames: int = 9, size: int = 32,
                       fps: int = 16) -> Path:
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    for colour_name, colour in COLOURS.items():
-        for direction in DIRECTIONS:
-            for i in range(clips_per_class):
-                stem = f"{colour_name}_{direction}_{i:02d}"
-                clip = square_clip(colour, direction, frames, size, offset=i)
-                write_video(output / f"{stem}.mp4", clip, fps)
-                (output / f"{stem}.txt").write_text(f"a {colour_name} square moving {direction}\n")
-                (output / f"{stem}_control").mkdir(exist_ok=True)
-                for index, frame in enumerate(outline(clip)):
-                    Image.fromarray(frame).save(output / f"{stem}_control" / f"{index:03d}.png")
-                reference = np.full((size, size, 3), 255, np.uint8)
-                reference[size // 4:3 * size // 4, size // 4:3 * size // 4] = colour
-                Image.fromarray(reference).save(output / f"{stem}_ref.png")
+    """The t2v demo set (make_t2v_dataset) plus each clip's control frames and reference image."""
+    output = make_t2v_dataset(output, clips_per_class, frames, size, fps)
+    for (colour_name, colour), direction, i in product(COLOURS.items(), DIRECTIONS, range(clips_per_class)):
+        stem = f"{colour_name}_{direction}_{i:02d}"
+        (output / f"{stem}_control").mkdir(exist_ok=True)
+        for index, frame in enumerate(outline(square_clip(colour, direction, frames, size, offset=i))):
+            Image.fromarray(frame).save(output / f"{stem}_control" / f"{index:03d}.png")
+        reference = np.full((size, size, 3), 255, np.uint8)
+        reference[size // 4:3 * size // 4, size // 4:3 * size // 4] = colour
+        Image.fromarray(reference).save(output / f"{stem}_ref.png")
     return output
