@@ -67,6 +67,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "its layout, or to check it: a difference from the recorded layout is an error")
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
+    parser.add_argument("--control-video", default=None, metavar="PATH",
+                        help="VACE: control video or folder of frames (pose, depth, edges, a video to edit)")
+    parser.add_argument("--mask-video", default=None, metavar="PATH",
+                        help="VACE: mask video, white = generate, black = keep the control video (binarised at 0.5)")
+    parser.add_argument("--reference-image", action="append", default=[], metavar="PATH",
+                        help="VACE: a reference image (repeatable; the order is kept)")
+    parser.add_argument("--control-scale", type=float, default=None, help="VACE: strength of the control, default 1")
     parser.add_argument("--image-encoder", default="", metavar="PATH",
                         help="a CLIP vision model (a file such as clip_vision_h.safetensors, or a folder) for an "
                              "I2V transformer file or an E2V LoRA on a base without one; default for an E2V LoRA: "
@@ -138,7 +145,9 @@ def build_samples(args: argparse.Namespace) -> list:
     defaults = dict(negative_prompt=args.negative_prompt, width=args.width, height=args.height, frames=args.frames,
                     steps=args.steps, guidance=args.guidance, guidance_2=args.guidance_2, flow_shift=args.flow_shift,
                     scheduler=args.scheduler, seed=args.seed, image=args.image, last_image=args.last_image,
-                    elements=args.elements or None, drop_reference_frames=args.drop_reference_frames)
+                    elements=args.elements or None, drop_reference_frames=args.drop_reference_frames,
+                    control_video=args.control_video, mask_video=args.mask_video,
+                    reference_images=args.reference_image or None, control_scale=args.control_scale)
     return [sample.with_defaults(**defaults) for sample in samples]
 
 

@@ -113,14 +113,15 @@ def test_comfyui_block_scaled_and_integer_formats_are_refused_naming_a_layer_bef
 
 
 def test_a_tensor_the_key_table_does_not_know_is_named_not_dropped(tiny_model, tmp_path):
-    """A ComfyUI file of a Wan derivative (VACE's `vace_blocks`) is no plain Wan transformer: before, such tensors
-    were skipped without a word and the model loaded without them."""
+    """A ComfyUI file of a Wan derivative this project does not read (here a made-up `motion_adapter`) is no plain
+    Wan transformer: before, such tensors were skipped without a word and the model loaded without them. (VACE's
+    `vace_blocks` are read: tests/test_vace_files.py.)"""
     base = tiny_model("wan2.1-t2v")
     state = transformer_to_original(_state(base, "transformer"), prefix=COMFY_PREFIX)
-    state[COMFY_PREFIX + "vace_blocks.0.after_proj.weight"] = torch.zeros(64, 64)
-    path = tmp_path / "wan2.1_vace_tiny.safetensors"
+    state[COMFY_PREFIX + "motion_adapter.0.proj.weight"] = torch.zeros(64, 64)
+    path = tmp_path / "wan2.1_derivative_tiny.safetensors"
     save_file(state, str(path))
-    with pytest.raises(Exception, match=r"1 unexpected \(e\.g\. \['vace_blocks\.0\.after_proj\.weight'\]\)"):
+    with pytest.raises(Exception, match=r"1 unexpected \(e\.g\. \['motion_adapter\.0\.proj\.weight'\]\)"):
         WanBaseModelLoader().load(ModelConfig(base_model_name=str(base), transformer={"path": str(path)}))
 
 

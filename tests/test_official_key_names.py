@@ -27,7 +27,7 @@ OFFICIAL = {label.split(" (")[0]: {name: tuple(shape) for name, shape in names.i
 TRANSFORMERS = {"wan2.1-t2v": "transformer wan2.1 t2v", "wan2.1-i2v": "transformer wan2.1 i2v",
                 "wan2.1-flf2v": "transformer wan2.1 flf2v", "wan2.2-ti2v-5b": "transformer wan2.2 ti2v-5b",
                 "wan2.2-t2v-a14b": "transformer wan2.2 t2v-a14b expert",
-                "wan2.2-i2v-a14b": "transformer wan2.2 i2v-a14b expert"}
+                "wan2.2-i2v-a14b": "transformer wan2.2 i2v-a14b expert", "wan2.1-vace": "transformer wan2.1 vace"}
 # the official I2V / FLF2V image projection is 1280 wide (MLPProj(1280, dim)) whatever the CLIP; the tiny model's 24
 IMAGE_PROJECTION = "img_emb."
 

@@ -51,7 +51,7 @@ def test_folder_configs_match_the_released_layout(tiny_model, variant):
     assert index["tokenizer"] == ["transformers", "T5TokenizerFast"]
     assert index["text_encoder"] == ["transformers", "UMT5EncoderModel"]
     assert index["boundary_ratio"] == spec.boundary_ratio
-    assert index["expand_timesteps"] is spec.expand_timesteps
+    assert index.get("expand_timesteps", False) is spec.expand_timesteps   # WanVACEPipeline has no such field
     assert (index["transformer_2"][0] is not None) is spec.two_experts
     assert (folder / "transformer_2").is_dir() is spec.two_experts
     if spec.pipeline_class == "WanImageToVideoPipeline":
@@ -67,6 +67,9 @@ def test_folder_configs_match_the_released_layout(tiny_model, variant):
     assert tuple(transformer["patch_size"]) == (1, 2, 2)
     assert transformer["image_dim"] == (CLIP_HIDDEN if spec.image_branch else None)
     assert transformer["pos_embed_seq_len"] == (2 * CLIP_TOKENS if spec.flf2v else None)
+    assert (transformer["_class_name"] == "WanVACETransformer3DModel") is spec.vace
+    if spec.vace:   # one base block per VACE block, 0 first, every second block (ComfyUI's spacing for 2 of 4)
+        assert transformer["vace_layers"] == [0, 2] and transformer["vace_in_channels"] == 96
     assert len(vae["latents_mean"]) == len(vae["latents_std"]) == spec.z_dim
     assert vae["scale_factor_spatial"] == (16 if spec.z_dim == 48 else 8)
     assert vae["is_residual"] is (spec.z_dim == 48)

@@ -74,6 +74,8 @@ class WanBaseDataLoader:
         self.probe = ProbeMedia()
         # every pipeline this loader builds shares one record of what was warned: each file is warned once per run
         self.warned: set = set()
+        # VACE: each item carries its control, mask and references (vace_scan.py, EncodeVACE)
+        self.vace = bool(variant_hint and variant_hint.is_vace)
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
 
@@ -125,7 +127,9 @@ class WanBaseDataLoader:
         flip, the caption always kept."""
         data = self.config.data
         record_names = ["path", "concept", "caption"] + (["elements", "e2v_present"] if self.e2v else [])
-        record_names += ["mask"] if self.has_masks else []
+        record_names += ["mask"] if self.has_masks or self.vace else []
+        # the reference count is a batch key: clips with as many references batch together
+        record_names += ["control", "references", "reference_count"] if self.vace else []
         return [
             ListSource(self._records(validation), record_names),
             self.probe,
@@ -143,6 +147,7 @@ class WanBaseDataLoader:
     def attach_model(self, model, device: torch.device) -> None:
         self.model, self.device = model, device
         self.spatial_unit, self.fps = model.spatial_unit, model.variant.native_fps
+        self.vace = model.variant.is_vace
         self.rebuild()
 
     def encoder_modules(self) -> list:
@@ -163,6 +168,9 @@ class WanBaseDataLoader:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
                                clip=model.image_encoder is not None and condition is not None, augmented=augmented,
                                latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
+        if self.vace:
+            from modules.dataLoader.pipeline.EncodeVACE import EncodeVACE
+            modules.append(EncodeVACE(model, DiskCache(cache_root, "vace"), vae_identity))
         if self.has_masks and self.e2v is None:
             modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
                                       model.vae_temporal_stride))
@@ -179,7 +187,8 @@ class WanBaseDataLoader:
         batch_names = [name for m in encoders for name in m.produces() if name != "e2v_condition_cache"]
         batch_names += ["loss_weight", "prompt"]
         # E2V items with different elements present carry different numbers of CLIP tokens: batch them apart
-        keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ())
+        keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ()) \
+            + (("reference_count",) if self.vace else ())
         # several ranks: each draws its share of the single-process global batches (RankBucketBatch)
         rank, world = rank_and_world()
         modules = self._item_modules() + encoders + [RankBucketBatch(batch_names, self.config.batch_size, rank, world,
@@ -193,7 +202,7 @@ class WanBaseDataLoader:
         """The model parts an encoder module runs."""
         if isinstance(encoder, EncodeText):
             return [self.model.text_encoder]
-        if isinstance(encoder, (EncodeVideo, EncodeE2V)):
+        if isinstance(encoder, (EncodeVideo, EncodeE2V)) or type(encoder).__name__ == "EncodeVACE":
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 

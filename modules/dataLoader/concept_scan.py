@@ -9,6 +9,8 @@ from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.E2VConfig import strip_llm_caption_prefix
 from modules.util.text_encoding import read_text_file  # noqa: F401 (imported from here by other modules)
 from modules.dataLoader.mask_scan import find_mask, is_beside_mask, mask_is_black
+from modules.dataLoader.vace_scan import (companion_problem, find_control, find_references, is_beside_companion,
+                                          manifest_companions)
 from modules.util.video_io import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, UnreadableMediaError, frame_files
 
 log = logging.getLogger(__name__)
@@ -41,9 +43,10 @@ def _folder_media(folder: Path, recursive: bool, frame_folders: bool = False) ->
     clip (musubi-tuner's video_directory)."""
     pattern = "**/*" if recursive else "*"
     media = {p for p in folder.glob(pattern) if not p.is_dir() and p.suffix.lower() in MEDIA_EXTENSIONS}
-    found = [p for p in media if not is_beside_mask(p, media)]
+    found = [p for p in media if not is_beside_mask(p, media) and not is_beside_companion(p, media)]
     if frame_folders:
-        found += [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and frame_files(p)]
+        found += [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and frame_files(p)
+                  and not is_beside_companion(p, media)]
     return sorted(found)
 
 
@@ -62,9 +65,9 @@ def manifest_entry_path(manifest: Path, media: str) -> Path:
     return Path(media)
 
 
-def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str | None, Path | None]]:
+def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str | None, Path | None, tuple]]:
     """jsonl: one object a line with a media path (see manifest_entry_path), a prompt or caption and optionally a
-    loss mask (`mask_path`)."""
+    loss mask (`mask_path`) and VACE companions (`control_path`, `reference_paths`: vace_scan.py)."""
     entries = []
     for number, line in enumerate(read_text_file(manifest).splitlines(), start=1):
         if not line.strip():
@@ -90,8 +93,12 @@ def _manifest_media(manifest: Path, result: ScanResult) -> list[tuple[Path, str 
         if mask is not None and (not isinstance(mask, str) or not mask):
             result.skip(f"{manifest}:{number}", f"its mask_path is {mask!r}, not a path")
             continue
+        control, references, problem = manifest_companions(entry, lambda path: manifest_entry_path(manifest, path))
+        if problem:
+            result.skip(f"{manifest}:{number}", problem)
+            continue
         entries.append((manifest_entry_path(manifest, media), caption,
-                        manifest_entry_path(manifest, mask) if mask else None))
+                        manifest_entry_path(manifest, mask) if mask else None, (control, references)))
     return entries
 
 
@@ -115,11 +122,14 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
         prompt_text = read_text_file(concept.prompt_path).strip() if concept.caption_source == "prompt_file" else None
         if root.is_file() and root.suffix.lower() == ".jsonl":
             entries = [(path, caption if caption is not None else _caption_for(path, concept, prompt_text),
-                        mask or find_mask(path, concept)) for path, caption, mask in _manifest_media(root, result)]
+                        mask or find_mask(path, concept), companions)
+                       for path, caption, mask, companions in _manifest_media(root, result)]
         else:
-            entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept))
+            entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept), (None, None))
                        for path in _folder_media(root, concept.include_subdirectories, concept.frame_folders)]
-        for path, caption, mask in entries:
+        for path, caption, mask, (control, references) in entries:
+            control = control or find_control(path)
+            references = find_references(path) if references is None else references
             # musubi-tuner's video_path (and video_directory) may name a folder of frames: one clip, its images in
             # name order
             frames_folder = path.is_dir() and (root.is_file() or concept.frame_folders)
@@ -136,10 +146,15 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
                                   "mask_path)")
             elif mask is not None and (problem := _mask_problem(mask)):
                 result.skip(path, problem)
+            elif problem := companion_problem(control, references):
+                result.skip(path, problem)
             else:
                 caption = caption or ""
                 if concept.remove_common_llm_caption_prefixes:
                     caption = strip_llm_caption_prefix(caption)
                 result.records.append({"path": str(path), "concept": concept, "caption": caption,
-                                       "mask": None if mask is None else str(mask)})
+                                       "mask": None if mask is None else str(mask),
+                                       "control": None if control is None else str(control),
+                                       "references": tuple(str(r) for r in references),
+                                       "reference_count": len(references)})
     return result

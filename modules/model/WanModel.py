@@ -172,8 +172,13 @@ class WanModel:
 
     def create_pipeline(self, image_mode: bool | None = None):
         """WanPipeline for text-to-video, WanImageToVideoPipeline when the model takes an image (I2V, FLF2V,
-        I2V-A14B, or TI2V-5B given `image_mode=True`)."""
+        I2V-A14B, or TI2V-5B given `image_mode=True`), WanVACEPipeline for VACE."""
         from diffusers import WanImageToVideoPipeline, WanPipeline
+        if self.variant.is_vace:
+            from diffusers import WanVACEPipeline
+            return WanVACEPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
+                                   scheduler=self.noise_scheduler, transformer=self.transformer,
+                                   transformer_2=self.transformer_2, boundary_ratio=self.boundary_ratio)
         if image_mode is None:
             image_mode = self.variant.takes_image_condition
         common = dict(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,

@@ -198,6 +198,11 @@ class WanModelSampler:
 
     def _check_images(self, sample: SampleConfig) -> None:
         variant, image, last_image = self.model.variant, sample.image, sample.last_image
+        from modules.modelSampler.vace_sampling import VaceInputError, check_vace_sample
+        try:
+            check_vace_sample(variant, sample)
+        except VaceInputError as error:
+            raise SampleError(str(error)) from None
         if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
                               f"image; remove image / last_image")
@@ -359,6 +364,15 @@ class WanModelSampler:
             while active:
                 active.pop().__exit__(None, None, None)
 
+    def _vace_context(self, sample: SampleConfig, placement: _Placement) -> tuple[torch.Tensor, int]:
+        from modules.modelSampler.vace_sampling import VaceInputError, sample_context
+        try:
+            with placement.using("vae"):
+                context, references = sample_context(self.model, sample)
+        except VaceInputError as error:
+            raise SampleError(str(error)) from None
+        return context.to(self.device), references
+
     @staticmethod
     def _load_image(path: str, height: int, width: int):
         """The image scaled to cover height x width and centre-cropped (as the data path crops clips)."""
@@ -412,9 +426,13 @@ class WanModelSampler:
                     with placement.using("image_encoder"):
                         image_embeds = model.encode_image([first] if last is None else [first, last]).to(self.device)
 
+                vace = self._vace_context(resolved, placement) if variant.is_vace else None
                 if e2v:
                     from modules.modelSampler.WanE2VPipeline import WanE2VPipeline
                     pipeline = WanE2VPipeline.from_model(model)
+                elif vace is not None:
+                    from modules.modelSampler.WanVACEContextPipeline import WanVACEContextPipeline
+                    pipeline = WanVACEContextPipeline.from_model(model, *vace)
                 else:
                     pipeline = model.create_pipeline(image_mode=image_mode)
                 pipeline.scheduler = self.make_scheduler(resolved.scheduler, resolved.flow_shift)
@@ -437,6 +455,8 @@ class WanModelSampler:
                               output_type="latent", callback_on_step_end=step_end)
                 if variant.has_two_experts:
                     kwargs["guidance_scale_2"] = resolved.guidance_2
+                if vace is not None:
+                    kwargs.update(conditioning_scale=resolved.control_scale)
                 if e2v:
                     kwargs.update(e2v_condition=e2v_condition, image_embeds=image_embeds)
                 if image_mode:
@@ -450,6 +470,8 @@ class WanModelSampler:
                 placement.materialize(plan[0])
                 with self._transformer_autocast():
                     latents = pipeline(**kwargs).frames
+                if vace is not None:   # the reference frames lead the latents; the video follows them
+                    latents = latents[:, :, vace[1]:]
                 placement.evict("transformer", "transformer_2", "vae")
                 del pipeline
 

@@ -194,6 +194,12 @@ class BaseWanSetup:
             raise ValueError(f"text embeddings have {text.shape[1]} tokens; with image tokens they must be exactly 512")
 
         transformer = getattr(model, expert)
+        vace, references = {}, 0
+        if "vace_context" in batch:
+            from modules.modelSetup.vace_inputs import control_kwargs, with_references
+            model_input, context, references = with_references(batch["vace_context"], model_input, sigmas,
+                                                               item_generators, self.device)
+            vace = control_kwargs(transformer, context)
         if image_embeds is not None and transformer.config.pos_embed_seq_len:
             # FLF2V: diffusers' image embedder takes (2B, tokens, dim), first and last image of each sample in turn,
             # and views it as (B, 2*tokens, dim) to add its position embedding
@@ -201,7 +207,9 @@ class BaseWanSetup:
         with self.autocast():
             predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
                                     encoder_hidden_states_image=None if image_embeds is None
-                                    else image_embeds.to(self.device, non_blocking=True), return_dict=False)[0]
+                                    else image_embeds.to(self.device, non_blocking=True), return_dict=False,
+                                    **vace)[0]
+        predicted = predicted[:, :, references:]   # VACE: the reference frames are condition, not target
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
                           expert=expert, loss_mask=loss_mask)
 

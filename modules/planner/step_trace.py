@@ -28,15 +28,16 @@ from modules.util.config.TrainConfig import TrainConfig
 
 DEVICE = torch.device("cpu")
 IMAGE_TOKENS = 257   # CLIP ViT-H/14 tokens per image (Wan 2.1 I2V / FLF2V image embeddings)
+VACE_REFERENCES = 1  # reference images a VACE step is planned with
 
 
 def _skeleton(arch: Architecture):
     """The transformer with meta parameters; built outside the fake mode, where its initialisers cost nothing."""
+    from modules.model.transformer_classes import transformer_class_for_kwargs
     from modules.util.empty_weights import empty_weights
-    from diffusers import WanTransformer3DModel
 
     with empty_weights():
-        return WanTransformer3DModel(**arch.transformer)
+        return transformer_class_for_kwargs(arch.transformer)(**arch.transformer)
 
 
 def _build_transformer(transformer, dtype: torch.dtype, seed: int, fake: bool):
@@ -112,6 +113,10 @@ def _batch(arch: Architecture, shape: PlanShape, counter: StorageCounter, fake: 
         if arch.transformer["in_channels"] == 2 * z + 4:
             # I2V / FLF2V: the mask (4 channels) and the image latents (z) concatenated to the noisy latents
             batch["condition"] = draw(b, z + 4, frames, height, width, dtype=torch.bfloat16)
+        if arch.transformer.get("vace_layers"):
+            # VACE: the control context of one reference image (one more latent frame than the video)
+            batch["vace_context"] = draw(b, arch.transformer["vace_in_channels"], VACE_REFERENCES + frames, height,
+                                         width)
         if arch.transformer.get("image_dim"):
             images = 2 if arch.transformer.get("pos_embed_seq_len") else 1
             batch["image_embeds"] = draw(b * images, IMAGE_TOKENS, arch.transformer["image_dim"],
@@ -138,11 +143,19 @@ def _predict_fake(setup, batch: dict, expert: str):
     transformer = getattr(model, expert)
     if image_embeds is not None and transformer.config.pos_embed_seq_len:
         image_embeds = image_embeds.reshape(-1, transformer.config.pos_embed_seq_len // 2, image_embeds.shape[-1])
+    vace, references = {}, 0
+    if "vace_context" in batch:   # as vace_inputs.with_references: noised reference frames before the video
+        from modules.modelSetup.vace_inputs import control_kwargs
+        context = batch["vace_context"].to(DEVICE)
+        references = context.shape[2] - noisy.shape[2]
+        model_input = torch.cat([torch.randn(*noisy.shape[:2], references, *noisy.shape[3:]), model_input], dim=2)
+        vace = control_kwargs(transformer, context)
     with setup.autocast():
         predicted = transformer(hidden_states=model_input, timestep=timestep,
                                 encoder_hidden_states=batch["text_embeds"].to(DEVICE),
                                 encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(DEVICE),
-                                return_dict=False)[0]
+                                return_dict=False, **vace)[0]
+    predicted = predicted[:, :, references:]
     from modules.modelSetup.BaseWanSetup import Prediction
     return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
                       expert=expert)

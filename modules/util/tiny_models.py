@@ -20,7 +20,8 @@ import torch
 from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir
 
-VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b")
+VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
+            "wan2.1-vace", "wan2.2-vace-fun-a14b")
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
 
@@ -36,6 +37,11 @@ HEAD_DIM = 32
 INNER_DIM = NUM_HEADS * HEAD_DIM   # 64
 FFN_DIM = 4 * INNER_DIM
 NUM_LAYERS = 2
+# VACE: four base blocks, VACE blocks feeding blocks 0 and 2 (every second block, as in VACE 1.3B and as ComfyUI
+# assumes for a file without a config); 96 control channels = 16 + 16 latent channels + 64 folded mask channels
+VACE_NUM_LAYERS = 4
+VACE_LAYERS = [0, 2]
+VACE_IN_CHANNELS = 96
 
 CLIP_IMAGE_SIZE = 32
 CLIP_PATCH_SIZE = 8
@@ -66,13 +72,14 @@ class TinyVariant:
     boundary_ratio: float | None
     expand_timesteps: bool
     flow_shift: float
+    vace: bool = False           # WanVACETransformer3DModel (VACE blocks fed a control context)
 
 
 def _spec(name: str, pipeline_class: str, in_channels: int, z_dim: int = 16, image_branch: bool = False,
           flf2v: bool = False, boundary_ratio: float | None = None, expand_timesteps: bool = False,
           flow_shift: float = FLOW_SHIFT_DEFAULT) -> TinyVariant:
     return TinyVariant(name, pipeline_class, in_channels, z_dim, image_branch, flf2v, boundary_ratio is not None,
-                       boundary_ratio, expand_timesteps, flow_shift)
+                       boundary_ratio, expand_timesteps, flow_shift, vace=pipeline_class == "WanVACEPipeline")
 
 
 SPECS = {spec.name: spec for spec in (
@@ -87,6 +94,9 @@ SPECS = {spec.name: spec for spec in (
     _spec("wan2.2-t2v-a14b", "WanPipeline", in_channels=16, boundary_ratio=0.875),
     # I2V-A14B has no CLIP: image_encoder/image_processor are null, the transformer has no image_dim
     _spec("wan2.2-i2v-a14b", "WanImageToVideoPipeline", in_channels=36, boundary_ratio=0.9),
+    _spec("wan2.1-vace", "WanVACEPipeline", in_channels=16),
+    # boundary 0.875 as linoyts/Wan2.2-VACE-Fun-14B-diffusers' model_index.json (the T2V-A14B experts' boundary)
+    _spec("wan2.2-vace-fun-a14b", "WanVACEPipeline", in_channels=16, boundary_ratio=0.875),
 )}
 assert tuple(SPECS) == VARIANTS
 
@@ -357,14 +367,17 @@ def transformer_config(spec: TinyVariant) -> dict:
         config.update(image_dim=CLIP_HIDDEN, added_kv_proj_dim=INNER_DIM)
         if spec.flf2v:
             config.update(pos_embed_seq_len=2 * CLIP_TOKENS)
+    if spec.vace:
+        config.update(num_layers=VACE_NUM_LAYERS, vace_layers=list(VACE_LAYERS), vace_in_channels=VACE_IN_CHANNELS)
     return config
 
 
 def make_transformer(spec: TinyVariant, seed: int, part: str = "transformer"):
-    from diffusers import WanTransformer3DModel
+    from diffusers import WanTransformer3DModel, WanVACETransformer3DModel
 
     torch.manual_seed(part_seed(seed, part))
-    return WanTransformer3DModel(**transformer_config(spec)).eval()
+    model_class = WanVACETransformer3DModel if spec.vace else WanTransformer3DModel   # diffusers' random init
+    return model_class(**transformer_config(spec)).eval()
 
 
 def make_scheduler(spec: TinyVariant):

@@ -4,7 +4,8 @@ from pathlib import Path
 
 from modules.util.enum.WanVariant import WanVariant
 
-WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline")
+TRANSFORMER_CLASSES = ("WanTransformer3DModel", "WanVACETransformer3DModel")
 
 
 class NotAWanModelError(ValueError):
@@ -21,10 +22,13 @@ def check_wan_pipeline(model_index: dict, source: str = "") -> None:
 def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict, source: str = "") -> WanVariant:
     check_wan_pipeline(model_index, source)
     transformer_class = transformer_config.get("_class_name")
-    if transformer_class != "WanTransformer3DModel":
-        raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not WanTransformer3DModel")
+    if transformer_class not in TRANSFORMER_CLASSES:
+        raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not one of "
+                                f"{', '.join(TRANSFORMER_CLASSES)}")
 
     has_second_expert = bool(model_index.get("transformer_2")) and model_index["transformer_2"][0] is not None
+    if transformer_class == "WanVACETransformer3DModel":
+        return WanVariant.VACE_A14B if has_second_expert else WanVariant.VACE
     in_channels = transformer_config.get("in_channels")
     z_dim = vae_config.get("z_dim", 16)
     takes_condition = in_channels == 2 * z_dim + 4

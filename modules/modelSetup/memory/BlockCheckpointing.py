@@ -3,7 +3,8 @@ when its gradient checkpointing is on (`enable_gradient_checkpointing(gradient_c
 
 A block is checkpointed when its index is a multiple of `every` (1: every block; 0: none) or when it is swapped
 (BlockSwap needs it); the others run plainly and keep their activations. Checkpointed blocks use torch's
-non-reentrant checkpoint, optionally with their input offloaded to the host (ActivationOffload).
+non-reentrant checkpoint, optionally with their input offloaded to the host (ActivationOffload). Blocks the model
+checkpoints outside its main list (VACE's `vace_blocks`) are always checkpointed, their inputs kept on the device.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ class BlockCheckpointing:
         return index in self.always or (self.every > 0 and index % self.every == 0)
 
     def __call__(self, block: nn.Module, *args):
-        index = self.position[id(block)]
+        index = self.position.get(id(block))
+        if index is None:   # a block outside the main list (VACE's blocks, never swapped): always checkpointed
+            return checkpoint(block, *args, use_reentrant=False)
         if not self.checkpointed(index):
             return block(*args)
         saving = self.offload.saving(args[0]) if self.offload is not None else contextlib.nullcontext()

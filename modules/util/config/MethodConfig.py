@@ -19,7 +19,7 @@ class LoraConfig(BaseConfig):
                                                   "-1: as near the square root as divides it")
     decompose_both: bool = Field(False, description="LOKR: also factorise the smaller Kronecker factor into rank-r "
                                                     "matrices")
-    targets: Literal["attn-only", "attn-mlp", "blocks-full", "custom"] = "attn-mlp"
+    targets: Literal["attn-only", "attn-mlp", "blocks-full", "vace", "custom"] = "attn-mlp"
     custom_targets: list[str] = Field([], description="module names or one regex, used when targets is 'custom'")
     dora: bool = False
     plus_lr_ratio: float = Field(1.0, ge=1, le=MAX_LR_RATIO, description="LoRA+: the B (up) matrices learn at this "

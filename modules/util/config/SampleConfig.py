@@ -37,6 +37,10 @@ class SampleConfig(BaseConfig):
     elements: dict[str, PathText] = Field({}, description="E2V reference images, element name -> image path")
     drop_reference_frames: bool = Field(False, description="E2V: drop the leading reference frames (the sum of the "
                                         "repeats) from the saved video, as SkyReels-A2's inference does")
+    control_video: PathText = Field("", description="VACE: control video (or folder of frames), at least `frames` long")
+    mask_video: PathText = Field("", description="VACE: mask video, white = generate (binarised at 0.5)")
+    reference_images: list[PathText] = Field([], description="VACE: reference images, in order")
+    control_scale: float = Field(1.0, ge=0, description="VACE: strength of the control (vace_context_scale)")
 
     @field_validator("scheduler", mode="before")
     @classmethod

@@ -211,11 +211,12 @@ def transformer_config_path(config: TrainConfig, part: str) -> Path | None:
 
 @functools.lru_cache(maxsize=8)
 def linear_layer_shapes(config_text: str) -> dict[str, tuple[int, int]]:
-    """Name -> (in_features, out_features) of every Linear of a WanTransformer3DModel with this config, built on the
-    meta device: no weights are read or allocated."""
-    from diffusers import WanTransformer3DModel
+    """Name -> (in_features, out_features) of every Linear of the transformer class this config names (Wan's own or
+    VACE's), built on the meta device: no weights are read or allocated."""
+    from modules.model.transformer_classes import transformer_class
+    config = json.loads(config_text)
     with torch.device("meta"):
-        transformer = WanTransformer3DModel.from_config(json.loads(config_text))
+        transformer = transformer_class(config).from_config(config)
     return {name: (module.in_features, module.out_features) for name, module in transformer.named_modules()
             if isinstance(module, torch.nn.Linear)}
 

@@ -12,14 +12,16 @@ class WanVariant(str, Enum):
     TI2V_5B = "TI2V_5B"    # Wan 2.2 TI2V 5B: 48-channel VAE, per-token timesteps
     T2V_A14B = "T2V_A14B"  # Wan 2.2 T2V A14B: two experts
     I2V_A14B = "I2V_A14B"  # Wan 2.2 I2V A14B: two experts
+    VACE = "VACE"            # Wan 2.1 VACE 1.3B / 14B: T2V blocks plus VACE blocks fed a control context
+    VACE_A14B = "VACE_A14B"  # Wan 2.2 VACE-Fun A14B: two experts, each with its VACE blocks
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def model_type(self) -> ModelType:
-        return ModelType.WAN_2_2 if self in (WanVariant.TI2V_5B, WanVariant.T2V_A14B, WanVariant.I2V_A14B) \
-            else ModelType.WAN_2_1
+        return ModelType.WAN_2_2 if self in (WanVariant.TI2V_5B, WanVariant.T2V_A14B, WanVariant.I2V_A14B,
+                                             WanVariant.VACE_A14B) else ModelType.WAN_2_1
 
     @property
     def has_image_encoder(self) -> bool:
@@ -27,7 +29,7 @@ class WanVariant(str, Enum):
 
     @property
     def has_two_experts(self) -> bool:
-        return self in (WanVariant.T2V_A14B, WanVariant.I2V_A14B)
+        return self in (WanVariant.T2V_A14B, WanVariant.I2V_A14B, WanVariant.VACE_A14B)
 
     @property
     def takes_image_condition(self) -> bool:
@@ -42,3 +44,32 @@ class WanVariant(str, Enum):
     def spatial_unit(self) -> int:
         """Side lengths must be multiples of this: VAE spatial stride x transformer patch size."""
         return 32 if self is WanVariant.TI2V_5B else 16
+
+    # --- control models (DESIGN.md section 11): what conditions the variant takes -------------------------------
+
+    @property
+    def is_vace(self) -> bool:
+        """A `WanVACETransformer3DModel`: control video, mask and reference images through its VACE blocks."""
+        return self in (WanVariant.VACE, WanVariant.VACE_A14B)
+
+    @property
+    def takes_control_video(self) -> bool:
+        return self.is_vace
+
+    @property
+    def takes_control_mask(self) -> bool:
+        return self.is_vace
+
+    @property
+    def takes_reference_images(self) -> bool:
+        return self.is_vace
+
+    @property
+    def prepends_references(self) -> bool:
+        """Reference images are extra latent frames before the video (cut from the prediction before the loss)."""
+        return self.is_vace
+
+    @property
+    def transformer_class_name(self) -> str:
+        return "WanVACETransformer3DModel" if self.is_vace else "WanTransformer3DModel"
+

@@ -2,7 +2,8 @@
 summary (docs/formats.md, "Known refusals and differences", has the table)."""
 
 
-def format_notes(training_method: str, output_format: str, lora_type: str = "LORA", dora: bool = False) -> list[str]:
+def format_notes(training_method: str, output_format: str, lora_type: str = "LORA", dora: bool = False,
+                 targets: str = "") -> list[str]:
     """The notes for a result of `training_method` written as `output_format` (the enums' values)."""
     if training_method != "LORA":
         return []
@@ -21,10 +22,15 @@ def format_notes(training_method: str, output_format: str, lora_type: str = "LOR
         notes.append(f"{lora_type} in {output_format}: diffusers' load_lora_weights refuses LyCORIS keys (it reads "
                      f"lora_A / lora_B only); ComfyUI loads the file; for diffusers, merge it into the base "
                      f"(convert_model --merge-lora FILE --base-model-name BASE --output-model-format DIFFUSERS)")
+    if targets == "vace" and output_format in ("COMFY_LORA", "KOHYA_LORA"):
+        notes.append(f"VACE blocks in {output_format}: ComfyUI loads the file; diffusers' load_lora_weights reads Wan "
+                     f"LoRAs in the original names only for the base blocks (it finds no `blocks.N` and stops): for "
+                     f"WanVACEPipeline write DIFFUSERS_LORA (convert_model --training-method LORA "
+                     f"--output-model-format DIFFUSERS_LORA converts this one)")
     return notes
 
 
 def config_format_notes(config) -> list[str]:
     """format_notes of a TrainConfig."""
     return format_notes(config.training_method.value, config.output.format.value, config.lora.type,
-                        bool(config.lora.dora))
+                        bool(config.lora.dora), config.lora.targets)

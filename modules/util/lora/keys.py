@@ -1,7 +1,7 @@
 """Names of the Wan transformer's weights: official Wan ("original", as ComfyUI and the Wan repo name them) <->
 diffusers' `WanTransformer3DModel`.
 
-Covers Wan 2.1 T2V / I2V / FLF2V and Wan 2.2 TI2V-5B / A14B (T2V and I2V). Both directions come from the one
+Covers Wan 2.1 T2V / I2V / FLF2V, Wan 2.2 TI2V-5B / A14B (T2V and I2V) and VACE's extra blocks. Both directions come from the one
 table `KEY_TABLE` below (DESIGN.md section 7). Each row names a module or a parameter on both sides; a key maps
 when it is the name itself or the name followed by `.<anything>` (`.weight`, `.bias`, `.lora_A.weight`, ...).
 
@@ -62,13 +62,22 @@ KEY_TABLE: tuple[tuple[str, str], ...] = (
     ("head.head", "proj_out"),
     ("head.modulation", "scale_shift_table"),  # parameter (1, 2, dim)
 )
+# VACE (Wan-Video/Wan2.1 wan/modules/vace_model.py `VaceWanModel`; diffusers `WanVACETransformer3DModel`): each
+# `vace_blocks.N` is a Wan block with the same inner names, plus `before_proj` (block 0 only) / `after_proj`, which
+# diffusers names `proj_in` / `proj_out` (its single-file converter's "before_proj" / "after_proj" renames)
+KEY_TABLE += (
+    ("vace_patch_embedding", "vace_patch_embedding"),
+    ("vace_blocks.{N}.before_proj", "vace_blocks.{N}.proj_in"),
+    ("vace_blocks.{N}.after_proj", "vace_blocks.{N}.proj_out"),
+    *((f"vace_{original}", f"vace_{diffusers}") for original, diffusers in KEY_TABLE if original.startswith("blocks.")),
+)
 
 # Longest first: "model.diffusion_model.x" does not start with "diffusion_model.", but keep the order explicit.
 ORIGINAL_PREFIXES: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
 
 _ORIGINAL_MARKER = re.compile(
-    r"^(blocks\.\d+\.(self_attn|cross_attn|modulation|ffn\.[02]\b)|head\.|text_embedding\.|time_embedding\."
-    r"|time_projection\.|img_emb\.)"
+    r"^((vace_)?blocks\.\d+\.(self_attn|cross_attn|modulation|ffn\.[02]\b|before_proj|after_proj)|head\."
+    r"|text_embedding\.|time_embedding\.|time_projection\.|img_emb\.)"
 )
 
 

@@ -9,6 +9,9 @@ TARGET_PRESETS = {
     "attn-only": f"{_ATTENTION}",
     "attn-mlp": f"({_ATTENTION}|{_MLP})",
     "blocks-full": r"blocks\.\d+\..+",
+    # VACE models: the VACE blocks alone (every Linear of them, their before/after projections included), as VACE's
+    # authors trained them; the choices above keep meaning the base blocks (a full match never takes `vace_blocks`)
+    "vace": r"vace_blocks\.\d+\..+",
 }
 # Characters that make a single custom target a regex rather than a module-name suffix.
 REGEX_CHARACTERS = "\\()[]|*+?"

@@ -14,6 +14,7 @@ from modules.modelLoader.wan.parts.wan_configs import (is_official_transformer_c
                                                        transformer_config_from_shapes, variant_from_transformer)
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.enum.WanVariant import WanVariant
+from modules.util.wan_detection import TRANSFORMER_CLASSES
 
 PART_NAMES = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder")
 _KIND = {"transformer": "transformer", "transformer_2": "transformer", "vae": "vae", "text_encoder": "text_encoder",
@@ -217,7 +218,7 @@ def _check_encoders(parts: dict[str, FoundPart]) -> None:
 def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str) -> dict:
     source = str(found.folder or found.files[0])
     given = None
-    if found.config and (found.config.get("_class_name") == "WanTransformer3DModel"
+    if found.config and (found.config.get("_class_name") in TRANSFORMER_CLASSES
                          or is_official_transformer_config(found.config)):
         given = found.config   # a diffusers config, or the official code's (read by transformer_config_from_shapes)
     if given is None and diffusers_base is not None:
@@ -232,7 +233,7 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
         raise ModelFileError(f"{source}: the transformer's tensors were not recognised")
     from modules.modelLoader.wan.parts.transformer_files import check_quantization
     check_quantization(found.detail, source)   # ComfyUI's nvfp4 / mxfp8 / int8 layers: named before anything loads
-    if given is not None and given.get("_class_name") == "WanTransformer3DModel" and found.layout == "diffusers" \
+    if given is not None and given.get("_class_name") in TRANSFORMER_CLASSES and found.layout == "diffusers" \
             and found.folder is not None:
         return dict(given)
     return transformer_config_from_shapes(found.detail.shapes, source, given)

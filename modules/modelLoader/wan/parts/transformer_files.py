@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
+from modules.model.transformer_classes import transformer_class
 from modules.util.empty_weights import empty_weights
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
 from modules.modelLoader.wan.parts import comfy_quant
@@ -133,7 +134,7 @@ def key_mismatch(model_class, config: dict, shapes: dict[str, TensorInfo]) -> st
 def check_transformer_keys(file: TransformerFile, config: dict, source: str) -> None:
     """Every parameter the config's model has, with its shape, before any weight is read."""
     check_quantization(file, source)
-    problem = key_mismatch(WanTransformer3DModel, config, file.shapes)
+    problem = key_mismatch(transformer_class(config), config, file.shapes)
     if problem:
         raise ModelFileError(f"{source}: the tensors do not make a Wan transformer of this config: {problem}")
 
@@ -161,15 +162,16 @@ def _dequantise_with(scale: torch.Tensor):
 
 
 def load_transformer(paths: list[Path], file: TransformerFile, config: dict, weight_dtype: DataType,
-                     source: str) -> WanTransformer3DModel:
+                     source: str) -> torch.nn.Module:
     """Builds the model on the meta device and assigns the file's tensors one at a time, each cast to its target
     dtype as it is read: the weights exist once in memory. fp8 files stay fp8 (upcasting adds no precision), computed
     in `weight_dtype`'s compute dtype (bfloat16 for FLOAT_8); FLOAT_8 of a wider file is cast to fp8 as it is read,
     never held whole in the wider dtype."""
     check_transformer_keys(file, config, source)
+    model_class = transformer_class(config)
     with empty_weights():
-        model = WanTransformer3DModel.from_config(config)
-    keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+        model = model_class.from_config(config)
+    keep_fp32 = model_class._keep_in_fp32_modules
     store_fp8 = file.is_fp8 or weight_dtype is DataType.FLOAT_8
     compute = fp8_compute_dtype(weight_dtype) if store_fp8 else weight_dtype.torch_dtype()
     state: dict[str, torch.Tensor] = {}

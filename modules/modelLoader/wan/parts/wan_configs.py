@@ -6,6 +6,7 @@ from functools import cache
 from pathlib import Path
 
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo
+from modules.modelLoader.wan.parts.vace_files import OFFICIAL_VACE_CLASS, VACE_CLASS, official_vace_fields, vace_config_fields
 from modules.util.enum.WanVariant import WanVariant
 
 CONFIG_DIR = Path(__file__).resolve().parents[4] / "resources" / "wan_configs"
@@ -28,8 +29,8 @@ def released_for_variant(variant: WanVariant, width: int | None = None) -> dict:
 
 def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
                                    given: dict | None = None) -> dict:
-    """A `WanTransformer3DModel` config for a state dict in diffusers names (`keys`); `given` (a config.json beside
-    the file or the base model's transformer config) supplies the head count and is checked against the shapes."""
+    """A `WanTransformer3DModel` (or, with VACE blocks, `WanVACETransformer3DModel`) config for a state dict in
+    diffusers names (`keys`); `given` (a config.json beside the file or the base model's transformer config) supplies the head count and is checked against the shapes."""
     def shape(name: str) -> tuple[int, ...]:
         if name not in keys:
             raise ModelFileError(f"{source}: no tensor {name!r}; not a complete Wan transformer")
@@ -72,7 +73,10 @@ def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
         raise ModelFileError(f"{source}: a transformer {dim} wide is not a released Wan size; its head count is in "
                              f"no tensor shape: put its config.json beside the file")
     template.update(derived)
+    for field in ("vace_layers", "vace_in_channels"):   # a VACE config given for a plain file (or the reverse)
+        template.pop(field, None)
     template["_class_name"] = "WanTransformer3DModel"
+    template.update(vace_config_fields(keys, num_layers, given, source))
     return template
 
 
@@ -90,7 +94,7 @@ _MODEL_TYPE_CHECKS = {
 
 
 def is_official_transformer_config(config: dict | None) -> bool:
-    return isinstance(config, dict) and config.get("_class_name") in (None, "WanModel") \
+    return isinstance(config, dict) and config.get("_class_name") in (None, "WanModel", OFFICIAL_VACE_CLASS) \
         and isinstance(config.get("dim"), int) and isinstance(config.get("num_heads"), int) and config["num_heads"] > 0
 
 
@@ -104,6 +108,7 @@ def official_to_diffusers(config: dict) -> dict:
         out["qk_norm"] = "rms_norm_across_heads" if config["qk_norm"] else None
     if "cross_attn_norm" in config:
         out["cross_attn_norm"] = bool(config["cross_attn_norm"])
+    out.update(official_vace_fields(config))
     return out
 
 
@@ -125,6 +130,8 @@ def variant_from_transformer(config: dict, z_dim: int, two_experts: bool) -> Wan
     """As `modules.util.wan_detection.detect_variant`, from configs alone (no model_index.json)."""
     in_channels = config["in_channels"]
     takes_condition = in_channels == 2 * z_dim + 4
+    if config.get("_class_name") == VACE_CLASS:
+        return WanVariant.VACE_A14B if two_experts else WanVariant.VACE
     if two_experts:
         return WanVariant.I2V_A14B if takes_condition else WanVariant.T2V_A14B
     if z_dim == 48:

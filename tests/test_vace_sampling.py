@@ -1,0 +1,79 @@
+"""Sampling a VACE model: our sampler (control video, mask, reference image, control scale read from files) gives the
+latents diffusers' `WanVACEPipeline` gives for the same inputs, seed and steps; bad inputs are named."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
+from modules.modelSampler.vace_sampling import VaceInputError, check_vace_sample
+from modules.util.config.ModelConfig import ModelConfig
+from modules.util.config.SampleConfig import SampleConfig
+from modules.util.enum.WanVariant import WanVariant
+from modules.util.video_frames import write_video
+
+FRAMES, HEIGHT, WIDTH = 9, 32, 48
+
+
+@pytest.fixture(scope="module")
+def vace_model(tiny_model):
+    return WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-vace"))))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A control frames folder (lossless PNGs), a mask frames folder, one reference image."""
+    root = tmp_path_factory.mktemp("vace-inputs")
+    rng = np.random.default_rng(0)
+    control = rng.integers(0, 256, (FRAMES, HEIGHT // 8, WIDTH // 8, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)
+    mask = np.zeros((FRAMES, HEIGHT, WIDTH, 3), np.uint8)
+    mask[:, 8:24, 8:32] = 255
+    for name, frames in (("clip_control", control), ("clip_mask", mask)):
+        (root / name).mkdir()
+        for index, frame in enumerate(frames):
+            Image.fromarray(frame).save(root / name / f"{index:03d}.png")
+    reference = Image.fromarray(rng.integers(0, 256, (24, 16, 3), dtype=np.uint8))
+    reference.save(root / "clip_ref.png")
+    return root, control, mask, reference
+
+
+def _sample(root, **changes) -> SampleConfig:
+    values = dict(prompt="a red square moving left", width=WIDTH, height=HEIGHT, frames=FRAMES, steps=2,
+                  guidance=2.0, seed=3, control_video=str(root / "clip_control"), mask_video=str(root / "clip_mask"),
+                  reference_images=[str(root / "clip_ref.png")], control_scale=0.8)
+    return SampleConfig(**{**values, **changes})
+
+
+def test_our_sampler_equals_wan_vace_pipeline(vace_model, inputs):
+    root, control, mask, reference = inputs
+    sample = _sample(root)
+    ours = WanModelSampler(vace_model, device="cpu").sample(sample)
+    pipeline = vace_model.create_pipeline()
+    pipeline.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        theirs = pipeline(prompt=sample.prompt, negative_prompt=sample.effective_negative_prompt,
+                          video=[Image.fromarray(frame) for frame in control],
+                          mask=[Image.fromarray(frame) for frame in mask], reference_images=[reference],
+                          conditioning_scale=0.8, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=2,
+                          guidance_scale=2.0, generator=torch.Generator().manual_seed(3), output_type="latent").frames
+    assert ours.latents.shape == (16, (FRAMES - 1) // 4 + 1, HEIGHT // 8, WIDTH // 8)
+    torch.testing.assert_close(ours.latents, theirs[0, :, 1:].float(), atol=1e-5, rtol=0)   # the reference frame cut
+    assert ours.frames.shape == (FRAMES, HEIGHT, WIDTH, 3)
+    weaker = WanModelSampler(vace_model, device="cpu").sample(_sample(root, control_scale=0.0))
+    assert (weaker.latents - ours.latents).abs().max() > 1e-2   # the control changes the result
+
+
+def test_bad_inputs_are_named(vace_model, inputs, tmp_path):
+    root, control, _, _ = inputs
+    short = tmp_path / "short_control.mp4"
+    write_video(short, control[:5], fps=16)
+    sampler = WanModelSampler(vace_model, device="cpu")
+    with pytest.raises(SampleError, match=r"control video '.*short_control\.mp4' has 5 frames; the sample has 9"):
+        sampler.sample(_sample(root, control_video=str(short)))
+    with pytest.raises(SampleError, match=r"reference image '.*short_control\.mp4' is not an image"):
+        sampler.sample(_sample(root, reference_images=[str(short)]))
+    with pytest.raises(VaceInputError, match="control_video, reference_images need a VACE model; T2V takes none"):
+        check_vace_sample(WanVariant.T2V, _sample(root, mask_video=""))
+    with pytest.raises(SampleError, match="a VACE model takes no image"):
+        sampler.resolve(_sample(root, image=str(root / "clip_ref.png")))
