@@ -4,7 +4,11 @@ from pathlib import Path
 
 from modules.util.enum.WanVariant import WanVariant
 
-WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanAnimatePipeline", "WanAnimate2ModularPipeline",
+                 "WanAnimate2DistilledModularPipeline")
+# a transformer class that alone decides the variant (its own conditioning; the pipeline must be its own)
+_CLASS_VARIANTS = {"WanAnimateTransformer3DModel": WanVariant.ANIMATE_14B,
+                   "WanAnimate2Transformer3DModel": WanVariant.ANIMATE_2_14B}
 
 
 class NotAWanModelError(ValueError):
@@ -21,8 +25,11 @@ def check_wan_pipeline(model_index: dict, source: str = "") -> None:
 def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict, source: str = "") -> WanVariant:
     check_wan_pipeline(model_index, source)
     transformer_class = transformer_config.get("_class_name")
+    if transformer_class in _CLASS_VARIANTS:
+        return _CLASS_VARIANTS[transformer_class]
     if transformer_class != "WanTransformer3DModel":
-        raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not WanTransformer3DModel")
+        raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not WanTransformer3DModel "
+                                f"(or {', '.join(_CLASS_VARIANTS)})")
 
     has_second_expert = bool(model_index.get("transformer_2")) and model_index["transformer_2"][0] is not None
     in_channels = transformer_config.get("in_channels")

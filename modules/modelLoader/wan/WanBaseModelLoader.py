@@ -10,6 +10,7 @@ from huggingface_hub.errors import HFValidationError
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
+from modules.model.transformer_classes import transformer_class
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.enum.DataType import DataType
 from modules.util.wan_detection import NotAWanModelError, check_wan_pipeline, detect_variant
@@ -227,7 +228,11 @@ class WanBaseModelLoader:
         elif part.path and not Path(part.path).exists():
             raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
         else:
-            transformer = self._load_part(part, base, subfolder, WanTransformer3DModel, common)
+            # the class the folder's config names: Animate's encoders and adapter would be dropped by the plain class
+            config_folder = part.path or base
+            sub = None if part.path and (Path(part.path) / "config.json").is_file() else subfolder
+            config = WanTransformer3DModel.load_config(config_folder, subfolder=sub, **common)
+            transformer = self._load_part(part, base, subfolder, transformer_class(config), common)
         if part.weight_dtype is DataType.FLOAT_8:
             # frozen base weights stored in fp8 and upcast per layer for compute: a 14B model fits in 24 GB
             transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)

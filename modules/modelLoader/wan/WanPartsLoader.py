@@ -10,6 +10,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
 from modules.model.WanModel import WanModel
+from modules.model.transformer_classes import transformer_class
 from modules.modelLoader.wan.parts.model_plan import ModelPlan
 from modules.modelLoader.wan.parts.recognise import FoundPart
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError
@@ -79,7 +80,7 @@ class WanPartsLoader:
             from modules.modelLoader.wan.WanBaseModelLoader import load_quantized_transformer
             return load_quantized_transformer(found.folder, part.weight_dtype)
         if found.folder is not None and not found.dtype.startswith("fp8"):
-            transformer = _from_folder(WanTransformer3DModel, found, part.weight_dtype.torch_dtype())
+            transformer = _from_folder(transformer_class(found.config or {}), found, part.weight_dtype.torch_dtype())
             if part.weight_dtype is DataType.FLOAT_8:
                 transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
             return transformer

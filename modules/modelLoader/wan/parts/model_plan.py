@@ -12,6 +12,7 @@ from modules.modelLoader.wan.parts.tensor_files import INDEX_SUFFIX, ModelFileEr
 from modules.modelLoader.wan.parts.wan_configs import (released_for_variant, transformer_config_from_shapes,
                                                        variant_from_transformer)
 from modules.util.config.ModelConfig import ModelConfig
+from modules.model.transformer_classes import TRANSFORMER_CLASSES
 from modules.util.enum.WanVariant import WanVariant
 
 PART_NAMES = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder")
@@ -47,7 +48,8 @@ def _read_json(path: Path) -> dict:
 
 def _official_to_diffusers(config: dict) -> dict | None:
     """The official Wan repository's config.json (`"_class_name": "WanModel"`) gives the head count."""
-    if config.get("_class_name") != "WanModel" or not config.get("num_heads") or not config.get("dim"):
+    if config.get("_class_name") not in ("WanModel", "WanAnimateModel") or not config.get("num_heads") \
+            or not config.get("dim"):
         return None
     return {"num_attention_heads": config["num_heads"], "attention_head_dim": config["dim"] // config["num_heads"],
             "eps": config.get("eps", 1e-6), "freq_dim": config.get("freq_dim", 256)}
@@ -137,17 +139,18 @@ def plan_model(config: ModelConfig) -> ModelPlan:
                              f"Wan2.1_VAE.pth, wan_2.1_vae.safetensors, or the Wan 2.2 VAE for TI2V-5B)")
     z_dim = vae.detail.z_dim
     main = transformer_configs["transformer"]
-    if main["out_channels"] != z_dim:
-        needs = "Wan 2.2 TI2V-5B needs the Wan 2.2 VAE" if main["out_channels"] == 48 else "it needs the Wan 2.1 VAE"
+    out_channels = main.get("out_channels", main.get("out_dim"))
+    if out_channels != z_dim:
+        needs = "Wan 2.2 TI2V-5B needs the Wan 2.2 VAE" if out_channels == 48 else "it needs the Wan 2.1 VAE"
         raise ModelFileError(f"{origins['vae']}: {vae.files[0]} is the Wan {vae.detail.version} VAE ({z_dim} latent "
                              f"channels) but the transformer {parts['transformer'].files[0]} works on "
-                             f"{main['out_channels']} channels ({needs})")
+                             f"{out_channels} channels ({needs})")
     second = transformer_configs.get("transformer_2")
     if second is not None and second["in_channels"] != main["in_channels"]:
         raise ModelFileError(f"{origins['transformer_2']}: the low-noise expert takes {second['in_channels']} input "
                              f"channels, the high-noise expert {main['in_channels']}: they are not one A14B pair")
     variant = variant_from_transformer(main, z_dim, "transformer_2" in parts)
-    if main.get("image_dim") and "image_encoder" not in parts:
+    if (main.get("image_dim") or main.get("use_img_emb")) and "image_encoder" not in parts:
         raise ModelFileError(f"{origins['transformer']}: {parts['transformer'].files[0]} is a Wan {variant.value} "
                              f"transformer with an image (CLIP) branch and no image encoder was found: set "
                              f"model.image_encoder.path to clip_vision_h.safetensors or the official "
@@ -159,7 +162,8 @@ def plan_model(config: ModelConfig) -> ModelPlan:
     if diffusers_base:
         scheduler_config = _read_json(diffusers_base / "scheduler" / "scheduler_config.json")
     else:
-        release = released_for_variant(variant, main["num_attention_heads"] * main["attention_head_dim"])
+        width = main.get("dim") or main["num_attention_heads"] * main["attention_head_dim"]
+        release = released_for_variant(variant, width)
         model_index = dict(release["model_index"])
         scheduler_config = dict(release["scheduler"])
     vae_config = vae.config if vae.config and vae.config.get("_class_name") == "AutoencoderKLWan" else None
@@ -201,7 +205,7 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
     source = str(found.folder or found.files[0])
     given = None
     if found.config:
-        if found.config.get("_class_name") == "WanTransformer3DModel":
+        if found.config.get("_class_name") in TRANSFORMER_CLASSES:
             given = found.config
         else:
             given = _official_to_diffusers(found.config)
@@ -210,14 +214,15 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
             if (diffusers_base / sub / "config.json").is_file():
                 candidate = _read_json(diffusers_base / sub / "config.json")
                 width = found.detail.shapes["patch_embedding.weight"].shape[0]
-                if candidate.get("num_attention_heads", 0) * candidate.get("attention_head_dim", 0) == width:
+                if (candidate.get("dim") or candidate.get("num_attention_heads", 0)
+                        * candidate.get("attention_head_dim", 0)) == width:
                     given = candidate
                 break
     if found.detail is None:
         raise ModelFileError(f"{source}: the transformer's tensors were not recognised")
     from modules.modelLoader.wan.parts.transformer_files import check_quantization
     check_quantization(found.detail, source)   # ComfyUI's nvfp4 / mxfp8 / int8 layers: named before anything loads
-    if given is not None and given.get("_class_name") == "WanTransformer3DModel" and found.layout == "diffusers" \
+    if given is not None and given.get("_class_name") in TRANSFORMER_CLASSES and found.layout == "diffusers" \
             and found.folder is not None:
         return dict(given)
     return transformer_config_from_shapes(found.detail.shapes, source, given)

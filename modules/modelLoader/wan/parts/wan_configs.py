@@ -5,6 +5,7 @@ import json
 from functools import cache
 from pathlib import Path
 
+from modules.modelLoader.wan.parts import animate_files
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo
 from modules.util.enum.WanVariant import WanVariant
 
@@ -21,7 +22,8 @@ def released_for_variant(variant: WanVariant, width: int | None = None) -> dict:
     """The released model of `variant` (the one of that transformer width when there are two, e.g. T2V 1.3B/14B)."""
     candidates = [c for c in released_configs().values() if c["variant"] == variant.value]
     for config in candidates:
-        if width is None or config["transformer"]["num_attention_heads"] * HEAD_DIM == width:
+        transformer = config["transformer"]
+        if width is None or transformer.get("num_attention_heads", transformer.get("num_heads")) * HEAD_DIM == width:
             return config
     return candidates[0]
 
@@ -29,7 +31,11 @@ def released_for_variant(variant: WanVariant, width: int | None = None) -> dict:
 def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
                                    given: dict | None = None) -> dict:
     """A `WanTransformer3DModel` config for a state dict in diffusers names (`keys`); `given` (a config.json beside
-    the file or the base model's transformer config) supplies the head count and is checked against the shapes."""
+    the file or the base model's transformer config) supplies the head count and is checked against the shapes.
+    Animate's extra modules add their fields; Animate-2 has a config of its own (animate_files)."""
+    if animate_files.is_diffusers_animate_2(keys):
+        return animate_files.animate_2_config(keys, source, given)
+
     def shape(name: str) -> tuple[int, ...]:
         if name not in keys:
             raise ModelFileError(f"{source}: no tensor {name!r}; not a complete Wan transformer")
@@ -66,11 +72,16 @@ def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
                              f"no tensor shape: put its config.json beside the file")
     template.update(derived)
     template["_class_name"] = "WanTransformer3DModel"
+    if animate_files.DIFFUSERS_ANIMATE_MARKER in keys:
+        template.update(animate_files.animate_config_fields(keys, num_layers, source))
     return template
 
 
 def variant_from_transformer(config: dict, z_dim: int, two_experts: bool) -> WanVariant:
     """As `modules.util.wan_detection.detect_variant`, from configs alone (no model_index.json)."""
+    by_class = {animate_files.ANIMATE_CLASS: WanVariant.ANIMATE_14B, animate_files.ANIMATE_2_CLASS: WanVariant.ANIMATE_2_14B}
+    if config.get("_class_name") in by_class:
+        return by_class[config["_class_name"]]
     in_channels = config["in_channels"]
     takes_condition = in_channels == 2 * z_dim + 4
     if two_experts:
