@@ -237,10 +237,11 @@ def test_every_released_config_is_found_again_from_its_shapes_alone():
     from accelerate import init_empty_weights
     from modules.modelLoader.wan.parts.tensor_files import TensorInfo
     from modules.modelLoader.wan.parts.vae_files import recognise_vae
+    from modules.model.transformer_classes import transformer_class
     from modules.modelLoader.wan.parts.wan_configs import released_configs, variant_from_transformer
     for name, release in released_configs().items():
         with init_empty_weights():
-            transformer = WanTransformer3DModel.from_config(release["transformer"])
+            transformer = transformer_class(release["transformer"]).from_config(release["transformer"])
             vae = AutoencoderKLWan.from_config(release["vae"])
         shapes = {k: TensorInfo(tuple(v.shape), "bfloat16") for k, v in transformer.state_dict().items()}
         derived = transformer_config_from_shapes(shapes, name)

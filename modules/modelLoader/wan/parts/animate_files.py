@@ -191,6 +191,9 @@ def animate_config_fields(keys: dict[str, TensorInfo], num_layers: int, source: 
     if adapters != num_layers // FACE_ADAPTER_EVERY:
         raise ModelFileError(f"{source}: {adapters} face adapter blocks for {num_layers} transformer blocks; "
                              f"Wan2.2-Animate has one every {FACE_ADAPTER_EVERY} blocks ({num_layers // 5})")
+    from diffusers.models.transformers.transformer_wan_animate import WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES
+    if all(WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES.get(side) == width for side, width in channels.items()):
+        channels = None   # the release's widths: its config.json leaves them to the class default
     conv1 = shape("face_encoder.conv1_local.weight")
     hidden = shape("face_encoder.conv2.weight")[0]
     return dict(
@@ -204,6 +207,7 @@ def animate_config_fields(keys: dict[str, TensorInfo], num_layers: int, source: 
         face_encoder_hidden_dim=hidden,
         face_encoder_num_heads=conv1[0] // hidden,
         inject_face_latents_blocks=FACE_ADAPTER_EVERY,
+        motion_encoder_batch_size=8,   # face frames per motion-encoder call: memory, not weights (the release's)
     )
 
 
@@ -225,8 +229,8 @@ def animate_2_config(keys: dict[str, TensorInfo], source: str, given: dict | Non
                                  f"in no tensor shape: put its config.json beside the file")
         heads = dim // 128
     # the reference's RoPE placement is in no shape: a given Animate-2 config's, else the release's (the defaults)
-    config = {k: given[k] for k in ("text_len", "eps", "refer_offset_t", "refer_offset_h", "refer_offset_w",
-                                    "refer_stride") if k in given}
+    config = dict(text_len=512, eps=1e-6, refer_offset_t=1, refer_offset_h=0, refer_offset_w=-1, refer_stride=1)
+    config.update({k: given[k] for k in config if k in given})
     config.update(
         _class_name=ANIMATE_2_CLASS, patch_size=list(patch[2:]), in_dim=patch[1], dim=dim,
         ffn_dim=shape("blocks.0.ffn.0.weight")[0], freq_dim=shape("time_embedding.0.weight")[1],
