@@ -4,6 +4,10 @@
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
+Wan2.2-Animate (the video is as long as the pose video, made in segments of --frames):
+  sample.py --base-model-name ANIMATE_DIR --prompt "a person dancing" --reference-image me.png \
+      --pose-video clip_pose.mp4 --face-video clip_face.mp4 [--mode replace --background-video clip_bg.mp4 \
+      --mask-video clip_mask.mp4]
 Elements-to-Video (the layout and image encoder the LoRA's header, or the folder's e2v_config.json, records):
   sample.py --base-model-name T2V_DIR --lora e2v_lora.safetensors --element person=me.png \\
       --element background=bg.png --prompt "..." --drop-reference-frames
@@ -68,6 +72,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="a CLIP vision model (a file such as clip_vision_h.safetensors, or a folder) for an "
                              "I2V transformer file or an E2V LoRA on a base without one; default for an E2V LoRA: "
                              "the one its header records")
+    animate = parser.add_argument_group("Wan2.2-Animate (docs/animate.md)")
+    for flag, what in (("reference-image", "the character to animate"),
+                       ("pose-video", "the driving pose video; the output is as long as it"),
+                       ("face-video", "the face crops, frame-aligned with the pose video"),
+                       ("background-video", "replace mode: the scene the character goes into"),
+                       ("mask-video", "replace mode: the character's mask (white = character)")):
+        animate.add_argument(f"--{flag}", default=None, metavar="PATH", help=what)
+    animate.add_argument("--mode", dest="animate_mode", choices=["animate", "replace"], default=None,
+                         help="default animate")
+    animate.add_argument("--continuation-frames", type=int, choices=[1, 5], default=None,
+                         help="frames of a segment that condition the next (long clips; --frames is the segment "
+                              "length); default 1")
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default=None,
                         help="default: samples (with --output: that file's folder)")
     add_sample_options(parser)
@@ -135,7 +151,10 @@ def build_samples(args: argparse.Namespace) -> list:
     defaults = dict(negative_prompt=args.negative_prompt, width=args.width, height=args.height, frames=args.frames,
                     steps=args.steps, guidance=args.guidance, guidance_2=args.guidance_2, flow_shift=args.flow_shift,
                     scheduler=args.scheduler, seed=args.seed, image=args.image, last_image=args.last_image,
-                    elements=args.elements or None, drop_reference_frames=args.drop_reference_frames)
+                    elements=args.elements or None, drop_reference_frames=args.drop_reference_frames,
+                    reference_image=args.reference_image, pose_video=args.pose_video, face_video=args.face_video,
+                    background_video=args.background_video, mask_video=args.mask_video,
+                    animate_mode=args.animate_mode, continuation_frames=args.continuation_frames)
     return [sample.with_defaults(**defaults) for sample in samples]
 
 

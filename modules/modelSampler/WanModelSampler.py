@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from modules.model.WanModel import WanModel
+from modules.modelSampler.WanAnimateSampler import animate_problems, sample_animate
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.ModelType import ModelType
@@ -237,6 +238,8 @@ class WanModelSampler:
 
     def _check_images(self, sample: SampleConfig) -> None:
         variant, image, last_image = self.model.variant, sample.image, sample.last_image
+        if problems := animate_problems(variant, sample):
+            raise SampleError(f"sample {sample.prompt[:40]!r}: " + "; ".join(problems))
         if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
                               f"image; remove image / last_image")
@@ -425,6 +428,8 @@ class WanModelSampler:
         model = self.model
         resolved, notes = self.resolve(sample)
         variant = model.variant
+        if variant.is_animate:
+            return sample_animate(self, resolved, on_step)
         if variant.has_two_experts and (model.transformer is None or model.transformer_2 is None):
             raise SampleError(f"{variant} needs both experts loaded to sample")
         if model.text_encoder is None or model.vae is None:

@@ -37,6 +37,15 @@ class SampleConfig(BaseConfig):
     elements: dict[str, PathText] = Field({}, description="E2V reference images, element name -> image path")
     drop_reference_frames: bool = Field(False, description="E2V: drop the leading reference frames (the sum of the "
                                         "repeats) from the saved video, as SkyReels-A2's inference does")
+    # Wan2.2-Animate (docs/animate.md): the video is as long as the pose video, generated in segments of `frames`
+    reference_image: PathText = Field("", description="Animate: the character to animate")
+    pose_video: PathText = Field("", description="Animate: the driving pose video (its length is the output's)")
+    face_video: PathText = Field("", description="Animate: the driving face crops, frame-aligned with the pose")
+    background_video: PathText = Field("", description="Animate replace mode: the scene the character goes into")
+    mask_video: PathText = Field("", description="Animate replace mode: the character's mask (white = character)")
+    animate_mode: Literal["animate", "replace"] = "animate"
+    continuation_frames: Literal[1, 5] = Field(1, description="Animate: frames of the previous segment that "
+                                               "condition the next one")
 
     @field_validator("scheduler", mode="before")
     @classmethod
