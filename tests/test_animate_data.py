@@ -38,7 +38,9 @@ def _loader(concept, *values: str, mode: str = "animate", cache=None) -> WanBase
 
 def test_companions_are_found_and_are_not_clips(demo):
     for mode in ("animate", "replace"):
-        records = _loader(demo, mode=mode).scan_result.records
+        scanned = _loader(demo, mode=mode).scan_result
+        records = scanned.records
+        assert scanned.skipped == []   # the companions are neither clips nor skipped files
         assert len(records) == 12 and all(not r["path"].endswith(("_pose.mp4", "_bg.mp4", "_mask.mp4", "_face.mp4"))
                                           for r in records)
         record = records[0]

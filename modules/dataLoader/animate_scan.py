@@ -122,15 +122,12 @@ def companion_problem(media: Path, companions: dict[str, Path | None], mode: str
 def scan_animate_concepts(concepts, mode: str) -> ScanResult:
     """The concept scan, with companions attached to each record (`companions`: name -> path or None), companion
     files dropped from the clips and `_mask` files read as replace masks instead of loss masks."""
-    scanned = scan_concepts(concepts)
+    scanned = scan_concepts(concepts, companion=is_companion)
     result = ScanResult(skipped=list(scanned.skipped))
-    media = {Path(r["path"]) for r in scanned.records}
     manifests = {str(c.path): _manifest_companions(Path(c.path)) for c in concepts
                  if c.enabled and str(c.path).endswith(".jsonl") and Path(c.path).is_file()}
     for record in scanned.records:
         path = Path(record["path"])
-        if is_companion(path, media):
-            continue
         listed = manifests.get(str(record["concept"].path), {}).get(record["path"])
         companions = find_companions(path, listed)
         if record.get("mask") is not None and companions["mask"] is not None \

@@ -35,10 +35,12 @@ def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | No
     return None
 
 
-def _folder_media(folder: Path, recursive: bool) -> list[Path]:
+def _folder_media(folder: Path, recursive: bool, companion=None) -> list[Path]:
+    """The media files of a folder: not the masks beside clips, nor (`companion(path, media)`) other files that
+    belong to a clip (Animate's pose / face / reference videos)."""
     pattern = "**/*" if recursive else "*"
     media = {p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in MEDIA_EXTENSIONS}
-    return sorted(p for p in media if not is_beside_mask(p, media))
+    return sorted(p for p in media if not is_beside_mask(p, media) and not (companion and companion(p, media)))
 
 
 MANIFEST_MEDIA_KEYS = ("path", "media", "video", "file", "clip", "video_path", "image_path")
@@ -100,7 +102,7 @@ def _mask_problem(mask: Path) -> str | None:
     return f"its mask {mask} is black everywhere: the item would carry no loss" if black else None
 
 
-def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
+def scan_concepts(concepts: list[ConceptConfig], companion=None) -> ScanResult:
     result = ScanResult()
     for concept in concepts:
         if not concept.enabled:
@@ -112,7 +114,7 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
                         mask or find_mask(path, concept)) for path, caption, mask in _manifest_media(root, result)]
         else:
             entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept))
-                       for path in _folder_media(root, concept.include_subdirectories)]
+                       for path in _folder_media(root, concept.include_subdirectories, companion)]
         for path, caption, mask in entries:
             # musubi-tuner's video_path may name a folder of frames: one clip, its images in name order
             frames_folder = path.is_dir() and root.is_file()

@@ -139,6 +139,13 @@ def condition_latent_frames(continuation_frames: int, continuing: bool, temporal
     return 1 + 1 + (continuation_frames - 1 + temporal - 1) // temporal   # frame 0 alone, then 4 per latent
 
 
+def transformer_condition(batch: dict, device) -> dict:
+    """The Animate transformer's own inputs in a training batch (pose latents, face pixels), as keyword arguments;
+    empty for every other model."""
+    names = {"pose_latents": "pose_hidden_states", "face_pixels": "face_pixel_values"}
+    return {argument: batch[name].to(device, non_blocking=True) for name, argument in names.items() if name in batch}
+
+
 # --- pixels, as the pipeline's processors make them ------------------------------------------------------------
 
 def processors(spatial: int = 8, patch: tuple[int, int] = (2, 2)):
