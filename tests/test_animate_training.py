@@ -82,3 +82,14 @@ def test_checkpointed_face_adapter_gives_the_same_gradients(tiny_model):
     for a, b in zip(our_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert our_saved < plain_saved
+
+
+def test_an_animate_lora_on_another_model_is_refused(trained, tiny_model):
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.modelSampler.WanModelSampler import SampleError
+    from modules.modelSampler.sampling_io import apply_lora_files
+    from modules.util.config.ModelConfig import ModelConfig
+    _, lora = trained
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
+    with pytest.raises(SampleError, match="made for wan_2_2_animate_14b .*Wan 2.2 Animate 14B.*the model is T2V"):
+        apply_lora_files(model, [(lora, 1.0)])
