@@ -93,3 +93,14 @@ def test_an_animate_lora_on_another_model_is_refused(trained, tiny_model):
     model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
     with pytest.raises(SampleError, match="made for wan_2_2_animate_14b .*Wan 2.2 Animate 14B.*the model is T2V"):
         apply_lora_files(model, [(lora, 1.0)])
+
+
+def test_training_animate_2_is_refused_before_anything_loads(tiny_model, tmp_path):
+    from modules.util.config.ConfigError import ConfigError
+    from modules.util.config.config_io import load_config
+    from modules.util.config.prepare import prepare_config
+    config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.2-animate-2')}", "model_type=WAN_2_2",
+                                    f'data.concepts=[{{"path": "{tmp_path}"}}]', "device=cpu",
+                                    "train_dtype=FLOAT_32"])
+    with pytest.raises(ConfigError, match="Wan2.2-Animate-2, which trains only through its in-context"):
+        prepare_config(config)
