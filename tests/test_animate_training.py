@@ -1,6 +1,8 @@
 """Training a LoRA on a tiny Wan2.2-Animate model: the run goes end to end on the synthetic Animate set, the loss
 leaves out the reference and continuation frames, and the saved COMFY LoRA (its header naming the variant) loads in
 diffusers' WanAnimatePipeline and changes the transformer's output exactly as the trained adapter does."""
+import json
+
 import pytest
 import torch
 from diffusers import WanAnimatePipeline
@@ -104,3 +106,20 @@ def test_training_animate_2_is_refused_before_anything_loads(tiny_model, tmp_pat
                                     "train_dtype=FLOAT_32"])
     with pytest.raises(ConfigError, match="Wan2.2-Animate-2, which trains only through its in-context"):
         prepare_config(config)
+
+
+def test_fine_tune_leaves_the_motion_and_face_encoders_frozen(tiny_model):
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig
+    from modules.util.config.config_io import load_config
+    from modules.modelSetup.WanFineTuneSetup import WanFineTuneSetup
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate"))))
+    for layer_filter, motion_trains in (([], False), (["motion_encoder", "blocks"], True)):
+        config = load_config(overrides=["training_method=FINE_TUNE", "model_type=WAN_2_2", "device=cpu",
+                                        "train_dtype=FLOAT_32", "gradient_checkpointing=false",
+                                        f"fine_tune.layer_filter={json.dumps(layer_filter)}"])
+        setup = WanFineTuneSetup(config, model)
+        setup.setup_model()
+        trained = {name.split(".")[1] for name, _ in setup.named_trainable_parameters()}
+        assert "blocks" in trained and ("motion_encoder" in trained) == motion_trains
+        assert ("face_encoder" in trained) is False

@@ -84,6 +84,12 @@ class WanVariant(str, Enum):
         return self is WanVariant.ANIMATE_14B
 
     @property
+    def frozen_transformer_parts(self) -> tuple[str, ...]:
+        """Transformer modules a fine-tune leaves frozen unless fine_tune.layer_filter names them: Animate's motion
+        and face encoders (pretrained feature extractors, not what a character fine-tune should move)."""
+        return ("motion_encoder.", "face_encoder.") if self is WanVariant.ANIMATE_14B else ()
+
+    @property
     def transformer_class_name(self) -> str:
         return {WanVariant.ANIMATE_14B: "WanAnimateTransformer3DModel",
                 WanVariant.ANIMATE_2_14B: "WanAnimate2Transformer3DModel"}.get(self, "WanTransformer3DModel")
