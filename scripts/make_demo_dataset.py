@@ -1,5 +1,6 @@
-"""Writes a synthetic demo dataset: coloured squares moving left or right (t2v), the E2V set (e2v), or the VACE set
-(vace: each clip with its control, the square's outline, and a reference image of the square).
+"""Writes a synthetic demo dataset: coloured squares moving left or right (t2v), the E2V set (e2v), the VACE set
+(vace: each clip with its control, the square's outline, and a reference image of the square), or the Wan2.2-Animate
+set (animate: a character following a drawn skeleton, with pose, face, reference, background and mask companions).
 
   make_demo_dataset.py --kind t2v --output DIR
 """
@@ -11,7 +12,7 @@ import _bootstrap  # noqa: F401
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", choices=["t2v", "e2v", "vace"], default="t2v")
+    parser.add_argument("--kind", choices=["t2v", "e2v", "vace", "animate"], default="t2v")
     parser.add_argument("--output", required=True)
     parser.add_argument("--clips-per-class", type=int, default=4)
     parser.add_argument("--frames", type=int, default=None,
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "vace":
         from modules.util.demo_vace import make_vace_dataset
         folder = make_vace_dataset(args.output, args.clips_per_class, args.frames or 9, args.size)
+    elif args.kind == "animate":
+        from modules.util.demo_animate import make_animate_dataset
+        folder = make_animate_dataset(args.output, args.clips_per_class, args.frames or 9, args.size)
     else:
         from modules.util.demo_e2v import make_e2v_dataset
         folder = make_e2v_dataset(args.output, args.clips_per_class, args.frames or 17, args.size)

@@ -9,12 +9,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse  # noqa: E402
 
-from modules.util.tiny_models import VARIANTS, make_tiny_model  # noqa: E402
+from modules.util.tiny_models import ANIMATE_VARIANTS, VARIANTS, make_tiny_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", required=True, choices=VARIANTS)
+    parser.add_argument("--variant", required=True, choices=VARIANTS + ANIMATE_VARIANTS)
     parser.add_argument("--output", required=True, type=Path,
                         help="folder to write; an existing one is replaced only if empty or a diffusers folder")
     parser.add_argument("--seed", type=int, default=0)

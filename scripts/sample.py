@@ -4,6 +4,10 @@
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
+Wan2.2-Animate (the video is as long as the pose video, made in segments of --frames):
+  sample.py --base-model-name ANIMATE_DIR --prompt "a person dancing" --reference-image me.png \
+      --pose-video clip_pose.mp4 --face-video clip_face.mp4 [--mode replace --background-video clip_bg.mp4 \
+      --mask-video clip_mask.mp4]
 Elements-to-Video (the layout and image encoder the LoRA's header, or the folder's e2v_config.json, records):
   sample.py --base-model-name T2V_DIR --lora e2v_lora.safetensors --element person=me.png \\
       --element background=bg.png --prompt "..." --drop-reference-frames
@@ -70,14 +74,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--control-video", default=None, metavar="PATH",
                         help="VACE: control video or folder of frames (pose, depth, edges, a video to edit)")
     parser.add_argument("--mask-video", default=None, metavar="PATH",
-                        help="VACE: mask video, white = generate, black = keep the control video (binarised at 0.5)")
+                        help="VACE: mask video, white = generate, black = keep the control video (binarised at 0.5); "
+                             "Animate replace mode: the character's mask (white = character)")
     parser.add_argument("--reference-image", action="append", default=[], metavar="PATH",
-                        help="VACE: a reference image (repeatable; the order is kept)")
+                        help="VACE: a reference image (repeatable; the order is kept); Animate: the character to "
+                             "animate (one)")
     parser.add_argument("--control-scale", type=float, default=None, help="VACE: strength of the control, default 1")
     parser.add_argument("--image-encoder", default="", metavar="PATH",
                         help="a CLIP vision model (a file such as clip_vision_h.safetensors, or a folder) for an "
                              "I2V transformer file or an E2V LoRA on a base without one; default for an E2V LoRA: "
                              "the one its header records")
+    animate = parser.add_argument_group("Wan2.2-Animate (docs/animate.md)")
+    # --reference-image and --mask-video (above) serve Animate too
+    for flag, what in (("pose-video", "the driving pose video; the output is as long as it"),
+                       ("face-video", "the face crops, frame-aligned with the pose video"),
+                       ("background-video", "replace mode: the scene the character goes into")):
+        animate.add_argument(f"--{flag}", default=None, metavar="PATH", help=what)
+    animate.add_argument("--mode", dest="animate_mode", choices=["animate", "replace"], default=None,
+                         help="default animate")
+    animate.add_argument("--continuation-frames", type=int, choices=[1, 5], default=None,
+                         help="frames of a segment that condition the next (long clips; --frames is the segment "
+                              "length); default 1")
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default=None,
                         help="default: samples (with --output: that file's folder)")
     add_sample_options(parser)
@@ -147,7 +164,12 @@ def build_samples(args: argparse.Namespace) -> list:
                     scheduler=args.scheduler, seed=args.seed, image=args.image, last_image=args.last_image,
                     elements=args.elements or None, drop_reference_frames=args.drop_reference_frames,
                     control_video=args.control_video, mask_video=args.mask_video,
-                    reference_images=args.reference_image or None, control_scale=args.control_scale)
+                    reference_images=args.reference_image or None, control_scale=args.control_scale,
+                    # Animate's one reference image is the same flag's (a VACE model reads the list)
+                    reference_image=args.reference_image[0] if len(args.reference_image) == 1 else None,
+                    pose_video=args.pose_video, face_video=args.face_video,
+                    background_video=args.background_video,
+                    animate_mode=args.animate_mode, continuation_frames=args.continuation_frames)
     return [sample.with_defaults(**defaults) for sample in samples]
 
 

@@ -252,6 +252,7 @@ def test_every_released_config_is_found_again_from_its_shapes_alone():
     from accelerate import init_empty_weights
     from modules.modelLoader.wan.parts.tensor_files import TensorInfo
     from modules.modelLoader.wan.parts.vae_files import recognise_vae
+    from modules.model.transformer_classes import transformer_class
     from modules.modelLoader.wan.parts.wan_configs import released_configs, variant_from_transformer
     from modules.model.transformer_classes import transformer_class
     for name, release in released_configs().items():

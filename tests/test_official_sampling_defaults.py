@@ -28,7 +28,9 @@ OFFICIAL = {"wan2.1-t2v-1.3b": (5.0, None, 50, 5.0, None, None), "wan2.1-t2v-14b
             "wan2.2-t2v-a14b": (12.0, None, 40, 4.0, 3.0, 0.875), "wan2.2-i2v-a14b": (5.0, None, 40, 3.5, 3.5, 0.9),
             # VACE: Wan2.1 generate.py gives vace tasks sample_shift 16; VACE-Fun A14B samples as T2V-A14B
             "wan2.1-vace-1.3b": (16.0, None, 50, 5.0, None, None), "wan2.1-vace-14b": (16.0, None, 50, 5.0, None, None),
-            "wan2.2-vace-fun-a14b": (12.0, None, 40, 4.0, 3.0, 0.875)}
+            "wan2.2-vace-fun-a14b": (12.0, None, 40, 4.0, 3.0, 0.875),
+            # Animate: Wan2.2 wan/configs/wan_animate_14B.py (Animate-2 has none of its own)
+            "wan2.2-animate-14b": (5.0, None, 20, 1.0, None, None), "wan2.2-animate-2-14b": (5.0, None, 20, 1.0, None, None)}
 
 
 def test_every_released_variant_carries_the_official_sampling_settings_with_their_source():

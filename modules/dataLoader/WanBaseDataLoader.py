@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from modules.dataLoader.animate_scan import scan_animate_concepts
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
 from modules.dataLoader.e2v_scan import scan_e2v_dataset
 from modules.dataLoader.validation_split import split_validation
 from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
+from modules.dataLoader.pipeline.EncodeAnimate import EncodeAnimate
 from modules.dataLoader.pipeline.EncodeE2V import EncodeE2V
 from modules.dataLoader.pipeline.EncodeMask import EncodeMask
 from modules.util.config.DataConfig import ConceptConfig
@@ -78,11 +80,15 @@ class WanBaseDataLoader:
         self.vace = bool(variant_hint and variant_hint.is_vace)
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
+        # Wan2.2-Animate: every clip comes with its companions (modules/dataLoader/animate_scan.py)
+        self.animate = bool(variant_hint and variant_hint.is_animate)
 
     # ---- before the model -------------------------------------------------------------------------------------
 
     def scan(self) -> None:
-        if self.e2v is None:
+        if self.animate:
+            self.scan_result = scan_animate_concepts(self.config.data.concepts, self.config.animate.mode)
+        elif self.e2v is None:
             self.scan_result = scan_concepts(self.config.data.concepts)
         else:
             self.scan_result = ScanResult()
@@ -130,6 +136,7 @@ class WanBaseDataLoader:
         record_names += ["mask"] if self.has_masks or self.vace else []
         # the reference count is a batch key: clips with as many references batch together
         record_names += ["control", "references", "reference_count"] if self.vace else []
+        record_names += ["companions"] if self.animate else []
         return [
             ListSource(self._records(validation), record_names),
             self.probe,
@@ -159,7 +166,12 @@ class WanBaseDataLoader:
         condition = {WanVariant.I2V: "first", WanVariant.I2V_A14B: "first", WanVariant.FLF2V: "first_last"}.get(
             variant)
         augmented = config.data.crop_jitter or config.data.flip
-        if self.e2v is not None:
+        if self.animate:
+            identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict(),
+                                 dict(model.transformer.config))
+            modules = [EncodeAnimate(model, DiskCache(cache_root, "animate"), identity, config.animate.mode,
+                                     config.animate.continuation_frames)]
+        elif self.e2v is not None:
             identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict()
                                  if model.image_encoder is not None else None)
             modules = [EncodeE2V(model, DiskCache(cache_root, "e2v"), identity, self.e2v),
@@ -202,7 +214,7 @@ class WanBaseDataLoader:
         """The model parts an encoder module runs."""
         if isinstance(encoder, EncodeText):
             return [self.model.text_encoder]
-        if isinstance(encoder, (EncodeVideo, EncodeE2V)) or type(encoder).__name__ == "EncodeVACE":
+        if isinstance(encoder, (EncodeVideo, EncodeE2V, EncodeAnimate)) or type(encoder).__name__ == "EncodeVACE":
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 

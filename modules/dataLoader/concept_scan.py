@@ -37,16 +37,21 @@ def _caption_for(media: Path, concept: ConceptConfig, prompt_file_text: str | No
     return None
 
 
-def _folder_media(folder: Path, recursive: bool, frame_folders: bool = False) -> list[Path]:
+def _folder_media(folder: Path, recursive: bool, frame_folders: bool = False, companion=None) -> list[Path]:
     """The media files of a concept folder, and anything else named as one (a FIFO, a link to a device: skipped
     with a warning later, not dropped unseen); with `frame_folders` also its sub-folders that hold images, each one
-    clip (musubi-tuner's video_directory)."""
+    clip (musubi-tuner's video_directory). Not the masks beside clips, nor files that belong to a clip (VACE's
+    control and references; `companion(path, media)`: Animate's pose / face / reference videos)."""
     pattern = "**/*" if recursive else "*"
     media = {p for p in folder.glob(pattern) if not p.is_dir() and p.suffix.lower() in MEDIA_EXTENSIONS}
-    found = [p for p in media if not is_beside_mask(p, media) and not is_beside_companion(p, media)]
+
+    def belongs_to_a_clip(p: Path) -> bool:
+        return is_beside_mask(p, media) or is_beside_companion(p, media) or bool(companion and companion(p, media))
+
+    found = [p for p in media if not belongs_to_a_clip(p)]
     if frame_folders:
         found += [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and frame_files(p)
-                  and not is_beside_companion(p, media)]
+                  and not belongs_to_a_clip(p)]
     return sorted(found)
 
 
@@ -113,7 +118,7 @@ def _mask_problem(mask: Path) -> str | None:
     return f"its mask {mask} is black everywhere: the item would carry no loss" if black else None
 
 
-def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
+def scan_concepts(concepts: list[ConceptConfig], companion=None) -> ScanResult:
     result = ScanResult()
     for concept in concepts:
         if not concept.enabled:
@@ -126,7 +131,8 @@ def scan_concepts(concepts: list[ConceptConfig]) -> ScanResult:
                        for path, caption, mask, companions in _manifest_media(root, result)]
         else:
             entries = [(path, _caption_for(path, concept, prompt_text), find_mask(path, concept), (None, None))
-                       for path in _folder_media(root, concept.include_subdirectories, concept.frame_folders)]
+                       for path in _folder_media(root, concept.include_subdirectories, concept.frame_folders,
+                                                 companion)]
         for path, caption, mask, (control, references) in entries:
             control = control or find_control(path)
             references = find_references(path) if references is None else references

@@ -37,6 +37,7 @@ import torch
 from modules.model.WanModel import WanModel
 from modules.model.sampling_defaults import sample_updates
 from modules.modelSampler.preserved_state import preserved_state
+from modules.modelSampler.WanAnimateSampler import animate_problems, sample_animate
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.ModelType import ModelType
@@ -203,6 +204,8 @@ class WanModelSampler:
             check_vace_sample(variant, sample)
         except VaceInputError as error:
             raise SampleError(str(error)) from None
+        if problems := animate_problems(variant, sample):
+            raise SampleError(f"sample {sample.prompt[:40]!r}: " + "; ".join(problems))
         if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
                               f"image; remove image / last_image")
@@ -400,6 +403,8 @@ class WanModelSampler:
         model = self.model
         resolved, notes = self.resolve(sample)
         variant = model.variant
+        if variant.is_animate:
+            return sample_animate(self, resolved, on_step)
         if variant.has_two_experts and (model.transformer is None or model.transformer_2 is None):
             raise SampleError(f"{variant} needs both experts loaded to sample")
         if model.text_encoder is None or model.vae is None:

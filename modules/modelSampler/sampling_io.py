@@ -65,7 +65,7 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
     inference. Returns one line per file applied."""
     from modules.util.lora.apply import merge_lora
     from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
-    from modules.util.modelspec import lora_model_mismatch, lora_shape_message
+    from modules.util.modelspec import file_architecture, lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
     from modules.util.lora.formats import lora_from_state_dict
@@ -96,6 +96,10 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
             else:
                 weights, layout = load_lora_file(file)
             mismatch = lora_model_mismatch(file, model.variant)
+            if mismatch and (model.variant.is_animate or "animate" in (file_architecture(file) or "")):
+                # Animate's blocks take other conditions (pose, face, a reference frame) than any other model's
+                raise SampleError(f"{mismatch}: an Animate LoRA works only on its Animate model, and the other way "
+                                  f"round")
             if mismatch:
                 logger.warning("%s; it is applied anyway, but expect poor or broken output", mismatch)
             try:

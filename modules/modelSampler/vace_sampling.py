@@ -66,6 +66,9 @@ def load_vace_inputs(control_video: str, mask_video: str, reference_images: list
 def check_vace_sample(variant, sample) -> None:
     """Control inputs only for a VACE model; a VACE model takes no first / last frame (its references do that)."""
     given = [name for name in ("control_video", "mask_video", "reference_images") if getattr(sample, name)]
+    if variant.is_animate:   # Animate's mask video and one reference image (sample.py's --reference-image fills both)
+        given = [name for name in given if name == "control_video"
+                 or (name == "reference_images" and list(sample.reference_images) != [sample.reference_image])]
     if given and not variant.is_vace:
         raise VaceInputError(f"sample {sample.prompt[:40]!r}: {', '.join(given)} need a VACE model; {variant} takes "
                              f"none")

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.model.WanModel import WanModel
+from modules.model.animate_condition import transformer_condition
 from modules.modelSetup.loss_masks import mask_loss_weights
 from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.util.config.TrainConfig import TrainConfig
@@ -207,8 +208,8 @@ class BaseWanSetup:
         with self.autocast():
             predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
                                     encoder_hidden_states_image=None if image_embeds is None
-                                    else image_embeds.to(self.device, non_blocking=True), return_dict=False,
-                                    **vace)[0]
+                                    else image_embeds.to(self.device, non_blocking=True),
+                                    **transformer_condition(batch, self.device), **vace, return_dict=False)[0]
         predicted = predicted[:, :, references:]   # VACE: the reference frames are condition, not target
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
                           expert=expert, loss_mask=loss_mask)

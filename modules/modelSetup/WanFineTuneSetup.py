@@ -19,8 +19,12 @@ class WanFineTuneSetup(BaseWanSetup):
         if self.model.variant.has_two_experts and self.config.expert == "both":
             raise ValueError("expert: a fine-tune trains one expert of a two-expert model; set expert to high or low")
         layer_filter = self.config.fine_tune.layer_filter
+        frozen = self.model.variant.frozen_transformer_parts
         for name, parameter in self._named_transformer_parameters():
-            parameter.requires_grad_(not layer_filter or any(f in name for f in layer_filter))
+            if layer_filter:
+                parameter.requires_grad_(any(f in name for f in layer_filter))
+            else:
+                parameter.requires_grad_(not name.split(".", 1)[1].startswith(frozen) if frozen else True)
         if not self.trainable_parameters():
             raise ValueError(f"fine_tune.layer_filter {layer_filter} matches no transformer parameter")
         for parameter in self.trainable_parameters():

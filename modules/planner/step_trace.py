@@ -33,11 +33,13 @@ VACE_REFERENCES = 1  # reference images a VACE step is planned with
 
 def _skeleton(arch: Architecture):
     """The transformer with meta parameters; built outside the fake mode, where its initialisers cost nothing."""
-    from modules.model.transformer_classes import transformer_class_for_kwargs
+    from modules.model.transformer_classes import transformer_class
     from modules.util.empty_weights import empty_weights
 
+    # the planner's architectures name no class: VACE's by its vace_layers, the others' by their variant
+    name = "WanVACETransformer3DModel" if "vace_layers" in arch.transformer else arch.variant.transformer_class_name
     with empty_weights():
-        return transformer_class_for_kwargs(arch.transformer)(**arch.transformer)
+        return transformer_class({"_class_name": name})(**arch.transformer)
 
 
 def _build_transformer(transformer, dtype: torch.dtype, seed: int, fake: bool):
@@ -121,12 +123,21 @@ def _batch(arch: Architecture, shape: PlanShape, counter: StorageCounter, fake: 
             images = 2 if arch.transformer.get("pos_embed_seq_len") else 1
             batch["image_embeds"] = draw(b * images, IMAGE_TOKENS, arch.transformer["image_dim"],
                                          dtype=torch.bfloat16)
+        if arch.variant.takes_pose_video:
+            # Animate (EncodeAnimate's items): the reference latent frame before the clip's, the pose latents of
+            # the clip's frames, its face crops in pixels at the motion encoder's size
+            batch["latents"] = draw(b, z, frames + 1, height, width, dtype=torch.bfloat16)
+            batch["condition"] = draw(b, z + 4, frames + 1, height, width, dtype=torch.bfloat16)
+            batch["pose_latents"] = draw(b, z, frames, height, width, dtype=torch.bfloat16)
+            side = arch.transformer.get("motion_encoder_size", 512)
+            batch["face_pixels"] = draw(b, 3, shape.frames, side, side)
     return batch
 
 
 def _predict_fake(setup, batch: dict, expert: str):
     """BaseWanSetup.predict's tensors without its host-side random draws (a fake tensor has no value to seed a
     generator or route an expert with): the same inputs, timesteps, forward pass and loss."""
+    from modules.model.animate_condition import transformer_condition
     model = setup.model
     x0 = model.normalize_latents(batch["latents"].to(DEVICE).float())
     noise = torch.randn(x0.shape)
@@ -154,7 +165,7 @@ def _predict_fake(setup, batch: dict, expert: str):
         predicted = transformer(hidden_states=model_input, timestep=timestep,
                                 encoder_hidden_states=batch["text_embeds"].to(DEVICE),
                                 encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(DEVICE),
-                                return_dict=False, **vace)[0]
+                                **transformer_condition(batch, DEVICE), **vace, return_dict=False)[0]
     predicted = predicted[:, :, references:]
     from modules.modelSetup.BaseWanSetup import Prediction
     return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,

@@ -22,6 +22,7 @@ from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
             "wan2.1-vace", "wan2.2-vace-fun-a14b")
+ANIMATE_VARIANTS = ("wan2.2-animate", "wan2.2-animate-2")   # modules/util/tiny_animate.py
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
 
@@ -393,8 +394,11 @@ def make_tiny_pipeline(variant: str, seed: int = 0):
     """The tiny pipeline object (not saved): the diffusers pipeline class the released model_index.json names."""
     import diffusers
 
+    if variant in ANIMATE_VARIANTS:
+        from modules.util.tiny_animate import make_animate_pipeline
+        return make_animate_pipeline(variant, seed)
     if variant not in SPECS:
-        raise ValueError(f"unknown tiny Wan variant {variant!r}; one of {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown tiny Wan variant {variant!r}; one of {', '.join(VARIANTS + ANIMATE_VARIANTS)}")
     spec = SPECS[variant]
     tokenizer = make_tokenizer()
     parts = dict(
@@ -424,6 +428,10 @@ def make_tiny_model(variant: str, output_dir: str | Path, seed: int = 0) -> Path
         raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
     pipeline = make_tiny_pipeline(variant, seed)
     with atomic_dir(output_dir) as tmp:
-        pipeline.save_pretrained(tmp, safe_serialization=True)
+        if isinstance(pipeline, dict):   # Animate-2's parts (its diffusers pipeline is modular)
+            from modules.util.tiny_animate import save_animate_2
+            save_animate_2(pipeline, Path(tmp))
+        else:
+            pipeline.save_pretrained(tmp, safe_serialization=True)
         make_portable(tmp)   # loads under transformers 4 too, as the released repos do
     return output_dir

@@ -4,8 +4,12 @@ from pathlib import Path
 
 from modules.util.enum.WanVariant import WanVariant
 
-WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline")
-TRANSFORMER_CLASSES = ("WanTransformer3DModel", "WanVACETransformer3DModel")
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline", "WanAnimatePipeline",
+                 "WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline")
+# a transformer class that alone decides the variant (its own conditioning; the pipeline must be its own)
+_CLASS_VARIANTS = {"WanAnimateTransformer3DModel": WanVariant.ANIMATE_14B,
+                   "WanAnimate2Transformer3DModel": WanVariant.ANIMATE_2_14B}
+TRANSFORMER_CLASSES = ("WanTransformer3DModel", "WanVACETransformer3DModel", *_CLASS_VARIANTS)
 
 
 class NotAWanModelError(ValueError):
@@ -22,6 +26,8 @@ def check_wan_pipeline(model_index: dict, source: str = "") -> None:
 def detect_variant(model_index: dict, transformer_config: dict, vae_config: dict, source: str = "") -> WanVariant:
     check_wan_pipeline(model_index, source)
     transformer_class = transformer_config.get("_class_name")
+    if transformer_class in _CLASS_VARIANTS:
+        return _CLASS_VARIANTS[transformer_class]
     if transformer_class not in TRANSFORMER_CLASSES:
         raise NotAWanModelError(f"{source}: the transformer is {transformer_class!r}, not one of "
                                 f"{', '.join(TRANSFORMER_CLASSES)}")

@@ -210,7 +210,8 @@ class WanBaseModelLoader:
         elif part.path and not Path(part.path).exists():
             raise ModelLoadError(f"model.{subfolder}.path: {part.path!r} does not exist")
         else:
-            # the class the folder's config names: VACE's blocks would be dropped by the plain class
+            # the class the folder's config names: VACE's blocks, Animate's encoders and adapter would be dropped by
+            # the plain class
             config_folder = part.path or base
             sub = None if part.path and (Path(part.path) / "config.json").is_file() else subfolder
             config = WanTransformer3DModel.load_config(config_folder, subfolder=sub, **common)

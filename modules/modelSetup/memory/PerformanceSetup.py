@@ -14,6 +14,7 @@ import torch
 
 from modules.modelSetup.memory.ActivationOffload import ActivationOffload
 from modules.modelSetup.memory.BlockCheckpointing import BlockCheckpointing
+from modules.modelSetup.memory.FaceAdapterCheckpointing import checkpoint_face_adapter
 from modules.modelSetup.memory.BlockSwap import BlockSwap
 from modules.modelSetup.memory.NormRecompute import recompute_norms
 from modules.util.config.PerformanceConfig import PerformanceConfig
@@ -64,6 +65,8 @@ class PerformanceSetup:
             self.checkpointing = BlockCheckpointing(blocks, performance.checkpoint_every if
                                                     self.gradient_checkpointing else 0, swapped, self.offload)
             transformer.enable_gradient_checkpointing(gradient_checkpointing_func=self.checkpointing)
+            if self.gradient_checkpointing:
+                checkpoint_face_adapter(transformer)   # Animate: its adapter blocks run between the blocks
         elif getattr(transformer, "gradient_checkpointing", False):
             transformer.disable_gradient_checkpointing()
         if performance.recompute_norms:

@@ -38,9 +38,18 @@ class SampleConfig(BaseConfig):
     drop_reference_frames: bool = Field(False, description="E2V: drop the leading reference frames (the sum of the "
                                         "repeats) from the saved video, as SkyReels-A2's inference does")
     control_video: PathText = Field("", description="VACE: control video (or folder of frames), at least `frames` long")
-    mask_video: PathText = Field("", description="VACE: mask video, white = generate (binarised at 0.5)")
     reference_images: list[PathText] = Field([], description="VACE: reference images, in order")
     control_scale: float = Field(1.0, ge=0, description="VACE: strength of the control (vace_context_scale)")
+    # Wan2.2-Animate (docs/animate.md): the video is as long as the pose video, generated in segments of `frames`
+    reference_image: PathText = Field("", description="Animate: the character to animate")
+    pose_video: PathText = Field("", description="Animate: the driving pose video (its length is the output's)")
+    face_video: PathText = Field("", description="Animate: the driving face crops, frame-aligned with the pose")
+    background_video: PathText = Field("", description="Animate replace mode: the scene the character goes into")
+    mask_video: PathText = Field("", description="VACE: mask video, white = generate (binarised at 0.5); Animate "
+                                 "replace mode: the character's mask (white = character)")
+    animate_mode: Literal["animate", "replace"] = "animate"
+    continuation_frames: Literal[1, 5] = Field(1, description="Animate: frames of the previous segment that "
+                                               "condition the next one")
 
     @field_validator("scheduler", mode="before")
     @classmethod

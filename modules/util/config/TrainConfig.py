@@ -3,6 +3,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from modules.util.config.AnimateConfig import AnimateConfig
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.bounds import FolderName, Seed, WritePath
 from modules.util.config.DataConfig import DataConfig
@@ -63,6 +64,7 @@ class TrainConfig(BaseConfig):
     validation: ValidationConfig = ValidationConfig()
     loss: LossConfig = LossConfig()
     e2v: E2VTrainConfig = E2VTrainConfig()
+    animate: AnimateConfig = AnimateConfig()
     performance: PerformanceConfig = PerformanceConfig()
     distributed: DistributedConfig = DistributedConfig()
 

@@ -9,6 +9,7 @@ from modules.util.config.ConfigError import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.devices import resolve_device
+from modules.util.enum.WanVariant import WanVariant
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,12 @@ def prepare_config(config: TrainConfig) -> list:
             except ConfigError as error:
                 problems += error.problems
             problems += expert_problems(config, variant, base)
+            if variant is WanVariant.ANIMATE_2_14B:
+                problems.append(f"model.base_model_name: {str(base)!r} is Wan2.2-Animate-2, which trains only "
+                                f"through its in-context reference pass; training it is not supported yet "
+                                f"(Wan2.2-Animate-14B is: docs/animate.md)")
+            if variant.is_animate and config.e2v.enabled:
+                problems.append("e2v: Elements-to-Video trains T2V / I2V models, not Wan2.2-Animate")
     if not config.e2v.enabled and not any(concept.enabled for concept in config.data.concepts):
         # found here, not after the data scan as "no usable training item in (no enabled concept)"
         problems.append("data.concepts: no enabled concept: add your dataset folder as a concept (the window's "

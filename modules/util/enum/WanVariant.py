@@ -14,6 +14,8 @@ class WanVariant(str, Enum):
     I2V_A14B = "I2V_A14B"  # Wan 2.2 I2V A14B: two experts
     VACE = "VACE"            # Wan 2.1 VACE 1.3B / 14B: T2V blocks plus VACE blocks fed a control context
     VACE_A14B = "VACE_A14B"  # Wan 2.2 VACE-Fun A14B: two experts, each with its VACE blocks
+    ANIMATE_14B = "ANIMATE_14B"      # Wan 2.2 Animate 14B: pose latents, face video, reference image, CLIP
+    ANIMATE_2_14B = "ANIMATE_2_14B"  # Wan 2.2 Animate-2 14B (and its distilled release): in-context reference
 
     def __str__(self) -> str:
         return self.value
@@ -21,11 +23,11 @@ class WanVariant(str, Enum):
     @property
     def model_type(self) -> ModelType:
         return ModelType.WAN_2_2 if self in (WanVariant.TI2V_5B, WanVariant.T2V_A14B, WanVariant.I2V_A14B,
-                                             WanVariant.VACE_A14B) else ModelType.WAN_2_1
+                                             WanVariant.VACE_A14B) or self.is_animate else ModelType.WAN_2_1
 
     @property
     def has_image_encoder(self) -> bool:
-        return self in (WanVariant.I2V, WanVariant.FLF2V)
+        return self in (WanVariant.I2V, WanVariant.FLF2V) or self.is_animate
 
     @property
     def has_two_experts(self) -> bool:
@@ -38,7 +40,8 @@ class WanVariant(str, Enum):
 
     @property
     def native_fps(self) -> int:
-        return 24 if self is WanVariant.TI2V_5B else 16
+        # Animate: sample_fps 30 of the official wan/configs/wan_animate_14B.py; Animate-2: diffusers' default 24
+        return {WanVariant.TI2V_5B: 24, WanVariant.ANIMATE_14B: 30, WanVariant.ANIMATE_2_14B: 24}.get(self, 16)
 
     @property
     def spatial_unit(self) -> int:
@@ -64,12 +67,52 @@ class WanVariant(str, Enum):
     def takes_reference_images(self) -> bool:
         return self.is_vace
 
+    # --- character models (DESIGN.md section 11): what conditions the variant takes ------------------------------
+
+    @property
+    def is_animate(self) -> bool:
+        """Wan2.2-Animate or Animate-2: a character (reference image) driven by a video."""
+        return self in (WanVariant.ANIMATE_14B, WanVariant.ANIMATE_2_14B)
+
+    @property
+    def takes_pose_video(self) -> bool:
+        """Pose latents added to the patch embedding (`pose_patch_embedding`)."""
+        return self is WanVariant.ANIMATE_14B
+
+    @property
+    def takes_face_video(self) -> bool:
+        """Face crops through the motion and face encoders into the face adapter blocks (every 5th block)."""
+        return self is WanVariant.ANIMATE_14B
+
+    @property
+    def takes_driving_video(self) -> bool:
+        """Animate-2: the driving video itself, attended in context through the reference KV cache."""
+        return self is WanVariant.ANIMATE_2_14B
+
+    @property
+    def takes_reference_image(self) -> bool:
+        """A reference character image, as a latent frame and as CLIP image tokens."""
+        return self.is_animate
+
+    @property
+    def takes_replacement(self) -> bool:
+        """Replace mode: a background video and a character mask condition the generated frames."""
+        return self is WanVariant.ANIMATE_14B
+
     @property
     def prepends_references(self) -> bool:
-        """Reference images are extra latent frames before the video (cut from the prediction before the loss)."""
-        return self.is_vace
+        """Reference images are extra latent frames before the video (cut from the prediction before the loss):
+        VACE's references, Animate's reference character."""
+        return self.is_vace or self is WanVariant.ANIMATE_14B
+
+    @property
+    def frozen_transformer_parts(self) -> tuple[str, ...]:
+        """Transformer modules a fine-tune leaves frozen unless fine_tune.layer_filter names them: Animate's motion
+        and face encoders (pretrained feature extractors, not what a character fine-tune should move)."""
+        return ("motion_encoder.", "face_encoder.") if self is WanVariant.ANIMATE_14B else ()
 
     @property
     def transformer_class_name(self) -> str:
-        return "WanVACETransformer3DModel" if self.is_vace else "WanTransformer3DModel"
-
+        return {WanVariant.VACE: "WanVACETransformer3DModel", WanVariant.VACE_A14B: "WanVACETransformer3DModel",
+                WanVariant.ANIMATE_14B: "WanAnimateTransformer3DModel",
+                WanVariant.ANIMATE_2_14B: "WanAnimate2Transformer3DModel"}.get(self, "WanTransformer3DModel")

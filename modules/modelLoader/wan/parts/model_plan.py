@@ -13,6 +13,7 @@ from modules.modelLoader.wan.parts.tensor_files import INDEX_SUFFIX, ModelFileEr
 from modules.modelLoader.wan.parts.wan_configs import (is_official_transformer_config, released_for_variant,
                                                        transformer_config_from_shapes, variant_from_transformer)
 from modules.util.config.ModelConfig import ModelConfig
+from modules.model.transformer_classes import TRANSFORMER_CLASSES
 from modules.util.enum.WanVariant import WanVariant
 from modules.util.wan_detection import TRANSFORMER_CLASSES
 
@@ -149,17 +150,18 @@ def plan_model(config: ModelConfig) -> ModelPlan:
                              f"Wan2.1_VAE.pth, wan_2.1_vae.safetensors, or the Wan 2.2 VAE for TI2V-5B)")
     z_dim = vae.detail.z_dim
     main = transformer_configs["transformer"]
-    if main["out_channels"] != z_dim:
-        needs = "Wan 2.2 TI2V-5B needs the Wan 2.2 VAE" if main["out_channels"] == 48 else "it needs the Wan 2.1 VAE"
+    out_channels = main.get("out_channels", main.get("out_dim"))
+    if out_channels != z_dim:
+        needs = "Wan 2.2 TI2V-5B needs the Wan 2.2 VAE" if out_channels == 48 else "it needs the Wan 2.1 VAE"
         raise ModelFileError(f"{origins['vae']}: {vae.files[0]} is the Wan {vae.detail.version} VAE ({z_dim} latent "
                              f"channels) but the transformer {parts['transformer'].files[0]} works on "
-                             f"{main['out_channels']} channels ({needs})")
+                             f"{out_channels} channels ({needs})")
     second = transformer_configs.get("transformer_2")
     if second is not None and second["in_channels"] != main["in_channels"]:
         raise ModelFileError(f"{origins['transformer_2']}: the low-noise expert takes {second['in_channels']} input "
                              f"channels, the high-noise expert {main['in_channels']}: they are not one A14B pair")
     variant = variant_from_transformer(main, z_dim, "transformer_2" in parts)
-    if main.get("image_dim") and "image_encoder" not in parts and not hub_image_encoder:
+    if (main.get("image_dim") or main.get("use_img_emb")) and "image_encoder" not in parts and not hub_image_encoder:
         raise ModelFileError(f"{origins['transformer']}: {parts['transformer'].files[0]} is a Wan {variant.value} "
                              f"transformer with an image (CLIP) branch and no image encoder was found: set "
                              f"model.image_encoder.path to clip_vision_h.safetensors or the official "
@@ -173,7 +175,8 @@ def plan_model(config: ModelConfig) -> ModelPlan:
         scheduler_config = _read_json(diffusers_base / "scheduler" / "scheduler_config.json")
     else:
         # no scheduler config of its own: the released model's, sampled with the official code's settings
-        release = released_for_variant(variant, main["num_attention_heads"] * main["attention_head_dim"])
+        width = main.get("dim") or main["num_attention_heads"] * main["attention_head_dim"]
+        release = released_for_variant(variant, width)
         sampling_defaults = SamplingDefaults.from_json(release["sampling"])
         model_index = dict(release["model_index"])
         scheduler_config = dict(release["scheduler"], flow_shift=sampling_defaults.flow_shift)
@@ -226,7 +229,8 @@ def _transformer_config(found: FoundPart, diffusers_base: Path | None, name: str
             if (diffusers_base / sub / "config.json").is_file():
                 candidate = _read_json(diffusers_base / sub / "config.json")
                 width = found.detail.shapes["patch_embedding.weight"].shape[0]
-                if candidate.get("num_attention_heads", 0) * candidate.get("attention_head_dim", 0) == width:
+                if (candidate.get("dim") or candidate.get("num_attention_heads", 0)
+                        * candidate.get("attention_head_dim", 0)) == width:
                     given = candidate
                 break
     if found.detail is None:

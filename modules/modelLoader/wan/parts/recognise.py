@@ -24,6 +24,7 @@ TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
 SEARCH_DEPTH = 3
 SEARCH_FOLDERS = 64   # a model folder has a handful (release: google/umt5-xxl, assets, examples; ComfyUI: models/*)
 _DIFFUSERS_CLASSES = {"WanTransformer3DModel": "transformer", "WanVACETransformer3DModel": "transformer",
+                      "WanAnimateTransformer3DModel": "transformer", "WanAnimate2Transformer3DModel": "transformer",
                       "AutoencoderKLWan": "vae",
                       "UMT5EncoderModel": "text_encoder", "T5EncoderModel": "text_encoder",
                       "CLIPVisionModel": "image_encoder", "CLIPVisionModelWithProjection": "image_encoder"}

@@ -14,13 +14,14 @@ A file may hold more than the transformer (ComfyUI's `save_checkpoint` adds the 
 encoder under `text_encoders.`): the transformer is the part under the prefix its `patch_embedding.weight` has.
 """
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from diffusers import WanTransformer3DModel
 
 from modules.model.transformer_classes import transformer_class
+from modules.modelLoader.wan.parts import animate_files
 from modules.util.empty_weights import empty_weights
 from modules.util.fp8_scaled import ScaledFp8Linear, make_scaled_fp8
 from modules.modelLoader.wan.parts import comfy_quant
@@ -32,8 +33,6 @@ from modules.util.enum.DataType import DataType
 from modules.util.lora.keys import _TO_DIFFUSERS, _rename
 
 SCALED_FP8_MARKER = comfy_quant.SCALED_FP8_MARKER
-# modules diffusers' layerwise casting never stores in float8 (WanTransformer3DModel._skip_layerwise_casting_patterns)
-_NEVER_FP8 = tuple(WanTransformer3DModel._skip_layerwise_casting_patterns or ())
 FP8_DTYPES = comfy_quant.FLOAT8_DTYPES
 
 
@@ -45,6 +44,8 @@ class TransformerFile:
     scales: dict[str, str]      # diffusers Linear module name -> key of its scale_weight / weight_scale
     shapes: dict[str, TensorInfo]   # diffusers name -> shape / dtype
     unreadable: tuple[str, ...] = ()   # quantized layers in a format not read (nvfp4, mxfp8, int8): refused
+    takes: dict[str, Callable] = field(default_factory=dict)   # diffusers name -> slice / reshape of the file's
+    kernels: dict[str, str] = field(default_factory=dict)      # buffer name -> key: fixed filters, checked at load
 
     @property
     def is_fp8(self) -> bool:
@@ -82,17 +83,24 @@ def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None
         layout = "comfyui" if prefix else "wan"
     elif "proj_out.weight" in stripped and "blocks.0.attn1.to_q.weight" in stripped:
         layout = "diffusers"
+    elif animate_files.is_official_animate_2(stripped):
+        layout = "comfyui" if prefix else "wan"
+    elif animate_files.is_diffusers_animate_2(stripped):
+        layout = "diffusers"
     else:
         return None
+    animate_2 = animate_files.is_official_animate_2(stripped) or animate_files.is_diffusers_animate_2(stripped)
     names: dict[str, str] = {}
     scales: dict[str, str] = {}
     for name, key in stripped.items():
         if comfy_quant.is_quant_metadata_key(name):
             continue
-        if layout != "diffusers":
+        if animate_2:
+            name = animate_files.animate_2_name_to_diffusers(name)   # Animate-2's diffusers names are Wan's own
+        elif layout != "diffusers":
             # a name the table does not know keeps the name the user sees: the key check reports it as unexpected
             # (an unmatched tensor is never dropped silently)
-            name = _rename(name, _TO_DIFFUSERS) or name
+            name = _rename(name, _TO_DIFFUSERS) or animate_files.animate_name_to_diffusers(name) or name
         if (module := comfy_quant.scale_key_module(name)) is not None:
             scales[module] = key
         elif name.endswith(comfy_quant.BLOCK_SCALE_SUFFIX):
@@ -100,14 +108,16 @@ def recognise_transformer(keys: dict[str, TensorInfo]) -> TransformerFile | None
         else:
             names[name] = key
     shapes = {name: keys[key] for name, key in names.items()}
+    takes, kernels = ({}, {}) if layout == "diffusers" or animate_2 else \
+        animate_files.adapt_official_animate(names, shapes, scales)
     unreadable = tuple(problem for module, key in scales.items()
                        if (problem := comfy_quant.layer_problem(module, shapes.get(f"{module}.weight"), keys[key]))
                        is not None)
-    matrix = shapes.get("blocks.0.attn1.to_q.weight")
+    matrix = shapes.get("blocks.0.attn1.to_q.weight") or shapes.get("blocks.0.self_attn.to_q.weight")
     dtype = dtype_label(matrix.dtype) if matrix is not None else "unknown"
     if scales or SCALED_FP8_MARKER in stripped:
         dtype = "fp8_scaled"
-    return TransformerFile(layout, dtype, names, scales, shapes, unreadable)
+    return TransformerFile(layout, dtype, names, scales, shapes, unreadable, takes, kernels)
 
 
 def check_quantization(file: TransformerFile, source: str) -> None:
@@ -149,6 +159,19 @@ def fp8_compute_dtype(weight_dtype: DataType) -> torch.dtype:
     return weight_dtype.torch_dtype()
 
 
+def _scale_of(scale: torch.Tensor, take, tensors) -> torch.Tensor:
+    """A layer's scale; one per output row is sliced as its weight is (a fused official layer split in two)."""
+    scale = scale.to(torch.float32)
+    return take(scale, tensors) if take is not None and scale.numel() > 1 else scale
+
+
+def _after(first, then):
+    """`first` (the file's tensor sliced / reshaped to the model's), then `then` (cast, dequantise)."""
+    if first is None or then is None:
+        return first or then
+    return lambda tensor, tensors: then(first(tensor, tensors), tensors)
+
+
 def _cast_to(dtype: torch.dtype):
     return lambda tensor, _tensors: tensor.to(dtype)
 
@@ -172,17 +195,19 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
     with empty_weights():
         model = model_class.from_config(config)
     keep_fp32 = model_class._keep_in_fp32_modules
+    never_fp8 = tuple(model_class._skip_layerwise_casting_patterns or ())
     store_fp8 = file.is_fp8 or weight_dtype is DataType.FLOAT_8
     compute = fp8_compute_dtype(weight_dtype) if store_fp8 else weight_dtype.torch_dtype()
     state: dict[str, torch.Tensor] = {}
     with open_tensors(paths) as tensors:
-        scales = {module: tensors[key].to(torch.float32) for module, key in file.scales.items()}
+        scales = {module: _scale_of(tensors[key], file.takes.get(f"{module}.weight"), tensors)
+                  for module, key in file.scales.items()}
         # Linear layers keep float8 + scale (ScaledFp8Linear); any other scaled layer (a conv, should a file scale
         # one) is small and dequantised once here, and so are the layers diffusers never stores in float8 (its
         # layerwise-casting skip list: the condition embedders, whose time embedder casts the timestep to its first
         # parameter's dtype, so a float8 weight there would compute the embedding in float8)
         linear = {m for m in scales if isinstance(model.get_submodule(m), torch.nn.Linear)
-                  and not any(re.search(pattern, m) for pattern in _NEVER_FP8)}
+                  and not any(re.search(pattern, m) for pattern in never_fp8)}
         for module_name in linear:
             make_scaled_fp8(model.get_submodule(module_name), scales[module_name])
             state[f"{module_name}.scale_weight"] = model.get_submodule(module_name).scale_weight
@@ -217,7 +242,9 @@ def load_transformer(paths: list[Path], file: TransformerFile, config: dict, wei
                 target = torch.float32
             else:
                 target = compute
-            reads[name] = TensorRead(key, info.shape, target, info.dtype, take)
+            reads[name] = TensorRead(key, info.shape, target, info.dtype, _after(file.takes.get(name), take))
         state.update(read_state(tensors, reads))
+        if file.kernels:
+            animate_files.check_blur_kernels(model, file.kernels, tensors, source)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()

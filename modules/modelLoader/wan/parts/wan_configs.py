@@ -5,8 +5,10 @@ import json
 from functools import cache
 from pathlib import Path
 
+from modules.modelLoader.wan.parts import animate_files
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo
-from modules.modelLoader.wan.parts.vace_files import OFFICIAL_VACE_CLASS, VACE_CLASS, official_vace_fields, vace_config_fields
+from modules.modelLoader.wan.parts.vace_files import (OFFICIAL_VACE_CLASS, VACE_CLASS, official_vace_fields,
+                                                      vace_config_fields)
 from modules.util.enum.WanVariant import WanVariant
 
 CONFIG_DIR = Path(__file__).resolve().parents[4] / "resources" / "wan_configs"
@@ -22,15 +24,21 @@ def released_for_variant(variant: WanVariant, width: int | None = None) -> dict:
     """The released model of `variant` (the one of that transformer width when there are two, e.g. T2V 1.3B/14B)."""
     candidates = [c for c in released_configs().values() if c["variant"] == variant.value]
     for config in candidates:
-        if width is None or config["transformer"]["num_attention_heads"] * HEAD_DIM == width:
+        transformer = config["transformer"]
+        if width is None or transformer.get("num_attention_heads", transformer.get("num_heads")) * HEAD_DIM == width:
             return config
     return candidates[0]
 
 
 def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
                                    given: dict | None = None) -> dict:
-    """A `WanTransformer3DModel` (or, with VACE blocks, `WanVACETransformer3DModel`) config for a state dict in
-    diffusers names (`keys`); `given` (a config.json beside the file or the base model's transformer config) supplies the head count and is checked against the shapes."""
+    """A `WanTransformer3DModel` (with VACE blocks `WanVACETransformer3DModel`) config for a state dict in diffusers
+    names (`keys`); `given` (a config.json beside the file or the base model's transformer config) supplies the head
+    count and is checked against the shapes. Animate's extra modules add their fields; Animate-2 has a config of its
+    own (animate_files)."""
+    if animate_files.is_diffusers_animate_2(keys):
+        return animate_files.animate_2_config(keys, source, given)
+
     def shape(name: str) -> tuple[int, ...]:
         if name not in keys:
             raise ModelFileError(f"{source}: no tensor {name!r}; not a complete Wan transformer")
@@ -77,6 +85,8 @@ def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
         template.pop(field, None)
     template["_class_name"] = "WanTransformer3DModel"
     template.update(vace_config_fields(keys, num_layers, given, source))
+    if animate_files.DIFFUSERS_ANIMATE_MARKER in keys:
+        template.update(animate_files.animate_config_fields(keys, num_layers, source))
     return template
 
 
@@ -94,7 +104,7 @@ _MODEL_TYPE_CHECKS = {
 
 
 def is_official_transformer_config(config: dict | None) -> bool:
-    return isinstance(config, dict) and config.get("_class_name") in (None, "WanModel", OFFICIAL_VACE_CLASS) \
+    return isinstance(config, dict) and config.get("_class_name") in (None, "WanModel", "WanAnimateModel", OFFICIAL_VACE_CLASS) \
         and isinstance(config.get("dim"), int) and isinstance(config.get("num_heads"), int) and config["num_heads"] > 0
 
 
@@ -128,6 +138,9 @@ def official_config_problems(official: dict, derived: dict, dim: int) -> list[st
 
 def variant_from_transformer(config: dict, z_dim: int, two_experts: bool) -> WanVariant:
     """As `modules.util.wan_detection.detect_variant`, from configs alone (no model_index.json)."""
+    by_class = {animate_files.ANIMATE_CLASS: WanVariant.ANIMATE_14B, animate_files.ANIMATE_2_CLASS: WanVariant.ANIMATE_2_14B}
+    if config.get("_class_name") in by_class:
+        return by_class[config["_class_name"]]
     in_channels = config["in_channels"]
     takes_condition = in_channels == 2 * z_dim + 4
     if config.get("_class_name") == VACE_CLASS:

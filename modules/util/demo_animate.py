@@ -1,0 +1,73 @@
+"""The synthetic Wan2.2-Animate demo set (`make_demo_dataset --kind animate`): a character (a coloured block with a
+head) follows a drawn stick-figure skeleton along a path. Per clip the target `<name>.mp4`, the skeleton alone on
+black `<name>_pose.mp4` (what the official pose preprocessing renders), the head's crop `<name>_face.mp4`, the
+character on grey `<name>_ref.png`, and for replace mode the scene without the character `<name>_bg.mp4` and its
+mask `<name>_mask.mp4`: every video frame-aligned with the clip. The character's colour is the reference's, the
+motion the skeleton's: a model that learns the set follows the pose of held-out skeletons."""
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from modules.util.demo_assets import BACKGROUND, COLOURS
+from modules.util.video_frames import write_video
+
+PATHS = ("left", "right", "up", "down")
+FACE_SIZE = 32   # the demo's face crops (the release reads 512 x 512; the loader resizes them)
+
+
+def _position(path: str, frame: int, frames: int, travel: int, offset: int) -> tuple[int, int]:
+    step = (offset + round(frame * travel / max(1, frames - 1))) % (travel + 1)
+    x, y = {"left": (travel - step, travel // 2), "right": (step, travel // 2),
+            "up": (travel // 2, travel - step), "down": (travel // 2, step)}[path]
+    return x, y
+
+
+def animate_clip(colour, path: str, frames: int, size: int, offset: int = 0) -> dict[str, np.ndarray]:
+    """The clip and its companions as uint8 arrays: target, pose, face (F, FACE_SIZE, FACE_SIZE, 3), background,
+    mask, and the reference image."""
+    body = max(6, size // 3)
+    travel = size - body
+    clip = np.full((frames, size, size, 3), BACKGROUND, np.uint8)
+    pose = np.zeros_like(clip)
+    mask = np.zeros_like(clip)
+    face = np.zeros((frames, FACE_SIZE, FACE_SIZE, 3), np.uint8)
+    background = np.full_like(clip, BACKGROUND)
+    for f in range(frames):
+        x, y = _position(path, f, frames, travel, offset)
+        head = (x + body // 2, y + body // 4)
+        clip[f, y + body // 3:y + body, x:x + body] = colour
+        cv2.circle(clip[f], head, max(2, body // 5), (240, 210, 180), -1)
+        mask[f, y + body // 3:y + body, x:x + body] = 255
+        cv2.circle(mask[f], head, max(2, body // 5), (255, 255, 255), -1)
+        # the skeleton: a spine, shoulders and hips in fixed colours, as OpenPose renders limbs
+        cv2.line(pose[f], head, (x + body // 2, y + body - 1), (255, 255, 0), 1)
+        cv2.line(pose[f], (x, y + body // 3), (x + body - 1, y + body // 3), (0, 255, 0), 1)
+        cv2.line(pose[f], (x, y + body - 1), (x + body - 1, y + body - 1), (0, 128, 255), 1)
+        top, left = max(0, head[1] - body // 3), max(0, head[0] - body // 3)
+        crop = clip[f, top:top + 2 * (body // 3) + 1, left:left + 2 * (body // 3) + 1]
+        face[f] = cv2.resize(crop, (FACE_SIZE, FACE_SIZE), interpolation=cv2.INTER_CUBIC)
+    reference = np.full((size, size, 3), BACKGROUND, np.uint8)
+    reference[size // 3:size - size // 6, size // 3:2 * size // 3] = colour
+    cv2.circle(reference, (size // 2, size // 4), max(2, size // 10), (240, 210, 180), -1)
+    return {"clip": clip, "pose": pose, "face": face, "background": background, "mask": mask,
+            "reference": reference}
+
+
+def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
+                         fps: int = 30) -> Path:
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    for colour_name, colour in COLOURS.items():
+        for path in PATHS:
+            for i in range(clips_per_class):
+                stem = f"{colour_name}_{path}_{i:02d}"
+                parts = animate_clip(colour, path, frames, size, offset=i)
+                write_video(output / f"{stem}.mp4", parts["clip"], fps)
+                for name, suffix in (("pose", "_pose"), ("face", "_face"), ("background", "_bg"),
+                                     ("mask", "_mask")):
+                    write_video(output / f"{stem}{suffix}.mp4", parts[name], fps)
+                Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+                (output / f"{stem}.txt").write_text(f"a {colour_name} person moving {path}\n")
+    return output
