@@ -11,7 +11,7 @@
                     [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
   benchmark.py plan [--config-path C.json] [--preset-path P] [--config-value k=v ...] [--vram-gib G]
-                    [--plan-json PATH]
+                    [--plan-json PATH] [--peak-detail]
   benchmark.py proof [--workdir DIR] [--quick]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
 
@@ -113,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE")
     from modules.planner.plan_command import add_plan_arguments
     add_plan_arguments(plan)
+    plan.add_argument("--peak-detail", action="store_true",
+                      help="also list the largest storages alive at the peak: the op that made each and the module "
+                           "it was made in (the next memory wall)")
     plan.add_argument("--presets", action="store_true", help="plan every shipped preset: docs/benchmarks.md's table")
 
     proof = commands.add_parser("proof", help="on one GPU: everything docs/benchmarks.md needs (measured peaks "
@@ -218,7 +221,8 @@ def _plan(args) -> int:
     except ConfigError as error:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
-    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching)
+    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching,
+                          peak_detail=args.peak_detail)
 
 
 def _proof(args) -> int:
