@@ -15,6 +15,7 @@ import torch
 from modules.modelSetup.memory.ActivationOffload import ActivationOffload
 from modules.modelSetup.memory.BlockCheckpointing import BlockCheckpointing
 from modules.modelSetup.memory.BlockSwap import BlockSwap
+from modules.modelSetup.memory.ChunkedFeedForward import chunk_feed_forward
 from modules.modelSetup.memory.NormRecompute import recompute_norms
 from modules.util.config.PerformanceConfig import PerformanceConfig
 
@@ -40,6 +41,7 @@ class PerformanceSetup:
         self.checkpointing: BlockCheckpointing | None = None
         self.compiled: list[int] = []
         self.norms_recomputed = 0
+        self.chunked_blocks: list = []   # ChunkedFeedForward hooks
 
     def apply(self) -> PerformanceSetup:
         performance, transformer = self.performance, self.transformer
@@ -66,6 +68,11 @@ class PerformanceSetup:
             transformer.enable_gradient_checkpointing(gradient_checkpointing_func=self.checkpointing)
         elif getattr(transformer, "gradient_checkpointing", False):
             transformer.disable_gradient_checkpointing()
+        # compiled blocks are left alone (as below): the compiler chooses what a block keeps; the chunking hook
+        # goes on before the norms' hooks, which then wrap it
+        plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
+        if performance.ffn_chunk_tokens:
+            self.chunked_blocks = chunk_feed_forward(plain, performance.ffn_chunk_tokens)
         if performance.recompute_norms:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records
             # the block's dtype would only break its graph
@@ -98,6 +105,8 @@ class PerformanceSetup:
             parts.append(f"attention {self.performance.attention}")
         if self.norms_recomputed:
             parts.append("norms recomputed")
+        if self.chunked_blocks:
+            parts.append(f"feed-forward in chunks of {self.performance.ffn_chunk_tokens} tokens")
         if self.compiled:
             parts.append(f"{len(self.compiled)} blocks compiled")
         return ", ".join(parts) or "no memory features"
