@@ -1,10 +1,10 @@
-"""The transformer block's feed-forward part in token chunks (`performance.ffn_chunk_tokens`).
+"""The transformer block's feed-forward part in token chunks (`performance.chunk_tokens`, which also chunks the recomputed norms: NormRecompute).
 
 The feed-forward's hidden state is the widest tensor of a Wan block (8,960 wide for the 1.3B, 13,824 for the 14B,
 against 1,536 / 5,120 for the residual stream): at 32,760 tokens one of them is 561 MiB (1.3B, bf16), and the
 backward pass of a recomputed block holds four at once (the LoRA-wrapped up projection's `result + lora_B(...)`,
 the down projection's input gradient from its base layer and from its adapter, and their sum). Here the third part
-of the block, `h + ffn(norm3(h) * (1 + scale) + shift) * gate`, runs on `ffn_chunk_tokens` tokens at a time,
+of the block, `h + ffn(norm3(h) * (1 + scale) + shift) * gate`, runs on `chunk_tokens` tokens at a time,
 each chunk under its own (nested) non-reentrant checkpoint: the block keeps only the chunk inputs it already has,
 and the backward pass recomputes one chunk's feed-forward at a time. peft's wrapped linears (LoRA, DoRA, LoHa,
 LoKr) run inside the chunk as they are.
@@ -29,13 +29,14 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch.utils.checkpoint import checkpoint
 
 from modules.modelSetup.memory.BlockCheckpointing import checkpoint_state
+from modules.modelSetup.memory.NormRecompute import float_norm
 
 HOOK = "chunked_feed_forward"
 
 
 def _feed_forward_part(block, hidden_states, shift, scale, gate):
     """diffusers' `3. Feed-forward` of WanTransformerBlock on some tokens: returns the block's output for them."""
-    norm_hidden_states = (block.norm3(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
+    norm_hidden_states = (float_norm(block.norm3, hidden_states) * (1 + scale) + shift).type_as(hidden_states)
     ff_output = block.ffn(norm_hidden_states)
     return (hidden_states.float() + ff_output.float() * gate).type_as(hidden_states)
 
@@ -64,12 +65,12 @@ class ChunkedFeedForward(ModelHook):
                 block.scale_shift_table + temb.float()).chunk(6, dim=1)
 
         # 1. Self-attention
-        norm_hidden_states = (block.norm1(hidden_states.float()) * (1 + scale_msa) + shift_msa).type_as(hidden_states)
+        norm_hidden_states = (float_norm(block.norm1, hidden_states) * (1 + scale_msa) + shift_msa).type_as(hidden_states)
         attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
         hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
 
         # 2. Cross-attention
-        norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
+        norm_hidden_states = float_norm(block.norm2, hidden_states).type_as(hidden_states)
         attn_output = block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
         hidden_states = hidden_states + attn_output
 

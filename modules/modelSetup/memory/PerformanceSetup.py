@@ -71,13 +71,12 @@ class PerformanceSetup:
         # compiled blocks are left alone (as below): the compiler chooses what a block keeps; the chunking hook
         # goes on before the norms' hooks, which then wrap it
         plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
-        if performance.ffn_chunk_tokens:
-            self.chunked_blocks = chunk_feed_forward(plain, performance.ffn_chunk_tokens)
+        if performance.chunk_tokens:
+            self.chunked_blocks = chunk_feed_forward(plain, performance.chunk_tokens)
         if performance.recompute_norms:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records
             # the block's dtype would only break its graph
-            self.norms_recomputed = recompute_norms(
-                [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks])
+            self.norms_recomputed = recompute_norms(plain, performance.chunk_tokens)
         if performance.compile_blocks:
             for index, block in enumerate(blocks):
                 if index not in swapped:
@@ -106,7 +105,7 @@ class PerformanceSetup:
         if self.norms_recomputed:
             parts.append("norms recomputed")
         if self.chunked_blocks:
-            parts.append(f"feed-forward in chunks of {self.performance.ffn_chunk_tokens} tokens")
+            parts.append(f"per-token parts in chunks of {self.performance.chunk_tokens} tokens")
         if self.compiled:
             parts.append(f"{len(self.compiled)} blocks compiled")
         return ", ".join(parts) or "no memory features"
