@@ -6,7 +6,7 @@
                      [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]
                      [--no-recompute-norms]
                      [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
-  benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH]
+  benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH] [--plan [--write]]
   benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
                     [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
@@ -130,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     presets.add_argument("--dry-run", action="store_true", help="print each preset's command, run nothing")
     presets.add_argument("--workdir", default="workspace/benchmark-presets", help="where the per-run JSON goes")
     presets.add_argument("--json", help="write the rows to this JSON file")
+    presets.add_argument("--plan", action="store_true",
+                         help="plan each preset (fake tensors, no GPU) instead of running it: the predicted peak at "
+                              "real size and the memory-regression guard's numbers")
+    presets.add_argument("--write", action="store_true",
+                         help="with --plan: write docs/memory_presets.json and docs/benchmarks.md's preset table "
+                              "(commit them with the change that moves them)")
     return parser
 
 
@@ -189,6 +195,11 @@ def _presets(args) -> int:
     from modules.benchmark.common import format_table, write_json
     from modules.benchmark.preset_bench import preset_runs, run_presets
 
+    if args.plan:
+        return _plan_presets(args)
+    if args.write:
+        print("benchmark presets: --write needs --plan", file=sys.stderr)
+        return 2
     runs = preset_runs(args.steps, args.preset)
     if args.dry_run:
         for run in runs:
@@ -201,6 +212,22 @@ def _presets(args) -> int:
     if args.json:
         write_json(args.json, {"rows": rows})
     return 0 if all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows) else 3
+
+
+def _plan_presets(args) -> int:
+    from modules.benchmark.common import write_json
+    from modules.planner.preset_guard import write
+    from modules.planner.preset_table import markdown, preset_rows
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    if args.write:
+        data = write(log=log)
+        print(markdown(data["full"]))
+        return 0
+    rows = preset_rows(log=log)
+    print(markdown(rows))
+    if args.json:
+        write_json(args.json, {"rows": rows})
+    return 0
 
 
 def _plan(args) -> int:

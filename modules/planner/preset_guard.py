@@ -24,7 +24,7 @@ from modules.planner.memory_plan import PlanError, predict
 from modules.planner.Prediction import PARTS, Prediction
 
 GIB = 1024 ** 3
-GUARD_BLOCKS = 2
+GUARD_BLOCKS = 1
 TOLERANCE = 0.03
 DATA_FILE = Path(__file__).resolve().parents[2] / "docs" / "memory_presets.json"
 DOCS_FILE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"

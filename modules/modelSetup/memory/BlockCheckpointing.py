@@ -12,7 +12,7 @@ import threading
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+from torch.utils.checkpoint import checkpoint
 
 from modules.modelSetup.memory.ActivationOffload import ActivationOffload
 
@@ -60,7 +60,7 @@ class BlockCheckpointing:
         if not self.checkpointed(index):
             return block(*args)
         saving = self.offload.saving(args[0]) if self.offload is not None else contextlib.nullcontext()
-        # a swapped block's recomputation must run to its end, where its forward hook drops the weights again;
-        # torch otherwise stops a recomputation as soon as it has what the backward pass needs
-        with saving, set_checkpoint_early_stop(index not in self.always):
+        # torch stops a recomputation as soon as it has what the backward pass needs (a swapped block stays on the
+        # device until its backward pass is done: BlockSwap)
+        with saving:
             return checkpoint(block, *args, use_reentrant=False, context_fn=_contexts)
