@@ -4,7 +4,7 @@
   benchmark.py train --variant wan2.1-1.3b --width 128 --height 128 --frames 9 --steps 3 --dtype bf16
                      [--weight-dtype fp32|bf16|fp8] [--gradient-checkpointing [--checkpoint-every K]]
                      [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]
-                     [--no-recompute-norms]
+                     [--no-recompute-norms] [--chunk-tokens 4096]
                      [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
   benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH] [--plan [--write]]
   benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--attention", default="auto", choices=["auto", "flash", "cudnn", "efficient", "math"])
     train.add_argument("--no-recompute-norms", action="store_true",
                        help="keep the norms' float32 copies (performance.recompute_norms off): to time its cost")
+    train.add_argument("--chunk-tokens", type=int, default=4096, metavar="N",
+                       help="performance.chunk_tokens (0: the feed-forward and norms on all tokens at once): to time "
+                            "its cost")
     train.add_argument("--memory-cap-gib", type=float, metavar="G",
                        help="cap the process's CUDA memory (torch.cuda.set_per_process_memory_fraction)")
     train.add_argument("--baseline", action="store_true",
@@ -154,7 +157,7 @@ def _train(args) -> int:
                            gradient_checkpointing=args.gradient_checkpointing,
                            checkpoint_every=args.checkpoint_every, block_swap=args.block_swap,
                            activation_offload=args.activation_offload, compile=args.compile, attention=args.attention,
-                           recompute_norms=not args.no_recompute_norms,
+                           recompute_norms=not args.no_recompute_norms, chunk_tokens=args.chunk_tokens,
                            memory_cap_gib=args.memory_cap_gib, baseline=args.baseline, optimizer=args.optimizer,
                            lora_rank=None if args.full else args.lora_rank, lora_targets=args.lora_targets,
                            batch_size=args.batch_size, device=args.device, peak_tflops=args.peak_tflops,
