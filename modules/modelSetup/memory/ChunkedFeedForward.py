@@ -1,4 +1,5 @@
-"""The transformer block's feed-forward part in token chunks (`performance.chunk_tokens`, which also chunks the recomputed norms: NormRecompute).
+"""The transformer block's feed-forward part in token chunks (`performance.chunk_tokens`, which also chunks the
+recomputed norms: NormRecompute).
 
 The feed-forward's hidden state is the widest tensor of a Wan block (8,960 wide for the 1.3B, 13,824 for the 14B,
 against 1,536 / 5,120 for the residual stream): at 32,760 tokens one of them is 561 MiB (1.3B, bf16), and the
@@ -65,7 +66,8 @@ class ChunkedFeedForward(ModelHook):
                 block.scale_shift_table + temb.float()).chunk(6, dim=1)
 
         # 1. Self-attention
-        norm_hidden_states = (float_norm(block.norm1, hidden_states) * (1 + scale_msa) + shift_msa).type_as(hidden_states)
+        norm_hidden_states = (float_norm(block.norm1, hidden_states) * (1 + scale_msa) + shift_msa).type_as(
+            hidden_states)
         attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
         hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
 

@@ -29,7 +29,7 @@ class PerformanceConfig(BaseConfig):
                                           "a checkpointed block each chunk is recomputed alone in the backward "
                                           "pass, so the widest tensors (the feed-forward's 8,960 / 13,824 wide "
                                           "hidden state, the norms' float32 temporaries) exist for one chunk "
-                                          "only: about 2.5 GiB less at the 1.3B's peak at 832x480x81, no extra "
+                                          "only: about 2 GiB less at the 1.3B's peak at 832x480x81, no extra "
                                           "compute. Equal within float32 rounding (weight gradients are summed "
                                           "chunk by chunk)")
     activation_offload: bool = Field(False, description="keep the inputs of checkpointed blocks in pinned CPU memory "
