@@ -4,14 +4,14 @@
   benchmark.py train --variant wan2.1-1.3b --width 128 --height 128 --frames 9 --steps 3 --dtype bf16
                      [--weight-dtype fp32|bf16|fp8] [--gradient-checkpointing [--checkpoint-every K]]
                      [--block-swap N] [--activation-offload] [--compile] [--attention auto|flash|cudnn|efficient|math]
-                     [--no-recompute-norms]
+                     [--no-recompute-norms] [--chunk-tokens 4096]
                      [--memory-cap-gib G] [--baseline] [--lora-rank 32 | --full] [--device cpu|cuda] [--json PATH]
-  benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH]
+  benchmark.py presets [--steps 3] [--preset NAME] [--dry-run] [--json PATH] [--plan [--write]]
   benchmark.py load --workdir DIR [--release wan2.1-t2v-1.3b]
                     [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
   benchmark.py plan [--config-path C.json] [--preset-path P] [--config-value k=v ...] [--vram-gib G] [--gpus N]
-                    [--plan-json PATH]
+                    [--plan-json PATH] [--peak-detail]
   benchmark.py proof [--workdir DIR] [--quick]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
 
@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--attention", default="auto", choices=["auto", "flash", "cudnn", "efficient", "math"])
     train.add_argument("--no-recompute-norms", action="store_true",
                        help="keep the norms' float32 copies (performance.recompute_norms off): to time its cost")
+    train.add_argument("--chunk-tokens", type=int, default=4096, metavar="N",
+                       help="performance.chunk_tokens (0: the feed-forward and norms on all tokens at once): to time "
+                            "its cost")
     train.add_argument("--memory-cap-gib", type=float, metavar="G",
                        help="cap the process's CUDA memory (torch.cuda.set_per_process_memory_fraction)")
     train.add_argument("--baseline", action="store_true",
@@ -113,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--config-value", action="append", default=[], metavar="DOTTED.KEY=VALUE")
     from modules.planner.plan_command import add_plan_arguments
     add_plan_arguments(plan)
+    plan.add_argument("--peak-detail", action="store_true",
+                      help="also list the largest storages alive at the peak: the op that made each and the module "
+                           "it was made in (the next memory wall)")
     plan.add_argument("--presets", action="store_true", help="plan every shipped preset: docs/benchmarks.md's table")
 
     proof = commands.add_parser("proof", help="on one GPU: everything docs/benchmarks.md needs (measured peaks "
@@ -127,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
     presets.add_argument("--dry-run", action="store_true", help="print each preset's command, run nothing")
     presets.add_argument("--workdir", default="workspace/benchmark-presets", help="where the per-run JSON goes")
     presets.add_argument("--json", help="write the rows to this JSON file")
+    presets.add_argument("--plan", action="store_true",
+                         help="plan each preset (fake tensors, no GPU) instead of running it: the predicted peak at "
+                              "real size and the memory-regression guard's numbers")
+    presets.add_argument("--write", action="store_true",
+                         help="with --plan: write docs/memory_presets.json and docs/benchmarks.md's preset table "
+                              "(commit them with the change that moves them)")
     return parser
 
 
@@ -145,7 +157,7 @@ def _train(args) -> int:
                            gradient_checkpointing=args.gradient_checkpointing,
                            checkpoint_every=args.checkpoint_every, block_swap=args.block_swap,
                            activation_offload=args.activation_offload, compile=args.compile, attention=args.attention,
-                           recompute_norms=not args.no_recompute_norms,
+                           recompute_norms=not args.no_recompute_norms, chunk_tokens=args.chunk_tokens,
                            memory_cap_gib=args.memory_cap_gib, baseline=args.baseline, optimizer=args.optimizer,
                            lora_rank=None if args.full else args.lora_rank, lora_targets=args.lora_targets,
                            batch_size=args.batch_size, device=args.device, peak_tflops=args.peak_tflops,
@@ -186,6 +198,11 @@ def _presets(args) -> int:
     from modules.benchmark.common import format_table, write_json
     from modules.benchmark.preset_bench import preset_runs, run_presets
 
+    if args.plan:
+        return _plan_presets(args)
+    if args.write:
+        print("benchmark presets: --write needs --plan", file=sys.stderr)
+        return 2
     runs = preset_runs(args.steps, args.preset)
     if args.dry_run:
         for run in runs:
@@ -198,6 +215,22 @@ def _presets(args) -> int:
     if args.json:
         write_json(args.json, {"rows": rows})
     return 0 if all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows) else 3
+
+
+def _plan_presets(args) -> int:
+    from modules.benchmark.common import write_json
+    from modules.planner.preset_guard import write
+    from modules.planner.preset_table import markdown, preset_rows
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    if args.write:
+        data = write(log=log)
+        print(markdown(data["full"]))
+        return 0
+    rows = preset_rows(log=log)
+    print(markdown(rows))
+    if args.json:
+        write_json(args.json, {"rows": rows})
+    return 0
 
 
 def _plan(args) -> int:
@@ -218,7 +251,8 @@ def _plan(args) -> int:
     except ConfigError as error:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
-    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus)
+    return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus,
+                          peak_detail=args.peak_detail)
 
 
 def _proof(args) -> int:

@@ -55,6 +55,7 @@ class TrainBenchConfig:
     compile: bool = False               # regional torch.compile of the blocks
     attention: str = "auto"             # performance.attention
     recompute_norms: bool = True        # performance.recompute_norms
+    chunk_tokens: int = 4096            # performance.chunk_tokens (0: off)
     memory_cap_gib: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction
     baseline: bool = False              # also time a plain diffusers + peft step at the same shape
     optimizer: str = "ADAMW"            # OptimizerConfig.optimizer (the presets use ADAMW_8BIT)
@@ -128,7 +129,8 @@ def _train_config(arch: Architecture, cfg: TrainBenchConfig):
                   gradient_checkpointing=cfg.gradient_checkpointing, expert=arch.expert,
                   performance={"checkpoint_every": cfg.checkpoint_every, "block_swap": cfg.block_swap,
                                "activation_offload": cfg.activation_offload, "compile_blocks": cfg.compile,
-                               "attention": cfg.attention, "recompute_norms": cfg.recompute_norms},
+                               "attention": cfg.attention, "recompute_norms": cfg.recompute_norms,
+                               "chunk_tokens": cfg.chunk_tokens},
                   optimizer={"optimizer": cfg.optimizer},
                   training_method=TrainingMethod.FINE_TUNE if cfg.full else TrainingMethod.LORA)
     if not cfg.full:

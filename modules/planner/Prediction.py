@@ -1,6 +1,7 @@
 """A planned run's predicted device memory, and how it is printed."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 GIB = 1024 ** 3
@@ -35,7 +36,7 @@ class Prediction:
     trainable_parameters: int
     features: str
     seconds: float
-    largest: list = field(default_factory=list)   # (bytes, part, op) of the largest tensors at the peak
+    largest: list = field(default_factory=list)   # (bytes, tag, op, module) of the largest storages at the peak
     preview_shape: str | None = None    # the largest sampling preview, when sampling.samples_file names some
     preview_bytes: int = 0              # live tensors during its forward pass, the training state included
 
@@ -88,6 +89,23 @@ class Prediction:
         lines.append(f"  host (pinned)    {self.host_pinned_bytes / GIB:.2f} GiB (block swap weights, offloaded "
                      f"activations)")
         lines.append(f"  planned in       {self.seconds:.1f} s on fake tensors (predicted on CPU, not measured)")
+        return "\n".join(lines)
+
+    def peak_detail(self, rows: int = 20) -> str:
+        """The largest storages alive at the peak, with the op that made them and the module they were made in;
+        storages that differ only in their block's index are one row ('blocks.N', with a count)."""
+        groups: dict[tuple, int] = {}
+        for nbytes, tag, op, module in self.largest:
+            key = (nbytes, tag, op or "-", re.sub(r"blocks\.\d+\b", "blocks.N", module or "-"))
+            groups[key] = groups.get(key, 0) + 1
+        ordered = sorted(groups.items(), key=lambda item: item[0][0] * item[1], reverse=True)
+        lines = ["largest storages at the peak (count x MiB; blocks.N: the same storage in several blocks):",
+                 f"  {'count x MiB':>14}  {'part':<12} {'op':<36} module"]
+        for (nbytes, tag, op, module), count in ordered[:rows]:
+            lines.append(f"  {count:>4} x {nbytes / 1024 ** 2:7.1f}  {tag:<12} {op:<36} {module}")
+        if len(ordered) > rows:
+            rest = sum(key[0] * count for key, count in ordered[rows:])
+            lines.append(f"  ... {len(ordered) - rows} smaller rows, {rest / 1024 ** 2:.1f} MiB in all")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:

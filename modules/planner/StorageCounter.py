@@ -30,20 +30,25 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from modules.planner.ModulePlaces import ModulePlaces
+
 TRANSIENT_WHEN_FREED = ("forward", "backward", "optimizer")
 
 
 class _Entry:
-    __slots__ = ("nbytes", "tag", "op")
+    __slots__ = ("nbytes", "tag", "op", "module")
 
-    def __init__(self, nbytes: int, tag: str, op: str = ""):
-        self.nbytes, self.tag, self.op = nbytes, tag, op   # op: what made it (the peak's largest storages)
+    def __init__(self, nbytes: int, tag: str, op: str = "", module: str = ""):
+        # op / module: what made it and where (the peak's largest storages, `benchmark plan --peak-detail`)
+        self.nbytes, self.tag, self.op, self.module = nbytes, tag, op, module
 
 
 class StorageCounter(TorchDispatchMode):
-    def __init__(self, device_type: str = "cpu"):
+    def __init__(self, device_type: str = "cpu", places: ModulePlaces | None = None):
+        """`places`: names the module each storage was made in (slower; `benchmark plan --peak-detail`)."""
         super().__init__()
         self.device_type = device_type
+        self.places = places
         self.phase = "setup"
         self.live: dict[int, _Entry] = {}
         self.total = 0
@@ -124,11 +129,11 @@ class StorageCounter(TorchDispatchMode):
             totals[entry.tag] += entry.nbytes
         return dict(totals)
 
-    def largest_at_peak(self, count: int = 10) -> list[tuple[int, str, str]]:
-        """(bytes, tag, op that made it) of the largest storages at the peak."""
+    def largest_at_peak(self, count: int | None = 10) -> list[tuple[int, str, str, str]]:
+        """(bytes, tag, op that made it, module it was made in) of the largest storages at the peak (None: all)."""
         self._snapshot_if_pending()
         entries = sorted(self.peak_entries, key=lambda e: e.nbytes, reverse=True)[:count]
-        return [(e.nbytes, e.tag, e.op) for e in entries]
+        return [(e.nbytes, e.tag, e.op, e.module) for e in entries]
 
     def live_by_tag(self) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)
@@ -148,15 +153,15 @@ class StorageCounter(TorchDispatchMode):
                     if id(storage) not in self.host_live:
                         self._add_host(storage)
                 elif id(storage) not in self.live and id(storage) not in self.host_live:
-                    self._add(storage, self.phase, str(func))
+                    self._add(storage, self.phase, str(func), self.places.where() if self.places else "")
         return out
 
-    def _add(self, storage, tag: str, op: str = "") -> _Entry:
+    def _add(self, storage, tag: str, op: str = "", module: str = "") -> _Entry:
         key = id(storage)
         entry = self.live.get(key)
         if entry is not None:
             return entry
-        entry = _Entry(storage.nbytes(), tag, op)
+        entry = _Entry(storage.nbytes(), tag, op, module)
         self.live[key] = entry
         self.total += entry.nbytes
         weakref.finalize(storage, self._free, key, entry)

@@ -28,14 +28,15 @@ class PlanCancelled(Exception):
     the run cannot use)."""
 
 
-def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> Prediction:
+def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None, detail: bool = False) -> Prediction:
     """The run's predicted peak device memory for one training step at `shape` (default: the largest bucket);
-    `arch`: a modules.benchmark Architecture instead of the one the config names."""
+    `arch`: a modules.benchmark Architecture instead of the one the config names; `detail`: the largest storages at
+    the peak name the module they were made in (Prediction.peak_detail; slower)."""
     from modules.planner.step_trace import trace_step
     started = time.perf_counter()
     arch = arch or resolve_architecture(config)
     shape = shape or largest_shape(config, arch)
-    counter, facts = trace_step(config, arch, shape)
+    counter, facts = trace_step(config, arch, shape, detail=detail)
     tags = counter.breakdown()
     parts = {name: sum(tags.get(tag, 0) for tag in members) for name, members in PARTS.items()}
     known = {tag for members in PARTS.values() for tag in members}
@@ -44,7 +45,7 @@ def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None) -> P
                       traced_bytes=counter.peak, parts=parts, peak_phase=counter.peak_phase,
                       host_pinned_bytes=counter.host_peak, parameters=facts["parameters"],
                       trainable_parameters=facts["trainable_parameters"], features=facts["features"],
-                      seconds=time.perf_counter() - started, largest=counter.largest_at_peak(),
+                      seconds=time.perf_counter() - started, largest=counter.largest_at_peak(None if detail else 10),
                       preview_shape=facts["preview"][0].text() if "preview" in facts else None,
                       preview_bytes=facts["preview"][1] if "preview" in facts else 0)
 

@@ -26,15 +26,18 @@ def add_plan_arguments(parser) -> None:
 
 
 def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print,
-                   caching: bool = True, gpus: int = 1) -> int:
+                   caching: bool = True, gpus: int = 1, peak_detail: bool = False) -> int:
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
-    2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout."""
+    2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout. `peak_detail`: also
+    the largest storages at the peak."""
     vram_gib = vram_gib if vram_gib is not None else config.performance.auto_fit
     if gpus > 1:
         return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
     try:
-        prediction = predict(config)
+        prediction = predict(config, detail=peak_detail)
         out(prediction.report())
+        if peak_detail:
+            out(prediction.peak_detail())
         caching_plan = _print_caching(config, out) if caching else None
         result = None
         if vram_gib:

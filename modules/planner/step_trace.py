@@ -173,11 +173,12 @@ def _predict_fake(setup, batch: dict, expert: str):
 
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,
-               steps: int = 1, place=None) -> tuple[StorageCounter, dict]:
+               steps: int = 1, place=None, detail: bool = False) -> tuple[StorageCounter, dict]:
     """Runs `steps` optimizer steps of the run under a StorageCounter, after an optimizer step on zero gradients
     that creates the optimizer's state (so the traced step is a later step: its forward pass holds that state);
     returns the counter and facts about the setup. `place(setup, model)`: puts the trained experts on the device
-    instead of setup.move_experts_to_device() (a real multi-process run's layout: ParallelLayout.wrap)."""
+    instead of setup.move_experts_to_device() (a real multi-process run's layout: ParallelLayout.wrap). `detail`:
+    each storage also names the module it was made in (ModulePlaces; slower)."""
     import modules.modelSetup.WanEmbeddingSetup  # noqa: F401  (registers)
     import modules.modelSetup.WanFineTuneSetup  # noqa: F401
     import modules.modelSetup.WanLoRASetup  # noqa: F401
@@ -195,7 +196,9 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         raise PlanError("training_method EMBEDDING: the planner covers LoRA and fine-tunes (an embedding run holds the "
                         "text encoder, not a trained transformer)")
     dtype, fp8 = _weight_dtype(config)
-    counter = StorageCounter(DEVICE.type)
+    from modules.planner.ModulePlaces import ModulePlaces
+    places = ModulePlaces() if detail else None
+    counter = StorageCounter(DEVICE.type, places)
     facts: dict = {}
     two = arch.variant.has_two_experts
     skeletons = [_skeleton(arch) for _ in range(2 if two else 1)]
@@ -254,8 +257,12 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
                   if not p.requires_grad]
         counter.reset_peak()
         experts = setup.experts_in_training()
+        if places is not None:
+            for expert in experts:
+                places.name_modules(getattr(model, expert), f"{expert}." if len(experts) > 1 else "")
         for step in range(steps):
-            with setup.training_step():   # as the trainer's step: forward and backward
+            watching = places.watching() if places is not None else contextlib.nullcontext()
+            with setup.training_step(), watching:   # as the trainer's step: forward and backward
                 counter.set_phase("forward")
                 expert = experts[step % len(experts)]
                 if fake:

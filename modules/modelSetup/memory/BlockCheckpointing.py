@@ -9,12 +9,40 @@ checkpoints outside its main list (VACE's `vace_blocks`) are always checkpointed
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+from torch.utils.checkpoint import checkpoint
 
 from modules.modelSetup.memory.ActivationOffload import ActivationOffload
+
+
+class _State(threading.local):
+    checkpointed = False   # a checkpointed block is running (its forward pass or its recomputation)
+    recomputing = False    # ... its recomputation for the backward pass
+
+
+_state = _State()
+
+
+def checkpoint_state() -> _State:
+    """What the running block is inside (ChunkedFeedForward skips work a recomputation would throw away)."""
+    return _state
+
+
+@contextlib.contextmanager
+def _inside(recomputing: bool):
+    kept = _state.checkpointed, _state.recomputing
+    _state.checkpointed, _state.recomputing = True, recomputing
+    try:
+        yield
+    finally:
+        _state.checkpointed, _state.recomputing = kept
+
+
+def _contexts():
+    return _inside(False), _inside(True)
 
 
 class BlockCheckpointing:
@@ -35,7 +63,7 @@ class BlockCheckpointing:
         if not self.checkpointed(index):
             return block(*args)
         saving = self.offload.saving(args[0]) if self.offload is not None else contextlib.nullcontext()
-        # a swapped block's recomputation must run to its end, where its forward hook drops the weights again;
-        # torch otherwise stops a recomputation as soon as it has what the backward pass needs
-        with saving, set_checkpoint_early_stop(index not in self.always):
-            return checkpoint(block, *args, use_reentrant=False)
+        # torch stops a recomputation as soon as it has what the backward pass needs (a swapped block stays on the
+        # device until its backward pass is done: BlockSwap)
+        with saving:
+            return checkpoint(block, *args, use_reentrant=False, context_fn=_contexts)

@@ -10,7 +10,10 @@ Contract:
   would hold the device copies until the backward pass and nothing would be saved.
 - At most two swapped blocks are on the device at once: the one running and the next one, whose copy runs on a side
   CUDA stream while the current block computes (an event orders the compute stream after the copy). In the backward
-  pass the next block is the previous one (blocks run in reverse).
+  pass the next block is the previous one (blocks run in reverse), and a recomputed block stays on the device until
+  its backward pass is done (the nested checkpoints inside it, ChunkedFeedForward's chunks and NormRecompute's
+  norms, recompute after the block's recomputation has returned): the next block's load evicts it, and the end of
+  the backward pass evicts the last one.
 - On the CPU (tests) the same code runs without streams: the "device copy" is a plain copy of the host tensor.
 - fp8 layerwise storage (diffusers' hooks on the Linear layers) composes: the host copy is the fp8 tensor, the
   layer hooks upcast the device copy to bf16 for compute.
@@ -36,6 +39,7 @@ class BlockSwap:
         self.resident: set[int] = set()
         self.pending: dict[int, tuple[list[torch.Tensor], torch.cuda.Event | None]] = {}
         self.handles = []
+        self._evicting_at_end = None   # the backward pass whose end evicts the last recomputed block
         for index in self.indices:
             pairs = []
             for parameter in blocks[index].parameters():
@@ -74,6 +78,9 @@ class BlockSwap:
                 self._evict(other)  # left over when a recomputation stopped early (its post hook did not run)
             # the autograd engine runs the backward pass (and the recomputations) with a graph task id
             backward = torch._C._current_graph_task_id() != -1
+            if backward and self._evicting_at_end != torch._C._current_graph_task_id():
+                self._evicting_at_end = torch._C._current_graph_task_id()
+                torch.autograd.Variable._execution_engine.queue_callback(self._evict_all)
             following = index - 1 if backward else index + 1
             if following in self.host and following not in self.resident:
                 self._prefetch(following)
@@ -81,8 +88,13 @@ class BlockSwap:
 
     def _post_hook(self, index: int):
         def hook(_module, _args, _output):
-            self._evict(index)
+            if torch._C._current_graph_task_id() == -1:   # a recomputation keeps it for the block's backward pass
+                self._evict(index)
         return hook
+
+    def _evict_all(self) -> None:
+        for index in list(self.resident):
+            self._evict(index)
 
     # ---- moves ----------------------------------------------------------------------------------------------
 

@@ -43,15 +43,21 @@ class _BlockDtype(ModelHook):
         return args, kwargs
 
 
-def _recompute(forward, tensor: torch.Tensor):
+def _recompute(forward, tensor: torch.Tensor, chunk_tokens: int = 0):
+    """`chunk_tokens`: the norm (per token) runs on that many tokens (dim 1) at a time, each chunk under its own
+    checkpoint, so its backward pass's float32 temporaries exist for one chunk only."""
     # norms draw no random numbers: no generator state to stash and restore for the recomputation
-    return checkpoint(forward, tensor, use_reentrant=False, preserve_rng_state=False)
+    if not chunk_tokens or tensor.dim() < 3 or tensor.shape[1] <= chunk_tokens:
+        return checkpoint(forward, tensor, use_reentrant=False, preserve_rng_state=False)
+    return torch.cat([checkpoint(forward, chunk, use_reentrant=False, preserve_rng_state=False)
+                      for chunk in tensor.split(chunk_tokens, dim=1)], dim=1)
 
 
 class _RecomputedLayerNorm(ModelHook):
-    def __init__(self, block: _BlockDtype):
+    def __init__(self, block: _BlockDtype, chunk_tokens: int = 0):
         super().__init__()
         self.block = block
+        self.chunk_tokens = chunk_tokens
 
     def new_forward(self, module, inputs, *args, **kwargs):
         narrow = self.block.dtype
@@ -59,37 +65,56 @@ class _RecomputedLayerNorm(ModelHook):
                 or narrow in (None, torch.float32):
             return self.fn_ref.original_forward(inputs, *args, **kwargs)
         original = self.fn_ref.original_forward
-        return _recompute(lambda kept: original(kept.float()), inputs.to(narrow))
+        return _recompute(lambda kept: original(kept.float()), inputs.to(narrow), self.chunk_tokens)
 
 
 class _RecomputedRMSNorm(ModelHook):
+    def __init__(self, chunk_tokens: int = 0):
+        super().__init__()
+        self.chunk_tokens = chunk_tokens
+
     def new_forward(self, module, hidden_states, *args, **kwargs):
         if args or kwargs or not torch.is_grad_enabled() or hidden_states.dtype == torch.float32:
             return self.fn_ref.original_forward(hidden_states, *args, **kwargs)
-        return _recompute(self.fn_ref.original_forward, hidden_states)
+        return _recompute(self.fn_ref.original_forward, hidden_states, self.chunk_tokens)
+
+
+def float_norm(norm: torch.nn.Module, narrow: torch.Tensor) -> torch.Tensor:
+    """`norm(narrow.float())`, as diffusers' block calls its float32 layer norms; when the norm is recomputed, the
+    checkpoint keeps `narrow` itself (which the block keeps anyway) instead of narrowing the float32 copy back into a
+    new tensor (ChunkedFeedForward's block forward calls its norms through this)."""
+    registry = getattr(norm, "_diffusers_hook", None)
+    hook = registry.get_hook(HOOK) if registry is not None else None
+    if not isinstance(hook, _RecomputedLayerNorm) or not torch.is_grad_enabled() or narrow.dtype == torch.float32:
+        return norm(narrow.float())
+    original = hook.fn_ref.original_forward
+    return _recompute(lambda kept: original(kept.float()), narrow, hook.chunk_tokens)
 
 
 def _hook(module: torch.nn.Module, hook: ModelHook) -> ModelHook:
     registry = HookRegistry.check_if_exists_or_initialize(module)
     if registry.get_hook(HOOK) is None:   # a transformer set up twice keeps one hook per module
         registry.register_hook(hook, HOOK)
-    return registry.get_hook(HOOK)
+    kept = registry.get_hook(HOOK)
+    if hasattr(hook, "chunk_tokens"):
+        kept.chunk_tokens = hook.chunk_tokens
+    return kept
 
 
-def recompute_norms(blocks) -> int:
-    """Hooks the norms of each given block; returns how many norms are hooked."""
+def recompute_norms(blocks, chunk_tokens: int = 0) -> int:
+    """Hooks the norms of each given block (`chunk_tokens`: see _recompute); returns how many norms are hooked."""
     hooked = 0
     for block in blocks:
         dtype = _hook(block, _BlockDtype())
         for name in LAYER_NORMS:
             norm = getattr(block, name, None)
             if isinstance(norm, FP32LayerNorm):
-                _hook(norm, _RecomputedLayerNorm(dtype))
+                _hook(norm, _RecomputedLayerNorm(dtype, chunk_tokens))
                 hooked += 1
         for attention in (getattr(block, "attn1", None), getattr(block, "attn2", None)):
             for name in RMS_NORMS:
                 norm = getattr(attention, name, None)
                 if isinstance(norm, torch.nn.RMSNorm):
-                    _hook(norm, _RecomputedRMSNorm())
+                    _hook(norm, _RecomputedRMSNorm(chunk_tokens))
                     hooked += 1
     return hooked

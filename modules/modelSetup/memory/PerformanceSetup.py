@@ -16,6 +16,7 @@ from modules.modelSetup.memory.ActivationOffload import ActivationOffload
 from modules.modelSetup.memory.BlockCheckpointing import BlockCheckpointing
 from modules.modelSetup.memory.FaceAdapterCheckpointing import checkpoint_face_adapter
 from modules.modelSetup.memory.BlockSwap import BlockSwap
+from modules.modelSetup.memory.ChunkedFeedForward import chunk_feed_forward
 from modules.modelSetup.memory.NormRecompute import recompute_norms
 from modules.util.config.PerformanceConfig import PerformanceConfig
 
@@ -41,6 +42,7 @@ class PerformanceSetup:
         self.checkpointing: BlockCheckpointing | None = None
         self.compiled: list[int] = []
         self.norms_recomputed = 0
+        self.chunked_blocks: list = []   # ChunkedFeedForward hooks
 
     def apply(self) -> PerformanceSetup:
         performance, transformer = self.performance, self.transformer
@@ -69,11 +71,15 @@ class PerformanceSetup:
                 checkpoint_face_adapter(transformer)   # Animate: its adapter blocks run between the blocks
         elif getattr(transformer, "gradient_checkpointing", False):
             transformer.disable_gradient_checkpointing()
+        # compiled blocks are left alone (as below): the compiler chooses what a block keeps; the chunking hook
+        # goes on before the norms' hooks, which then wrap it
+        plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
+        if performance.chunk_tokens:
+            self.chunked_blocks = chunk_feed_forward(plain, performance.chunk_tokens)
         if performance.recompute_norms:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records
             # the block's dtype would only break its graph
-            self.norms_recomputed = recompute_norms(
-                [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks])
+            self.norms_recomputed = recompute_norms(plain, performance.chunk_tokens)
         if performance.compile_blocks:
             for index, block in enumerate(blocks):
                 if index not in swapped:
@@ -101,6 +107,8 @@ class PerformanceSetup:
             parts.append(f"attention {self.performance.attention}")
         if self.norms_recomputed:
             parts.append("norms recomputed")
+        if self.chunked_blocks:
+            parts.append(f"per-token parts in chunks of {self.performance.chunk_tokens} tokens")
         if self.compiled:
             parts.append(f"{len(self.compiled)} blocks compiled")
         return ", ".join(parts) or "no memory features"

@@ -1,0 +1,114 @@
+"""The memory wall: `performance.chunk_tokens` (the block's feed-forward part and its recomputed norms in token
+chunks) leaves a fixed-seed step's loss and gradients unchanged within float32 rounding, really runs in chunks
+(and computes none of them when a checkpointed block is recomputed), works with block swap, and lowers the counted
+peak of a real-width block by exactly what the planner predicts."""
+import pytest
+import torch
+
+from modules.benchmark.architectures import build_empty_transformer, get_architecture, make_wan_model, materialize
+from modules.modelSetup.WanFineTuneSetup import WanFineTuneSetup
+from modules.modelSetup.WanLoRASetup import WanLoRASetup
+from modules.util.config.TrainConfig import TrainConfig
+
+ARCH = get_architecture("tiny")          # 2 blocks, d 64, FFN 256
+LATENT = ARCH.latent_shape(9, 32, 32)    # 12 video tokens: chunks of 5 make 3 chunks (5, 5, 2)
+
+
+def one_step(chunk_tokens: int, checkpointing: bool, method: str = "LORA", performance: dict | None = None):
+    """(loss, gradients by name, setup, feed-forward calls per block) of one fp32 step of the tiny transformer;
+    the adapters' B matrices are random (peft starts them at zero, which would leave the A gradients zero)."""
+    torch.manual_seed(0)
+    transformer = materialize(build_empty_transformer(ARCH), torch.float32, torch.device("cpu"), seed=0)
+    transformer.requires_grad_(False)
+    config = TrainConfig(gradient_checkpointing=checkpointing, train_dtype="FLOAT_32", training_method=method,
+                         lora={"rank": 4, "alpha": 4.0},
+                         performance={"chunk_tokens": chunk_tokens, **(performance or {})})
+    setup = (WanLoRASetup if method == "LORA" else WanFineTuneSetup)(config, make_wan_model(ARCH, transformer))
+    setup.setup_model()
+    setup.move_experts_to_device()
+    generator = torch.Generator().manual_seed(2)
+    for name, parameter in transformer.named_parameters():
+        if "lora_B" in name:
+            parameter.data = torch.randn(parameter.shape, generator=generator) * 0.1
+    calls = [0] * len(transformer.blocks)
+    for index, block in enumerate(transformer.blocks):
+        block.ffn.register_forward_pre_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
+    generator = torch.Generator().manual_seed(1)
+    batch = {"latents": torch.randn(1, *LATENT, generator=generator),
+             "text_embeds": torch.randn(1, 512, ARCH.text_dim, generator=generator)}
+    loss = setup.calculate_loss(batch, setup.predict(batch, torch.Generator().manual_seed(1)))
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in transformer.named_parameters() if p.requires_grad}
+    return loss.detach(), grads, setup, calls
+
+
+def assert_equal_within_float32_rounding(result, reference):
+    assert torch.equal(result[0], reference[0])   # the forward pass is the same computation token by token
+    assert result[1].keys() == reference[1].keys()
+    for name, grad in result[1].items():
+        assert grad.abs().max() > 0, name
+        # weight gradients are summed chunk by chunk instead of over all tokens at once
+        torch.testing.assert_close(grad, reference[1][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("method", ["LORA", "FINE_TUNE"])
+def test_chunked_feed_forward_gives_the_same_step(method):
+    for checkpointing in (False, True):
+        reference = one_step(0, checkpointing, method)
+        result = one_step(5, checkpointing, method)
+        assert_equal_within_float32_rounding(result, reference)
+        hooks = result[2].performance["transformer"].chunked_blocks
+        assert [hook.chunks_run for hook in hooks] == [3, 3]   # 3 chunks in the forward pass
+        if checkpointing:
+            # the feed-forward runs once per chunk in the forward pass and once per chunk for its backward pass; the
+            # block's own recomputation computes no chunk (its outputs would be thrown away)
+            assert result[3] == [6, 6] and reference[3] == [2, 2]
+        else:
+            assert result[3] == [3, 3] and reference[3] == [1, 1]
+
+
+def test_chunks_of_a_swapped_block_run_on_its_device_copy():
+    """Block swap: a swapped block's chunks recompute in its backward pass after the block's recomputation has
+    returned; its weights must still be the device copy then (on a GPU the host copy would be an error)."""
+    import modules.modelSetup.BaseWanSetup as base
+    seen = []
+    original = base.BaseWanSetup.move_experts_to_device
+
+    def move_and_watch(self):
+        original(self)
+        swap = self.performance["transformer"].block_swap
+        linear = swap.blocks[1].ffn.net[0].proj.base_layer
+        host = dict((id(p), h) for p, h in swap.host[1])[id(linear.weight)]
+        linear.register_forward_pre_hook(lambda *_: seen.append(linear.weight.data_ptr() != host.data_ptr()))
+
+    base.BaseWanSetup.move_experts_to_device = move_and_watch
+    try:
+        result = one_step(5, True, performance={"block_swap": 1})
+    finally:
+        base.BaseWanSetup.move_experts_to_device = original
+    assert_equal_within_float32_rounding(result, one_step(0, True, performance={"block_swap": 1}))
+    assert seen == [True] * 6                          # 3 chunks forward, 3 chunk recomputations
+    assert not result[2].performance["transformer"].block_swap.resident   # evicted at the end of the backward pass
+
+
+def test_counted_peak_of_a_real_width_block_falls_as_predicted():
+    """One block of the 1.3B at its real width (1536, FFN 8960), 192 tokens in chunks of 64, LoRA, checkpointing,
+    bf16 on the CPU: the counted peak of the real step falls by exactly what the planner's fake trace predicts,
+    and at least by the two FFN-wide tensors of the tokens not in the chunk."""
+    import dataclasses
+
+    from modules.planner.plan_shapes import PlanShape
+    from modules.planner.step_trace import trace_step
+    arch = get_architecture("wan2.1-1.3b")
+    arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": 1})
+    shape = PlanShape(1, 9, 128, 128)   # latents 3 x 16 x 16: 192 tokens
+    peaks = {}
+    for chunk in (0, 64):
+        config = TrainConfig(gradient_checkpointing=True, train_dtype="BFLOAT_16", lora={"rank": 4, "alpha": 4.0},
+                             optimizer={"optimizer": "ADAMW"}, performance={"chunk_tokens": chunk},
+                             model={"transformer": {"weight_dtype": "BFLOAT_16"}})
+        torch.manual_seed(0)
+        peaks[chunk] = [trace_step(config, arch, shape, fake=fake)[0].peak for fake in (False, True)]
+    real_drop, predicted_drop = peaks[0][0] - peaks[64][0], peaks[0][1] - peaks[64][1]
+    assert real_drop == predicted_drop, peaks
+    assert real_drop >= 2 * (192 - 64) * 8960 * 2, peaks
