@@ -140,10 +140,18 @@ def sized_presets() -> list[tuple[str, int]]:
 @pytest.mark.parametrize("name,size_gb", sized_presets())
 def test_every_sized_preset_fits_the_card_in_its_name(name, size_gb):
     """At its largest bucket, on paper: a "24GB" card has 24 x 10^9 bytes, 22.35 GiB (the allowance for the CUDA
-    context and fragmentation is inside the prediction)."""
-    from modules.planner.memory_plan import predict
-    prediction = predict(preset_config(name))
-    assert prediction.peak_bytes <= size_gb * 1e9, prediction.report()
+    context and fragmentation is inside the prediction). A full plan takes minutes per preset on a CPU (an Animate
+    14B preset about three), too long for every CI run: the figure is the full plan `benchmark presets --plan
+    --write` stored in docs/memory_presets.json. The memory guard (test_memory_guard.py) plans every preset as it is
+    now and fails when one grows more than its tolerance over the stored numbers, and the 14B planning test below
+    checks that a stored full plan is what the planner predicts today; so the stored figure plus the guard's
+    tolerance must fit the card."""
+    from modules.planner import preset_guard
+    rows = {row["preset"]: row for row in preset_guard.load_stored()["full"]}
+    row = rows.get(name, {})
+    assert "predicted_gib" in row, f"{name}: no stored full plan ({row.get('status', 'missing')}); run " \
+                                   f"`benchmark presets --plan --write`"
+    assert row["predicted_gib"] * 1024 ** 3 * (1 + preset_guard.TOLERANCE) <= size_gb * 1e9, row
 
 
 def test_planning_a_14b_step_is_fast_and_small(tmp_path):
@@ -165,6 +173,9 @@ def test_planning_a_14b_step_is_fast_and_small(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     numbers = json.loads(result.stdout.strip().splitlines()[-1])
     assert numbers["peak_gib"] > 10        # a 14B run was planned at its real size
+    from modules.planner import preset_guard   # the stored table is today's plan (the sized-preset test reads it)
+    stored = {row["preset"]: row for row in preset_guard.load_stored()["full"]}["wan 2.1 14B LoRA 24GB"]
+    assert numbers["peak_gib"] == pytest.approx(stored["predicted_gib"], rel=1e-6), (numbers, stored)
     assert numbers["seconds"] < 60, numbers
     assert numbers["rss_gib"] < 2, numbers
 

@@ -140,10 +140,7 @@ def sample_animate(sampler, resolved: SampleConfig, on_step=None):
     placement = _Placement(model, sampler.device)
     with preserved_state(model, sampler.device):
         try:
-            with placement.using("text_encoder"):
-                prompt_embeds = model.encode_text([resolved.prompt]).to(sampler.device)
-                negative_embeds = model.encode_text([resolved.effective_negative_prompt]).to(sampler.device) \
-                    if resolved.guidance > 1.0 else None
+            prompt_embeds, negative_embeds = placement.encode_prompts(model, resolved, resolved.guidance > 1.0)
             placement.materialize("image_encoder", "vae", "transformer")
             scheduler = sampler.make_scheduler(resolved.scheduler, resolved.flow_shift)
             with sampler._transformer_autocast():

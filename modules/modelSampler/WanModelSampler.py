@@ -119,6 +119,13 @@ class _Placement:
         if moved and self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def encode_prompts(self, model: WanModel, sample: SampleConfig, use_cfg: bool):
+        """(prompt, negative prompt or None) embeddings of a resolved sample, with the text encoder placed."""
+        with self.using("text_encoder"):
+            prompt = model.encode_text([sample.prompt]).to(self.device)
+            negative = model.encode_text([sample.effective_negative_prompt]).to(self.device) if use_cfg else None
+        return prompt, negative
+
     def restore(self) -> None:
         self.evict(*self.parts)
 
@@ -420,10 +427,7 @@ class WanModelSampler:
 
         with preserved_state(model, self.device):
             try:
-                with placement.using("text_encoder"):
-                    prompt_embeds = model.encode_text([resolved.prompt]).to(self.device)
-                    negative_embeds = model.encode_text([resolved.effective_negative_prompt]).to(self.device) \
-                        if use_cfg else None
+                prompt_embeds, negative_embeds = placement.encode_prompts(model, resolved, use_cfg)
                 image_embeds = e2v_condition = None
                 if e2v:
                     e2v_condition, image_embeds = self._e2v_inputs(resolved, placement)

@@ -50,7 +50,12 @@ def guard_prediction(config) -> Prediction:
     from modules.planner.plan_shapes import resolve_architecture
     arch = resolve_architecture(config)
     layers = arch.transformer["num_layers"]
-    small = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": GUARD_BLOCKS})
+    cut = {"num_layers": GUARD_BLOCKS}
+    if "vace_layers" in arch.transformer:                   # VACE: one VACE block, beside the first base block
+        cut["vace_layers"] = list(range(GUARD_BLOCKS))[:1]
+    if "inject_face_latents_blocks" in arch.transformer:    # Animate: a face adapter after the blocks kept
+        cut["inject_face_latents_blocks"] = GUARD_BLOCKS
+    small = dataclasses.replace(arch, transformer={**arch.transformer, **cut})
     return predict(guard_settings(config, layers), arch=small)
 
 
