@@ -6,9 +6,9 @@ than a demo may (measured: no progress past the flat-grey average in 300 steps, 
 cores). Every layer of the Wan VAE can pass a signal on linearly instead: residual and attention branches add
 nothing, the shortcuts and resampling convolutions copy or average channels, and the causal time convolutions move
 the four frames of a chunk into (encoder) and out of (decoder) four channel groups; the RMS-normalised heads stay
-linear to about 1 % because a large constant channel dominates their norm. So the latent of a chunk is the 4 frames' cell colours
-(12 of the 16 channels), and the decoded video is the input averaged over 8 x 8 cells: a square is seen in its
-colour and place, moving frame by frame, a little blocky.
+linear to about 1 % because a large constant channel dominates their norm. So the latent of a chunk is the 4 frames'
+cell colours (12 of the 16 channels), and the decoded video is the input averaged over 8 x 8 cells: a square is
+seen in its colour and place, moving frame by frame, a little blocky.
 """
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import (WanAttentionBlock, WanResample, WanResidualBlock)
