@@ -34,6 +34,46 @@ def square_columns(frame: np.ndarray, colour: tuple[int, int, int]) -> np.ndarra
     return np.nonzero(close.any(axis=0))[0]
 
 
+def caption_square_problems(frames: np.ndarray, colour_name: str, direction: str | None = None) -> list[str]:
+    """What keeps a clip (F, H, W, 3) uint8 from showing the caption's square: each frame must hold a square's worth
+    of cells (not noise, not nothing) of the caption's colour, and, when a direction is given, the square's centre
+    must move that way from the first frame to the last by at least a cell (8 px), never stepping back by more than
+    half a cell. Empty when the clip shows it."""
+    problems, centres = [], []
+    for f, frame in enumerate(deviation(frames)):
+        seen = np.abs(frame).max(axis=-1) > 40
+        if not 32 <= seen.sum() <= 512:
+            problems.append(f"frame {f}: {seen.sum()} pixels differ from grey")
+            continue
+        if colour_of(frame[seen]) != colour_name:
+            problems.append(f"frame {f}: {colour_of(frame[seen])}, not {colour_name}")
+        centres.append(centre_column(np.where(seen[..., None], frame, 0)))
+    if direction is not None and not problems:
+        sign = 1 if direction == "right" else -1
+        travel, back = sign * (centres[-1] - centres[0]), -sign * np.diff(centres)
+        if travel < 8 or back.max() > 4:
+            problems.append(f"centres {[round(c, 1) for c in centres]} do not move {direction}")
+    return problems
+
+
+def test_the_square_check_tells_moving_squares_from_wrong_ones(squares_dataset):
+    """The check accepts every demo clip for its caption and rejects it for the other colour, the other direction,
+    a square that stands still and an empty frame."""
+    for path in sorted(squares_dataset.glob("*.mp4")):
+        colour_name, direction, _ = path.stem.split("_")
+        frames = np.asarray(read_media(path))
+        other_colour = next(name for name in COLOURS if name != colour_name)
+        other_direction = "left" if direction == "right" else "right"
+        assert caption_square_problems(frames, colour_name, direction) == [], path.name
+        assert caption_square_problems(frames, colour_name) == [], path.name
+        assert caption_square_problems(frames, other_colour, direction), path.name
+        assert caption_square_problems(frames, colour_name, other_direction), path.name
+        assert caption_square_problems(np.repeat(frames[4:5], len(frames), axis=0), colour_name, direction), path.name
+        blank = frames.copy()
+        blank[3] = BACKGROUND
+        assert caption_square_problems(blank, colour_name), path.name
+
+
 def test_demo_clips_move_only_the_way_their_caption_says(squares_dataset):
     """blue_left_01.mp4 went 20-31, ..., 2-11 and then jumped back to 22-31 in its last frame."""
     for path in sorted(squares_dataset.glob("*.mp4")):
@@ -69,16 +109,13 @@ def test_demo_vae_reconstructs_the_square_in_colour_and_place(demo_pipeline, col
         assert np.abs(shown).max(axis=-1).max() > 40, f    # seen, not a faint haze
 
 
-@pytest.mark.xfail(reason="the 600-step pre-trained base draws the caption's colour but not yet a clean square in "
-                          "every frame (2 of 9 colour x seed samples pass this check); it needs a better recipe")
+@pytest.mark.xfail(reason="the 600-step pre-trained base draws the caption's colour but a centred blur rather than a "
+                          "square in every frame (2 of 9 colour x seed samples pass; red at seed 0 does): it does not "
+                          "learn from the caption where the square is, see the note in modules/util/demo_model.py")
 @pytest.mark.parametrize("colour_name", ["red", "blue"])
 def test_demo_base_draws_a_square_of_the_caption_colour(demo_pipeline, colour_name):
     """The base knows the colours before any LoRA: what the demo's LoRA adds is the direction."""
     video = demo_pipeline(prompt=f"a {colour_name} square", height=32, width=32, num_frames=9,
                           num_inference_steps=10, guidance_scale=1.0, generator=torch.Generator().manual_seed(0),
                           output_type="np").frames[0]
-    frames = deviation((video * 255).round())   # (F, H, W, 3)
-    for f, frame in enumerate(frames):
-        seen = np.abs(frame).max(axis=-1) > 40
-        assert 64 <= seen.sum() <= 512, (f, seen.sum())    # a square's cells, not noise and not nothing
-        assert colour_of(frame[seen]) == colour_name, (f, frame[seen].mean(axis=0))
+    assert caption_square_problems((video * 255).round().astype(np.uint8), colour_name) == []
