@@ -13,8 +13,12 @@ model is therefore the tiny Wan 2.1 T2V model of `tiny_models` with two parts ma
 Known limit (measured): the base draws the caption's colour as a blur near the centre, not a square where a clip
 holds it. Its x0 prediction at s = 0.9 stays at the error of the captions' common mean (0.46-0.52, against 0.008 for
 a per-caption mean) after 600, 1500 or 2000 steps, at learning rates 1e-3 to 5e-3, with the cross-attention's q/k
-norms scaled 2-6x, and even when pre-trained with the direction in the caption: the tiny transformer does not use
-the text for position, so the demo's LoRA (200 steps) cannot show the direction either.
+norms scaled 2-6x, with the text cut to its 8 real tokens (no padding keys), with the text path's weights scaled
+5x, and even when pre-trained with the direction in the caption: the tiny transformer does not use the text for
+position, so the demo's LoRA (200 steps) cannot show the direction either. It does use the text for the colour,
+which needs no position. A likely cause: Wan has no absolute position embedding (RoPE is relative and only in
+self-attention, the patch embedding has no padding), so on a 2 x 2 token grid of near-pure noise no token can tell
+it is the left one, and "moving left" has nowhere to start.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
