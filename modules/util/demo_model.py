@@ -10,7 +10,7 @@ model is therefore the tiny Wan 2.1 T2V model of `tiny_models` with two parts ma
    ("a red square"), with the flow-matching objective of training (`BaseWanSetup.predict`): the base draws a square
    of the prompt's colour, and the direction is left for the demo's LoRA to learn.
 
-Known limit (measured): the base draws the caption's colour as a blur near the centre, not a square where a clip
+Known limit (measured): the base draws noisy 8 x 8 cells tinted the caption's colour, not a square where a clip
 holds it. Its x0 prediction at s = 0.9 stays at the error of the captions' common mean (0.46-0.52, against 0.008 for
 a per-caption mean) after 600, 1500 or 2000 steps, at learning rates 1e-3 to 5e-3, with the cross-attention's q/k
 norms scaled 2-6x, with the text cut to its 8 real tokens (no padding keys), with the text path's weights scaled
