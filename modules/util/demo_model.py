@@ -19,7 +19,9 @@ position, so the demo's LoRA (200 steps) cannot show the direction either. Nor i
 steps on still squares captioned "a red square left" / "... right", its x0 error at s = 0.9 is 0.41, the error of
 the common mean (0.40), against 0.20 for the colours' means and 0 for the captions'. The text barely reaches the
 output at high noise (changing the caption moves the untrained transformer's output by 0.1 %), so the colours the
-samples show come from the low-noise steps. Making the tiny transformer use its text is what is left to do.
+samples show come from the low-noise steps. Longer training is what starts to help: at 2500 steps (about 90 s on
+one busy core) the still squares reach 0.15 and the moving squares with their full captions 0.35 (common mean 0.45),
+so the text takes hold late and slowly; a recipe that gets there within the demo's first-use time is left to do.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
