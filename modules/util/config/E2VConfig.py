@@ -29,6 +29,8 @@ from pydantic import (Field, ValidationError, ValidationInfo, field_serializer, 
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.ConfigError import ConfigError
 from modules.util.config.bounds import MAX_FRAMES, MAX_SIDE, PathText
+from modules.util.config.json_files import read_json_file
+from modules.util.config.validation_problems import format_validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -422,11 +424,6 @@ def _apply_aliases(problem: str, aliases: dict[str, str]) -> str:
     return aliases[best] + path[len(best):] + sep + message
 
 
-def _format_errors(error: ValidationError) -> list[str]:
-    from modules.util.config.config_io import format_validation_error
-    return format_validation_error(error)
-
-
 def _validate_dataset(raw: Any, prefix: str) -> tuple[E2VDatasetConfig | None, list[str]]:
     if not isinstance(raw, dict):
         return None, [f"{prefix.rstrip('.') or '(top level)'}: a dataset must be a JSON object, not "
@@ -435,7 +432,7 @@ def _validate_dataset(raw: Any, prefix: str) -> tuple[E2VDatasetConfig | None, l
     try:
         config = E2VDatasetConfig.model_validate(data, context={_DEFER_CHECKS: True})
     except ValidationError as e:
-        problems += _format_errors(e)
+        problems += format_validation_error(e)
         return None, [prefix + _apply_aliases(p, aliases) for p in problems]
     problems += dataset_problems(config)
     return (None if problems else config), [prefix + _apply_aliases(p, aliases) for p in problems]
@@ -446,7 +443,6 @@ def load_e2v_dataset_configs(source: str | os.PathLike | dict | list) -> list[E2
     validated configs. Raises ConfigError with every problem; warns (logging) about unaligned repeats."""
     where = ""
     if isinstance(source, (str, os.PathLike)):
-        from modules.util.config.config_io import read_json_file
         where = str(source)
         source = read_json_file(source, "E2V config")
     if isinstance(source, dict) and "datasets" in source:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from modules.util.config.config_io import ConfigError, format_validation_error
+from modules.util.config.ConfigError import ConfigError
+from modules.util.config.validation_problems import format_validation_error
 from modules.util.config.E2VConfig import (E2VDatasetConfig, load_e2v_dataset_configs, min_clip_frames,
                                            round_to_spatial_unit)
 from modules.util.config.TrainConfig import TrainConfig
