@@ -95,6 +95,16 @@ def launch_file(workspace_dir: str, now: float | None = None) -> Path:
     return Path(workspace_dir or "workspace") / "gui-launches" / f"{stamp}.json"
 
 
+def write_launch_config(data: dict) -> Path:
+    """The config on screen (a UIState.json_dict) as the full config train.py reads, under the workspace."""
+    import json
+    from modules.util.config.config_io import config_from_dict, config_to_dict
+    path = launch_file(data.get("workspace_dir", ""))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(config_to_dict(config_from_dict(data, "the GUI")), indent=4) + "\n")
+    return path
+
+
 def train_command(config_path: str | Path, python: str = sys.executable) -> list[str]:
     """What Start runs: train.py on the saved config (multi_gpu is set in it, so train.py launches the ranks)."""
     return [python, str(ROOT / "scripts" / "train.py"), "--config-path", str(config_path)]
@@ -133,11 +143,7 @@ class RankLaunchControl:
 
     def start_ranks(self, data: dict, count: int) -> list[str]:
         """Writes the config and starts train.py on it; the problems that refuse it (none when it started)."""
-        from modules.util.config.config_io import config_to_dict, config_from_dict
-        import json
-        path = launch_file(data.get("workspace_dir", ""))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(config_to_dict(config_from_dict(data, "the GUI")), indent=4) + "\n")
+        path = write_launch_config(data)
         command = train_command(path, getattr(self, "python", sys.executable))
         try:
             # the launcher's own process group: Stop's SIGINT goes to the launcher, which passes it to the ranks
