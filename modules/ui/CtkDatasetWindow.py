@@ -134,11 +134,13 @@ class CtkDatasetWindow(ctk.CTkToplevel):
             child.destroy()
         self._images = []
         if item.companions:   # the target plays on the strip's slider beside its companions
+            self.thumbs.grid_remove()
             self.strip.frame.grid()
             self.strip.show(item.path, item.companions, item.frames or self._frame_count(item))
             frames = []
         else:
             self.strip.frame.grid_remove()
+            self.thumbs.grid()
             try:
                 frames = browser.thumbnails(item)
             except (UnreadableMediaError, OSError, ValueError) as error:  # its reason is shown instead of pictures
