@@ -56,6 +56,14 @@ def test_the_model_tab_names_the_detected_vace_model(app, vace_setup):
     assert app.variant_detail.cget("text").startswith("detected VACE: Wan 2.1 VACE: a control video")
 
 
+def test_the_sample_list_gains_the_vace_condition_columns_with_the_model(app, vace_setup):
+    import customtkinter as ctk
+    view = app.sampling_view   # the base model was set by the fixture: the table followed it
+    assert view.columns[-4:] == ("control_video", "mask_video", "reference_images", "control_scale")
+    labels = [w.cget("text") for w in view.table.winfo_children() if isinstance(w, ctk.CTkLabel)]
+    assert "control video" in labels and "reference images" in labels
+
+
 def test_the_dataset_viewer_shows_companions_on_the_shared_slider(app, vace_setup):
     from modules.ui.CtkDatasetWindow import CtkDatasetWindow
     window = CtkDatasetWindow(app, 0)
@@ -109,6 +117,9 @@ def test_the_multi_gpu_section_binds_and_says_what_start_launches(app, vace_setu
     section.layout_menu._command("sharded base + CPU offload")   # as a choice in the menu does
     assert (app.config_state.get("distributed.shard_base"), app.config_state.get("distributed.cpu_offload")) == \
         (True, True)
+    app.config_state.set("distributed.cpu_offload", False)   # as a fit or a loaded config sets them
+    app.config_state.set("distributed.shard_base", False)
+    assert section.layout_menu.get() == "DDP (the whole base on every GPU)"
     app.fields["distributed.processes"].set_text("-1")
     assert "distributed.processes" in app.config_state.errors
     assert section.label.cget("text").startswith("fix the config first")

@@ -138,3 +138,20 @@ def test_the_sample_form_gives_sample_py_the_conditions_it_reads():
                                                              "replace", 5)
     assert tools.condition_kind(WanVariant.VACE_A14B) == "VACE" and tools.condition_kind(WanVariant.T2V) == "none"
     assert tools.driving_video({"pose-video": "p.mp4"}) == "p.mp4"
+
+
+def test_the_sample_list_takes_a_vace_samples_conditions_into_the_samples_file(tmp_path):
+    from modules.ui.SamplingController import EDITOR_FIELDS, SamplingController, editor_fields
+    from modules.util.sample_definitions import load_sample_definitions
+    assert editor_fields("") == EDITOR_FIELDS
+    assert editor_fields("vace")[-4:] == ("control_video", "mask_video", "reference_images", "control_scale")
+    assert "pose_video" in editor_fields("animate") and "control_video" not in editor_fields("animate")
+    controller = SamplingController(UIState({"workspace_dir": str(tmp_path)}))
+    controller.add_sample()
+    for name, value in (("prompt", "a dancer"), ("control_video", "pose.mp4"),
+                        ("reference_images", ["a.png", "b.png"]), ("control_scale", "0.5")):
+        assert controller.set_field(0, name, value) is None
+    assert controller.set_field(0, "control_scale", "-1") is not None   # refused, as the samples file refuses it
+    sample = load_sample_definitions(controller.save_samples())[0]
+    assert (sample.control_video, sample.reference_images, sample.control_scale) == ("pose.mp4", ["a.png", "b.png"],
+                                                                                     0.5)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import customtkinter as ctk
 
 from modules.ui import RankLaunch as ranks
-from modules.ui.ctk_components import BoundField, render_section
+from modules.ui.ctk_components import ERROR_COLOR, BoundField, render_section
 from modules.util.config.config_io import ConfigError
 
 
@@ -23,8 +23,15 @@ class CtkMultiGpuSection:
         self.layout_menu = ctk.CTkOptionMenu(box, values=list(ranks.LAYOUTS), width=260,
                                              command=lambda name: ranks.set_layout(self.state, name))
         self.layout_menu.grid(row=2, column=1, columnspan=2, sticky="w", padx=4, pady=2)
-        render_section(box, self.state, "distributed", skip=["shard_base", "cpu_offload"], start_row=3,
-                       fields=app.fields, width=160, error_width=200)
+        self.layout_error = ctk.CTkLabel(box, text="", text_color=ERROR_COLOR, anchor="w", justify="left",
+                                         wraplength=200)
+        self.layout_error.grid(row=2, column=3, sticky="w", padx=4)
+        # the menu is the widget of both fields: it shows them (a fit or a loaded config changes them too)
+        for path in ranks.LAYOUT_FIELDS:
+            self.state.bind(path, lambda _text: self.layout_menu.set(ranks.layout_name(self.state)),
+                            lambda message: self.layout_error.configure(text=message or ""))
+        render_section(box, self.state, "distributed", skip=[p.rsplit(".", 1)[1] for p in ranks.LAYOUT_FIELDS],
+                       start_row=3, fields=app.fields, width=160, error_width=200)
         self.label = ctk.CTkLabel(box, text="", anchor="w", justify="left", wraplength=540)
         self.label.grid(row=20, column=0, columnspan=3, sticky="w", padx=8, pady=(4, 0))
         self.refresh()

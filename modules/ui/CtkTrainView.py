@@ -253,6 +253,8 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                     picker.refresh()
         if path in ("sampling.samples_file", "workspace_dir"):
             self.sampling_view.reload_samples()
+        elif path == "model.base_model_name":
+            self.sampling_view.follow_model()
         if path == "workspace_dir":
             self.queue_view.refresh()
             self.gallery_view.refresh()

@@ -31,6 +31,7 @@ LAYOUTS = {
     "sharded base (FSDP2)": {"distributed.shard_base": True, "distributed.cpu_offload": False},
     "sharded base + CPU offload": {"distributed.shard_base": True, "distributed.cpu_offload": True},
 }
+LAYOUT_FIELDS = ("distributed.shard_base", "distributed.cpu_offload")
 # rank 0's tqdm bar: "steps:  40%|####  | 4/10 [00:02<00:03,  2.00step/s, epoch=0, loss=0.1234]"
 PROGRESS = re.compile(r"^steps:\s+\d+%\|.*?\|\s*(\d+)/(\d+)\s*\[")
 POSTFIX = re.compile(r"(epoch|loss)=(-?\d[0-9.eE+-]*)")
