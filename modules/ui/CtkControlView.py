@@ -48,18 +48,28 @@ class CtkControlView:
         self.items: list[browser.DatasetItem] = []
         self.kind = ""
         self.loaded = False
+        self.stale = True   # the scan probes every file of the concept: made when the tab is shown, not before
         self.refresh()
+        self._watch()
+
+    def _watch(self) -> None:
+        if not self.note.winfo_exists():
+            return
+        if self.stale and self.app.tabview.get() == "control":
+            self.load_items()
+        self.note.after(300, self._watch)
 
     def refresh(self) -> None:
-        """After a load: the concept menu follows the config's concepts; the first concept's items are listed."""
+        """After a load: the concept menu follows the config's concepts; the first concept's items are listed
+        when the tab is shown."""
         titles = [f"{i}: {self.app.concepts.title(i)}" for i in range(len(self.app.concepts.concepts()))]
         self.concept_menu.configure(values=titles or ["(no concept)"])
         if self.concept_menu.get() not in titles:
             self.concept_menu.set(titles[0] if titles else "(no concept)")
-        self.load_items()
+        self.stale = True
 
     def load_items(self) -> None:
-        self.loaded = False
+        self.loaded, self.stale = False, False
         if not self.concept_menu.get()[:1].isdigit():
             self.note.configure(text="add a concept on the concepts tab to preview its items")
             return

@@ -260,7 +260,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
             self.gallery_view.refresh()
             self.loss_view.refresh_runs()
         self.elements_view.on_config_change(path)
-        if path == "data.concepts":   # a concept added or removed: the control tab's menu lists them
+        if path.split(".")[0] in ("data", "model", "animate"):   # what the control tab's preview shows changed
             self.control_view.refresh()
         self.training_view.on_config_change(path)
 
