@@ -209,7 +209,7 @@ def control_models(app, camera: Camera) -> None:
     app.fields["distributed.processes"].set_text("2")
     app.tabview.set("training")
     camera.settle(1)
-    app.tabs["training"]._parent_canvas.yview_moveto(0.5)
+    app.tabs["training"]._parent_canvas.yview_moveto(0.42)
     camera.shoot(app, "tab-training-multi-gpu")
     app.load_file(DEMO)
 

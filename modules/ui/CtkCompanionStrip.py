@@ -48,6 +48,7 @@ class CtkCompanionStrip:
 
     def set_frame(self, index: int) -> None:
         self.index = max(0, min(int(index), self.frames - 1))
+        self.slider.set(self.index)   # set from code (the screenshots, a test): the handle shows it too
         self.frame_label.configure(text=f"{self.index + 1} / {self.frames}")
         if self.target is None:
             self._draw({})
