@@ -211,6 +211,8 @@ def control_models(app, camera: Camera) -> None:
     camera.settle(1)
     app.tabs["training"]._parent_canvas.yview_moveto(0.42)
     camera.shoot(app, "tab-training-multi-gpu")
+    # the memory line plans the VACE model in a thread: an interpreter ending under it aborts (exit 134)
+    camera.run_until(lambda: not app.training_view.memory.busy, 600, "the memory plan of the VACE model")
     app.load_file(DEMO)
 
 
