@@ -24,7 +24,10 @@ def vace_setup(app, tiny_model, tmp_path_factory):
                        "cache_dir": str(work / "cache"), "workspace_dir": str(work / "ws")}.items():
         app.fields[path].set_text(text)
     assert app.config_state.problems == [], app.config_state.problems
-    return data
+    yield data
+    # the memory line plans the VACE model in a thread: the interpreter must not end under it (exit 134)
+    app.training_view.memory.cancel()
+    assert run_until(app, lambda: not app.training_view.memory.busy, 300)
 
 
 def test_the_control_tab_shows_an_item_beside_its_control_on_one_slider(app, vace_setup):
@@ -128,3 +131,25 @@ def test_the_multi_gpu_section_binds_and_says_what_start_launches(app, vace_setu
     settle(app, 0.5)
     screenshot(app, "tab-training-multi-gpu")
     app.fields["multi_gpu"].set_text("false")
+
+
+def test_a_vace_preview_plays_beside_its_samples_control_video(app, vace_setup, tmp_path):
+    from pathlib import Path
+    from modules.util.config.SampleConfig import SampleConfig
+    from modules.util.demo_assets import COLOURS, square_clip
+    from modules.util.sample_definitions import save_samples_json
+    from modules.util.video_frames import write_video
+    previews = Path(app.config_state.get("workspace_dir")) / "samples" / "run-1" / "000-a-square"
+    previews.mkdir(parents=True)
+    write_video(previews / "0-0.mp4", square_clip(COLOURS["blue"], "left", 9, 32, 0), 16)
+    samples = tmp_path / "samples.json"
+    save_samples_json([SampleConfig(prompt="a square", control_video=str(vace_setup / "blue_left_00_control"))],
+                      samples)
+    app.fields["sampling.samples_file"].set_text(str(samples))
+    view = app.sampling_view
+    app.tabview.set("sampling")
+    view.refresh_previews()
+    assert run_until(app, lambda: len(view._driving_images) == 9 and view.driving_label.winfo_ismapped(), 30)
+    settle(app, 0.3)
+    screenshot(app, "tab-sampling-vace")
+    app.fields["sampling.samples_file"].set_text("")

@@ -155,3 +155,16 @@ def test_the_sample_list_takes_a_vace_samples_conditions_into_the_samples_file(t
     sample = load_sample_definitions(controller.save_samples())[0]
     assert (sample.control_video, sample.reference_images, sample.control_scale) == ("pose.mp4", ["a.png", "b.png"],
                                                                                      0.5)
+
+
+def test_a_preview_is_shown_beside_its_samples_control_or_pose_video(tmp_path, vace_data):
+    from modules.ui.SamplingController import PreviewSeries, SamplingController
+    from modules.util.config.SampleConfig import SampleConfig
+    from modules.util.sample_definitions import save_samples_json
+    control = vace_data / "blue_left_00_control"
+    save_samples_json([SampleConfig(prompt="a", control_video=str(control)),
+                       SampleConfig(prompt="b", pose_video=str(tmp_path / "gone.mp4")), SampleConfig(prompt="c")],
+                      tmp_path / "samples.json")
+    controller = SamplingController(UIState({"sampling": {"samples_file": str(tmp_path / "samples.json")}}))
+    assert [controller.driving_video(PreviewSeries(tmp_path, index)) for index in range(4)] == [str(control), "", "",
+                                                                                                ""]

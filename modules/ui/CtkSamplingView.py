@@ -149,6 +149,10 @@ class CtkSamplingView:
         self.video_label.grid(row=2, column=0, padx=6, pady=6)
         self.references = ctk.CTkFrame(master, fg_color="transparent")
         self.references.grid(row=2, column=1, sticky="n", padx=4, pady=6)
+        # a VACE / Animate sample's control or pose video, on the preview's frame (shown when the sample has one)
+        self.driving_label = ctk.CTkLabel(master, text="", width=PLAYER_SIZE, height=PLAYER_SIZE,
+                                          fg_color="#111111")
+        self._driving_images: list[ctk.CTkImage] = []
         controls = ctk.CTkFrame(master, fg_color="transparent")
         controls.grid(row=3, column=0, columnspan=2, sticky="w", padx=6)
         self.play_button = button(controls, "Pause", self.toggle_play, width=70)
@@ -226,10 +230,13 @@ class CtkSamplingView:
         generation = self._generation
         result: list = []
 
+        driving = self.controller.driving_video(self.current) if self.current is not None else ""
+
         def decode():  # no Tk call here: frames decoded and scaled to the player's size as PIL images
             try:
                 frames, fps = PreviewPlayer.read(video.path)
-                result.append((frames, fps, [scaled(frame) for frame in frames]))
+                beside = [scaled(frame) for frame in PreviewPlayer.read(driving)[0]] if driving else []
+                result.append((frames, fps, [scaled(frame) for frame in frames], beside))
             except Exception as error:  # a half-written or broken file must not break the tab
                 result.append(error)
 
@@ -242,11 +249,19 @@ class CtkSamplingView:
             if isinstance(result[0], Exception):
                 self.step_label.configure(text=f"cannot play {video.path}: {result[0]}")
                 return
-            frames, fps, images = result[0]
+            frames, fps, images, beside = result[0]
             self.player.show(video.path, frames, fps)
             # one CTkImage per frame, made once: playing only switches between them (it caches its PhotoImage)
             self._frame_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
                                   for image in images]
+            self._driving_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
+                                    for image in beside]
+            if beside:   # in the references' place: a VACE or Animate sample has no E2V references
+                self.references.grid_remove()
+                self.driving_label.grid(row=2, column=1, padx=6, pady=6)
+            else:
+                self.driving_label.grid_remove()
+                self.references.grid()
             self.player.loop = self.loop_var.get()
             self.step_label.configure(text=f"step {video.step}, {epoch_text(video.step, video.epoch)}: "
                                            f"{video.path.name} "
@@ -262,6 +277,9 @@ class CtkSamplingView:
         if self.player.frame is None or not self._frame_images:
             return
         self.video_label.configure(image=self._frame_images[self.player.index], text="")
+        if self._driving_images:   # the same moment of the control or pose video
+            self.driving_label.configure(
+                image=self._driving_images[min(self.player.index, len(self._driving_images) - 1)], text="")
         self.frames_shown += 1
 
     def _tick(self) -> None:

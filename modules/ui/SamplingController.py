@@ -217,3 +217,16 @@ class SamplingController:
         if series.index >= len(samples):
             return {}
         return {name: path for name, path in samples[series.index].elements.items() if Path(path).is_file()}
+
+    def driving_video(self, series: PreviewSeries) -> str:
+        """The control (VACE) or pose (Animate) video of the sample that made these previews, from the samples
+        file, when it exists; "" otherwise. The player shows it beside the preview, frame by frame."""
+        try:
+            samples = load_sample_definitions(self.samples_file())
+        except SampleDefinitionError:
+            return ""
+        if series.index >= len(samples):
+            return ""
+        sample = samples[series.index]
+        path = sample.control_video or sample.pose_video
+        return path if path and Path(path).exists() else ""
