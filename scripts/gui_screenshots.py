@@ -7,7 +7,9 @@ It works in a fresh folder (--workdir, default a temporary one) so that the pict
 relative paths (workspace/demo/...), never a test's: it opens the window on "#demo tiny CPU", photographs every tab,
 presses Start, photographs the sampling tab while the demo trains and shows its previews, and after the run the
 end-of-run panel, the loss graph, the gallery, the queue, the concept window with its dataset viewer and captioner,
-the E2V elements drawing of the demo's E2V set, and a field with an invalid value. The demo runs as the preset says
+the E2V elements drawing of the demo's E2V set, a field with an invalid value, and on the VACE demo set (with a
+tiny VACE model) the control tab, the dataset viewer's companions, the tools tab's VACE sample form and the training
+tab's multi-GPU section. The demo runs as the preset says
 (every step of it): minutes on a CPU. Needs Xvfb and ImageMagick's `import` (run-tests.sh installs them).
 """
 import argparse
@@ -93,7 +95,7 @@ def take(app, camera: Camera, timeout: float) -> None:
     from modules.util.demo_e2v import demo_e2v_config, make_e2v_dataset
 
     camera.run_until(lambda: app.winfo_ismapped() and app.preloaded, 300, "the window")
-    before_run = [tab for tab in app.tabs if tab not in ("loss", "gallery", "queue", "elements", "tools")]
+    before_run = [tab for tab in app.tabs if tab not in ("loss", "gallery", "queue", "elements", "tools", "control")]
     for tab in before_run:
         app.tabview.set(tab)
         camera.shoot(app, tab_file_name(tab))
@@ -166,6 +168,52 @@ def take(app, camera: Camera, timeout: float) -> None:
     app.tabview.set("elements")
     camera.run_until(lambda: app.elements_view.last_drawing is not None, 60, "the elements drawing")
     camera.shoot(app, "tab-elements")
+    control_models(app, camera)
+
+
+def control_models(app, camera: Camera) -> None:
+    """The VACE demo set beside a tiny VACE model (only its configs are read: nothing is sampled here)."""
+    from modules.util.demo_vace import make_vace_dataset
+    from modules.util.tiny_models import make_tiny_model
+
+    app.load_file(DEMO)
+    model = make_tiny_model("wan2.1-vace", Path("workspace/demo/vace-model"))
+    data = make_vace_dataset(Path("workspace/demo/vace"), clips_per_class=1)
+    for path, text in {"demo_assets": "false", "model.base_model_name": str(model), "model.intended_variant": "",
+                       "data.concepts.0.path": str(data), "data.resolution": "32",
+                       "data.frame_buckets": "1, 5, 9"}.items():
+        app.fields[path].set_text(text)
+    view = app.control_view
+    view.refresh()
+    app.tabview.set("control")
+    camera.run_until(lambda: view.loaded and view.strip.shown_index == 0, 120, "the control tab's preview")
+    view.strip.set_frame(4)
+    camera.run_until(lambda: view.strip.shown_index == 4, 60, "the control tab's frame 4")
+    camera.shoot(app, "tab-control")
+    app.tabview.set("concepts")
+    window = app.concepts_view.open_window(0)
+    viewer = window.browse()
+    camera.run_until(lambda: viewer.loaded and viewer.strip.shown_index == 0, 120, "the VACE dataset viewer")
+    camera.shoot(viewer, "dataset-viewer-vace")
+    viewer.destroy()
+    window.close()
+    tools = app.tools_view
+    tools.values["sample.base model"].set(str(model))
+    tools.conditions_for_base(str(model))
+    tools.values["sample.control video"].set(str(data / "blue_left_00_control"))
+    tools.values["sample.reference images"].set(str(data / "blue_left_00_ref.png"))
+    app.tabview.set("tools")
+    tools.frame._parent_canvas.yview_moveto(0.25)
+    camera.shoot(app, "tab-tools-vace")
+    app.fields["multi_gpu"].set_text("true")
+    app.fields["distributed.processes"].set_text("2")
+    app.tabview.set("training")
+    camera.settle(1)
+    app.tabs["training"]._parent_canvas.yview_moveto(0.42)
+    camera.shoot(app, "tab-training-multi-gpu")
+    # the memory line plans the VACE model in a thread: an interpreter ending under it aborts (exit 134)
+    camera.run_until(lambda: not app.training_view.memory.busy, 600, "the memory plan of the VACE model")
+    app.load_file(DEMO)
 
 
 def main(argv=None) -> int:

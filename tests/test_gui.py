@@ -83,7 +83,7 @@ def test_every_tab_renders_and_is_captured(app, tmp_path, tiny_model, squares_da
     window.close()
     app.elements_view.controller.state.set("e2v.datasets", [])
     app.elements_view.refresh()
-    assert len(names) == 12
+    assert len(names) == 13
 
 
 def test_every_simple_config_field_has_a_widget(app):

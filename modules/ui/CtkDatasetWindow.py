@@ -1,6 +1,8 @@
 """A concept's dataset viewer and caption editor (modules/ui/DatasetBrowser.py): the items on the left (search by
 caption, filter by bucket or skipped), the chosen one on the right: first / middle / last frame, frames, fps,
-resolution bucket, skip reason, and its caption in an editable box that Save writes next to the clip."""
+resolution bucket, skip reason, and its caption in an editable box that Save writes next to the clip. For a VACE
+or Animate model, the item's companions (control, mask, references; pose, face, reference, background, mask) play
+beside it on one frame slider (CtkCompanionStrip), and a missing one says so."""
 from __future__ import annotations
 
 import threading
@@ -10,6 +12,7 @@ import customtkinter as ctk
 
 from modules.ui import DatasetBrowser as browser
 from modules.ui.ctk_components import button, thumbnail_image
+from modules.ui.CtkCompanionStrip import CtkCompanionStrip
 from modules.util.config.config_io import ConfigError
 from modules.util.video_io import UnreadableMediaError
 
@@ -44,12 +47,14 @@ class CtkDatasetWindow(ctk.CTkToplevel):
         detail.grid_columnconfigure(0, weight=1)
         self.thumbs = ctk.CTkFrame(detail, fg_color="transparent")
         self.thumbs.grid(row=0, column=0, sticky="w", padx=6, pady=6)
+        self.strip = CtkCompanionStrip(detail, row=1, panel=118)
+        self.strip.frame.grid_remove()
         self.info = ctk.CTkLabel(detail, text="", anchor="w", justify="left")
-        self.info.grid(row=1, column=0, sticky="w", padx=6)
+        self.info.grid(row=2, column=0, sticky="w", padx=6)
         self.caption = ctk.CTkTextbox(detail, height=140, wrap="word")
-        self.caption.grid(row=2, column=0, sticky="ew", padx=6, pady=6)
+        self.caption.grid(row=3, column=0, sticky="ew", padx=6, pady=6)
         self.save_button = button(detail, "Save caption", self.save, width=130)
-        self.save_button.grid(row=3, column=0, sticky="w", padx=6)
+        self.save_button.grid(row=4, column=0, sticky="w", padx=6)
         self.items: list[browser.DatasetItem] = []
         self.shown: list[browser.DatasetItem] = []
         self.current: browser.DatasetItem | None = None
@@ -68,8 +73,9 @@ class CtkDatasetWindow(ctk.CTkToplevel):
         done: list = []
 
         def work():  # no Tk call in this thread
+            from modules.ui.ItemCompanions import viewer_variant
             try:
-                done.append(browser.browse(config, self.index))
+                done.append(browser.browse(config, self.index, viewer_variant(config)))
             except Exception as error:  # noqa: BLE001  shown in the window
                 done.append(error)
 
@@ -127,10 +133,18 @@ class CtkDatasetWindow(ctk.CTkToplevel):
         for child in self.thumbs.winfo_children():
             child.destroy()
         self._images = []
-        try:
-            frames = browser.thumbnails(item)
-        except (UnreadableMediaError, OSError, ValueError) as error:  # its reason is shown instead of pictures
-            frames, item.skip_reason = [], item.skip_reason or str(error)
+        if item.companions:   # the target plays on the strip's slider beside its companions
+            self.thumbs.grid_remove()
+            self.strip.frame.grid()
+            self.strip.show(item.path, item.companions, item.frames or self._frame_count(item))
+            frames = []
+        else:
+            self.strip.frame.grid_remove()
+            self.thumbs.grid()
+            try:
+                frames = browser.thumbnails(item)
+            except (UnreadableMediaError, OSError, ValueError) as error:  # its reason is shown instead of pictures
+                frames, item.skip_reason = [], item.skip_reason or str(error)
         for column, frame in enumerate(frames):
             picture = thumbnail_image(frame, 200)
             self._images.append(picture)
@@ -140,11 +154,22 @@ class CtkDatasetWindow(ctk.CTkToplevel):
                  f"bucket (frames x width x height): {item.bucket or '-'}"]
         if item.skipped:
             lines.append(f"skipped: {item.skip_reason}")
+        if item.companions:
+            lines.append("companions: " + "; ".join(companion.text for companion in item.companions))
         lines.append(f"caption file: {item.caption_file or '(not a file: see the concept caption source)'}")
         self.info.configure(text="\n".join(lines))
         self.caption.delete("1.0", "end")
         self.caption.insert("end", item.caption)
         self.save_button.configure(state="normal" if item.caption_file else "disabled")
+
+    @staticmethod
+    def _frame_count(item: browser.DatasetItem) -> int:
+        """A skipped item was not probed by the pipeline: its own count, when it reads."""
+        from modules.ui.ItemCompanions import frame_count
+        try:
+            return frame_count(item.path)
+        except (UnreadableMediaError, OSError, ValueError):
+            return 1
 
     def save(self, refresh: bool = True) -> bool:
         if self.current is None:

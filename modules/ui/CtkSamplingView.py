@@ -13,7 +13,7 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
-from modules.ui.SamplingController import EDITOR_FIELDS, PreviewPlayer, PreviewSeries, PreviewVideo, epoch_text
+from modules.ui.SamplingController import PreviewPlayer, PreviewSeries, PreviewVideo, editor_fields, epoch_text
 
 PLAYER_SIZE = 256
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
@@ -64,16 +64,20 @@ class CtkSamplingView:
         self._render_table()
 
     def _render_table(self) -> None:
+        from modules.ui.ItemCompanions import kind_of
+        from modules.ui.model_parts import detected_variant
         for child in self.table.winfo_children():
             child.destroy()
-        for column, name in enumerate(EDITOR_FIELDS):
+        # a VACE or Animate model's samples also take their conditions (control video, pose video, ...)
+        self.columns = editor_fields(kind_of(detected_variant(self.state)))
+        for column, name in enumerate(self.columns):
             ctk.CTkLabel(self.table, text=name.replace("_", " "), font=ctk.CTkFont(size=12, weight="bold"),
-                         width=COLUMN_WIDTHS[name], anchor="w").grid(row=0, column=column, padx=2)
+                         width=COLUMN_WIDTHS.get(name, 120), anchor="w").grid(row=0, column=column, padx=2)
         for index, sample in enumerate(self.controller.samples):
-            for column, name in enumerate(EDITOR_FIELDS):
+            for column, name in enumerate(self.columns):
                 self._cell(index, column, name, sample.get(name))
             button(self.table, "✕", lambda i=index: self.remove_sample(i), width=28, fg_color="#7f3030").grid(
-                row=index + 1, column=len(EDITOR_FIELDS), padx=2)
+                row=index + 1, column=len(self.columns), padx=2)
         # as high as its rows: the sideways scrollbar sits right under the last row, in view, and no row is clipped
         self.table.configure(height=36 + 36 * max(1, len(self.controller.samples)))
         where = self.controller.samples_file()
@@ -81,15 +85,23 @@ class CtkSamplingView:
         self.samples_label.configure(text=text + (f"\n{self.controller.problem}" if self.controller.problem else ""),
                                      text_color=ERROR_COLOR if self.controller.problem else ("gray10", "gray90"))
 
+    def follow_model(self) -> None:
+        """Another base model: the sample list gains or drops its condition columns."""
+        from modules.ui.ItemCompanions import kind_of
+        from modules.ui.model_parts import detected_variant
+        if editor_fields(kind_of(detected_variant(self.state))) != getattr(self, "columns", None):
+            self._render_table()
+
     def _cell(self, index: int, column: int, name: str, value) -> None:
         if name == "enabled":
             variable = tk.BooleanVar(value=bool(value))
             widget = ctk.CTkCheckBox(self.table, text="", variable=variable, width=30,
                                      command=lambda: self._set(index, name, variable.get(), None))
         else:
-            text = json.dumps(value) if name == "elements" else ("" if value is None else str(value))
+            text = json.dumps(value) if name == "elements" else ", ".join(value) if isinstance(value, list) else \
+                ("" if value is None else str(value))
             variable = tk.StringVar(value=text)
-            widget = ctk.CTkEntry(self.table, textvariable=variable, width=COLUMN_WIDTHS[name])
+            widget = ctk.CTkEntry(self.table, textvariable=variable, width=COLUMN_WIDTHS.get(name, 120))
             widget.bind("<FocusOut>", lambda _e: self._set(index, name, variable.get(), widget), add="+")
             widget.bind("<Return>", lambda _e: self._set(index, name, variable.get(), widget), add="+")
         widget.grid(row=index + 1, column=column, padx=2, pady=2)
@@ -101,6 +113,8 @@ class CtkSamplingView:
                 value = json.loads(text or "{}")
             except json.JSONDecodeError:
                 value = text
+        elif name == "reference_images":   # VACE's references, in order: comma separated in the cell
+            value = [part.strip() for part in text.split(",") if part.strip()]
         message = self.controller.set_field(index, name, value)
         if widget is not None:
             widget.configure(border_color=ERROR_COLOR if message else ctk.ThemeManager.theme["CTkEntry"]
@@ -135,6 +149,10 @@ class CtkSamplingView:
         self.video_label.grid(row=2, column=0, padx=6, pady=6)
         self.references = ctk.CTkFrame(master, fg_color="transparent")
         self.references.grid(row=2, column=1, sticky="n", padx=4, pady=6)
+        # a VACE / Animate sample's control or pose video, on the preview's frame (shown when the sample has one)
+        self.driving_label = ctk.CTkLabel(master, text="", width=PLAYER_SIZE, height=PLAYER_SIZE,
+                                          fg_color="#111111")
+        self._driving_images: list[ctk.CTkImage] = []
         controls = ctk.CTkFrame(master, fg_color="transparent")
         controls.grid(row=3, column=0, columnspan=2, sticky="w", padx=6)
         self.play_button = button(controls, "Pause", self.toggle_play, width=70)
@@ -212,10 +230,13 @@ class CtkSamplingView:
         generation = self._generation
         result: list = []
 
+        driving = self.controller.driving_video(self.current) if self.current is not None else ""
+
         def decode():  # no Tk call here: frames decoded and scaled to the player's size as PIL images
             try:
                 frames, fps = PreviewPlayer.read(video.path)
-                result.append((frames, fps, [scaled(frame) for frame in frames]))
+                beside = [scaled(frame) for frame in PreviewPlayer.read(driving)[0]] if driving else []
+                result.append((frames, fps, [scaled(frame) for frame in frames], beside))
             except Exception as error:  # a half-written or broken file must not break the tab
                 result.append(error)
 
@@ -228,11 +249,19 @@ class CtkSamplingView:
             if isinstance(result[0], Exception):
                 self.step_label.configure(text=f"cannot play {video.path}: {result[0]}")
                 return
-            frames, fps, images = result[0]
+            frames, fps, images, beside = result[0]
             self.player.show(video.path, frames, fps)
             # one CTkImage per frame, made once: playing only switches between them (it caches its PhotoImage)
             self._frame_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
                                   for image in images]
+            self._driving_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
+                                    for image in beside]
+            if beside:   # in the references' place: a VACE or Animate sample has no E2V references
+                self.references.grid_remove()
+                self.driving_label.grid(row=2, column=1, padx=6, pady=6)
+            else:
+                self.driving_label.grid_remove()
+                self.references.grid()
             self.player.loop = self.loop_var.get()
             self.step_label.configure(text=f"step {video.step}, {epoch_text(video.step, video.epoch)}: "
                                            f"{video.path.name} "
@@ -248,6 +277,9 @@ class CtkSamplingView:
         if self.player.frame is None or not self._frame_images:
             return
         self.video_label.configure(image=self._frame_images[self.player.index], text="")
+        if self._driving_images:   # the same moment of the control or pose video
+            self.driving_label.configure(
+                image=self._driving_images[min(self.player.index, len(self._driving_images) - 1)], text="")
         self.frames_shown += 1
 
     def _tick(self) -> None:

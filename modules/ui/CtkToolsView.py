@@ -20,7 +20,13 @@ KEEP = "(keep each tensor's)"
 DTYPES = [KEEP, "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
 # fields that hold paths get a "…" picker: a folder, a file, a new file, or a file added to a comma list
 PICKERS = {"base model": "folder", "input": "file", "destination": "save", "e2v config": "file",
-           "output dir": "folder", "samples file": "file", "loras": "add"}
+           "output dir": "folder", "samples file": "file", "loras": "add", "control video": "file",
+           "mask video": "file", "pose video": "file", "face video": "file", "background video": "file",
+           "reference images": "add"}
+# the sample form's rows for control and character models (ToolsController.CONDITIONS), by the conditions menu
+CONDITION_ROWS = {"VACE": ("control video", "mask video", "reference images", "control scale"),
+                  "Animate": ("reference images", "pose video", "face video", "background video", "mask video",
+                              "mode", "continuation frames")}
 SIZE_HINT = "empty: each sample's own (else 832 x 480 x 81: long on a CPU)"
 
 
@@ -29,6 +35,7 @@ class CtkToolsView:
         self.app, self.frame = app, frame
         self.controller = tools.ToolsController()
         self.values: dict[str, EntryText | tk.StringVar] = {}
+        self.rows: dict[str, list] = {}   # form key.name -> its label, widget and picker (conditions hide some)
         self.player = PreviewPlayer()
         self._image = None
         forms = ctk.CTkFrame(frame, fg_color="transparent")
@@ -43,7 +50,20 @@ class CtkToolsView:
                          ("height", "480"), ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
                          ("elements", "E2V: {\"name\": \"image path\"}"),
                          ("e2v config", "E2V: only for a model that records none"),
-                         ("device", "auto"), ("output dir", "empty: <workspace dir>/tool-samples")], self.sample)
+                         ("device", "auto"), ("output dir", "empty: <workspace dir>/tool-samples"),
+                         ("conditions", ["none", "VACE", "Animate"]),
+                         ("control video", "VACE: a video or folder of frames, at least `frames` long"),
+                         ("mask video", "white = generate (VACE); the character's mask (Animate replace)"),
+                         ("reference images", "VACE: in order, comma separated; Animate: the character"),
+                         ("control scale", "VACE: empty: 1.0"),
+                         ("pose video", "Animate: the output is as long as it"),
+                         ("face video", "Animate: face crops, frame-aligned with the pose"),
+                         ("background video", "Animate replace mode: the scene"),
+                         ("mode", ["animate", "replace"]), ("continuation frames", ["1", "5"])], self.sample)
+        self.values["sample.conditions"].trace_add("write", lambda *_a: self.show_conditions())
+        self.show_conditions()
+        self.rows["sample.base model"][1].bind(
+            "<FocusOut>", lambda _e: self.conditions_for_base(self._get("sample.base model")), add="+")
         row = self._form(forms, row, "convert a model", "model", [("input", "a diffusers folder or a .safetensors file"),
                          ("base model", "with a single file: the diffusers folder with the other parts"),
                          ("format", MODEL_FORMATS), ("destination", ""), ("dtype", DTYPES)], self.convert_model)
@@ -61,8 +81,14 @@ class CtkToolsView:
         self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
                                         fg_color="#111111", text_color="#cccccc")   # black in both modes
         self.video_label.grid(row=0, column=0, sticky="nw", pady=4)
+        # beside the result: the control (VACE) or pose (Animate) video it was sampled from, frame by frame
+        self.driving_label = ctk.CTkLabel(out, text="", width=320, height=320, fg_color="#111111",
+                                          text_color="#cccccc")
+        self.driving_player = PreviewPlayer()
+        self._driving_image = None
+        self._driving = ""
         self.output = ctk.CTkTextbox(out, width=520, height=300, wrap="word")
-        self.output.grid(row=1, column=0, sticky="nw", pady=4)
+        self.output.grid(row=1, column=0, columnspan=2, sticky="nw", pady=4)
         self.stop_button = button(out, "Stop the tool", self.stop, width=120, state="disabled")
         self.stop_button.grid(row=2, column=0, sticky="w", pady=4)
 
@@ -82,12 +108,33 @@ class CtkToolsView:
                     variable.set(hint)
             self.values[f"{key}.{name}"] = variable
             widget.grid(row=row, column=1, sticky="w", padx=4, pady=1)
+            widgets = [master.grid_slaves(row=row, column=0)[0], widget]
             if name in PICKERS:
-                button(master, "…", lambda v=variable, k=PICKERS[name]: self._pick(v, k), width=28).grid(
-                    row=row, column=2, sticky="w")
+                widgets.append(button(master, "…", lambda v=variable, k=PICKERS[name]: self._pick(v, k), width=28))
+                widgets[-1].grid(row=row, column=2, sticky="w")
+            self.rows[f"{key}.{name}"] = widgets
             row += 1
         button(master, "Run", action, width=80).grid(row=row, column=1, sticky="w", padx=4, pady=4)
         return row + 1
+
+    def show_conditions(self) -> None:
+        """The sample form shows the condition rows of the model kind chosen in its conditions menu."""
+        shown = CONDITION_ROWS.get(self.values["sample.conditions"].get(), ())
+        for name in {name for names in CONDITION_ROWS.values() for name in names}:
+            for widget in self.rows[f"sample.{name}"]:
+                widget.grid() if name in shown else widget.grid_remove()
+
+    def conditions_for_base(self, base: str) -> None:
+        """The conditions menu follows the variant of the base model typed or picked (configs only)."""
+        from pathlib import Path
+        from modules.util.wan_detection import NotAWanModelError, detect_variant_from_folder
+        if not base or not Path(base).is_dir():
+            return
+        try:
+            variant = detect_variant_from_folder(base)
+        except (NotAWanModelError, ValueError, OSError):
+            return
+        self.values["sample.conditions"].set(tools.condition_kind(variant))
 
     def _pick(self, variable: EntryText, kind: str) -> None:
         current = variable.get()
@@ -95,6 +142,8 @@ class CtkToolsView:
             chosen = ask_path(self.frame, kind, current)
             if chosen:
                 variable.set(chosen)
+                if variable is self.values.get("sample.base model"):
+                    self.conditions_for_base(chosen)
             return
         parts = [part.strip() for part in current.split(",") if part.strip()]
         chosen = ask_path(self.frame, "file", parts[-1].split(":")[0] if parts else "")
@@ -158,13 +207,23 @@ class CtkToolsView:
         if bad:
             self.app.show_dialog("Sample", "not a number: " + ", ".join(bad))
             return
+        kind = self._get("sample.conditions")
+        shown = CONDITION_ROWS.get(kind, ())
+        conditions = {name.replace(" ", "-"): self._get(f"sample.{name}") for name in shown
+                      if name != "reference images"}
+        if kind == "Animate":   # the menus always hold a value: only one that is not sample.py's default is given
+            conditions["mode"] = "" if conditions["mode"] == "animate" else conditions["mode"]
+            conditions["continuation-frames"] = "" if conditions["continuation-frames"] == "1" else "5"
+        self._driving = tools.driving_video(conditions)
         self._run(tools.sample_command(
             self._get("sample.base model"), self._get("sample.prompt"),
             self._get("sample.output dir") or self._workspace("tool-samples"),
             loras=self._loras("sample.loras"), guidance=guidance if self._get("sample.guidance") else None,
             seed=values.pop("seed") if self._get("sample.seed") else -1,
             negative_prompt=self._get("sample.negative prompt"), elements=elements,
-            e2v_config=self._get("sample.e2v config"), device=self._get("sample.device") or "auto", **values))
+            e2v_config=self._get("sample.e2v config"), device=self._get("sample.device") or "auto",
+            conditions=conditions, reference_images=self._loras("sample.reference images") if shown else [],
+            **values))
 
     def compare(self) -> None:
         try:
@@ -199,22 +258,43 @@ class CtkToolsView:
                     self.app.show_dialog("Tool failed", f"exit status {code}; see the output on the tools tab")
                 videos = [path for path in written if path.endswith(".mp4")]
                 if videos:
-                    self.play(videos[0])
+                    self.play(videos[0], self._driving)
 
-    def play(self, path: str) -> None:
+    def play(self, path: str, driving: str = "") -> None:
+        """Plays `path`; with `driving` (the control or pose video it was sampled from) that video beside it, on
+        the result's frame index (the result is cut to the driving video's frames, as sampling cuts it)."""
         if getattr(self, "_tick_job", None) is not None:
             self.video_label.after_cancel(self._tick_job)  # one play loop, never two at double speed
             self._tick_job = None
         self.player.open(path)
+        self.driving_player.frames = None
+        if driving:
+            from modules.util.video_io import UnreadableMediaError
+            try:
+                self.driving_player.open(driving)
+            except (UnreadableMediaError, OSError, ValueError) as error:
+                self.output.insert("end", f"the driving video cannot be shown: {error}\n")
+        if self.driving_player.frames is not None:
+            self.driving_label.grid(row=0, column=1, sticky="nw", padx=(8, 0), pady=4)
+        else:
+            self.driving_label.grid_remove()
         self._tick()
+
+    @staticmethod
+    def _fitted(frame) -> ctk.CTkImage:
+        image = Image.fromarray(frame)
+        scale = 320 / max(image.size)
+        return ctk.CTkImage(light_image=image, dark_image=image,
+                            size=(round(image.size[0] * scale), round(image.size[1] * scale)))
 
     def _tick(self) -> None:
         frame = self.player.frame
         if frame is None or not self.video_label.winfo_exists():
             return
-        image = Image.fromarray(frame)
-        scale = 320 / max(image.size)
-        self._image = ctk.CTkImage(light_image=image, dark_image=image,
-                                   size=(round(image.size[0] * scale), round(image.size[1] * scale)))
+        self._image = self._fitted(frame)
         self.video_label.configure(image=self._image, text="")
+        driving = self.driving_player.frames
+        if driving is not None:
+            self._driving_image = self._fitted(driving[min(self.player.index, len(driving) - 1)])
+            self.driving_label.configure(image=self._driving_image, text="")
         self._tick_job = self.video_label.after(self.player.interval_ms, self._tick) if self.player.tick() else None

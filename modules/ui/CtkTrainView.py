@@ -21,7 +21,7 @@ from modules.ui.ui_prefs import UIPrefs, fit_geometry
 from modules.util.config.config_io import ConfigError
 
 POLL_MS = 100
-TABS = ("general", "model", "concepts", "elements", "training", "LoRA / embedding", "sampling", "gallery", "loss",
+TABS = ("general", "model", "concepts", "elements", "control", "training", "LoRA / embedding", "sampling", "gallery", "loss",
         "backup", "tools", "queue")
 FIRST_RUN_HINT = ("New here? Pick \"#demo tiny CPU\" in the presets menu (top left) and press Start: it makes a tiny "
                   "model and dataset and trains a LoRA in a few minutes on the CPU.")
@@ -151,7 +151,12 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                                     f" (with {len(self.config_state.problems)} problem(s) still to fix)"))
 
     def _update_variant(self) -> None:
+        from modules.ui.model_parts import detected_variant, variant_description
         self.variant_label.configure(text=f"variant: {self.controller.detect_variant()}")
+        if hasattr(self, "variant_detail"):
+            variant = detected_variant(self.config_state)
+            described = variant_description(variant)
+            self.variant_detail.configure(text=f"detected {variant.value}: {described}" if described else "")
 
     # ---- tabs ---------------------------------------------------------------------------------------------------
 
@@ -182,7 +187,10 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                              title="base model")
         from modules.ui.CtkModelPartPicker import CtkModelPartPicker
         self.part_pickers = [CtkModelPartPicker(model, self.config_state, "base", row)]
-        row += 1
+        # the detected variant in words: what a VACE / VACE-Fun / Animate model takes and which files give it
+        self.variant_detail = ctk.CTkLabel(model, text="", anchor="w", justify="left", wraplength=900)
+        self.variant_detail.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8)
+        row += 2
         for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
             row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))
@@ -192,6 +200,8 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
 
         self.concepts_view = CtkConceptsView(self.tabs["concepts"], self)
         self.elements_view = CtkElementsView(self.tabs["elements"], self)
+        from modules.ui.CtkControlView import CtkControlView
+        self.control_view = CtkControlView(self.tabs["control"], self)
         self.training_view = CtkTrainingTabView(self.tabs["training"], self)
         self.method_frame = self.tabs["LoRA / embedding"]
         self._render_method_tab()
@@ -228,6 +238,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         """After a load: the parts drawn per list item (concept cards, elements, samples) are drawn again."""
         self.concepts_view.refresh()
         self.elements_view.refresh()
+        self.control_view.refresh()
         self.sampling_view.reload_samples()
         if self.config_state.get("training_method") != self._method_shown:
             self._render_method_tab()
@@ -242,11 +253,15 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                     picker.refresh()
         if path in ("sampling.samples_file", "workspace_dir"):
             self.sampling_view.reload_samples()
+        elif path == "model.base_model_name":
+            self.sampling_view.follow_model()
         if path == "workspace_dir":
             self.queue_view.refresh()
             self.gallery_view.refresh()
             self.loss_view.refresh_runs()
         self.elements_view.on_config_change(path)
+        if path.split(".")[0] in ("data", "model", "animate"):   # what the control tab's preview shows changed
+            self.control_view.refresh()
         self.training_view.on_config_change(path)
 
     def start_tensorboard(self) -> None:

@@ -16,12 +16,12 @@ from modules.util.config.config_io import ConfigError
 
 # config sections and fields that change the memory a step needs (the memory line is re-planned when they change)
 MEMORY_PATHS = {"model", "training_method", "lora", "fine_tune", "optimizer", "performance", "data", "batch_size",
-                "gradient_checkpointing", "train_dtype", "expert"}
+                "gradient_checkpointing", "train_dtype", "expert", "multi_gpu", "distributed"}
 RUN_FIELDS = ["epochs", "max_steps", "batch_size", "train_dtype", "gradient_checkpointing", "expert"]
 # top-level fields and sections that other tabs (or the top bar) show
 PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspace_dir", "cache_dir", "tensorboard",
                     "demo_assets", "seed", "device", "data", "lora", "fine_tune", "embedding", "sampling", "backup",
-                    "e2v", "optimizer", "timestep"} | set(RUN_FIELDS)
+                    "e2v", "optimizer", "timestep", "animate", "multi_gpu", "distributed"} | set(RUN_FIELDS)
 
 
 class CtkTrainingTabView:
@@ -58,6 +58,8 @@ class CtkTrainingTabView:
         self.density: list[float] = []
         frame.after_idle(self.draw_density)
         self._memory_plan(right, row + 3)
+        from modules.ui.CtkMultiGpuSection import CtkMultiGpuSection
+        self.multi_gpu = CtkMultiGpuSection(right, app, row + 4)
 
     def _memory_plan(self, parent, row: int) -> None:
         """The predicted peak of the config being edited against a card size, and "fit to my card" with its
@@ -117,6 +119,7 @@ class CtkTrainingTabView:
             self.draw_density()
         if path == "" or path.split(".")[0] in MEMORY_PATHS:
             self.replan_soon()
+        self.multi_gpu.on_config_change(path)
 
     def replan_soon(self) -> None:
         """The memory line follows the config: a new prediction a second after the last change."""

@@ -9,7 +9,7 @@ loader).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,21 +28,27 @@ class DatasetItem:
     height: int = 0
     bucket: str = ""                # "<frames> x <width>x<height>" as the run plan writes it (the first window)
     skip_reason: str = ""
+    # a control model's companions (ItemCompanions.py): VACE control / mask / references, Animate pose / face / ...
+    companions: list = field(default_factory=list)
 
     @property
     def skipped(self) -> bool:
         return bool(self.skip_reason)
 
 
-def browse(config, index: int) -> list[DatasetItem]:
-    """The items of concept `index` of `config` (a TrainConfig), kept and skipped, in file order."""
+def browse(config, index: int, variant=None) -> list[DatasetItem]:
+    """The items of concept `index` of `config` (a TrainConfig), kept and skipped, in file order. `variant`: the
+    model's (ItemCompanions.viewer_variant); a VACE or Animate model's items carry their companions, found as
+    training finds them."""
     from modules.dataLoader.pipeline.Pipeline import Pipeline
     from modules.dataLoader.WanBaseDataLoader import DataError, WanBaseDataLoader
+    from modules.ui.ItemCompanions import companions_of, kind_of
 
     concept = config.data.concepts[index].model_copy(update={"enabled": True})
     config = config.model_copy(update={"data": config.data.model_copy(update={"concepts": [concept]}),
                                        "e2v": config.e2v.model_copy(update={"dataset_config": "", "datasets": []})})
-    loader = WanBaseDataLoader(config, None)
+    loader = WanBaseDataLoader(config, variant)
+    kind = kind_of(variant)
     items: dict[str, DatasetItem] = {}
     try:
         loader.scan()
@@ -53,7 +59,8 @@ def browse(config, index: int) -> list[DatasetItem]:
         path = record["path"]
         items[path] = DatasetItem(path, caption=record["caption"],
                                   caption_file=str(Path(path).with_suffix(concept.caption_extension)) if sidecar
-                                  else "")
+                                  else "",
+                                  companions=companions_of(path, kind, record, concept, config.animate.mode))
     names = ["path", "media_info", "frame_bucket", "resolution_bucket"]
     pipeline = Pipeline(loader._item_modules(), config.seed, outputs=names)
     pipeline.start_epoch(0)
@@ -67,7 +74,8 @@ def browse(config, index: int) -> list[DatasetItem]:
         item.frames, item.fps, item.width, item.height = info.frame_count, info.fps, info.width, info.height
         item.bucket = f"{row['frame_bucket']} x {width}x{height}"
     for path, reason in list(loader.scan_result.skipped) + list(pipeline.skipped):
-        item = items.setdefault(str(path), DatasetItem(str(path)))
+        item = items.setdefault(str(path), DatasetItem(
+            str(path), companions=companions_of(str(path), kind, None, concept, config.animate.mode)))
         item.skip_reason = reason
     return sorted(items.values(), key=lambda item: item.path)
 

@@ -22,6 +22,15 @@ PREVIEW_NAME = re.compile(r"^(\d+)-(\d+)(?:-x(-?\d+(?:\.\d+)?))?\.mp4$")
 # the columns of the sample list editor; the rest of SampleConfig's fields keep their values
 EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "frames", "seed", "steps", "guidance",
                  "image", "elements")
+# the columns a control or character model's samples add (SampleConfig's fields; docs/vace.md, docs/animate.md)
+CONDITION_FIELDS = {"vace": ("control_video", "mask_video", "reference_images", "control_scale"),
+                    "animate": ("reference_image", "pose_video", "face_video", "background_video", "mask_video",
+                                "animate_mode")}
+
+
+def editor_fields(kind: str = "") -> tuple[str, ...]:
+    """The sample list's columns for a model kind ('vace', 'animate' or '': ItemCompanions.kind_of)."""
+    return EDITOR_FIELDS + CONDITION_FIELDS.get(kind, ())
 
 
 def epoch_text(step: int, epoch: int) -> str:
@@ -208,3 +217,16 @@ class SamplingController:
         if series.index >= len(samples):
             return {}
         return {name: path for name, path in samples[series.index].elements.items() if Path(path).is_file()}
+
+    def driving_video(self, series: PreviewSeries) -> str:
+        """The control (VACE) or pose (Animate) video of the sample that made these previews, from the samples
+        file, when it exists; "" otherwise. The player shows it beside the preview, frame by frame."""
+        try:
+            samples = load_sample_definitions(self.samples_file())
+        except SampleDefinitionError:
+            return ""
+        if series.index >= len(samples):
+            return ""
+        sample = samples[series.index]
+        path = sample.control_video or sample.pose_video
+        return path if path and Path(path).exists() else ""

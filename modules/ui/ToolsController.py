@@ -44,7 +44,10 @@ def merge_lora_command(base_model: str, loras: list[str], output_format: str, de
 def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list[str] = (), width: int = 0,
                    height: int = 0, frames: int = 0, steps: int = 0, guidance: float | None = None, seed: int = -1,
                    negative_prompt: str = "", image: str = "", elements: dict[str, str] | None = None,
-                   e2v_config: str = "", device: str = "auto") -> list[str]:
+                   e2v_config: str = "", device: str = "auto", conditions: dict[str, str] | None = None,
+                   reference_images: list[str] = ()) -> list[str]:
+    """`conditions`: a control or character model's inputs by sample.py's option name without the dashes
+    (CONDITION_OPTIONS); `reference_images`: VACE's references in order, or Animate's one character."""
     command = ["sample"] + (["--base-model-name", base_model] if base_model else []) + [
         "--prompt", prompt, "--output-dir", output_dir, "--device", device]  # no base: the one the LoRA records
     for lora in loras:
@@ -64,7 +67,34 @@ def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list
         command += ["--element", f"{name}={path}"]
     if e2v_config:
         command += ["--e2v-config", e2v_config]
+    for reference in reference_images:
+        command += ["--reference-image", reference]
+    for option in CONDITION_OPTIONS:
+        value = (conditions or {}).get(option, "")
+        if value:
+            command += [f"--{option}", str(value)]
     return command
+
+
+# scripts/sample.py's options for control and character models (docs/vace.md, docs/animate.md), by model kind;
+# --reference-image is given apart (repeatable)
+CONDITION_OPTIONS = ("control-video", "mask-video", "control-scale", "pose-video", "face-video", "background-video",
+                     "mode", "continuation-frames")
+CONDITIONS = {"VACE": ("control-video", "mask-video", "control-scale"),
+              "Animate": ("pose-video", "face-video", "background-video", "mask-video", "mode",
+                          "continuation-frames")}
+
+
+def condition_kind(variant) -> str:
+    """The sample form's conditions for a model's variant: 'VACE', 'Animate' or 'none'."""
+    if variant is None:
+        return "none"
+    return "VACE" if variant.is_vace else "Animate" if variant.is_animate else "none"
+
+
+def driving_video(conditions: dict[str, str]) -> str:
+    """The video a result plays beside: the control video (VACE) or the pose video (Animate); "" for none."""
+    return conditions.get("control-video") or conditions.get("pose-video") or ""
 
 
 def compare_command(base_model: str, loras: list[str], strengths: list[float], output_dir: str, *,

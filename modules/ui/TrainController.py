@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modules.ui.QueueControl import QueueControl
+from modules.ui.RankLaunch import RankLaunchControl
 from modules.ui.UIState import UIState
 from modules.util.config.config_io import ConfigError, read_json_object
 
@@ -99,7 +100,7 @@ def _warm_video_codecs() -> None:
         read_media(path)
 
 
-class TrainController(QueueControl):
+class TrainController(QueueControl, RankLaunchControl):
     def __init__(self, state: UIState | None = None, presets_dir: Path = PRESETS_DIR, last_used: Path = LAST_USED,
                  queue_path: Path | None = None):
         from modules.ui.JobQueue import DEFAULT_QUEUE
@@ -224,10 +225,19 @@ class TrainController(QueueControl):
         if problems:
             return problems
         config = self.state.config()
+        from modules.ui.RankLaunch import launch_problems, launches_ranks, process_count, visible_gpus
+        gpus = visible_gpus()
+        problems = launch_problems(config, gpus)
+        if problems:
+            self.state.add_problems(problems)   # marked at their fields, as Start's other checks are
+            return problems
         # the epochs are the run plan's (it may train fewer than config.epochs): none shown until it comes
         self.run = RunState(running=True, status="preparing", started=time.monotonic())
         self._plan_sent = False
         self.trainer = None   # the last run's: its plan and Stop must not stand for this one
+        if launches_ranks(config, gpus):   # each rank a process of its own: train.py launches them
+            self.run.status = "launching the ranks"
+            return self.start_ranks(self.state.json_dict(), process_count(config, gpus))
         self._thread = threading.Thread(target=self._work, args=(config,), name="training", daemon=True)
         self._thread.start()
         return []
@@ -353,6 +363,8 @@ class TrainController(QueueControl):
 
     def stop(self) -> None:
         self._queue_stop = True   # a queue stops after the current job (which stops at its next step)
+        if self.stop_ranks():
+            return
         trainer = self.trainer or (self._trainer_holder[0] if self._trainer_holder else None)
         if trainer is not None and self.running:
             trainer.request_stop()
@@ -360,6 +372,8 @@ class TrainController(QueueControl):
 
     def request(self, action: str) -> str:
         """'sample', 'backup' or 'save' at the trainer's next safe point; returns what the status line says."""
+        if self._ranks is not None and self._ranks.poll() is None:
+            return f"{action} now: not for a multi-GPU run (its ranks are processes of their own); Stop writes a backup"
         if self.trainer is None or not self.running or not hasattr(self.trainer, "hooks"):
             return f"{action} now: training is not running"
         self.trainer.request(action)

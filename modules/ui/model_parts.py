@@ -77,3 +77,35 @@ def detect_variant_text(state: UIState) -> str | None:
     except ModelFileError as error:
         return f"not a Wan model: {error}"
     return f"{plan.variant.value} ({plan.variant.model_type.value}), from files"
+
+
+# what a control or character model takes, for the model tab (the other variants need no words beyond their name)
+VARIANT_DESCRIPTIONS = {
+    "VACE": "Wan 2.1 VACE: a control video, a mask (white = generate) and reference images through its VACE blocks; "
+            "per clip <name>_control.mp4 (or <name>_control/), <name>_mask, <name>_ref.png, <name>_ref2.png, ...",
+    "VACE_A14B": "Wan 2.2 VACE-Fun A14B: two experts, each with its VACE blocks; a control video, a mask and "
+                 "reference images (per clip <name>_control.mp4, <name>_mask, <name>_ref.png, ...)",
+    "ANIMATE_14B": "Wan2.2-Animate-14B: a reference character driven by a pose video and a face video; replace mode "
+                   "also puts it into a background video under a mask (per clip <name>_pose.mp4, <name>_face.mp4, "
+                   "<name>_ref.png, <name>_bg.mp4, <name>_mask.mp4)",
+    "ANIMATE_2_14B": "Wan2.2-Animate-2-14B: a reference character driven by the driving video in context (per clip "
+                     "<name>_pose.mp4, <name>_face.mp4, <name>_ref.png)",
+}
+
+
+def detected_variant(state: UIState):
+    """The chosen model's WanVariant (configs and tensor headers, no weights), or None when it cannot be told."""
+    from modules.modelLoader.wan.parts.model_plan import detect_model_variant, uses_parts_loader
+    from modules.util.wan_detection import NotAWanModelError
+    try:
+        config = model_config_from_state(state)
+        if not (uses_parts_loader(config) or Path(config.base_model_name or "").is_dir()):
+            return None
+        return detect_model_variant(config)
+    except (NotAWanModelError, ValueError, OSError):
+        return None
+
+
+def variant_description(variant) -> str:
+    """What the model takes, in words, for VACE / VACE-Fun / Animate; "" for the others and for None."""
+    return VARIANT_DESCRIPTIONS.get(getattr(variant, "value", ""), "")

@@ -1,0 +1,126 @@
+"""The control tab: the settings of control and character models (VACE's `data.control` where the config has it,
+Wan2.2-Animate's `animate`) and a live preview: a chosen item of a concept beside its control, mask and references
+(VACE) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip). The concept's items are
+listed by the data loader's own scan in a worker thread (DatasetBrowser.browse), as the dataset viewer does."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import customtkinter as ctk
+
+from modules.ui import DatasetBrowser as browser
+from modules.ui.ctk_components import button, render_section
+from modules.ui.CtkCompanionStrip import CtkCompanionStrip
+from modules.ui.ItemCompanions import control_sections, kind_of, viewer_variant
+from modules.util.config.config_io import ConfigError
+
+NO_ITEMS = "(no items)"
+
+
+class CtkControlView:
+    def __init__(self, frame, app):
+        self.app, self.state = app, app.config_state
+        settings = ctk.CTkFrame(frame, fg_color="transparent")
+        settings.grid(row=0, column=0, sticky="nw")
+        row = 0
+        for path, title in control_sections():
+            row = render_section(settings, self.state, path, start_row=row, fields=app.fields, title=title,
+                                 width=200, error_width=300)
+        ctk.CTkLabel(settings, text="VACE LoRA: lora.targets vace trains the VACE blocks alone (LoRA tab); the "
+                                    "samples' control_scale sets the control's strength in previews",
+                     anchor="w", justify="left", wraplength=560).grid(row=row, column=0, columnspan=3, sticky="w",
+                                                                      padx=8, pady=(8, 0))
+        preview = ctk.CTkFrame(frame)
+        preview.grid(row=1, column=0, columnspan=3, sticky="nw", padx=8, pady=10)
+        bar = ctk.CTkFrame(preview, fg_color="transparent")
+        bar.grid(row=0, column=0, sticky="w", padx=4, pady=4)
+        ctk.CTkLabel(bar, text="preview: concept").grid(row=0, column=0, padx=4)
+        self.concept_menu = ctk.CTkOptionMenu(bar, values=["0"], width=200, command=lambda _v: self.load_items())
+        self.concept_menu.grid(row=0, column=1, padx=4)
+        ctk.CTkLabel(bar, text="item").grid(row=0, column=2, padx=4)
+        self.item_menu = ctk.CTkOptionMenu(bar, values=[NO_ITEMS], width=260, command=self.choose)
+        self.item_menu.grid(row=0, column=3, padx=4)
+        button(bar, "Scan again", self.load_items, width=100).grid(row=0, column=4, padx=4)
+        self.note = ctk.CTkLabel(preview, text="", anchor="w", justify="left", wraplength=1000)
+        self.note.grid(row=1, column=0, sticky="w", padx=8)
+        self.strip = CtkCompanionStrip(preview, row=2)
+        self.items: list[browser.DatasetItem] = []
+        self.kind = ""
+        self.loaded = False
+        self.stale = True   # the scan probes every file of the concept: made when the tab is shown, not before
+        self.refresh()
+        self._watch()
+
+    def _watch(self) -> None:
+        if not self.note.winfo_exists():
+            return
+        if self.stale and self.app.tabview.get() == "control":
+            self.load_items()
+        self.note.after(300, self._watch)
+
+    def refresh(self) -> None:
+        """After a load: the concept menu follows the config's concepts; the first concept's items are listed
+        when the tab is shown."""
+        titles = [f"{i}: {self.app.concepts.title(i)}" for i in range(len(self.app.concepts.concepts()))]
+        self.concept_menu.configure(values=titles or ["(no concept)"])
+        if self.concept_menu.get() not in titles:
+            self.concept_menu.set(titles[0] if titles else "(no concept)")
+        self.stale = True
+
+    def load_items(self) -> None:
+        self.loaded, self.stale = False, False
+        if not self.concept_menu.get()[:1].isdigit():
+            self.note.configure(text="add a concept on the concepts tab to preview its items")
+            return
+        index = int(self.concept_menu.get().split(":", 1)[0])
+        try:
+            config = self.state.config()   # on the main loop: the user may be typing
+        except ConfigError as error:
+            self.note.configure(text="fix the config first: " + "; ".join(error.problems[:3]))
+            return
+        if not Path(config.data.concepts[index].path).exists():
+            self.note.configure(text=f"data.concepts.{index}.path: {config.data.concepts[index].path!r} does not exist")
+            return
+        self.note.configure(text="scanning…")
+        done: list = []
+
+        def work():   # no Tk call in this thread
+            try:
+                variant = viewer_variant(config)
+                done.append((variant, browser.browse(config, index, variant)))
+            except Exception as error:  # noqa: BLE001  shown in the tab
+                done.append(error)
+
+        def wait():
+            if not self.note.winfo_exists():
+                return
+            if not done:
+                self.note.after(100, wait)
+                return
+            if isinstance(done[0], Exception):
+                self.note.configure(text=f"cannot list the concept: {done[0]}")
+                return
+            variant, self.items = done[0]
+            self.kind = kind_of(variant)
+            self.loaded = True
+            names = [Path(item.path).name for item in self.items] or [NO_ITEMS]
+            self.item_menu.configure(values=names)
+            self.item_menu.set(names[0])
+            self.choose(names[0])
+
+        threading.Thread(target=work, name="control-browse", daemon=True).start()
+        self.note.after(100, wait)
+
+    def choose(self, name: str) -> None:
+        item = next((item for item in self.items if Path(item.path).name == name), None)
+        if item is None:
+            self.strip.show(None, [], 1)
+            return
+        if not self.kind:
+            self.note.configure(text="the chosen model takes no control (not a VACE or Animate model, or none chosen "
+                                     "and no model.intended_variant): the item alone is shown")
+        else:
+            self.note.configure(text=(f"skipped: {item.skip_reason}" if item.skipped else
+                                      f"{len(item.companions)} companion(s); the frame slider moves them all"))
+        self.strip.show(item.path, item.companions, item.frames or 1)

@@ -1,0 +1,121 @@
+"""The companions of a dataset item that a control model trains with, for the dataset viewer and the control tab:
+VACE's control video, mask and reference images (modules/dataLoader/vace_scan.py), Wan2.2-Animate's pose, face,
+reference, background and mask (modules/dataLoader/animate_scan.py). Found by the data loader's own finders, so the
+viewer shows what training reads. Imports no toolkit.
+
+Every companion video is frame-aligned with its clip (the scans refuse another frame count), so one frame index
+shows the same moment in each; a picture (a reference, a one-image mask) stands for every frame.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ANIMATE_ROLES = ("pose", "face", "reference", "background", "mask")
+
+
+@dataclass
+class Companion:
+    role: str               # "control", "mask", "reference 2", "pose", ...
+    path: str | None        # None: not there
+    needed: bool = False    # a missing needed companion skips the item (Animate); an optional one is just absent
+
+    @property
+    def missing(self) -> bool:
+        return self.path is None
+
+    @property
+    def text(self) -> str:
+        if self.path is not None:
+            return f"{self.role}: {Path(self.path).name}"
+        return f"{self.role}: missing" + (" (needed)" if self.needed else " (none: optional)")
+
+
+def kind_of(variant) -> str:
+    """'vace', 'animate' or '' (a model that takes no companions, or none known yet)."""
+    if variant is None:
+        return ""
+    return "vace" if variant.is_vace else "animate" if variant.is_animate else ""
+
+
+def viewer_variant(config):
+    """The variant the companions are looked for by: the chosen model's (configs and headers only, no weights),
+    else the config's `model.intended_variant`; None when neither says."""
+    from modules.modelLoader.wan.parts.model_plan import detect_model_variant, uses_parts_loader
+    from modules.util.wan_detection import NotAWanModelError
+    base = Path(config.model.base_model_name or "")
+    if base.is_dir() or uses_parts_loader(config.model):
+        try:
+            return detect_model_variant(config.model)
+        except (NotAWanModelError, ValueError, OSError):
+            pass
+    return config.model.intended_variant
+
+
+def companions_of(path: str, kind: str, record: dict | None, concept=None, mode: str = "animate") \
+        -> list[Companion]:
+    """What item `path` has beside it. `record`: its scan record when it was kept (manifests name companions
+    there), else the finders look beside the file. `mode`: Animate's (replace needs background and mask)."""
+    media = Path(path)
+    if kind == "vace":
+        from modules.dataLoader.mask_scan import find_mask
+        from modules.dataLoader.vace_scan import find_control, find_references
+        if record is not None:
+            control, mask, references = record.get("control"), record.get("mask"), list(record.get("references", ()))
+        else:
+            control = find_control(media)
+            mask = find_mask(media, concept) if concept is not None else None
+            references = find_references(media)
+        found = [Companion("control", _text(control)), Companion("mask", _text(mask))]
+        found += [Companion(f"reference {i + 1}", str(r)) for i, r in enumerate(references)]
+        return found + ([] if references else [Companion("reference", None)])
+    if kind == "animate":
+        from modules.dataLoader.animate_scan import find_companions, needed
+        listed = (record or {}).get("companions") or {}
+        beside = find_companions(media)
+        roles = ANIMATE_ROLES if mode == "replace" else ANIMATE_ROLES[:3]
+        return [Companion(role, _text(listed.get(role) or beside.get(role)), role in needed(mode)) for role in roles]
+    return []
+
+
+def _text(path) -> str | None:
+    return None if path is None else str(path)
+
+
+def frame_count(path: str) -> int:
+    from modules.util.video_io import probe_media
+    return probe_media(path).frame_count
+
+
+def frames_at(target: str, companions: list[Companion], index: int) -> dict[str, np.ndarray | str]:
+    """Frame `index` of the target and of each companion (a picture: itself), by role; a companion that cannot
+    be read gives its reason instead of a frame, and a missing one is left out. Slow (decodes): for a worker."""
+    from modules.util.video_io import UnreadableMediaError, probe_media, read_frames
+    shown: dict[str, np.ndarray | str] = {}
+    for role, path in [("target", target)] + [(c.role, c.path) for c in companions if c.path is not None]:
+        try:
+            info = probe_media(path)
+            # a picture, or a companion shorter than the clip (the scan skips such an item: shown, not hidden)
+            shown[role] = read_frames(path, [min(index, info.frame_count - 1)], info)[0]
+        except (UnreadableMediaError, OSError, ValueError, IndexError) as error:
+            shown[role] = f"cannot be read: {getattr(error, 'reason', None) or error}"
+    return shown
+
+
+# the control tab's settings, by config section, shown where the config has them
+CONTROL_SECTIONS = (("data.control", "VACE control (data.control)"), ("animate", "Wan2.2-Animate (animate)"))
+
+
+def control_sections() -> list[tuple[str, str]]:
+    """(section path, title) of the control settings this config schema holds."""
+    from modules.ui.config_fields import field_spec
+    present = []
+    for path, title in CONTROL_SECTIONS:
+        try:
+            if field_spec(path).kind == "section":
+                present.append((path, title))
+        except KeyError:
+            continue
+    return present
