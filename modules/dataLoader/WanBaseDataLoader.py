@@ -124,6 +124,11 @@ class WanBaseDataLoader:
         """Some training or validation item has a loss mask (docs/masks.md): every item then carries a mask weight."""
         return any(r.get("mask") for r in self.scan_result.records + self.validation_records)
 
+    @property
+    def mask_is_loss_region(self) -> bool:
+        """A clip's mask weighs its loss; a VACE control mask with `data.control.loss_region: all` only conditions."""
+        return not (self.vace and self.config.data.control.loss_region == "all")
+
     def _records(self, validation: bool = False) -> list[dict]:
         records = self.validation_records if validation else self.scan_result.records
         return [r for r in records if r["path"] not in self.failed]
@@ -182,8 +187,9 @@ class WanBaseDataLoader:
                                latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
         if self.vace:
             from modules.dataLoader.pipeline.EncodeVACE import EncodeVACE
-            modules.append(EncodeVACE(model, DiskCache(cache_root, "vace"), vae_identity))
-        if self.has_masks and self.e2v is None:
+            modules.append(EncodeVACE(model, DiskCache(cache_root, "vace"), vae_identity,
+                                      derive=config.data.control.derive))
+        if self.has_masks and self.e2v is None and self.mask_is_loss_region:
             modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
                                       model.vae_temporal_stride))
         if config.training_method is not TrainingMethod.EMBEDDING:
@@ -324,7 +330,8 @@ class WanBaseDataLoader:
         if self.has_masks:
             records = self._records() + self._records(validation=True)
             masked = len({r["path"] for r in records if r.get("mask")})
-            lines.append(f"  loss masks: {masked} of {len({r['path'] for r in records})} files (docs/masks.md)")
+            what = "loss masks" if self.mask_is_loss_region else "control masks (data.control.loss_region all: no loss weight)"
+            lines.append(f"  {what}: {masked} of {len({r['path'] for r in records})} files (docs/masks.md)")
         if self.validation_records:
             files = len({r["path"] for r in self._records(validation=True)})
             lines.append(f"  validation: {files} held-out files (never trained on)")

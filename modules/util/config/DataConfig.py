@@ -3,6 +3,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.ControlConfig import ControlConfig
 from modules.util.config.bounds import (MAX_ASPECT_RATIO, MAX_BALANCING, MAX_FPS, MAX_FRAMES, MAX_LIST,
                                          MAX_REPEATS, MAX_SIDE, MIN_ASPECT_RATIO, PathText, Seed)
 from modules.util.resolution import parse_resolution
@@ -123,6 +124,8 @@ class DataConfig(BaseConfig):
     dataloader_threads: int = Field(2, ge=0, le=256)
     ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
                                           "image-to-video (first latent frame clean)")
+    control: ControlConfig = Field(default_factory=ControlConfig, description="control models (VACE): derived "
+                                   "controls and the loss region (docs/vace.md)")
 
     @field_validator("resolution")
     @classmethod
