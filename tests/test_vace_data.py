@@ -2,6 +2,7 @@
 (`_ref.png`, `_ref2.png`) are found beside it or named in a manifest, read at the clip's own frames with its crop,
 and made into the same control context the sampler makes (modules/model/vace_condition.py); mismatches are named."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +109,27 @@ def test_the_demo_set_has_a_control_and_a_reference_per_clip(tmp_path):
     assert control[rows.min(), columns.min():columns.max() + 1].all() and control[rows.min():rows.max() + 1,
                                                                                    columns.min()].all()
     assert not control[rows.min() + 2:rows.max() - 1, columns.min() + 2:columns.max() - 1].any()
+
+
+@pytest.mark.parametrize("kind", ["musubi", "diffusion-pipe"])
+def test_a_dataset_tomls_control_folder_gives_each_clip_its_control(kind, tmp_path, monkeypatch):
+    """musubi-tuner's control_directory and diffusion-pipe's control_path: controls named as the clips."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v").mkdir()
+    (tmp_path / "c").mkdir()
+    for stem in ("one", "two"):
+        write_video(tmp_path / "v" / f"{stem}.mp4", _clip(0), 16)
+        (tmp_path / "v" / f"{stem}.txt").write_text("x\n")
+    write_video(tmp_path / "c" / "one.mp4", _clip(1), 16)
+    (tmp_path / "c" / "two").mkdir()   # a folder of frames named as the clip
+    Image.fromarray(_clip(1)[0]).save(tmp_path / "c" / "two" / "000.png")
+    (tmp_path / "v" / "two_control.mp4").write_bytes(b"")   # beside the clip: wins over the folder
+    toml = ('[general]\nresolution = [32, 32]\n[[datasets]]\nvideo_directory = "v"\ncontrol_directory = "c"\n'
+            if kind == "musubi" else "resolutions = [32]\nframe_buckets = [9]\n[[directory]]\npath = 'v'\n"
+                                     "control_path = 'c'\n")
+    (tmp_path / "dataset.toml").write_text(toml)
+    config = load_config(overrides=["data.dataset_config=dataset.toml"])
+    [concept] = config.data.concepts
+    assert concept.control_path == "c"
+    controls = {Path(r["path"]).stem: r["control"] for r in scan_concepts(config.data.concepts).records}
+    assert controls == {"one": str(Path("c") / "one.mp4"), "two": str(Path("v") / "two_control.mp4")}

@@ -53,6 +53,9 @@ class ConceptConfig(BaseConfig):
     mask_path: PathText = Field("", description="a folder of loss masks named as the media files (any image or "
                                 "video extension; white = learn, black = ignore), as diffusion-pipe's mask_path; a "
                                 "mask beside a clip as <name>_mask.<ext> is found without it (docs/masks.md)")
+    control_path: PathText = Field("", description="control models (VACE): a folder of control videos (or folders of "
+                                   "frames) named as the media files (musubi-tuner's control_directory, diffusion-pipe's "
+                                   "control_path); a <name>_control beside a clip wins (docs/vace.md)")
     default_mask: PathText = Field("", description="a mask for every file of this concept that has none of its own "
                                    "(diffusion-pipe's default_mask_file)")
     mask_required: bool = Field(False, description="skip (with a warning, counted) the files of this concept that "
