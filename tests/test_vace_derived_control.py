@@ -83,3 +83,14 @@ def test_loss_region_all_leaves_the_mask_to_the_condition(tmp_path, vace_model):
     assert "mask_weight" not in unweighted
     # the mask still conditions the model: the same context either way
     torch.testing.assert_close(unweighted["vace_context"], weighted["vace_context"])
+
+
+def test_the_derived_controls_take_the_official_annotators_form():
+    """VACE's GrayAnnotator converts RGB frames with OpenCV's BGR weights (red counts 0.114); its CannyAnnotator
+    draws white edges on black at thresholds 100 / 200."""
+    frames = np.zeros((1, 16, 16, 3), np.uint8)
+    frames[0, 4:12, 4:12] = (255, 0, 0)
+    grey = derive_control(frames, "gray")
+    assert grey.shape == (1, 16, 16, 3) and grey[0, 8, 8].tolist() == [29, 29, 29] and grey[0, 0, 0].tolist() == [0] * 3
+    edges = derive_control(frames, "canny")[0, ..., 0]
+    assert set(np.unique(edges)) == {0, 255} and edges[8, 8] == 0 and edges[:, 3:5].any() and not edges[:2].any()

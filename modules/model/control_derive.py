@@ -1,7 +1,12 @@
-"""Simple controls computed from a clip's own frames (`data.control.derive`), with OpenCV. Pose and depth come from
-the user's annotators (docs/vace.md); these two follow the official VACE annotators' output form: `canny` as
-ali-vilab/VACE's CannyAnnotator (cv2.Canny with thresholds 100 / 200 on the grey image, white edges on black),
-`gray` as its GrayAnnotator (the luminance, repeated to three channels)."""
+"""Simple controls computed from a clip's own frames (`data.control.derive`), with OpenCV, as the official VACE
+annotators compute them (ali-vilab/VACE `vace/annotators/`), so that a model sees the controls it was trained with.
+Pose and depth come from the user's annotators (docs/vace.md).
+
+- `canny`: cv2.Canny with thresholds 100 / 200 on the colour frame (OpenCV takes the strongest channel's gradient),
+  the defaults of VACE's CannyAnnotator (scepter's), white edges on black;
+- `gray`: VACE's GrayAnnotator, `cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)` on the RGB frame as it does (so red and
+  blue weights are swapped against the usual luminance), repeated to three channels.
+"""
 import cv2
 import numpy as np
 
@@ -13,7 +18,9 @@ def derive_control(frames: np.ndarray, kind: str) -> np.ndarray:
     """uint8 (F, H, W, 3) RGB frames -> the derived control, uint8 (F, H, W, 3)."""
     if kind not in DERIVED_CONTROLS:
         raise ValueError(f"derive {kind!r}: one of {', '.join(DERIVED_CONTROLS)}")
-    grey = [cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2GRAY) for frame in frames]
+    frames = [np.ascontiguousarray(frame) for frame in frames]
     if kind == "canny":
-        grey = [cv2.Canny(frame, *CANNY_THRESHOLDS) for frame in grey]
-    return np.repeat(np.stack(grey)[..., None], 3, axis=-1)
+        single = [cv2.Canny(frame, *CANNY_THRESHOLDS) for frame in frames]
+    else:
+        single = [cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY) for frame in frames]
+    return np.repeat(np.stack(single)[..., None], 3, axis=-1)
