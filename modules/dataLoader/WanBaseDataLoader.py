@@ -78,6 +78,8 @@ class WanBaseDataLoader:
         self.warned: set = set()
         # VACE: each item carries its control, mask and references (vace_scan.py, EncodeVACE)
         self.vace = bool(variant_hint and variant_hint.is_vace)
+        # Wan-Fun Control: each item carries its control (EncodeFunControl)
+        self.fun_control = bool(variant_hint and variant_hint.is_fun_control)
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
         # Wan2.2-Animate: every clip comes with its companions (modules/dataLoader/animate_scan.py)
@@ -141,6 +143,7 @@ class WanBaseDataLoader:
         record_names += ["mask"] if self.has_masks or self.vace else []
         # the reference count is a batch key: clips with as many references batch together
         record_names += ["control", "references", "reference_count"] if self.vace else []
+        record_names += ["control"] if self.fun_control else []
         record_names += ["companions"] if self.animate else []
         return [
             ListSource(self._records(validation), record_names),
@@ -160,6 +163,7 @@ class WanBaseDataLoader:
         self.model, self.device = model, device
         self.spatial_unit, self.fps = model.spatial_unit, model.variant.native_fps
         self.vace = model.variant.is_vace
+        self.fun_control = model.variant.is_fun_control
         self.rebuild()
 
     def encoder_modules(self) -> list:
@@ -183,12 +187,17 @@ class WanBaseDataLoader:
                        ApplyFrameConditioning(model, self.e2v)]
         else:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
-                               clip=model.image_encoder is not None and condition is not None, augmented=augmented,
+                               clip=model.image_encoder is not None and (condition is not None or self.fun_control),
+                               augmented=augmented,
                                latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
         if self.vace:
             from modules.dataLoader.pipeline.EncodeVACE import EncodeVACE
             modules.append(EncodeVACE(model, DiskCache(cache_root, "vace"), vae_identity,
                                       derive=config.data.control.derive))
+        if self.fun_control:
+            from modules.dataLoader.pipeline.EncodeFunControl import EncodeFunControl
+            modules.append(EncodeFunControl(model, DiskCache(cache_root, "fun_control"), vae_identity,
+                                            derive=config.data.control.derive))
         if self.has_masks and self.e2v is None and self.mask_is_loss_region:
             modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
                                       model.vae_temporal_stride))
@@ -220,7 +229,8 @@ class WanBaseDataLoader:
         """The model parts an encoder module runs."""
         if isinstance(encoder, EncodeText):
             return [self.model.text_encoder]
-        if isinstance(encoder, (EncodeVideo, EncodeE2V, EncodeAnimate)) or type(encoder).__name__ == "EncodeVACE":
+        if isinstance(encoder, (EncodeVideo, EncodeE2V, EncodeAnimate)) \
+                or type(encoder).__name__ in ("EncodeVACE", "EncodeFunControl"):
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 

@@ -13,6 +13,8 @@ _SPEC_NAMES = {
     WanVariant.TI2V_5B: "wan_2_2-ti2v_5b", WanVariant.T2V_A14B: "wan_2_2-t2v_a14b",
     WanVariant.I2V_A14B: "wan_2_2-i2v_a14b",
     WanVariant.VACE: "wan_2_1-vace", WanVariant.VACE_A14B: "wan_2_2-vace_fun_a14b",
+    WanVariant.FUN_CONTROL: "wan_2_1-fun_control", WanVariant.FUN_CONTROL_A14B: "wan_2_2-fun_control_a14b",
+    WanVariant.FUN_INP: "wan_2_1-fun_inp",
     WanVariant.ANIMATE_14B: "wan_2_2-animate_14b", WanVariant.ANIMATE_2_14B: "wan_2_2-animate_2_14b",
 }
 
