@@ -172,8 +172,9 @@ class WanBaseDataLoader:
         cache_root = Path(config.cache_dir)
         vae_identity = cache_key(model.source, dict(model.vae.config), str(model.vae.dtype))
         variant = model.variant
-        condition = {WanVariant.I2V: "first", WanVariant.I2V_A14B: "first", WanVariant.FLF2V: "first_last"}.get(
-            variant)
+        # I2V, I2V-A14B, Wan-Fun InP: the first frame kept through the mask / masked-video channels
+        condition = "first_last" if variant is WanVariant.FLF2V else "first" if variant.takes_image_condition \
+            else None
         augmented = config.data.crop_jitter or config.data.flip
         if self.animate:
             identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict(),

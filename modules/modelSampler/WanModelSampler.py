@@ -216,7 +216,7 @@ class WanModelSampler:
         if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
                               f"image; remove image / last_image")
-        if variant in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B) and not image:
+        if variant.takes_image_condition and not image:
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
         if variant is WanVariant.FLF2V and not last_image:
             raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
