@@ -224,3 +224,30 @@ def test_a_vace_sample_field_on_a_fun_control_model_is_named(trained):
                           control_video=str(data / "clip_1_control.mp4"), reference_images=[str(data / "clip_1.txt")])
     with pytest.raises(Exception, match="Wan-Fun Control.*takes control_video, not reference_images"):
         WanModelSampler(trainer.model, "cpu").resolve(sample)
+
+
+def _refused_before_loading(base, lora, tmp_path, capsys, monkeypatch) -> str:
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from tests.script_loader import load_script
+    loads = []
+    monkeypatch.setattr(WanBaseModelLoader, "load", lambda *args, **kwargs: loads.append(args))
+    code = load_script("sample").main(["--base-model-name", str(base), "--lora", str(lora), "--prompt", "x",
+                                       "--width", "32", "--height", "32", "--frames", "5", "--steps", "1",
+                                       "--device", "cpu", "--output-dir", str(tmp_path / "out")])
+    assert code == 1 and loads == []   # refused from the headers, before any weight loads
+    return capsys.readouterr().err
+
+
+def test_a_fun_control_lora_on_a_vace_model_and_the_reverse_are_refused_before_loading(
+        trained, tiny_model, tmp_path, capsys, monkeypatch):
+    from modules.util.modelspec import modelspec_metadata
+    trainer, _ = trained
+    fun_lora = trainer.config.output.destination   # the trained LoRA: its header records Wan 2.1 Fun Control
+    message = _refused_before_loading(tiny_model("wan2.1-vace"), fun_lora, tmp_path, capsys, monkeypatch)
+    assert "made for wan_2_1_fun_control (Wan 2.1 Fun Control), a Wan-Fun Control" in message
+    assert "the model is VACE" in message and "different routes" in message
+    vace_lora = tmp_path / "vace_lora.safetensors"
+    save_file({"diffusion_model.vace_blocks.0.proj_out.lora_A.weight": torch.zeros(4, 64)}, str(vace_lora),
+              metadata=modelspec_metadata(WanVariant.VACE, lora=True))
+    message = _refused_before_loading(tiny_model("wan2.1-fun-control"), vace_lora, tmp_path, capsys, monkeypatch)
+    assert "made for wan_2_1_vace (Wan 2.1 VACE), a VACE" in message and "the model is FUN_CONTROL" in message

@@ -120,6 +120,33 @@ def lora_model_mismatch(path: str | Path, variant: WanVariant) -> str | None:
             f"{describe_architecture(architecture(variant))}")
 
 
+# control models that take their control by different routes: a LoRA of one moves weights the other does not have or
+# uses otherwise (VACE: separate VACE blocks fed a control context; Wan-Fun Control: control latents in the input
+# channels of the base blocks)
+_CONTROL_FAMILIES = {"vace": "VACE (control through its VACE blocks)",
+                     "fun_control": "Wan-Fun Control (control latents in the input channels)"}
+
+
+def _control_family(arch: str) -> str | None:
+    base = arch.split("/")[0]
+    return next((family for family in _CONTROL_FAMILIES if family in base), None)
+
+
+def control_lora_refusal(path: str | Path, variant: WanVariant) -> str | None:
+    """A sentence refusing a VACE LoRA on a Wan-Fun Control model or the reverse (read from the LoRA's header);
+    None otherwise."""
+    arch = file_architecture(path)
+    if not arch:
+        return None
+    theirs, ours = _control_family(arch), _control_family(architecture(variant))
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    return (f"the LoRA {path} was made for {describe_architecture(arch)}, a {_CONTROL_FAMILIES[theirs]} model, but "
+            f"the model is {variant}, {describe_architecture(architecture(variant))}, a {_CONTROL_FAMILIES[ours]} "
+            f"model: the two take their control by different routes, so the LoRA does not fit; use it with the "
+            f"model it was trained on")
+
+
 def lora_shape_message(path: str | Path, variant: WanVariant, error: Exception) -> str:
     """A LoRA whose tensors do not fit the model: the error, with the LoRA's and the model's architectures."""
     arch = file_architecture(path)
