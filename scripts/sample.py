@@ -72,9 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
     parser.add_argument("--control-video", default=None, metavar="PATH",
-                        help="VACE: control video or folder of frames (pose, depth, edges, a video to edit)")
+                        help="VACE, Wan-Fun Control: control video or folder of frames (pose, depth, edges, a video "
+                             "to edit); a Wan-Fun Control model takes --image as its start image")
     parser.add_argument("--mask-video", default=None, metavar="PATH",
-                        help="VACE: mask video, white = generate, black = keep the control video (binarised at 0.5); "
+                        help="VACE (and Wan2.2-Fun Control A14B): mask video, white = generate, black = keep the "
+                             "control video (binarised at 0.5); "
                              "Animate replace mode: the character's mask (white = character)")
     parser.add_argument("--reference-image", action="append", default=[], metavar="PATH",
                         help="VACE: a reference image (repeatable; the order is kept); Animate: the character to "

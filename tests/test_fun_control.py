@@ -251,3 +251,12 @@ def test_a_fun_control_lora_on_a_vace_model_and_the_reverse_are_refused_before_l
               metadata=modelspec_metadata(WanVariant.VACE, lora=True))
     message = _refused_before_loading(tiny_model("wan2.1-fun-control"), vace_lora, tmp_path, capsys, monkeypatch)
     assert "made for wan_2_1_vace (Wan 2.1 VACE), a VACE" in message and "the model is FUN_CONTROL" in message
+
+
+def test_sample_py_takes_a_control_video_for_a_fun_control_model(tiny_model, tmp_path):
+    from tests.wan_file_layouts import sample_tiny_video
+    write_video(tmp_path / "control.mp4", _blocky(9, 5), 16)
+    Image.fromarray(_blocky(8, 1)[0]).save(tmp_path / "start.png")
+    assert sample_tiny_video(tiny_model("wan2.1-fun-control"), tmp_path / "out",
+                             ["--control-video", str(tmp_path / "control.mp4"), "--image",
+                              str(tmp_path / "start.png")]) == 5
