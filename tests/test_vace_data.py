@@ -133,3 +133,39 @@ def test_a_dataset_tomls_control_folder_gives_each_clip_its_control(kind, tmp_pa
     assert concept.control_path == "c"
     controls = {Path(r["path"]).stem: r["control"] for r in scan_concepts(config.data.concepts).records}
     assert controls == {"one": str(Path("c") / "one.mp4"), "two": str(Path("v") / "two_control.mp4")}
+
+
+def test_e2v_elements_serve_as_vace_references_as_ref_companions_would(tmp_path, tiny_model):
+    """`e2v.as_vace_references`: an E2V dataset trains a VACE model unchanged; each clip's elements, in slot order,
+    give the control context its `_ref` / `_ref2` companions would give."""
+    from modules.util.config.prepare import prepare_config
+    from modules.util.demo_e2v import demo_e2v_config
+    base = tiny_model("wan2.1-vace")
+    rng = np.random.default_rng(5)
+    e2v_folder, vace_folder = tmp_path / "e2v", tmp_path / "vace"
+    for folder in (e2v_folder, vace_folder):
+        folder.mkdir()
+        write_video(folder / "clip.mp4", _clip(0), 16)
+        (folder / "clip.txt").write_text("a red square moving right\n")
+    person, toy = (rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8) for _ in range(2))
+    Image.fromarray(person).save(e2v_folder / "clip_person.png")   # slot 0 (main_subject)
+    Image.fromarray(toy).save(e2v_folder / "clip_toy.png")         # slot 1 (secondary)
+    Image.fromarray(person).save(vace_folder / "clip_ref.png")
+    Image.fromarray(toy).save(vace_folder / "clip_ref2.png")
+    e2v_config = tmp_path / "e2v.json"
+    e2v_config.write_text(json.dumps(demo_e2v_config(e2v_folder)))
+    common = [f"model.base_model_name={base}", "device=cpu", "data.frame_buckets=[9]", "data.resolution=32",
+              "data.aspect_ratios=[1.0]", "data.dataloader_threads=0"]
+    config = load_config(overrides=[*common, f"cache_dir={tmp_path / 'cache-e2v'}", f"e2v.dataset_config={e2v_config}",
+                                    "e2v.as_vace_references=true"])
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base)))
+    contexts = []
+    for loader in (WanBaseDataLoader(config, WanVariant.VACE, prepare_config(config)),
+                   _loader(tmp_path, vace_folder, base)):
+        if not loader.scan_result.records:
+            loader.scan()
+        loader.attach_model(model, torch.device("cpu"))
+        loader.cache()
+        contexts.append(next(loader.batches(0))["vace_context"])
+    assert contexts[0].shape == (1, 96, 2 + 3, SIZE // 8, SIZE // 8)   # two references before the 3 latent frames
+    torch.testing.assert_close(contexts[0], contexts[1], atol=0, rtol=0)

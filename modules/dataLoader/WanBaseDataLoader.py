@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from modules.dataLoader.animate_scan import scan_animate_concepts
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
-from modules.dataLoader.e2v_scan import scan_e2v_dataset
+from modules.dataLoader.e2v_scan import elements_as_vace_references, scan_e2v_dataset
 from modules.dataLoader.validation_split import split_validation
 from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
 from modules.dataLoader.pipeline.EncodeAnimate import EncodeAnimate
@@ -63,7 +63,11 @@ class WanBaseDataLoader:
         self.config = config
         # E2V: the dataset configs (validated, overrides applied); the first one's layout applies to all
         self.e2v_datasets = e2v_datasets or []
-        self.e2v = self.e2v_datasets[0] if self.e2v_datasets else None
+        # e2v.as_vace_references on a VACE model: the E2V datasets' elements are each clip's VACE references (the
+        # clips then train as any VACE clip; no E2V condition)
+        self.elements_as_references = bool(self.e2v_datasets and variant_hint and variant_hint.is_vace
+                                           and config.e2v.as_vace_references)
+        self.e2v = self.e2v_datasets[0] if self.e2v_datasets and not self.elements_as_references else None
         self.scan_result = ScanResult()
         self.validation_records: list[dict] = []   # files held out for the validation loss (validation_split.py)
         self.failed: set[str] = set()   # files that probed fine but failed to decode while caching
@@ -90,6 +94,12 @@ class WanBaseDataLoader:
     def scan(self) -> None:
         if self.animate:
             self.scan_result = scan_animate_concepts(self.config.data.concepts, self.config.animate.mode)
+        elif self.elements_as_references:
+            self.scan_result = ScanResult()
+            for index, dataset in enumerate(self.e2v_datasets):
+                concept = ConceptConfig(name=f"e2v dataset {index}", path=dataset.data_root)
+                scan_e2v_dataset(dataset, concept, self.scan_result)
+                elements_as_vace_references(dataset, self.scan_result.records)
         elif self.e2v is None:
             self.scan_result = scan_concepts(self.config.data.concepts)
         else:
