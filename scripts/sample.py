@@ -72,9 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--drop-reference-frames", action="store_true", default=None,
                         help="E2V: drop the leading reference frames from the saved videos")
     parser.add_argument("--control-video", default=None, metavar="PATH",
-                        help="VACE: control video or folder of frames (pose, depth, edges, a video to edit)")
+                        help="VACE, Wan-Fun Control: control video or folder of frames (pose, depth, edges, a video "
+                             "to edit); a Wan-Fun Control model takes --image as its start image")
     parser.add_argument("--mask-video", default=None, metavar="PATH",
-                        help="VACE: mask video, white = generate, black = keep the control video (binarised at 0.5); "
+                        help="VACE (and Wan2.2-Fun Control A14B): mask video, white = generate, black = keep the "
+                             "control video (binarised at 0.5); "
                              "Animate replace mode: the character's mask (white = character)")
     parser.add_argument("--reference-image", action="append", default=[], metavar="PATH",
                         help="VACE: a reference image (repeatable; the order is kept); Animate: the character to "
@@ -181,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
-    from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos, load_model_for_sampling,
-                                                  resolve_device)
+    from modules.modelSampler.sampling_io import (apply_lora_files, check_control_loras, generate_videos,
+                                                  load_model_for_sampling, resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
 
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
                                                               "tokenizer") if getattr(args, name)}
+        check_control_loras(args.base_model_name, part_paths, args.loras)
         model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths)
         if model.sampling_defaults is not None:
             print(f"sample: {model.variant} from files: the official settings fill in what is not given: "

@@ -248,7 +248,7 @@ def test_musubi_resolution_with_buckets_keeps_its_area_and_aspects(tmp_path, mon
 def test_musubi_keys_we_cannot_honour_are_refused_with_the_file_key_and_choices(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "v").mkdir()
-    (tmp_path / "control.jsonl").write_text(json.dumps({"video_path": "a.mp4", "control_path": "c.mp4",
+    (tmp_path / "control.jsonl").write_text(json.dumps({"video_path": "a.mp4", "control_path_0": "c.png",
                                                         "caption": "x"}) + "\n")
     (tmp_path / "bad.toml").write_text("""
 [general]
@@ -267,11 +267,11 @@ image_directory = "missing"
     assert train_script.main(["--dataset-config", "bad.toml"]) == 2
     err = capsys.readouterr().err
     for expected in ("invalid configuration in bad.toml",
-                     "datasets.0.control_directory: not supported here: control videos",
+                     "datasets.0.control_directory: 'c' is not a folder",
                      "datasets.0.fp_latent_window_size: not supported here: a FramePack setting",
                      "supported keys in [[datasets]]: batch_size, bucket_no_upscale, cache_directory",
                      "datasets.0.frame_extraction: 'sideways' is not one of head, chunk, slide, uniform, full",
-                     "datasets.1.video_jsonl_file: its lines hold 'control_path'",
+                     "datasets.1.video_jsonl_file: its lines hold 'control_path_0'",
                      "datasets.1.resolution: [512, 512] differs from general.resolution ([960, 544])",
                      "datasets.2.image_directory: 'missing' is not a folder"):
         assert expected in err, err

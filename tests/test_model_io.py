@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_VARIANT = {"wan2.1-t2v": WanVariant.T2V, "wan2.1-i2v": WanVariant.I2V, "wan2.1-flf2v": WanVariant.FLF2V,
                     "wan2.2-ti2v-5b": WanVariant.TI2V_5B, "wan2.2-t2v-a14b": WanVariant.T2V_A14B,
                     "wan2.2-i2v-a14b": WanVariant.I2V_A14B, "wan2.1-vace": WanVariant.VACE,
-                    "wan2.2-vace-fun-a14b": WanVariant.VACE_A14B}
+                    "wan2.2-vace-fun-a14b": WanVariant.VACE_A14B, "wan2.1-fun-control": WanVariant.FUN_CONTROL}
 
 
 def load(path, **parts) -> object:
@@ -41,6 +41,12 @@ def run_pipeline(model, seed=3):
     kwargs = dict(prompt="a red square moving left", negative_prompt="blurry", height=size, width=size,
                   num_frames=5, num_inference_steps=2, guidance_scale=2.0, output_type="np",
                   generator=torch.Generator().manual_seed(seed))
+    if model.variant.is_fun_control:   # no diffusers pipeline of its own: our sampler (the I2V loop, its condition)
+        from modules.modelSampler.WanModelSampler import WanModelSampler
+        from modules.util.config.SampleConfig import SampleConfig
+        return WanModelSampler(model, "cpu").sample(SampleConfig(
+            prompt=kwargs["prompt"], negative_prompt="blurry", width=size, height=size, frames=5, steps=2,
+            guidance=2.0, seed=seed)).frames
     if model.variant.takes_image_condition:
         kwargs["image"] = Image.fromarray(np.full((size, size, 3), 200, np.uint8))
         if model.variant is WanVariant.FLF2V:

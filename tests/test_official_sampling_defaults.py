@@ -27,6 +27,11 @@ OFFICIAL = {"wan2.1-t2v-1.3b": (5.0, None, 50, 5.0, None, None), "wan2.1-t2v-14b
             "wan2.2-ti2v-5b": (5.0, None, 50, 5.0, None, None),
             "wan2.2-t2v-a14b": (12.0, None, 40, 4.0, 3.0, 0.875), "wan2.2-i2v-a14b": (5.0, None, 40, 3.5, 3.5, 0.9),
             # VACE: Wan2.1 generate.py gives vace tasks sample_shift 16; VACE-Fun A14B samples as T2V-A14B
+            # Wan-Fun: VideoX-Fun's examples/wan2.1_fun and wan2.2_fun predict_v2v_control.py
+            "wan2.1-fun-1.3b-control": (3.0, None, 50, 6.0, None, None),
+            "wan2.1-fun-14b-control": (3.0, None, 50, 6.0, None, None),
+            "wan2.1-fun-1.3b-inp": (3.0, None, 50, 6.0, None, None),
+            "wan2.2-fun-a14b-control": (5.0, None, 50, 6.0, 6.0, 0.9),
             "wan2.1-vace-1.3b": (16.0, None, 50, 5.0, None, None), "wan2.1-vace-14b": (16.0, None, 50, 5.0, None, None),
             "wan2.2-vace-fun-a14b": (12.0, None, 40, 4.0, 3.0, 0.875),
             # Animate: Wan2.2 wan/configs/wan_animate_14B.py (Animate-2 has none of its own)
@@ -38,7 +43,8 @@ def test_every_released_variant_carries_the_official_sampling_settings_with_thei
         d = SamplingDefaults.from_json(config["sampling"])
         assert (d.flow_shift, d.flow_shift_480p, d.steps, d.guidance, d.guidance_2, d.boundary_ratio) == \
             OFFICIAL[name], name
-        assert d.source.startswith(("Wan-Video/Wan2.1 generate.py", "Wan-Video/Wan2.2 wan/configs/")), name
+        assert d.source.startswith(("Wan-Video/Wan2.1 generate.py", "Wan-Video/Wan2.2 wan/configs/",
+                                    "aigc-apps/VideoX-Fun examples/")), name
         assert config["model_index"].get("boundary_ratio") == d.boundary_ratio, name
     i2v = SamplingDefaults.from_json(released_configs()["wan2.1-i2v-14b"]["sampling"])
     assert [i2v.flow_shift_for(w, h) for w, h in ((832, 480), (480, 832), (320, 192), (1280, 720))] == \

@@ -78,7 +78,8 @@ def test_folder_configs_match_the_released_layout(tiny_model, variant):
     assert scheduler["flow_shift"] == spec.flow_shift
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+# Wan-Fun Control has no diffusers pipeline of its own (its sampler: tests/test_fun_control.py)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if "fun-control" not in v])
 def test_diffusers_pipeline_loads_offline_and_runs(tiny_model, variant):
     spec = SPECS[variant]
     pipeline = load_pipeline(tiny_model(variant))

@@ -2,6 +2,7 @@
 (`_ref.png`, `_ref2.png`) are found beside it or named in a manifest, read at the clip's own frames with its crop,
 and made into the same control context the sampler makes (modules/model/vace_condition.py); mismatches are named."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +109,63 @@ def test_the_demo_set_has_a_control_and_a_reference_per_clip(tmp_path):
     assert control[rows.min(), columns.min():columns.max() + 1].all() and control[rows.min():rows.max() + 1,
                                                                                    columns.min()].all()
     assert not control[rows.min() + 2:rows.max() - 1, columns.min() + 2:columns.max() - 1].any()
+
+
+@pytest.mark.parametrize("kind", ["musubi", "diffusion-pipe"])
+def test_a_dataset_tomls_control_folder_gives_each_clip_its_control(kind, tmp_path, monkeypatch):
+    """musubi-tuner's control_directory and diffusion-pipe's control_path: controls named as the clips."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v").mkdir()
+    (tmp_path / "c").mkdir()
+    for stem in ("one", "two"):
+        write_video(tmp_path / "v" / f"{stem}.mp4", _clip(0), 16)
+        (tmp_path / "v" / f"{stem}.txt").write_text("x\n")
+    write_video(tmp_path / "c" / "one.mp4", _clip(1), 16)
+    (tmp_path / "c" / "two").mkdir()   # a folder of frames named as the clip
+    Image.fromarray(_clip(1)[0]).save(tmp_path / "c" / "two" / "000.png")
+    (tmp_path / "v" / "two_control.mp4").write_bytes(b"")   # beside the clip: wins over the folder
+    toml = ('[general]\nresolution = [32, 32]\n[[datasets]]\nvideo_directory = "v"\ncontrol_directory = "c"\n'
+            if kind == "musubi" else "resolutions = [32]\nframe_buckets = [9]\n[[directory]]\npath = 'v'\n"
+                                     "control_path = 'c'\n")
+    (tmp_path / "dataset.toml").write_text(toml)
+    config = load_config(overrides=["data.dataset_config=dataset.toml"])
+    [concept] = config.data.concepts
+    assert concept.control_path == "c"
+    controls = {Path(r["path"]).stem: r["control"] for r in scan_concepts(config.data.concepts).records}
+    assert controls == {"one": str(Path("c") / "one.mp4"), "two": str(Path("v") / "two_control.mp4")}
+
+
+def test_e2v_elements_serve_as_vace_references_as_ref_companions_would(tmp_path, tiny_model):
+    """`e2v.as_vace_references`: an E2V dataset trains a VACE model unchanged; each clip's elements, in slot order,
+    give the control context its `_ref` / `_ref2` companions would give."""
+    from modules.util.config.prepare import prepare_config
+    from modules.util.demo_e2v import demo_e2v_config
+    base = tiny_model("wan2.1-vace")
+    rng = np.random.default_rng(5)
+    e2v_folder, vace_folder = tmp_path / "e2v", tmp_path / "vace"
+    for folder in (e2v_folder, vace_folder):
+        folder.mkdir()
+        write_video(folder / "clip.mp4", _clip(0), 16)
+        (folder / "clip.txt").write_text("a red square moving right\n")
+    person, toy = (rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8) for _ in range(2))
+    Image.fromarray(person).save(e2v_folder / "clip_person.png")   # slot 0 (main_subject)
+    Image.fromarray(toy).save(e2v_folder / "clip_toy.png")         # slot 1 (secondary)
+    Image.fromarray(person).save(vace_folder / "clip_ref.png")
+    Image.fromarray(toy).save(vace_folder / "clip_ref2.png")
+    e2v_config = tmp_path / "e2v.json"
+    e2v_config.write_text(json.dumps(demo_e2v_config(e2v_folder)))
+    common = [f"model.base_model_name={base}", "device=cpu", "data.frame_buckets=[9]", "data.resolution=32",
+              "data.aspect_ratios=[1.0]", "data.dataloader_threads=0"]
+    config = load_config(overrides=[*common, f"cache_dir={tmp_path / 'cache-e2v'}", f"e2v.dataset_config={e2v_config}",
+                                    "e2v.as_vace_references=true"])
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base)))
+    contexts = []
+    for loader in (WanBaseDataLoader(config, WanVariant.VACE, prepare_config(config)),
+                   _loader(tmp_path, vace_folder, base)):
+        if not loader.scan_result.records:
+            loader.scan()
+        loader.attach_model(model, torch.device("cpu"))
+        loader.cache()
+        contexts.append(next(loader.batches(0))["vace_context"])
+    assert contexts[0].shape == (1, 96, 2 + 3, SIZE // 8, SIZE // 8)   # two references before the 3 latent frames
+    torch.testing.assert_close(contexts[0], contexts[1], atol=0, rtol=0)

@@ -73,7 +73,7 @@ def test_bad_inputs_are_named(vace_model, inputs, tmp_path):
         sampler.sample(_sample(root, control_video=str(short)))
     with pytest.raises(SampleError, match=r"reference image '.*short_control\.mp4' is not an image"):
         sampler.sample(_sample(root, reference_images=[str(short)]))
-    with pytest.raises(VaceInputError, match="control_video, reference_images need a VACE model; T2V takes none"):
+    with pytest.raises(VaceInputError, match="control_video, reference_images need a VACE or Wan-Fun Control model; T2V takes none"):
         check_vace_sample(WanVariant.T2V, _sample(root, mask_video=""))
     with pytest.raises(SampleError, match="a VACE model takes no image"):
         sampler.resolve(_sample(root, image=str(root / "clip_ref.png")))

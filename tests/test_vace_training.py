@@ -104,3 +104,17 @@ def test_comfy_lora_names_the_vace_blocks_as_comfyui(trained, tmp_path):
     [note] = format_notes("LORA", "COMFY_LORA", targets="vace")
     assert "for WanVACEPipeline write DIFFUSERS_LORA" in note
     assert not any("VACE" in n for n in format_notes("LORA", "DIFFUSERS_LORA", targets="vace"))
+
+
+def test_a_full_fine_tune_of_the_vace_blocks_alone_leaves_the_base_untouched(tiny_model, tmp_path):
+    """`fine_tune.layer_filter: ["vace_"]`: the VACE blocks and their patch embedding train, the base stays as loaded."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig
+    folder = tiny_model("wan2.1-vace")
+    before = WanBaseModelLoader().load(ModelConfig(base_model_name=str(folder))).transformer.state_dict()
+    trainer = train(tmp_path, folder, vace_dataset(tmp_path / "data", count=2), "FINE_TUNE", 2,
+                    ["optimizer.learning_rate=0.01", 'fine_tune.layer_filter=["vace_"]'])
+    after = trainer.model.transformer.state_dict()
+    changed = {name for name in before if not torch.equal(before[name], after[name].to(before[name].dtype))}
+    assert changed and all(name.startswith(("vace_blocks.", "vace_patch_embedding.")) for name in changed)
+    assert any(name.startswith("vace_patch_embedding.") for name in changed)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from modules.dataLoader.animate_scan import scan_animate_concepts
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
-from modules.dataLoader.e2v_scan import scan_e2v_dataset
+from modules.dataLoader.e2v_scan import elements_as_vace_references, scan_e2v_dataset
 from modules.dataLoader.validation_split import split_validation
 from modules.dataLoader.pipeline.ApplyFrameConditioning import ApplyFrameConditioning
 from modules.dataLoader.pipeline.EncodeAnimate import EncodeAnimate
@@ -63,7 +63,11 @@ class WanBaseDataLoader:
         self.config = config
         # E2V: the dataset configs (validated, overrides applied); the first one's layout applies to all
         self.e2v_datasets = e2v_datasets or []
-        self.e2v = self.e2v_datasets[0] if self.e2v_datasets else None
+        # e2v.as_vace_references on a VACE model: the E2V datasets' elements are each clip's VACE references (the
+        # clips then train as any VACE clip; no E2V condition)
+        self.elements_as_references = bool(self.e2v_datasets and variant_hint and variant_hint.is_vace
+                                           and config.e2v.as_vace_references)
+        self.e2v = self.e2v_datasets[0] if self.e2v_datasets and not self.elements_as_references else None
         self.scan_result = ScanResult()
         self.validation_records: list[dict] = []   # files held out for the validation loss (validation_split.py)
         self.failed: set[str] = set()   # files that probed fine but failed to decode while caching
@@ -78,6 +82,8 @@ class WanBaseDataLoader:
         self.warned: set = set()
         # VACE: each item carries its control, mask and references (vace_scan.py, EncodeVACE)
         self.vace = bool(variant_hint and variant_hint.is_vace)
+        # Wan-Fun Control: each item carries its control (EncodeFunControl)
+        self.fun_control = bool(variant_hint and variant_hint.is_fun_control)
         self.spatial_unit = variant_hint.spatial_unit if variant_hint else 16
         self.fps = variant_hint.native_fps if variant_hint else 16
         # Wan2.2-Animate: every clip comes with its companions (modules/dataLoader/animate_scan.py)
@@ -88,6 +94,12 @@ class WanBaseDataLoader:
     def scan(self) -> None:
         if self.animate:
             self.scan_result = scan_animate_concepts(self.config.data.concepts, self.config.animate.mode)
+        elif self.elements_as_references:
+            self.scan_result = ScanResult()
+            for index, dataset in enumerate(self.e2v_datasets):
+                concept = ConceptConfig(name=f"e2v dataset {index}", path=dataset.data_root)
+                scan_e2v_dataset(dataset, concept, self.scan_result)
+                elements_as_vace_references(dataset, self.scan_result.records)
         elif self.e2v is None:
             self.scan_result = scan_concepts(self.config.data.concepts)
         else:
@@ -124,6 +136,11 @@ class WanBaseDataLoader:
         """Some training or validation item has a loss mask (docs/masks.md): every item then carries a mask weight."""
         return any(r.get("mask") for r in self.scan_result.records + self.validation_records)
 
+    @property
+    def mask_is_loss_region(self) -> bool:
+        """A clip's mask weighs its loss; a VACE control mask with `data.control.loss_region: all` only conditions."""
+        return not (self.vace and self.config.data.control.loss_region == "all")
+
     def _records(self, validation: bool = False) -> list[dict]:
         records = self.validation_records if validation else self.scan_result.records
         return [r for r in records if r["path"] not in self.failed]
@@ -136,6 +153,7 @@ class WanBaseDataLoader:
         record_names += ["mask"] if self.has_masks or self.vace else []
         # the reference count is a batch key: clips with as many references batch together
         record_names += ["control", "references", "reference_count"] if self.vace else []
+        record_names += ["control"] if self.fun_control else []
         record_names += ["companions"] if self.animate else []
         return [
             ListSource(self._records(validation), record_names),
@@ -155,6 +173,7 @@ class WanBaseDataLoader:
         self.model, self.device = model, device
         self.spatial_unit, self.fps = model.spatial_unit, model.variant.native_fps
         self.vace = model.variant.is_vace
+        self.fun_control = model.variant.is_fun_control
         self.rebuild()
 
     def encoder_modules(self) -> list:
@@ -163,8 +182,9 @@ class WanBaseDataLoader:
         cache_root = Path(config.cache_dir)
         vae_identity = cache_key(model.source, dict(model.vae.config), str(model.vae.dtype))
         variant = model.variant
-        condition = {WanVariant.I2V: "first", WanVariant.I2V_A14B: "first", WanVariant.FLF2V: "first_last"}.get(
-            variant)
+        # I2V, I2V-A14B, Wan-Fun InP: the first frame kept through the mask / masked-video channels
+        condition = "first_last" if variant is WanVariant.FLF2V else "first" if variant.takes_image_condition \
+            else None
         augmented = config.data.crop_jitter or config.data.flip
         if self.animate:
             identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict(),
@@ -178,12 +198,18 @@ class WanBaseDataLoader:
                        ApplyFrameConditioning(model, self.e2v)]
         else:
             modules = [EncodeVideo(model, DiskCache(cache_root, "latents"), vae_identity, condition=condition,
-                               clip=model.image_encoder is not None and condition is not None, augmented=augmented,
+                               clip=model.image_encoder is not None and (condition is not None or self.fun_control),
+                               augmented=augmented,
                                latent_dtype=torch.bfloat16 if config.performance.cache_latents_bf16 else torch.float32)]
         if self.vace:
             from modules.dataLoader.pipeline.EncodeVACE import EncodeVACE
-            modules.append(EncodeVACE(model, DiskCache(cache_root, "vace"), vae_identity))
-        if self.has_masks and self.e2v is None:
+            modules.append(EncodeVACE(model, DiskCache(cache_root, "vace"), vae_identity,
+                                      derive=config.data.control.derive))
+        if self.fun_control:
+            from modules.dataLoader.pipeline.EncodeFunControl import EncodeFunControl
+            modules.append(EncodeFunControl(model, DiskCache(cache_root, "fun_control"), vae_identity,
+                                            derive=config.data.control.derive))
+        if self.has_masks and self.e2v is None and self.mask_is_loss_region:
             modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
                                       model.vae_temporal_stride))
         if config.training_method is not TrainingMethod.EMBEDDING:
@@ -214,7 +240,8 @@ class WanBaseDataLoader:
         """The model parts an encoder module runs."""
         if isinstance(encoder, EncodeText):
             return [self.model.text_encoder]
-        if isinstance(encoder, (EncodeVideo, EncodeE2V, EncodeAnimate)) or type(encoder).__name__ == "EncodeVACE":
+        if isinstance(encoder, (EncodeVideo, EncodeE2V, EncodeAnimate)) \
+                or type(encoder).__name__ in ("EncodeVACE", "EncodeFunControl"):
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 
@@ -324,7 +351,8 @@ class WanBaseDataLoader:
         if self.has_masks:
             records = self._records() + self._records(validation=True)
             masked = len({r["path"] for r in records if r.get("mask")})
-            lines.append(f"  loss masks: {masked} of {len({r['path'] for r in records})} files (docs/masks.md)")
+            what = "loss masks" if self.mask_is_loss_region else "control masks (data.control.loss_region all: no loss weight)"
+            lines.append(f"  {what}: {masked} of {len({r['path'] for r in records})} files (docs/masks.md)")
         if self.validation_records:
             files = len({r["path"] for r in self._records(validation=True)})
             lines.append(f"  validation: {files} held-out files (never trained on)")

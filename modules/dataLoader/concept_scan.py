@@ -134,7 +134,7 @@ def scan_concepts(concepts: list[ConceptConfig], companion=None) -> ScanResult:
                        for path in _folder_media(root, concept.include_subdirectories, concept.frame_folders,
                                                  companion)]
         for path, caption, mask, (control, references) in entries:
-            control = control or find_control(path)
+            control = control or find_control(path, concept.control_path)
             references = find_references(path) if references is None else references
             # musubi-tuner's video_path (and video_directory) may name a folder of frames: one clip, its images in
             # name order

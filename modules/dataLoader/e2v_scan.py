@@ -56,3 +56,16 @@ def scan_e2v_dataset(dataset: E2VDatasetConfig, concept: ConceptConfig, result: 
         log.warning("E2V dataset %s: %d image(s) are named like element images but no element declares their "
                     "suffix, so they are not used: %s", root, sum(undeclared.values()),
                     ", ".join(f"{suffix} ({count})" for suffix, count in sorted(undeclared.items())))
+
+
+def elements_as_vace_references(dataset, records: list[dict]) -> None:
+    """`e2v.as_vace_references`: each E2V record (of `dataset`, not yet converted) becomes a VACE record whose
+    reference images are its present elements in slot (`vae.position`) order; no control video, no mask."""
+    order = sorted(range(len(dataset.elements)), key=lambda i: dataset.elements[i].vae.position)
+    for record in records:
+        if "elements" not in record:
+            continue
+        elements = record.pop("elements")
+        record.pop("e2v_present", None)
+        references = tuple(elements[i] for i in order if elements[i])
+        record.update(control=None, mask=None, references=references, reference_count=len(references))

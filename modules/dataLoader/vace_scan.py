@@ -17,15 +17,24 @@ MANIFEST_REFERENCE_KEYS = ("reference_paths", "references")
 _REFERENCE = re.compile(r"^(?P<stem>.+)_ref(?P<number>[0-9]*)$")
 
 
-def find_control(media: Path) -> Path | None:
-    folder = media.parent / f"{media.stem}{CONTROL_SUFFIX}"
-    if folder.is_dir():
-        return folder
+def _video_or_frames(folder: Path, stem: str) -> Path | None:
+    """`folder/stem/` (a folder of frames) or `folder/stem.<video ext>`."""
+    if (folder / stem).is_dir():
+        return folder / stem
     for extension in sorted(VIDEO_EXTENSIONS):
-        for candidate in (media.parent / f"{folder.name}{extension}", media.parent / f"{folder.name}{extension.upper()}"):
+        for candidate in (folder / f"{stem}{extension}", folder / f"{stem}{extension.upper()}"):
             if candidate.is_file():
                 return candidate
     return None
+
+
+def find_control(media: Path, control_folder: str | Path = "") -> Path | None:
+    """`<stem>_control` beside the clip, else `<stem>` in the concept's `control_path` folder (musubi-tuner's
+    control_directory, diffusion-pipe's control_path: the control named as the clip)."""
+    beside = _video_or_frames(media.parent, f"{media.stem}{CONTROL_SUFFIX}")
+    if beside is not None or not control_folder:
+        return beside
+    return _video_or_frames(Path(control_folder), media.stem)
 
 
 def find_references(media: Path) -> list[Path]:

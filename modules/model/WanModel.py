@@ -180,7 +180,8 @@ class WanModel:
                                    scheduler=self.noise_scheduler, transformer=self.transformer,
                                    transformer_2=self.transformer_2, boundary_ratio=self.boundary_ratio)
         if image_mode is None:
-            image_mode = self.variant.takes_image_condition
+            # Wan-Fun Control: saved as the I2V pipeline's parts (CLIP included), as its releases are I2V-shaped
+            image_mode = self.variant.takes_image_condition or self.variant.is_fun_control
         common = dict(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
                       scheduler=self.noise_scheduler, transformer=self.transformer, transformer_2=self.transformer_2,
                       boundary_ratio=self.boundary_ratio, expand_timesteps=self.expand_timesteps)

@@ -216,7 +216,7 @@ class WanModelSampler:
         if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
                               f"image; remove image / last_image")
-        if variant in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B) and not image:
+        if variant.takes_image_condition and not image:
             raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
         if variant is WanVariant.FLF2V and not last_image:
             raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
@@ -417,7 +417,8 @@ class WanModelSampler:
         if model.text_encoder is None or model.vae is None:
             raise SampleError("sampling needs the text encoder and the VAE; this model has them unloaded")
         e2v = self.is_e2v(resolved)
-        image_mode = not e2v and (variant.takes_image_condition or bool(resolved.image))
+        fun = variant.is_fun_control   # its start image is part of its own condition (fun_sampling.py)
+        image_mode = not e2v and not fun and (variant.takes_image_condition or bool(resolved.image))
         height, width = resolved.height, resolved.width
         first = self._load_image(resolved.image, height, width) if resolved.image else None
         last = self._load_image(resolved.last_image, height, width) if resolved.last_image else None
@@ -431,12 +432,17 @@ class WanModelSampler:
                 image_embeds = e2v_condition = None
                 if e2v:
                     e2v_condition, image_embeds = self._e2v_inputs(resolved, placement)
+                elif fun:
+                    from modules.modelSampler.fun_sampling import fun_condition, fun_image_embeds
+                    with placement.using("vae", *(("image_encoder",) if model.image_encoder is not None else ())):
+                        e2v_condition = fun_condition(model, resolved, first).to(self.device)
+                        image_embeds = fun_image_embeds(model, first)
                 if image_mode and model.image_encoder is not None and model.uses_image_tokens:
                     with placement.using("image_encoder"):
                         image_embeds = model.encode_image([first] if last is None else [first, last]).to(self.device)
 
                 vace = self._vace_context(resolved, placement) if variant.is_vace else None
-                if e2v:
+                if e2v or fun:   # the I2V loop with a precomputed condition
                     from modules.modelSampler.WanE2VPipeline import WanE2VPipeline
                     pipeline = WanE2VPipeline.from_model(model)
                 elif vace is not None:
@@ -466,7 +472,7 @@ class WanModelSampler:
                     kwargs["guidance_scale_2"] = resolved.guidance_2
                 if vace is not None:
                     kwargs.update(conditioning_scale=resolved.control_scale)
-                if e2v:
+                if e2v or fun:
                     kwargs.update(e2v_condition=e2v_condition, image_embeds=image_embeds)
                 if image_mode:
                     kwargs.update(image=first, last_image=last)

@@ -65,7 +65,8 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
     inference. Returns one line per file applied."""
     from modules.util.lora.apply import merge_lora
     from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
-    from modules.util.modelspec import file_architecture, lora_model_mismatch, lora_shape_message
+    from modules.util.modelspec import control_lora_refusal, file_architecture, lora_model_mismatch, \
+        lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
     from modules.util.lora.formats import lora_from_state_dict
@@ -95,6 +96,8 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
                 weights, layout = lora_from_state_dict(lora_tensors)
             else:
                 weights, layout = load_lora_file(file)
+            if refusal := control_lora_refusal(file, model.variant):
+                raise SampleError(refusal)
             mismatch = lora_model_mismatch(file, model.variant)
             if mismatch and (model.variant.is_animate or "animate" in (file_architecture(file) or "")):
                 # Animate's blocks take other conditions (pose, face, a reference frame) than any other model's
@@ -121,6 +124,28 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SampleError(f"device {name!r}: CUDA is not available on this machine")
     return device
+
+
+def check_control_loras(base_model_name: str, part_paths: dict[str, str], loras: list[tuple[Path, float]]) -> None:
+    """Before any weight loads: the model's variant from its files' headers and configs, and a SampleError when a
+    LoRA's header says it was made for the other control family (a VACE LoRA on a Wan-Fun Control model or the
+    reverse)."""
+    from modules.modelLoader.wan.parts.model_plan import detect_model_variant
+    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+    from modules.util.modelspec import control_lora_refusal
+    if not loras:
+        return
+    paths = part_paths or {}
+    variant = detect_model_variant(ModelConfig(base_model_name=base_model_name, **{
+        name: PartConfig(path=paths[name]) for name in ("transformer", "transformer_2", "vae", "text_encoder")
+        if paths.get(name)}))
+    for path, _ in loras:
+        path = Path(path)
+        candidates = [path] + [path.with_name(path.name.removesuffix(".safetensors") + suffix + ".safetensors")
+                               for suffix in ("_high_noise", "_low_noise")]
+        for file in candidates:
+            if file.is_file() and (refusal := control_lora_refusal(file, variant)):
+                raise SampleError(refusal)
 
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,

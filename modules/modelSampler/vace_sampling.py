@@ -69,9 +69,15 @@ def check_vace_sample(variant, sample) -> None:
     if variant.is_animate:   # Animate's mask video and one reference image (sample.py's --reference-image fills both)
         given = [name for name in given if name == "control_video"
                  or (name == "reference_images" and list(sample.reference_images) != [sample.reference_image])]
+    if variant.is_fun_control:   # Wan-Fun Control: a control video; the A14B model also a mask video
+        takes = ("control_video", "mask_video") if variant.fun_condition_channels == 36 else ("control_video",)
+        if extra := [name for name in given if name not in takes]:
+            raise VaceInputError(f"sample {sample.prompt[:40]!r}: {variant} (Wan-Fun Control) takes "
+                                 f"{' and '.join(takes)}, not {', '.join(extra)} (its start image is `image`)")
+        return
     if given and not variant.is_vace:
-        raise VaceInputError(f"sample {sample.prompt[:40]!r}: {', '.join(given)} need a VACE model; {variant} takes "
-                             f"none")
+        raise VaceInputError(f"sample {sample.prompt[:40]!r}: {', '.join(given)} need a VACE or Wan-Fun Control "
+                             f"model; {variant} takes none")
     if variant.is_vace and (sample.image or sample.last_image):
         raise VaceInputError(f"sample {sample.prompt[:40]!r}: a VACE model takes no image / last_image; give the "
                              f"picture as a reference image (or as the control video's first frame with a mask)")

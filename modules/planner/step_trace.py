@@ -112,9 +112,11 @@ def _batch(arch: Architecture, shape: PlanShape, counter: StorageCounter, fake: 
         batch = {"latents": draw(b, z, frames, height, width, dtype=torch.bfloat16),
                  "text_embeds": draw(b, TEXT_SEQUENCE_LENGTH, arch.text_dim, dtype=torch.bfloat16),
                  "loss_weight": torch.ones(b)}
-        if arch.transformer["in_channels"] == 2 * z + 4:
-            # I2V / FLF2V: the mask (4 channels) and the image latents (z) concatenated to the noisy latents
-            batch["condition"] = draw(b, z + 4, frames, height, width, dtype=torch.bfloat16)
+        if arch.transformer["in_channels"] > z:
+            # I2V / FLF2V: the mask (4 channels) and the image latents (z) concatenated to the noisy latents;
+            # Wan-Fun Control: its control and start-image (or inpaint) channels
+            batch["condition"] = draw(b, arch.transformer["in_channels"] - z, frames, height, width,
+                                      dtype=torch.bfloat16)
         if arch.transformer.get("vace_layers"):
             # VACE: the control context of one reference image (one more latent frame than the video)
             batch["vace_context"] = draw(b, arch.transformer["vace_in_channels"], VACE_REFERENCES + frames, height,

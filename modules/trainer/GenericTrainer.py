@@ -112,7 +112,7 @@ class GenericTrainer:
             raise TrainingError(str(error)) from None
         if not base.is_dir():  # a hub id: its variant is known only now
             check_model_variant(config, self.model.variant, config.model.base_model_name)
-        if e2v_datasets:
+        if e2v_datasets and not (self.model.variant.is_vace and config.e2v.as_vace_references):
             from modules.model.e2v_model import prepare_e2v_model
             prepare_e2v_model(self.model, e2v_datasets[0])
         self.setup = lookup("model_setup", config.model_type, config.training_method)(config, self.model)

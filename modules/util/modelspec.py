@@ -13,6 +13,8 @@ _SPEC_NAMES = {
     WanVariant.TI2V_5B: "wan_2_2-ti2v_5b", WanVariant.T2V_A14B: "wan_2_2-t2v_a14b",
     WanVariant.I2V_A14B: "wan_2_2-i2v_a14b",
     WanVariant.VACE: "wan_2_1-vace", WanVariant.VACE_A14B: "wan_2_2-vace_fun_a14b",
+    WanVariant.FUN_CONTROL: "wan_2_1-fun_control", WanVariant.FUN_CONTROL_A14B: "wan_2_2-fun_control_a14b",
+    WanVariant.FUN_INP: "wan_2_1-fun_inp",
     WanVariant.ANIMATE_14B: "wan_2_2-animate_14b", WanVariant.ANIMATE_2_14B: "wan_2_2-animate_2_14b",
 }
 
@@ -116,6 +118,33 @@ def lora_model_mismatch(path: str | Path, variant: WanVariant) -> str | None:
         return None
     return (f"the LoRA {path} was made for {describe_architecture(arch)}, but the model is {variant}, "
             f"{describe_architecture(architecture(variant))}")
+
+
+# control models that take their control by different routes: a LoRA of one moves weights the other does not have or
+# uses otherwise (VACE: separate VACE blocks fed a control context; Wan-Fun Control: control latents in the input
+# channels of the base blocks)
+_CONTROL_FAMILIES = {"vace": "VACE (control through its VACE blocks)",
+                     "fun_control": "Wan-Fun Control (control latents in the input channels)"}
+
+
+def _control_family(arch: str) -> str | None:
+    base = arch.split("/")[0]
+    return next((family for family in _CONTROL_FAMILIES if family in base), None)
+
+
+def control_lora_refusal(path: str | Path, variant: WanVariant) -> str | None:
+    """A sentence refusing a VACE LoRA on a Wan-Fun Control model or the reverse (read from the LoRA's header);
+    None otherwise."""
+    arch = file_architecture(path)
+    if not arch:
+        return None
+    theirs, ours = _control_family(arch), _control_family(architecture(variant))
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    return (f"the LoRA {path} was made for {describe_architecture(arch)}, a {_CONTROL_FAMILIES[theirs]} model, but "
+            f"the model is {variant}, {describe_architecture(architecture(variant))}, a {_CONTROL_FAMILIES[ours]} "
+            f"model: the two take their control by different routes, so the LoRA does not fit; use it with the "
+            f"model it was trained on")
 
 
 def lora_shape_message(path: str | Path, variant: WanVariant, error: Exception) -> str:

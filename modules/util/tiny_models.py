@@ -21,7 +21,7 @@ from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
-            "wan2.1-vace", "wan2.2-vace-fun-a14b")
+            "wan2.1-vace", "wan2.2-vace-fun-a14b", "wan2.1-fun-control")
 ANIMATE_VARIANTS = ("wan2.2-animate", "wan2.2-animate-2")   # modules/util/tiny_animate.py
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
@@ -98,6 +98,9 @@ SPECS = {spec.name: spec for spec in (
     _spec("wan2.1-vace", "WanVACEPipeline", in_channels=16),
     # boundary 0.875 as linoyts/Wan2.2-VACE-Fun-14B-diffusers' model_index.json (the T2V-A14B experts' boundary)
     _spec("wan2.2-vace-fun-a14b", "WanVACEPipeline", in_channels=16, boundary_ratio=0.875),
+    # Wan2.1-Fun Control: the I2V model with control + start-image channels (48 = 3 x 16; VideoX-Fun model_type
+    # "i2v", CLIP image tokens); diffusers has no pipeline of its own for it, the I2V pipeline's parts fit
+    _spec("wan2.1-fun-control", "WanImageToVideoPipeline", in_channels=48, image_branch=True),
 )}
 assert tuple(SPECS) == VARIANTS
 

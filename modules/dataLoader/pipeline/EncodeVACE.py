@@ -10,11 +10,13 @@ import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
+from modules.model.control_derive import derive_control
 from modules.model.vace_condition import image_to_tensor, model_encoder, vace_context
-from modules.util.video_frames import frames_to_tensor, resize_and_crop
+from modules.util.video_frames import frames_to_tensor, resize_and_crop, tensor_to_frames
 from modules.util.video_io import UnreadableMediaError, probe_media, read_frames, read_image
 
 VACE_PREPROCESS_VERSION = 1   # raise when the context computed from the same files changes
+DERIVE_VERSION = 1            # raise when a derived control (control_derive.py) changes for the same frames
 
 
 def _companion_frames(path: str, what: str, clip_info, indices: list[int], crop: dict, height: int,
@@ -42,17 +44,20 @@ def _companion_frames(path: str, what: str, clip_info, indices: list[int], crop:
 
 class EncodeVACE(PipelineModule):
     """'vace_context' (96, n + T, h, w) float32 for n references and the clip's T latent frames. An item without a control gets a zero
-    video (everything generated), without a mask all ones; the mask is the red channel binarised at 0.5 (white =
-    generate). Cached by the identities of every file involved, the frames, the bucket, the crop and the VAE."""
+    video (everything generated), or with `derive` ('canny' / 'gray': data.control.derive) one computed from its own
+    frames; without a mask all ones; the mask is the red channel binarised at 0.5 (white = generate). Cached by the
+    identities of every file involved, the frames, the bucket, the crop, the derivation and the VAE."""
 
-    def __init__(self, model, cache: DiskCache, identity: str, name: str | None = None):
+    def __init__(self, model, cache: DiskCache, identity: str, name: str | None = None, derive: str = "none"):
         super().__init__(name)
-        self.model, self.cache, self.identity = model, cache, identity
+        self.model, self.cache, self.identity, self.derive = model, cache, identity, derive
         self.lock = threading.Lock()
         self.encode_calls = 0
 
     def needs(self) -> list[str]:
-        return ["path", "control", "mask", "references", "media_info", "frame_indices", "resolution_bucket", "crop"]
+        derived = ["video"] if self.derive != "none" else []
+        return ["path", "control", "mask", "references", "media_info", "frame_indices", "resolution_bucket", "crop",
+                *derived]
 
     def produces(self) -> list[str]:
         return ["vace_context"]
@@ -62,23 +67,30 @@ class EncodeVACE(PipelineModule):
         indices = list(ctx.get("frame_indices", index))
         height, width = ctx.get("resolution_bucket", index)
         crop = ctx.get("crop", index)
-        key = cache_key("vace", file_identity(control) if control else None, file_identity(mask) if mask else None,
+        derive = self.derive if not control and self.derive != "none" else None   # a clip's own control wins
+        if control:
+            control_identity = file_identity(control)
+        else:   # a derived control is made from the clip itself
+            control_identity = [derive, DERIVE_VERSION, file_identity(ctx.get("path", index))] if derive else None
+        key = cache_key("vace", control_identity, file_identity(mask) if mask else None,
                         [file_identity(r) for r in references], indices, [height, width], crop, self.identity,
                         VACE_PREPROCESS_VERSION)
         cached = self.cache.get(key, required=["vace_context"])
         if cached is None:
             try:
+                derived = derive_control(tensor_to_frames(ctx.get("video", index)), derive) if derive else None
                 cached = {"vace_context": self._encode(control, mask, references, ctx.get("media_info", index),
-                                                       indices, crop, height, width)}
+                                                       indices, crop, height, width, derived)}
             except UnreadableMediaError as error:
                 # the clip's item is what cannot train: named by the clip, so the loader leaves it out
                 raise UnreadableMediaError(ctx.get("path", index), f"{error.path}: {error.reason}") from error
             self.cache.put(key, cached)
         return {"vace_context": cached["vace_context"]}
 
-    def _encode(self, control, mask, references, clip_info, indices, crop, height, width) -> torch.Tensor:
+    def _encode(self, control, mask, references, clip_info, indices, crop, height, width,
+                derived: np.ndarray | None = None) -> torch.Tensor:
         video = frames_to_tensor(_companion_frames(control, "control", clip_info, indices, crop, height, width)) \
-            if control else None
+            if control else None if derived is None else frames_to_tensor(derived)
         pixel_mask = None
         if mask:
             red = _companion_frames(mask, "mask", clip_info, indices, crop, height, width)[..., 0]

@@ -3,6 +3,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.ControlConfig import ControlConfig
 from modules.util.config.bounds import (MAX_ASPECT_RATIO, MAX_BALANCING, MAX_FPS, MAX_FRAMES, MAX_LIST,
                                          MAX_REPEATS, MAX_SIDE, MIN_ASPECT_RATIO, PathText, Seed)
 from modules.util.resolution import parse_resolution
@@ -52,6 +53,9 @@ class ConceptConfig(BaseConfig):
     mask_path: PathText = Field("", description="a folder of loss masks named as the media files (any image or "
                                 "video extension; white = learn, black = ignore), as diffusion-pipe's mask_path; a "
                                 "mask beside a clip as <name>_mask.<ext> is found without it (docs/masks.md)")
+    control_path: PathText = Field("", description="control models (VACE): a folder of control videos (or folders of "
+                                   "frames) named as the media files (musubi-tuner's control_directory, diffusion-pipe's "
+                                   "control_path); a <name>_control beside a clip wins (docs/vace.md)")
     default_mask: PathText = Field("", description="a mask for every file of this concept that has none of its own "
                                    "(diffusion-pipe's default_mask_file)")
     mask_required: bool = Field(False, description="skip (with a warning, counted) the files of this concept that "
@@ -123,6 +127,8 @@ class DataConfig(BaseConfig):
     dataloader_threads: int = Field(2, ge=0, le=256)
     ti2v_image_probability: float = Field(0.5, ge=0, le=1, description="Wan 2.2 TI2V-5B: share of batches trained "
                                           "image-to-video (first latent frame clean)")
+    control: ControlConfig = Field(default_factory=ControlConfig, description="control models (VACE): derived "
+                                   "controls and the loss region (docs/vace.md)")
 
     @field_validator("resolution")
     @classmethod

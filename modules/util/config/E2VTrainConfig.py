@@ -18,6 +18,8 @@ class E2VTrainConfig(BaseConfig):
     frame_conditioning: Literal["", "full", "index", "prefix", "random", "first_and_last"] = ""
     frame_index: int | None = Field(None, ge=0, le=1024)
     concatenate_mask: bool | None = None
+    as_vace_references: bool = Field(False, description="on a VACE model: each item's elements are its VACE "
+                                                        "reference images (in slot order), no E2V condition")
     resolution: tuple[Side, Side] | None = Field(
         None, description="[height, width]: overrides every dataset's target_resolution and processors.vae.resolution")
 

@@ -19,10 +19,10 @@ from modules.util.config.dataset_toml import check_exists, check_keys, round_fra
 BUCKET_KEYS = {"resolutions", "enable_ar_bucket", "min_ar", "max_ar", "num_ar_buckets", "ar_buckets", "frame_buckets"}
 TOP_KEYS = BUCKET_KEYS | {"num_repeats", "skip_empty_caption", "shuffle_metadata", "directory"}
 MASK_KEYS = {"mask_path", "default_mask_file"}
-DIRECTORY_KEYS = BUCKET_KEYS | MASK_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata"}
+DIRECTORY_KEYS = BUCKET_KEYS | MASK_KEYS | {"path", "num_repeats", "skip_empty_caption", "shuffle_metadata",
+                                            "control_path"}
 REFUSED = {
     "size_buckets": "fixed (width, height, frames) buckets; use resolutions with ar_buckets and frame_buckets",
-    "control_path": "control images are not trained here",
     "cache_shuffle_num": "caption tag shuffling is not supported",
     "cache_shuffle_delimiter": "caption tag shuffling is not supported",
     "shuffle_tags": "caption tag shuffling is not supported",
@@ -136,6 +136,9 @@ def diffusion_pipe_settings(table: dict, source: str) -> dict:
         if "mask_path" in directory:
             check_exists(directory["mask_path"], where + "mask_path", problems)
             concept["mask_path"] = directory["mask_path"]
+        if "control_path" in directory:   # controls named as the media files (VACE: docs/vace.md)
+            check_exists(directory["control_path"], where + "control_path", problems)
+            concept["control_path"] = directory["control_path"]
         if "default_mask_file" in directory:
             check_exists(directory["default_mask_file"], where + "default_mask_file", problems, want_file=True)
             concept["default_mask"] = directory["default_mask_file"]

@@ -23,9 +23,8 @@ SOURCE_KEYS = ("video_directory", "video_jsonl_file", "image_directory", "image_
 # Training Guide"): masks named as the media in a folder, and items without one refused
 DATASET_KEYS = SHARED_KEYS | set(SOURCE_KEYS) | {"cache_directory", "target_frames", "frame_extraction",
                                                  "frame_stride", "frame_sample", "max_frames", "source_fps",
-                                                 "mask_directory", "require_mask"}
+                                                 "mask_directory", "require_mask", "control_directory"}
 REFUSED = {
-    "control_directory": "control videos and images (ControlNet, FLUX Kontext, Qwen-Image-Edit) are not trained here",
     "multiple_target": "Qwen-Image-Layered targets are not trained here",
     "no_resize_control": "control images are not trained here",
     "control_resolution": "control images are not trained here",
@@ -38,8 +37,9 @@ REFUSED = {
 }
 # what each musubi-tuner frame_extraction is called here (its "uniform" is a different mode from ours)
 EXTRACTION = {"head": "head", "chunk": "chunk", "slide": "slide", "uniform": "spaced", "full": "full"}
-# a line's mask_path is read as its loss mask (docs/masks.md)
-JSONL_REFUSED_KEYS = ("control_path", "control_path_0", "image_path_0")
+# a line's mask_path is read as its loss mask (docs/masks.md), its control_path as its control video (VACE,
+# docs/vace.md); several control images per line (control_path_N) are edit-model data
+JSONL_REFUSED_KEYS = ("control_path_0", "image_path_0")
 
 
 def _size(value, where: str, problems: list[str]) -> tuple[int, int] | None:
@@ -96,8 +96,9 @@ def _concept(dataset: dict, general: dict, where: str, source_file: str,
     check_exists(dataset[source], where + source, problems, want_file=is_jsonl)
     if is_jsonl:
         for key in _refused_jsonl_keys(dataset[source]):
-            problems.append(f"{where}{source}: its lines hold {key!r}: control and layered targets are not trained "
-                            f"here; supported line keys: video_path or image_path, caption, mask_path")
+            problems.append(f"{where}{source}: its lines hold {key!r}: several control images and layered targets are "
+                            f"not trained here; supported line keys: video_path or image_path, caption, mask_path, "
+                            f"control_path (a control model's control video)")
     concept: dict = {"name": f"{Path(source_file).name}: {where}{source}", "path": dataset[source]}
     repeats = value("num_repeats", 1)
     if not isinstance(repeats, int) or repeats < 1:
@@ -113,6 +114,9 @@ def _concept(dataset: dict, general: dict, where: str, source_file: str,
     if "mask_directory" in dataset:
         check_exists(dataset["mask_directory"], where + "mask_directory", problems)
         concept["mask_path"] = dataset["mask_directory"]
+    if "control_directory" in dataset:   # control videos named as the videos (VACE: docs/vace.md)
+        check_exists(dataset["control_directory"], where + "control_directory", problems)
+        concept["control_path"] = dataset["control_directory"]
     if "require_mask" in dataset:
         if not isinstance(dataset["require_mask"], bool):
             problems.append(f"{where}require_mask: {dataset['require_mask']!r} is not true or false")

@@ -36,7 +36,7 @@ def prepare_config(config: TrainConfig) -> list:
     from modules.util.config.performance_checks import performance_problems
     problems += performance_problems(config, resolve_device(config.device))
     base = Path(config.model.base_model_name)
-    spatial_unit = 16
+    spatial_unit, variant = 16, None
     from modules.util.config.validation import model_path_problems
     # an empty name (Path ".") is reported once, as empty; a part path that is no file or folder, once, as such
     if config.model.base_model_name and base.is_dir() and not model_path_problems(config):
@@ -77,9 +77,15 @@ def prepare_config(config: TrainConfig) -> list:
         try:
             datasets = resolve_e2v_datasets(config, spatial_unit)
             from modules.util.config.image_encoder_source import resolve_image_encoder
-            problems += resolve_image_encoder(config, datasets[0].uses_clip, datasets[0].e2v_type)
-            apply_e2v_data_settings(config, datasets[0])
-            for index, dataset in enumerate(datasets):
+            as_references = config.e2v.as_vace_references and variant is not None and variant.is_vace
+            if config.e2v.as_vace_references and variant is not None and not variant.is_vace:
+                problems.append(f"e2v.as_vace_references: the elements become VACE reference images, but "
+                                f"{str(base)!r} is a {variant} model, not VACE")
+            if not as_references:   # a VACE model reads the elements through its VAE alone, as references before
+                # the clip's latent frames (not in its frames): the E2V frame layout does not apply
+                problems += resolve_image_encoder(config, datasets[0].uses_clip, datasets[0].e2v_type)
+                apply_e2v_data_settings(config, datasets[0])
+            for index, dataset in enumerate(datasets if not as_references else []):
                 try:
                     check_against_frames(dataset, min(config.data.frame_buckets), f"e2v datasets.{index}.")
                 except ConfigError as error:

@@ -14,6 +14,10 @@ class WanVariant(str, Enum):
     I2V_A14B = "I2V_A14B"  # Wan 2.2 I2V A14B: two experts
     VACE = "VACE"            # Wan 2.1 VACE 1.3B / 14B: T2V blocks plus VACE blocks fed a control context
     VACE_A14B = "VACE_A14B"  # Wan 2.2 VACE-Fun A14B: two experts, each with its VACE blocks
+    # VideoX-Fun's Wan-Fun models (aigc-apps/VideoX-Fun): condition latents joined to the input channels
+    FUN_CONTROL = "FUN_CONTROL"            # Wan2.1-Fun Control 1.3B / 14B: noise 16 + control 16 + start image 16
+    FUN_CONTROL_A14B = "FUN_CONTROL_A14B"  # Wan2.2-Fun Control A14B: noise 16 + control 16 + mask 4 + masked video 16
+    FUN_INP = "FUN_INP"                    # Wan2.1-Fun InP 1.3B: noise 16 + mask 4 + masked video 16 (the I2V layout)
     ANIMATE_14B = "ANIMATE_14B"      # Wan 2.2 Animate 14B: pose latents, face video, reference image, CLIP
     ANIMATE_2_14B = "ANIMATE_2_14B"  # Wan 2.2 Animate-2 14B (and its distilled release): in-context reference
 
@@ -23,20 +27,22 @@ class WanVariant(str, Enum):
     @property
     def model_type(self) -> ModelType:
         return ModelType.WAN_2_2 if self in (WanVariant.TI2V_5B, WanVariant.T2V_A14B, WanVariant.I2V_A14B,
-                                             WanVariant.VACE_A14B) or self.is_animate else ModelType.WAN_2_1
+                                             WanVariant.VACE_A14B, WanVariant.FUN_CONTROL_A14B) or self.is_animate else ModelType.WAN_2_1
 
     @property
     def has_image_encoder(self) -> bool:
-        return self in (WanVariant.I2V, WanVariant.FLF2V) or self.is_animate
+        # the Wan2.1-Fun models are VideoX-Fun's model_type "i2v": CLIP image tokens (zeros without an image)
+        return self in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.FUN_CONTROL, WanVariant.FUN_INP) \
+            or self.is_animate
 
     @property
     def has_two_experts(self) -> bool:
-        return self in (WanVariant.T2V_A14B, WanVariant.I2V_A14B, WanVariant.VACE_A14B)
+        return self in (WanVariant.T2V_A14B, WanVariant.I2V_A14B, WanVariant.VACE_A14B, WanVariant.FUN_CONTROL_A14B)
 
     @property
     def takes_image_condition(self) -> bool:
         """True when the transformer input is cat(noisy latents, mask, condition latents)."""
-        return self in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B)
+        return self in (WanVariant.I2V, WanVariant.FLF2V, WanVariant.I2V_A14B, WanVariant.FUN_INP)
 
     @property
     def native_fps(self) -> int:
@@ -56,8 +62,20 @@ class WanVariant(str, Enum):
         return self in (WanVariant.VACE, WanVariant.VACE_A14B)
 
     @property
+    def is_fun_control(self) -> bool:
+        """A Wan-Fun Control model: the control video's latents (and a start image or inpaint latents) joined to the
+        noise in the input channels (modules/model/fun_condition.py)."""
+        return self in (WanVariant.FUN_CONTROL, WanVariant.FUN_CONTROL_A14B)
+
+    @property
+    def fun_condition_channels(self) -> int:
+        """Input channels after the 16 noise channels: control 16 + start image 16 (Wan 2.1), control 16 + mask 4 +
+        masked video 16 (Wan 2.2); 0 for other variants."""
+        return {WanVariant.FUN_CONTROL: 32, WanVariant.FUN_CONTROL_A14B: 36}.get(self, 0)
+
+    @property
     def takes_control_video(self) -> bool:
-        return self.is_vace
+        return self.is_vace or self.is_fun_control
 
     @property
     def takes_control_mask(self) -> bool:

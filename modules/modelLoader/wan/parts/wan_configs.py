@@ -6,10 +6,12 @@ from functools import cache
 from pathlib import Path
 
 from modules.modelLoader.wan.parts import animate_files
+from modules.modelLoader.wan.parts.fun_files import refuse_unsupported_fun
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo
 from modules.modelLoader.wan.parts.vace_files import (OFFICIAL_VACE_CLASS, VACE_CLASS, official_vace_fields,
                                                       vace_config_fields)
 from modules.util.enum.WanVariant import WanVariant
+from modules.util.wan_detection import fun_variant, transformer_width
 
 CONFIG_DIR = Path(__file__).resolve().parents[4] / "resources" / "wan_configs"
 HEAD_DIM = 128   # every released Wan transformer: 1536 / 128 = 12, 3072 / 128 = 24, 5120 / 128 = 40 heads
@@ -36,6 +38,7 @@ def transformer_config_from_shapes(keys: dict[str, TensorInfo], source: str,
     names (`keys`); `given` (a config.json beside the file or the base model's transformer config) supplies the head
     count and is checked against the shapes. Animate's extra modules add their fields; Animate-2 has a config of its
     own (animate_files)."""
+    refuse_unsupported_fun(keys, source)
     if animate_files.is_diffusers_animate_2(keys):
         return animate_files.animate_2_config(keys, source, given)
 
@@ -143,6 +146,10 @@ def variant_from_transformer(config: dict, z_dim: int, two_experts: bool) -> Wan
         return by_class[config["_class_name"]]
     in_channels = config["in_channels"]
     takes_condition = in_channels == 2 * z_dim + 4
+    if config.get("_class_name") != VACE_CLASS:
+        fun = fun_variant(in_channels, z_dim, two_experts, transformer_width(config))
+        if fun is not None:
+            return fun
     if config.get("_class_name") == VACE_CLASS:
         return WanVariant.VACE_A14B if two_experts else WanVariant.VACE
     if two_experts:
