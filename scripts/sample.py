@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
                                                               "tokenizer") if getattr(args, name)}
-        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths)
+        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras)
         if model.sampling_defaults is not None:
             print(f"sample: {model.variant} from files: the official settings fill in what is not given: "
                   f"{model.sampling_defaults.describe()}", file=sys.stderr)

@@ -123,3 +123,16 @@ def test_fine_tune_leaves_the_motion_and_face_encoders_frozen(tiny_model):
         trained = {name.split(".")[1] for name, _ in setup.named_trainable_parameters()}
         assert "blocks" in trained and ("motion_encoder" in trained) == motion_trains
         assert ("face_encoder" in trained) is False
+
+
+def test_an_animate_lora_for_sampling_another_model_is_refused_before_its_weights_load(trained, tiny_model,
+                                                                                        monkeypatch):
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.modelSampler.WanModelSampler import SampleError
+    from modules.modelSampler.sampling_io import load_model_for_sampling
+    from modules.util.enum.DataType import DataType
+    _, lora = trained
+    monkeypatch.setattr(WanBaseModelLoader, "load", lambda *_: pytest.fail("the weights were loaded"))
+    with pytest.raises(SampleError, match="made for wan_2_2_animate_14b .*the model is T2V.*only on its Animate"):
+        load_model_for_sampling(str(tiny_model("wan2.1-t2v")), DataType.FLOAT_32, torch.device("cpu"),
+                                loras=[(lora, 1.0)])

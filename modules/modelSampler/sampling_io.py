@@ -65,7 +65,7 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
     inference. Returns one line per file applied."""
     from modules.util.lora.apply import merge_lora
     from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
-    from modules.util.modelspec import file_architecture, lora_model_mismatch, lora_shape_message
+    from modules.util.modelspec import animate_lora_refusal, lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
     from modules.util.lora.formats import lora_from_state_dict
@@ -95,11 +95,10 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
                 weights, layout = lora_from_state_dict(lora_tensors)
             else:
                 weights, layout = load_lora_file(file)
+            refusal = animate_lora_refusal(file, model.variant)
+            if refusal:
+                raise SampleError(refusal)
             mismatch = lora_model_mismatch(file, model.variant)
-            if mismatch and (model.variant.is_animate or "animate" in (file_architecture(file) or "")):
-                # Animate's blocks take other conditions (pose, face, a reference frame) than any other model's
-                raise SampleError(f"{mismatch}: an Animate LoRA works only on its Animate model, and the other way "
-                                  f"round")
             if mismatch:
                 logger.warning("%s; it is applied anyway, but expect poor or broken output", mismatch)
             try:
@@ -124,11 +123,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
-                            image_encoder_path: str = "", part_paths: dict[str, str] | None = None) -> WanModel:
+                            image_encoder_path: str = "", part_paths: dict[str, str] | None = None,
+                            loras: list[tuple[Path, float]] = ()) -> WanModel:
     """Loads a Wan model for inference (any layout of docs/formats.md; `part_paths` maps transformer,
     transformer_2, vae, text_encoder, tokenizer to a file or folder): transformer(s), text and image encoders in
     `weight_dtype` (a DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
-    encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
+    encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used. `loras`, the
+    files apply_lora_files will apply: one made for Wan2.2-Animate and a model that is not (or the other way round) is
+    refused before any weights load."""
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ImageEncoderConfig, ModelConfig, PartConfig
 
@@ -138,13 +140,22 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
     from modules.util.config.image_encoder_source import looks_like_hub_id
     # a hub id named for sampling (or recorded by a LoRA's header) is asked for: downloads allowed for it
     hub = looks_like_hub_id(base_model_name) or looks_like_hub_id(image_encoder_path)
-    model = WanBaseModelLoader().load(ModelConfig(
+    config = ModelConfig(
         base_model_name=base_model_name, allow_download=hub,
         transformer=part.model_copy(update={"path": paths.get("transformer", "")}),
         transformer_2=part.model_copy(update={"path": paths.get("transformer_2", "")}),
         text_encoder=part.model_copy(update={"path": paths.get("text_encoder", "")}),
         vae=PartConfig(path=paths.get("vae", "")), tokenizer=TokenizerConfig(path=paths.get("tokenizer", "")),
-        image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path)))
+        image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path))
+    if not hub and any(Path(path).is_file() for path, _ in loras):
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant
+        from modules.util.modelspec import animate_lora_refusal
+        variant = detect_model_variant(config)   # configs and tensor headers only
+        refusals = [refusal for path, _ in loras if Path(path).is_file()
+                    for refusal in [animate_lora_refusal(path, variant)] if refusal]
+        if refusals:
+            raise SampleError("; ".join(refusals))
+    model = WanBaseModelLoader().load(config)
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model
