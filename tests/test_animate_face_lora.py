@@ -11,11 +11,9 @@ import torch
 from diffusers import WanAnimatePipeline
 
 from modules.modelLoader.wan.parts.animate_files import diffusers_to_official
-from modules.util.demo_animate import make_animate_dataset
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.lora.formats import load_lora_file, save_lora_file
-from tests.learning import train
-from tests.test_animate_training import _inputs
+from tests.test_animate_training import _inputs, train_lora_briefly
 
 OFFICIAL = json.loads((Path(__file__).parent / "fixtures" / "official_animate_key_names.json").read_text())
 OFFICIAL_SHAPES = next(value for key, value in OFFICIAL.items() if not key.startswith("_"))
@@ -23,12 +21,8 @@ OFFICIAL_SHAPES = next(value for key, value in OFFICIAL.items() if not key.start
 
 @pytest.fixture(scope="module")
 def trained(tiny_model, tmp_path_factory):
-    work = tmp_path_factory.mktemp("animate-face-lora")
-    data = make_animate_dataset(work / "data", clips_per_class=1, frames=5, size=32)
-    trainer = train(work, tiny_model("wan2.2-animate"), data, steps=2,
-                    overrides=["data.frame_buckets=[5]", "optimizer.learning_rate=0.01", "lora.rank=4",
-                               "lora.alpha=2", "lora.face_adapter=true"])
-    return trainer, work / "out.safetensors"
+    return train_lora_briefly(tmp_path_factory.mktemp("animate-face-lora"), tiny_model("wan2.2-animate"),
+                              ["lora.alpha=2", "lora.face_adapter=true"])
 
 
 def _effective(module) -> torch.Tensor:
