@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
-    from modules.modelSampler.sampling_io import (apply_lora_files, check_control_loras, generate_videos,
+    from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos,
                                                   load_model_for_sampling, resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
@@ -210,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
                                                               "tokenizer") if getattr(args, name)}
-        check_control_loras(args.base_model_name, part_paths, args.loras)
-        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths)
+        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras)
         if model.sampling_defaults is not None:
             print(f"sample: {model.variant} from files: the official settings fill in what is not given: "
                   f"{model.sampling_defaults.describe()}", file=sys.stderr)

@@ -12,14 +12,18 @@ from modules.util.demo_animate import make_animate_dataset
 from tests.learning import train
 
 
+def train_lora_briefly(work, base, overrides=()):
+    """Two LoRA steps on the one-clip-per-class Animate set (5 frames of 32 x 32): (trainer, the saved file)."""
+    data = make_animate_dataset(work / "data", clips_per_class=1, frames=5, size=32)
+    trainer = train(work, base, data, steps=2, overrides=["data.frame_buckets=[5]", "optimizer.learning_rate=0.01",
+                                                          "lora.rank=4", *overrides])
+    return trainer, work / "out.safetensors"
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_model, tmp_path_factory):
-    work = tmp_path_factory.mktemp("animate-train")
-    data = make_animate_dataset(work / "data", clips_per_class=1, frames=5, size=32)
-    trainer = train(work, tiny_model("wan2.2-animate"), data, steps=2,
-                    overrides=["data.frame_buckets=[5]", "optimizer.learning_rate=0.01", "lora.rank=4",
-                               "lora.alpha=4", "animate.continuation_frames=1"])
-    return trainer, work / "out.safetensors"
+    return train_lora_briefly(tmp_path_factory.mktemp("animate-train"), tiny_model("wan2.2-animate"),
+                              ["lora.alpha=4", "animate.continuation_frames=1"])
 
 
 def _inputs(transformer):
@@ -123,3 +127,40 @@ def test_fine_tune_leaves_the_motion_and_face_encoders_frozen(tiny_model):
         trained = {name.split(".")[1] for name, _ in setup.named_trainable_parameters()}
         assert "blocks" in trained and ("motion_encoder" in trained) == motion_trains
         assert ("face_encoder" in trained) is False
+
+
+def test_an_animate_lora_for_sampling_another_model_is_refused_before_its_weights_load(trained, tiny_model,
+                                                                                        monkeypatch):
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.modelSampler.WanModelSampler import SampleError
+    from modules.modelSampler.sampling_io import load_model_for_sampling
+    from modules.util.enum.DataType import DataType
+    _, lora = trained
+    monkeypatch.setattr(WanBaseModelLoader, "load", lambda *_: pytest.fail("the weights were loaded"))
+    with pytest.raises(SampleError, match="made for wan_2_2_animate_14b .*the model is T2V.*only on its Animate"):
+        load_model_for_sampling(str(tiny_model("wan2.1-t2v")), DataType.FLOAT_32, torch.device("cpu"),
+                                loras=[(lora, 1.0)])
+
+
+def test_a_full_fine_tune_saves_in_the_official_layout_and_loads_back(tiny_model, tmp_path):
+    """The ORIGINAL writer names the motion / face encoders and the face adapter as the official files do (stacked
+    linear1_kv, (1, C, 1, 1) biases, blur kernels); our reader takes the file back to the trained transformer."""
+    from safetensors import safe_open
+
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+    data = make_animate_dataset(tmp_path / "data", clips_per_class=1, frames=5, size=32)
+    trainer = train(tmp_path, tiny_model("wan2.2-animate"), data, "FINE_TUNE", 1,
+                    ["data.frame_buckets=[5]", "optimizer.learning_rate=0.01"])
+    with safe_open(str(tmp_path / "out.safetensors"), framework="pt") as file:
+        keys = set(file.keys())
+    assert {"face_adapter.fuser_blocks.0.linear1_kv.weight", "motion_encoder.dec.direction.weight"} <= keys
+    loaded = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate")),
+                                                   transformer=PartConfig(path=str(tmp_path / "out.safetensors"))))
+    base = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate")))).transformer
+    ours = trainer.model.transformer.eval()
+    with torch.no_grad():
+        trained_output = ours(**_inputs(ours)).sample
+        torch.testing.assert_close(loaded.transformer(**_inputs(loaded.transformer)).sample, trained_output,
+                                   rtol=0, atol=1e-5)
+        assert (base(**_inputs(base)).sample - trained_output).abs().max() > 1e-4   # the step changed it

@@ -59,8 +59,11 @@ def _image(path: str) -> Image.Image:
 @torch.no_grad()
 def denoise_animate(model, scheduler, sample: SampleConfig, reference: Image.Image, pose: list, face: list,
                     background: list | None, mask: list | None, prompt_embeds: torch.Tensor,
-                    negative_embeds: torch.Tensor | None, device: torch.device, on_step=None) -> torch.Tensor:
-    """The video (1, 3, N, H, W) in [-1, 1] (N = the pose video's length), unclamped as the pipeline decodes it."""
+                    negative_embeds: torch.Tensor | None, device: torch.device, on_step=None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The video (1, 3, N, H, W) in [-1, 1] (N = the pose video's length), unclamped as the pipeline decodes it, and
+    its normalised latents (1, 16, T, h, w): each segment's without the reference frame and, after the first, without
+    the latent frames of the continuation frames, so they encode the padded video the segments make."""
     vae, transformer = model.vae, model.transformer
     height, width, segment, carry = sample.height, sample.width, sample.frames, sample.continuation_frames
     total = len(pose)
@@ -80,7 +83,7 @@ def denoise_animate(model, scheduler, sample: SampleConfig, reference: Image.Ima
     use_cfg = negative_embeds is not None
     latent_frames = (segment - 1) // vae.config.scale_factor_temporal + 1
     spatial = vae.config.scale_factor_spatial
-    outputs, previous, start = [], None, 0
+    outputs, generated, previous, start = [], [], None, 0
     for index in range(segments):
         end = start + segment
         # the pipeline's prepare_latents: one draw per segment from the same generator, on the CPU
@@ -112,10 +115,12 @@ def denoise_animate(model, scheduler, sample: SampleConfig, reference: Image.Ima
                 on_step(index * sample.steps + step + 1, segments * sample.steps)
         # latent frame 0 is the reference: dropped before decoding
         frames = vae.decode(ac.denormalise(vae, latents.to(vae.dtype))[:, :, 1:], return_dict=False)[0]
+        condition_frames = ac.condition_latent_frames(carry, start > 0, vae.config.scale_factor_temporal)
+        generated.append(latents[:, :, condition_frames:])
         previous = frames[:, :, -carry:].clone()
         outputs.append(frames[:, :, carry:] if start > 0 else frames)
         start += segment - carry
-    return torch.cat(outputs, dim=2)[:, :, :total]
+    return torch.cat(outputs, dim=2)[:, :, :total], torch.cat(generated, dim=2)
 
 
 def sample_animate(sampler, resolved: SampleConfig, on_step=None):
@@ -144,10 +149,10 @@ def sample_animate(sampler, resolved: SampleConfig, on_step=None):
             placement.materialize("image_encoder", "vae", "transformer")
             scheduler = sampler.make_scheduler(resolved.scheduler, resolved.flow_shift)
             with sampler._transformer_autocast():
-                video = denoise_animate(model, scheduler, resolved, reference, pose, face, background, mask,
-                                        prompt_embeds, negative_embeds, sampler.device, on_step)
+                video, latents = denoise_animate(model, scheduler, resolved, reference, pose, face, background,
+                                                 mask, prompt_embeds, negative_embeds, sampler.device, on_step)
         finally:
             placement.restore()
     frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu().numpy()
     return SampleResult(frames=frames.astype(np.float32), fps=model.variant.native_fps, sample=resolved,
-                        notes=[], latents=None)
+                        notes=[], latents=latents[0].float().cpu())

@@ -65,8 +65,7 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
     inference. Returns one line per file applied."""
     from modules.util.lora.apply import merge_lora
     from modules.util.lora.formats import LoraMatchError, load_lora_file, match_to_model
-    from modules.util.modelspec import control_lora_refusal, file_architecture, lora_model_mismatch, \
-        lora_shape_message
+    from modules.util.modelspec import lora_family_refusal, lora_model_mismatch, lora_shape_message
 
     from modules.model.e2v_lora import apply_e2v_parts, read_e2v_lora
     from modules.util.lora.formats import lora_from_state_dict
@@ -96,13 +95,9 @@ def apply_lora_files(model: WanModel, loras: list[tuple[Path, float]]) -> list[s
                 weights, layout = lora_from_state_dict(lora_tensors)
             else:
                 weights, layout = load_lora_file(file)
-            if refusal := control_lora_refusal(file, model.variant):
+            if refusal := lora_family_refusal(file, model.variant):
                 raise SampleError(refusal)
             mismatch = lora_model_mismatch(file, model.variant)
-            if mismatch and (model.variant.is_animate or "animate" in (file_architecture(file) or "")):
-                # Animate's blocks take other conditions (pose, face, a reference frame) than any other model's
-                raise SampleError(f"{mismatch}: an Animate LoRA works only on its Animate model, and the other way "
-                                  f"round")
             if mismatch:
                 logger.warning("%s; it is applied anyway, but expect poor or broken output", mismatch)
             try:
@@ -126,34 +121,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def check_control_loras(base_model_name: str, part_paths: dict[str, str], loras: list[tuple[Path, float]]) -> None:
-    """Before any weight loads: the model's variant from its files' headers and configs, and a SampleError when a
-    LoRA's header says it was made for the other control family (a VACE LoRA on a Wan-Fun Control model or the
-    reverse)."""
-    from modules.modelLoader.wan.parts.model_plan import detect_model_variant
-    from modules.util.config.ModelConfig import ModelConfig, PartConfig
-    from modules.util.modelspec import control_lora_refusal
-    if not loras:
-        return
-    paths = part_paths or {}
-    variant = detect_model_variant(ModelConfig(base_model_name=base_model_name, **{
-        name: PartConfig(path=paths[name]) for name in ("transformer", "transformer_2", "vae", "text_encoder")
-        if paths.get(name)}))
-    for path, _ in loras:
-        path = Path(path)
-        candidates = [path] + [path.with_name(path.name.removesuffix(".safetensors") + suffix + ".safetensors")
-                               for suffix in ("_high_noise", "_low_noise")]
-        for file in candidates:
-            if file.is_file() and (refusal := control_lora_refusal(file, variant)):
-                raise SampleError(refusal)
+def lora_files_named(path: Path) -> list[Path]:
+    """The files a LoRA path stands for: itself, or an A14B pair's `_high_noise` / `_low_noise` files."""
+    candidates = [path] + [path.with_name(path.name.removesuffix(".safetensors") + suffix + ".safetensors")
+                           for suffix in ("_high_noise", "_low_noise")]
+    return [file for file in candidates if file.is_file()]
 
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
-                            image_encoder_path: str = "", part_paths: dict[str, str] | None = None) -> WanModel:
+                            image_encoder_path: str = "", part_paths: dict[str, str] | None = None,
+                            loras: list[tuple[Path, float]] = ()) -> WanModel:
     """Loads a Wan model for inference (any layout of docs/formats.md; `part_paths` maps transformer,
     transformer_2, vae, text_encoder, tokenizer to a file or folder): transformer(s), text and image encoders in
     `weight_dtype` (a DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
-    encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used."""
+    encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used. `loras`, the
+    files apply_lora_files will apply: one made for another family (Wan2.2-Animate, VACE, Wan-Fun Control) than the
+    model is refused before any weights load."""
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ImageEncoderConfig, ModelConfig, PartConfig
 
@@ -163,13 +146,22 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
     from modules.util.config.image_encoder_source import looks_like_hub_id
     # a hub id named for sampling (or recorded by a LoRA's header) is asked for: downloads allowed for it
     hub = looks_like_hub_id(base_model_name) or looks_like_hub_id(image_encoder_path)
-    model = WanBaseModelLoader().load(ModelConfig(
+    config = ModelConfig(
         base_model_name=base_model_name, allow_download=hub,
         transformer=part.model_copy(update={"path": paths.get("transformer", "")}),
         transformer_2=part.model_copy(update={"path": paths.get("transformer_2", "")}),
         text_encoder=part.model_copy(update={"path": paths.get("text_encoder", "")}),
         vae=PartConfig(path=paths.get("vae", "")), tokenizer=TokenizerConfig(path=paths.get("tokenizer", "")),
-        image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path)))
+        image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path))
+    if not hub and any(lora_files_named(Path(path)) for path, _ in loras):
+        from modules.modelLoader.wan.parts.model_plan import detect_model_variant
+        from modules.util.modelspec import lora_family_refusal
+        variant = detect_model_variant(config)   # configs and tensor headers only
+        refusals = [refusal for path, _ in loras for file in lora_files_named(Path(path))
+                    for refusal in [lora_family_refusal(file, variant)] if refusal]
+        if refusals:
+            raise SampleError("; ".join(refusals))
+    model = WanBaseModelLoader().load(config)
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model

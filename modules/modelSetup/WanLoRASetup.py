@@ -62,8 +62,8 @@ class WanLoRASetup(BaseWanSetup):
         for name in self.experts_in_training():
             transformer = getattr(self.model, name)
             linear_names = [n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
-            targets = [t for t in lora_target_names(linear_names, lora.targets, lora.custom_targets)
-                       if t not in fully_trained_modules]
+            chosen = lora_target_names(linear_names, lora.targets, lora.custom_targets, lora.face_adapter)
+            targets = [t for t in chosen if t not in fully_trained_modules]
             transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
         for name, parameter in self.model.transformer.named_parameters():
             if name in self.full_names:

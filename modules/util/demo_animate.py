@@ -18,7 +18,9 @@ FACE_SIZE = 32   # the demo's face crops (the release reads 512 x 512; the loade
 
 
 def _position(path: str, frame: int, frames: int, travel: int, offset: int) -> tuple[int, int]:
-    step = (offset + round(frame * travel / max(1, frames - 1))) % (travel + 1)
+    # from `offset` steps along the path to its end, never jumping back (a jump would be a cue of its own)
+    offset %= travel
+    step = offset + round(frame * (travel - offset) / max(1, frames - 1))
     x, y = {"left": (travel - step, travel // 2), "right": (step, travel // 2),
             "up": (travel // 2, travel - step), "down": (travel // 2, step)}[path]
     return x, y
@@ -29,6 +31,7 @@ def animate_clip(colour, path: str, frames: int, size: int, offset: int = 0) -> 
     mask, and the reference image."""
     body = max(6, size // 3)
     travel = size - body
+    limb = max(1, size // 12)
     clip = np.full((frames, size, size, 3), BACKGROUND, np.uint8)
     pose = np.zeros_like(clip)
     mask = np.zeros_like(clip)
@@ -41,10 +44,11 @@ def animate_clip(colour, path: str, frames: int, size: int, offset: int = 0) -> 
         cv2.circle(clip[f], head, max(2, body // 5), (240, 210, 180), -1)
         mask[f, y + body // 3:y + body, x:x + body] = 255
         cv2.circle(mask[f], head, max(2, body // 5), (255, 255, 255), -1)
-        # the skeleton: a spine, shoulders and hips in fixed colours, as OpenPose renders limbs
-        cv2.line(pose[f], head, (x + body // 2, y + body - 1), (255, 255, 0), 1)
-        cv2.line(pose[f], (x, y + body // 3), (x + body - 1, y + body // 3), (0, 255, 0), 1)
-        cv2.line(pose[f], (x, y + body - 1), (x + body - 1, y + body - 1), (0, 128, 255), 1)
+        # the skeleton: a spine, shoulders and hips in fixed colours, as OpenPose renders limbs (as thick, relative
+        # to the frame, as its 4 px limbs at 512 px would be after the VAE's 8x downsampling: visible in the latents)
+        cv2.line(pose[f], head, (x + body // 2, y + body - 1), (255, 255, 0), limb)
+        cv2.line(pose[f], (x, y + body // 3), (x + body - 1, y + body // 3), (0, 255, 0), limb)
+        cv2.line(pose[f], (x, y + body - 1), (x + body - 1, y + body - 1), (0, 128, 255), limb)
         top, left = max(0, head[1] - body // 3), max(0, head[0] - body // 3)
         crop = clip[f, top:top + 2 * (body // 3) + 1, left:left + 2 * (body // 3) + 1]
         face[f] = cv2.resize(crop, (FACE_SIZE, FACE_SIZE), interpolation=cv2.INTER_CUBIC)
@@ -56,12 +60,14 @@ def animate_clip(colour, path: str, frames: int, size: int, offset: int = 0) -> 
 
 
 def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
-                         fps: int = 30) -> Path:
+                         fps: int = 30, first_offset: int = 0, offset_step: int = 1) -> Path:
+    """`clips_per_class` clips per colour and path, the skeleton starting `first_offset`, `first_offset` +
+    `offset_step`, ... pixels along its path (a held-out set: offsets the training set does not use)."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     for colour_name, colour in COLOURS.items():
         for path in PATHS:
-            for i in range(clips_per_class):
+            for i in range(first_offset, first_offset + clips_per_class * offset_step, offset_step):
                 stem = f"{colour_name}_{path}_{i:02d}"
                 parts = animate_clip(colour, path, frames, size, offset=i)
                 write_video(output / f"{stem}.mp4", parts["clip"], fps)

@@ -147,6 +147,22 @@ def control_lora_refusal(path: str | Path, variant: WanVariant) -> str | None:
             f"model it was trained on")
 
 
+def animate_lora_refusal(path: str | Path, variant: WanVariant) -> str | None:
+    """Why a LoRA must not be applied to `variant`: made for Wan2.2-Animate and given another model, or the other way
+    round (Animate's blocks take other conditions, a pose, a face, a reference frame, than any other model's). None
+    otherwise; other mismatches are the caller's to note."""
+    mismatch = lora_model_mismatch(path, variant)
+    if mismatch and (variant.is_animate or "animate" in (file_architecture(path) or "")):
+        return f"{mismatch}: an Animate LoRA works only on its Animate model, and the other way round"
+    return None
+
+
+def lora_family_refusal(path: str | Path, variant: WanVariant) -> str | None:
+    """Why a LoRA must not be applied to `variant` at all (not merely a poor fit): made for another control family
+    (VACE / Wan-Fun Control) or for Wan2.2-Animate on another model, or the other way round. None otherwise."""
+    return control_lora_refusal(path, variant) or animate_lora_refusal(path, variant)
+
+
 def lora_shape_message(path: str | Path, variant: WanVariant, error: Exception) -> str:
     """A LoRA whose tensors do not fit the model: the error, with the LoRA's and the model's architectures."""
     arch = file_architecture(path)

@@ -47,7 +47,7 @@ PROMPT_LINE_OPTIONS: dict[str, tuple[str, type]] = {
 }
 # musubi-tuner options whose features this trainer does not have: accepted and ignored with a warning
 IGNORED_PROMPT_LINE_OPTIONS = frozenset({"cn", "ci", "cim", "of", "o", "cs", "fsa", "ofps", "skb", "rj", "ref"})
-_PATH_FIELDS = ("image", "last_image")
+_PATH_FIELDS = ("image", "last_image", "reference_image", "pose_video", "face_video", "background_video", "mask_video")
 
 
 class SampleDefinitionError(ValueError):

@@ -10,9 +10,11 @@ from modules.model.WanModel import WanModel
 from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
+from modules.util.enum.WanVariant import WanVariant
 from modules.util.expert_metadata import expert_metadata
 from modules.util.modelspec import modelspec_metadata
 from modules.util.lora.keys import diffusers_to_original_state_dict
+from modules.modelLoader.wan.parts.animate_files import diffusers_to_official
 
 
 FLOAT8 = torch.float8_e4m3fn
@@ -123,7 +125,11 @@ class WanBaseModelSaver:
             if transformer is None:
                 continue
             path = expert_file_path(destination, expert, model)
-            state = diffusers_to_original_state_dict(_cast_state_dict(transformer, dtype))
+            state = _cast_state_dict(transformer, dtype)
+            # Animate's motion / face encoders and face adapter have names (and a stacked key-value layout) of their
+            # own in the official files: animate_files writes them as the official code and ComfyUI read them
+            state = diffusers_to_official(state, model.variant is WanVariant.ANIMATE_2_14B) \
+                if model.variant.is_animate else diffusers_to_original_state_dict(state)
             if scaled_fp8:
                 state = _scaled_fp8_state_dict(state)
             metadata = modelspec_metadata(model.variant, train_config=train_config)

@@ -21,6 +21,9 @@ class LoraConfig(BaseConfig):
                                                     "matrices")
     targets: Literal["attn-only", "attn-mlp", "blocks-full", "vace", "custom"] = "attn-mlp"
     custom_targets: list[str] = Field([], description="module names or one regex, used when targets is 'custom'")
+    face_adapter: bool = Field(False, description="Wan2.2-Animate: also adapt the face adapter blocks (their query, "
+                                                  "key, value and output projections); the motion and face "
+                                                  "encoders stay frozen")
     dora: bool = False
     plus_lr_ratio: float = Field(1.0, ge=1, le=MAX_LR_RATIO, description="LoRA+: the B (up) matrices learn at this "
                                  "multiple of optimizer.learning_rate (16 in the LoRA+ paper; 1: off). LORA and DoRA "
@@ -37,6 +40,10 @@ class LoraConfig(BaseConfig):
                              f"it to 1 or use lora.type LORA")
         if self.decompose_factor == 0 or self.decompose_factor < -1:
             raise ValueError(f"lora.decompose_factor: -1 or a positive integer, not {self.decompose_factor}")
+        if self.face_adapter and self.type != "LORA":
+            raise ValueError(f"lora.face_adapter: the official and ComfyUI layouts stack the face adapter's key and "
+                             f"value in one Linear, which a LoRA adapter stacks exactly and {self.type} does not: "
+                             f"use lora.type LORA, or leave lora.face_adapter off")
         if self.targets == "custom" and not self.custom_targets:
             raise ValueError("lora.custom_targets: empty, but lora.targets is 'custom' (list module names, or one "
                              "regex matched against the whole name)")

@@ -238,7 +238,8 @@ def model_problems(config: TrainConfig) -> list[str]:
             continue
         lora = config.lora
         try:
-            targets = lora_target_names(list(shapes), lora.targets, lora.custom_targets)
+            targets = lora_target_names(list(shapes), lora.targets, lora.custom_targets,
+                                        lora.face_adapter)
         except LoraTargetError as error:
             problems.append(f"{error} (checked against {path})")
             continue

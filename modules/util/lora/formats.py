@@ -52,6 +52,7 @@ from modules.util.atomic import save_safetensors_atomic
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.lora.lycoris import (LYCORIS_SUFFIXES, LohaModule, LokrModule, LycorisModule, is_lycoris_roles,
                                           lycoris_from_roles, lycoris_state_items)
+from modules.util.lora.face_adapter import fuse_face_key_value, split_face_key_value
 from modules.util.lora.keys import (KEY_TABLE, diffusers_module_to_original, is_original_format,
                                    original_module_to_diffusers)
 
@@ -144,6 +145,8 @@ def lora_to_state_dict(weights: LoraWeights, fmt: ModelFormat, dtype: torch.dtyp
     out: dict[str, Tensor] = {}
     if fmt == ModelFormat.KOHYA_LORA:
         warn_what_musubi_ignores(weights)
+    if fmt in (ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA):
+        weights = fuse_face_key_value(weights)   # the official names stack Animate's face key and value
 
     def cast(t: Tensor) -> Tensor:
         return t if dtype is None else t.to(dtype)
@@ -404,7 +407,7 @@ def lora_from_state_dict(sd: Mapping[str, Tensor], module_names: Iterable[str] |
         if name in weights:
             raise ValueError(f"two LoRA modules in the file map to {name!r} (last: {stem!r})")
         weights[name] = LoraModule(down=down, up=up, alpha=alpha, dora_scale=dora)
-    return weights, _layout_name(kinds, has_alpha)
+    return split_face_key_value(weights), _layout_name(kinds, has_alpha)
 
 
 def _apply_adapter_metadata(weights: LoraWeights, raw: str) -> None:

@@ -1,7 +1,8 @@
 """Names of the Wan transformer's weights: official Wan ("original", as ComfyUI and the Wan repo name them) <->
 diffusers' `WanTransformer3DModel`.
 
-Covers Wan 2.1 T2V / I2V / FLF2V, Wan 2.2 TI2V-5B / A14B (T2V and I2V) and VACE's extra blocks. Both directions come from the one
+Covers Wan 2.1 T2V / I2V / FLF2V, Wan 2.2 TI2V-5B / A14B (T2V and I2V), VACE's extra blocks and Animate's face
+adapter. Both directions come from the one
 table `KEY_TABLE` below (DESIGN.md section 7). Each row names a module or a parameter on both sides; a key maps
 when it is the name itself or the name followed by `.<anything>` (`.weight`, `.bias`, `.lora_A.weight`, ...).
 
@@ -72,12 +73,24 @@ KEY_TABLE += (
     *((f"vace_{original}", f"vace_{diffusers}") for original, diffusers in KEY_TABLE if original.startswith("blocks.")),
 )
 
+# Wan2.2-Animate's face adapter (Wan-Video/Wan2.2 wan/modules/animate/face_blocks.py `FaceBlock`, the same names in
+# ComfyUI's comfy/ldm/wan/model_animate.py; diffusers `WanAnimateFaceBlock`). The official `linear1_kv` holds key and
+# value stacked on its output rows where diffusers has `to_k` and `to_v`: LoRA files name it as the pseudo module
+# `face_adapter.N.linear1_kv`, which modules/util/lora/face_adapter.py splits and fuses
+KEY_TABLE += (
+    ("face_adapter.fuser_blocks.{N}.linear1_q", "face_adapter.{N}.to_q"),
+    ("face_adapter.fuser_blocks.{N}.linear1_kv", "face_adapter.{N}.linear1_kv"),
+    ("face_adapter.fuser_blocks.{N}.linear2", "face_adapter.{N}.to_out"),
+    ("face_adapter.fuser_blocks.{N}.q_norm", "face_adapter.{N}.norm_q"),
+    ("face_adapter.fuser_blocks.{N}.k_norm", "face_adapter.{N}.norm_k"),
+)
+
 # Longest first: "model.diffusion_model.x" does not start with "diffusion_model.", but keep the order explicit.
 ORIGINAL_PREFIXES: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
 
 _ORIGINAL_MARKER = re.compile(
     r"^((vace_)?blocks\.\d+\.(self_attn|cross_attn|modulation|ffn\.[02]\b|before_proj|after_proj)|head\."
-    r"|text_embedding\.|time_embedding\.|time_projection\.|img_emb\.)"
+    r"|text_embedding\.|time_embedding\.|time_projection\.|img_emb\.|face_adapter\.fuser_blocks\.)"
 )
 
 

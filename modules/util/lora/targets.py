@@ -13,6 +13,8 @@ TARGET_PRESETS = {
     # authors trained them; the choices above keep meaning the base blocks (a full match never takes `vace_blocks`)
     "vace": r"vace_blocks\.\d+\..+",
 }
+# Wan2.2-Animate's face adapter blocks (lora.face_adapter), added to any of the choices above
+FACE_ADAPTER = r"face_adapter\.\d+\.(to_q|to_k|to_v|to_out)"
 # Characters that make a single custom target a regex rather than a module-name suffix.
 REGEX_CHARACTERS = "\\()[]|*+?"
 
@@ -32,9 +34,11 @@ def custom_target_regex(custom: list[str]) -> re.Pattern | None:
         raise LoraTargetError(f"lora.custom_targets: {custom[0]!r} is not a regular expression ({e})") from None
 
 
-def lora_target_names(linear_names: list[str], targets: str, custom: list[str]) -> list[str]:
+def lora_target_names(linear_names: list[str], targets: str, custom: list[str], face_adapter: bool = False
+                      ) -> list[str]:
     """The names among `linear_names` (the transformer's Linear modules) the adapter wraps. Custom targets are
-    module-name suffixes, or one regex matched against the whole name."""
+    module-name suffixes, or one regex matched against the whole name. `face_adapter` adds Animate's face adapter
+    blocks."""
     if targets == "custom":
         if not custom:
             raise LoraTargetError("lora.custom_targets: empty, but lora.targets is 'custom'")
@@ -46,6 +50,12 @@ def lora_target_names(linear_names: list[str], targets: str, custom: list[str]) 
     else:
         pattern = re.compile(TARGET_PRESETS[targets])
         chosen = [n for n in linear_names if pattern.fullmatch(n)]
+    if face_adapter:
+        face = [n for n in linear_names if re.fullmatch(FACE_ADAPTER, n) and n not in chosen]
+        if not face and not any(re.fullmatch(FACE_ADAPTER, n) for n in chosen):
+            raise LoraTargetError("lora.face_adapter: the transformer has no face adapter (Wan2.2-Animate-14B has "
+                                  "one); turn it off for this model")
+        chosen += face
     if not chosen:
         what = f"lora.custom_targets: {custom!r}" if targets == "custom" else f"lora.targets: {targets!r}"
         raise LoraTargetError(f"{what} matches no Linear module of the transformer; examples of names: "
