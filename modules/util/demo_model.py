@@ -23,6 +23,23 @@ samples show come from the low-noise steps. Longer training is what starts to he
 one busy core) the still squares reach 0.15 and the moving squares with their full captions 0.35 (common mean 0.45),
 so the text takes hold late and slowly; a recipe that gets there within the demo's first-use time is left to do.
 
+Why (measured): Wan's transformer has no absolute position embedding (RoPE in self-attention is relative), and the
+demo clip (9 x 32 x 32 -> latent 3 x 4 x 4) is only 3 x 2 x 2 tokens, so at high noise a token cannot tell where
+in the frame or the clip it is, while each caption asks for nearly one fixed latent video. With a learned position
+embedding added after the patch embedding (an experiment only: Wan has none), 1000 steps with the full captions
+give 7 of 9 samples (3 captions x 3 seeds, 10 UniPC steps) that pass the preview check of tests/test_demo_model.py
+(`caption_square_problems`: the caption's colour in every frame, moving its way); without it 0 of 9 after 2000
+steps, 1 of 9 with 4 blocks, 0 of 9 with squares at random heights and start columns. A demo transformer with one
+token per latent frame (patch 1 x 4 x 4, 4 heads of 64, feed-forward 1024), pre-trained 1200 steps with timesteps
+drawn shifted towards noise (s = 3u / (1 + 2u)), does know where things are: its x0 error at s = 0.9 reaches the
+colour captions' mean (0.185 against 0.178) and 6 of 9 of its samples show a square of the caption's colour
+crossing the frame. But a 200-step rank-8 LoRA (lr 2e-3) on the directions leaves its samples as they were (6 of 16
+pass, the direction is chance), and its steps cost 6 times the current ones (0.18 s against 0.03 s of CPU on a busy
+core: the 512 padded text tokens through 256-wide cross-attention), so 1200 of them do not fit the first-use time.
+One token for the whole clip (patch 3 x 4 x 4) draws the caption's colour (7 of 9 at width 64), but its loss stays
+at 1.0 at widths 64 to 384 (a 768-value token cannot pass its noise through a narrower width; 768 wide, a step
+costs over 20 times the current one), and a LoRA on the 64-wide one learns nothing (3 of 16 pass).
+
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
 import logging
