@@ -226,6 +226,42 @@ def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, sharded_runs):
     assert_same_tensors(tmp / "one_to_sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def context_runs(lora_runs, squares_dataset):
+    """The LoRA training of lora_runs' single process (batch 2) on 1 data-parallel group x 2 context-parallel ranks,
+    then, in the same processes, the tiny transformer's forward and backward with its tokens split over both."""
+    tmp = lora_runs["tmp"]
+    ranks = run_ranks(tmp / "context", lora_runs["base"], squares_dataset,
+                      COMMON + ["batch_size=2", "distributed.context_parallel=2", f"cache_dir={tmp / 'single' / 'cache'}"],
+                      context_check=str(tmp / "context" / "check"))
+    return {"ranks": ranks, "check": tmp / "context" / "check"}
+
+
+def test_context_parallel_forward_and_gradients_equal_one_process(lora_runs, context_runs):
+    from distributed_worker import context_inputs
+    transformer, inputs, weights = context_inputs(lora_runs["base"])
+    assert transformer.config.num_attention_heads == 2
+    output = transformer(**inputs, return_dict=False)[0]
+    (output * weights).sum().backward()
+    for rank in range(2):
+        split = load_file(str(context_runs["check"] / f"rank{rank}.safetensors"))
+        torch.testing.assert_close(split["output"], output.detach(), atol=1e-5, rtol=0)
+        for name, parameter in transformer.named_parameters():
+            torch.testing.assert_close(split[f"grad.{name}"], parameter.grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_lora_with_context_parallel_equals_single_process(lora_runs, context_runs):
+    """dp 1 x cp 2: both ranks take the whole global batch of 2 and each holds half of its tokens."""
+    single, tmp, ranks = lora_runs["single"], lora_runs["tmp"], context_runs["ranks"]
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    # each rank's blocks computed half of the batch's tokens: 9x32x32 clips are 3 latent frames x 2 x 2 patches
+    assert [rank["block_tokens"] for rank in ranks] == [[6], [6]]
+    assert_same_tensors(tmp / "context" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+    backup = next((tmp / "context" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
+    assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 1, "batch_size": 2}
+
+
 def test_caching_is_split_across_ranks(lora_runs):
     single, ranks, tmp = lora_runs["single"], lora_runs["ranks"], lora_runs["tmp"]
     calls = [r["encode_calls"] for r in ranks]
@@ -352,3 +388,19 @@ def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, 
     values = ["distributed.shard_base=false", "distributed.cpu_offload=true"]
     assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
     assert "distributed.cpu_offload: offloads the shards of a sharded run" in capsys.readouterr().err
+
+
+def test_context_parallel_that_cannot_divide_stops_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
+    """The tiny model has 2 heads; a 1x32x32 image is 1 latent frame x 2 x 2 = 4 tokens: 3 GPUs split neither,
+    and 3 does not divide 4 processes. All three are said at once, before any model loads."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    common = cli_arguments(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path, tmp_path / "cache",
+                           ["multi_gpu=true", "distributed.processes=4", "distributed.context_parallel=3",
+                            "data.frame_buckets=[1, 9]"])
+    assert train_script.main(common) == 2
+    err = capsys.readouterr().err
+    assert "distributed.context_parallel: 3 does not divide the 4 processes" in err
+    assert "the model's 2 attention heads do not divide over 3 GPUs" in err
+    assert "a 1x32x32 clip has 4 tokens" in err
+    assert not (tmp_path / "cache").exists()

@@ -46,6 +46,7 @@ class Parallel:
         self.step_module: nn.Module | None = None   # DDP(TrainingStep) when adapters train on several ranks
         self.sharded: dict[str, nn.Module] = {}     # expert name -> fully_shard root (fine-tunes, sharded base)
         self.base_sharded = False                   # adapters over a sharded frozen base
+        self.context_parallel = config.distributed.context_parallel if self.world_size > 1 else 1
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +66,9 @@ class Parallel:
     def layout(self) -> str:
         if not self.enabled:
             return "one process"
+        if self.context_parallel > 1:
+            groups = self.world_size // self.context_parallel
+            return f"DDP x context parallel ({groups} data-parallel x {self.context_parallel} context-parallel)"
         if self.base_sharded:
             return "sharded base (FSDP2)" + (" with CPU offload" if self.config.distributed.cpu_offload else "")
         return "sharded (FSDP2)" if self.sharded else "DDP"
@@ -77,12 +81,15 @@ class Parallel:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
         experts = setup.experts_in_training()
         method = self.config.training_method
-        if method is TrainingMethod.FINE_TUNE:
+        if self.context_parallel > 1:
+            self._context_parallel(setup, model, experts, device)
+        elif method is TrainingMethod.FINE_TUNE:
+            self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
             self._shard(model, experts, device, param_dtype=self.config.train_dtype.torch_dtype())
         elif method is TrainingMethod.LORA and self._shards_base(device):
+            self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
             # adapters keep float32 and the base its own dtype, computed under autocast as in one process
             self.base_sharded = True
             self._shard(model, experts, device, param_dtype=None)
@@ -93,9 +100,30 @@ class Parallel:
                 parts["text_encoder"] = model.text_encoder
             self._data_parallel(setup, parts, device, unused=len(experts) > 1)
         if self.is_main:
-            batch = self.config.batch_size
-            print(f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
+            batch, groups = self.config.batch_size, self.world_size // self.context_parallel
+            print(f"{groups} data-parallel groups x batch_size {batch}: global batch {groups * batch}; "
+                  f"layout: {self.layout}" if self.context_parallel > 1 else
+                  f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
                   f"layout: {self.layout}", flush=True)
+
+    def _context_parallel(self, setup, model, experts: list[str], device: torch.device) -> None:
+        """A (dp, ring 1, ulysses cp) mesh: consecutive ranks split one clip's tokens (diffusers' hooks), and DDP
+        over every rank sums each group's partial gradients and averages the groups."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from modules.trainer import context_parallel
+        size = self.context_parallel
+        self.mesh = init_device_mesh(device.type, (self.world_size // size, 1, size),
+                                     mesh_dim_names=("dp", "ring", "ulysses"))
+        setup.move_experts_to_device()
+        for name in experts:
+            context_parallel.enable(getattr(model, name), self.mesh, device)
+        parts = {name: getattr(model, name) for name in experts}
+        if self.config.training_method is TrainingMethod.EMBEDDING:
+            parts["text_encoder"] = model.text_encoder
+        state = context_parallel.GroupSum(size, bf16=self.config.distributed.reduce_dtype == "BFLOAT_16")
+        self._data_parallel(setup, parts, device, unused=len(experts) > 1,
+                            hook=(state, context_parallel.group_sum_hook))
 
     def _shards_base(self, device: torch.device) -> bool:
         """distributed.shard_base; `auto`: rank 0 decides for all, sharding when the whole base does not fit."""
@@ -132,7 +160,8 @@ class Parallel:
         return (f"predicted peak per GPU with the whole base {plans[0].peak_gib:.1f} GiB, {free:.1f} GiB free; "
                 f"{chosen.layout}: {chosen.peak_gib:.1f} GiB")
 
-    def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool) -> None:
+    def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool,
+                       hook=None) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
@@ -145,7 +174,9 @@ class Parallel:
             step, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False,
             # two experts: each step routes to one, the other's adapter gets no gradient that step
             find_unused_parameters=unused)
-        if self.config.distributed.reduce_dtype == "BFLOAT_16":
+        if hook is not None:
+            self.step_module.register_comm_hook(*hook)
+        elif self.config.distributed.reduce_dtype == "BFLOAT_16":
             self.step_module.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
     def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None) -> None:

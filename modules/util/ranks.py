@@ -13,6 +13,28 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+# distributed.context_parallel: consecutive ranks form one context-parallel group (one clip's tokens split over
+# them); the groups are the data-parallel ranks. Set once by distributed.join_process_group.
+_context_parallel = 1
+
+
+def set_context_parallel(size: int) -> None:
+    global _context_parallel
+    _context_parallel = int(size)
+
+
+def context_parallel() -> int:
+    return _context_parallel if rank_and_world()[1] > 1 else 1
+
+
+def data_rank_and_size() -> tuple[int, int]:
+    """(this process's data-parallel group, the number of groups): what the data is dealt out along. The ranks
+    of one context-parallel group share their batches (mesh (dp, cp): rank = dp index x cp + cp index)."""
+    rank, world = rank_and_world()
+    size = context_parallel()
+    return rank // size, world // size
+
+
 def is_main() -> bool:
     return rank_and_world()[0] == 0
 
