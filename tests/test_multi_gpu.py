@@ -91,7 +91,8 @@ def lora_runs(tiny_model, squares_dataset, tmp_path_factory):
     """The same LoRA training as 1 process x batch 2 and as 2 ranks x batch 1, each with a backup at BACKUP_AT."""
     base = tiny_model("wan2.1-t2v")
     tmp = tmp_path_factory.mktemp("lora")
-    single = train(tmp / "single", base, squares_dataset, steps=STEPS, overrides=COMMON + ["batch_size=2"])
+    single = train(tmp / "single", base, squares_dataset, steps=STEPS,
+                   overrides=COMMON + ["batch_size=2"] + preview_values(tmp))
     ranks = run_ranks(tmp / "ranks", base, squares_dataset, COMMON + ["batch_size=1"])
     return {"tmp": tmp, "base": base, "single": single, "ranks": ranks}
 
@@ -226,13 +227,28 @@ def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, sharded_runs):
     assert_same_tensors(tmp / "one_to_sharded" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
 
 
+def preview_values(tmp: Path) -> list[str]:
+    """One small preview at step BACKUP_AT (context_runs compares its own with the single process's)."""
+    samples = tmp / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "a red square", "width": 32, "height": 32, "frames": 9, "steps": 3,
+                                    "seed": 5}]))
+    return [f"sampling.samples_file={samples}", f"sampling.every_n_steps={BACKUP_AT}"]
+
+
+def preview_strip(workspace: Path):
+    import numpy as np
+    from PIL import Image
+    return np.asarray(Image.open(next((workspace / "run" / "samples").glob(f"*/0-a-red-square/{BACKUP_AT}-*.png"))))
+
+
 @pytest.fixture(scope="module")
 def context_runs(lora_runs, squares_dataset):
     """The LoRA training of lora_runs' single process (batch 2) on 1 data-parallel group x 2 context-parallel ranks,
     then, in the same processes, the tiny transformer's forward and backward with its tokens split over both."""
     tmp = lora_runs["tmp"]
     ranks = run_ranks(tmp / "context", lora_runs["base"], squares_dataset,
-                      COMMON + ["batch_size=2", "distributed.context_parallel=2", f"cache_dir={tmp / 'single' / 'cache'}"],
+                      COMMON + ["batch_size=2", "distributed.context_parallel=2", f"cache_dir={tmp / 'single' / 'cache'}",
+                                *preview_values(tmp)],
                       context_check=str(tmp / "context" / "check"))
     return {"ranks": ranks, "check": tmp / "context" / "check"}
 
@@ -260,6 +276,10 @@ def test_lora_with_context_parallel_equals_single_process(lora_runs, context_run
     assert_same_tensors(tmp / "context" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
     backup = next((tmp / "context" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
     assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 1, "batch_size": 2}
+    # the preview, computed by both ranks with the tokens split and written by rank 0, is the single process's
+    single_strip, strip = preview_strip(tmp / "single"), preview_strip(tmp / "context")
+    assert strip.shape == single_strip.shape
+    assert abs(strip.astype(int) - single_strip.astype(int)).max() <= 1
 
 
 def test_caching_is_split_across_ranks(lora_runs):

@@ -35,6 +35,12 @@ def data_rank_and_size() -> tuple[int, int]:
     return rank // size, world // size
 
 
+def in_main_group() -> bool:
+    """Whether this rank belongs to rank 0's context-parallel group (rank 0 alone without context parallel): the
+    ranks that run a preview together, rank 0 writing it."""
+    return rank_and_world()[0] < context_parallel()
+
+
 def is_main() -> bool:
     return rank_and_world()[0] == 0
 
