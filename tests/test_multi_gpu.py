@@ -422,5 +422,27 @@ def test_context_parallel_that_cannot_divide_stops_before_loading(tiny_model, sq
     err = capsys.readouterr().err
     assert "distributed.context_parallel: 3 does not divide the 4 processes" in err
     assert "the model's 2 attention heads do not divide over 3 GPUs" in err
-    assert "a 1x32x32 clip has 4 tokens" in err
+    assert "the tokens (latent frames x height/16 x width/16) of 1x32x32 (4) do not divide over 3 GPUs" in err
     assert not (tmp_path / "cache").exists()
+
+
+def test_auto_fit_chooses_context_parallel_when_only_split_tokens_fit(tiny_model, monkeypatch):
+    """2 GPUs: every layout is listed per GPU, and a card that holds the run only with half of each clip's tokens
+    per GPU (not with the whole or a sharded base) makes performance.auto_fit choose context parallel 2."""
+    from modules.planner.parallel_plan import plan_layouts, report
+    from modules.planner.plan_command import check_fits_device
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    values = {**planned_trace(tiny_model("wan2.1-t2v"))["config"], "distributed": {"shard_base": "auto"},
+              "data": {"resolution": 128, "frame_buckets": [17], "aspect_ratios": [1.0]}}
+    plans = {p.layout: p for p in plan_layouts(TrainConfig(**values), 2)}
+    assert {"DDP", "sharded base", "sharded base + CPU offload", "context parallel 2"} <= plans.keys()
+    split, whole = plans["context parallel 2"], plans["DDP"]
+    assert split.built and not split.problem and split.peak_bytes < plans["sharded base"].peak_bytes
+    card = (split.peak_bytes + min(plans["sharded base"].peak_bytes, whole.peak_bytes)) / 2 / GIB
+    assert "context parallel 2" in report(list(plans.values()), split, card)
+    config = TrainConfig(**values)
+    config.performance.auto_fit = card
+    lines = []
+    check_fits_device(config, "cpu", out=lines.append)
+    assert config.distributed.context_parallel == 2 and config.distributed.shard_base is False
+    assert lines[0].startswith("memory plan (2 GPUs, context parallel 2): predicted peak per GPU")

@@ -10,7 +10,8 @@ W frozen weights, T trainable weights + gradients + optimizer state, A activatio
   head), which stay gathered from the forward pass to the backward pass.
 - sharded base with CPU offload: the shards live in host memory; the GPU holds only the gathered blocks and parts.
 - expert parallel (A14B `expert: both`): each rank holds one expert: W / 2 and T / 2 of a `both` run.
-- context parallel N: one clip's tokens split N ways: A / N and X / N, weights whole.
+- context parallel d (d dividing N; N / d data-parallel groups): one clip's tokens split d ways: A / d and X / d,
+  weights whole, DDP's gradient buckets as DDP.
 
 Tolerance: the per-GPU figures inherit the single trace's (within 5 % of a real step) and count the gathered
 blocks in full on top of their shards (at most 2 blocks / N too many): they err on the safe side by that much.
@@ -24,7 +25,7 @@ from modules.util.config.TrainConfig import TrainConfig
 
 TOLERANCE = 0.05
 # fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit
-BUILT = ("DDP", "sharded base", "sharded base + CPU offload")
+BUILT = ("DDP", "sharded base", "context parallel", "sharded base + CPU offload")
 
 
 @dataclass
@@ -48,7 +49,14 @@ class LayoutPlan:
     def fits(self, vram_gib: float) -> bool:
         return not self.problem and self.peak_bytes <= vram_gib * GIB
 
+    @property
+    def context_parallel(self) -> int:
+        return int(self.layout.rsplit(" ", 1)[1]) if self.layout.startswith("context parallel") else 1
+
     def config_values(self) -> dict:
+        if self.context_parallel > 1:
+            return {"distributed.shard_base": False, "distributed.cpu_offload": False,
+                    "distributed.context_parallel": self.context_parallel}
         return {"DDP": {"distributed.shard_base": False},
                 "sharded base": {"distributed.shard_base": True, "distributed.cpu_offload": False},
                 "sharded base + CPU offload": {"distributed.shard_base": True,
@@ -89,6 +97,7 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
                             "the whole base and the adapters; gradients averaged",
                             problem="a fine-tune is always sharded (FSDP2)"
                             if config.training_method.value == "FINE_TUNE" else "")]
+    plans += _context_parallel(config, prediction, n)
     plans += _planned_only(config, arch, prediction, n)
     return plans
 
@@ -134,17 +143,33 @@ def _planned_only(config: TrainConfig, arch, prediction: Prediction, n: int) -> 
         expert_problem = "needs an even number of GPUs (half for each expert)"
     plans.append(LayoutPlan("expert parallel", n, traced - weights // 2 - trained // 2, 0,
                             "one expert and its adapter per GPU group", built=False, problem=expert_problem))
-    heads = arch.transformer["num_attention_heads"]
-    cp_problem = "" if heads % n == 0 else f"{heads} attention heads do not divide over {n} GPUs"
-    plans.append(LayoutPlan(f"context parallel {n}", n, weights + trained + (activations + transient) // n
-                            + (traced - weights - trained - activations - transient), 0,
-                            f"the whole base; 1/{n} of each clip's tokens", built=False, problem=cp_problem))
+    return plans
+
+
+def _context_parallel(config: TrainConfig, prediction: Prediction, n: int) -> list[LayoutPlan]:
+    """One plan per context-parallel size d > 1 dividing n (the whole base on every GPU, 1/d of the tokens)."""
+    from modules.trainer.context_parallel import problems
+    parts = prediction.parts
+    traced = prediction.counted_bytes
+    split = parts["activations"] + parts["transient"]
+    plans = []
+    for size in (d for d in range(2, n + 1) if n % d == 0):
+        trial = config.model_copy(update={"distributed": config.distributed.model_copy(update={
+            "context_parallel": size, "shard_base": False, "cpu_offload": False})})
+        found = problems(trial, n)
+        plans.append(LayoutPlan(f"context parallel {size}", n, traced - split + split // size
+                                + _ddp_buckets(config, prediction), 0,
+                                f"the whole base; 1/{size} of each clip's tokens ({n // size} data-parallel "
+                                f"groups of {size})",
+                                problem="; ".join(p.split(": ", 1)[1] for p in found)))
     return plans
 
 
 def choose(plans: list[LayoutPlan], vram_gib: float | None) -> LayoutPlan:
     """The fastest built layout that fits `vram_gib` (no size: DDP); else the built one with the smallest peak."""
-    built = [p for p in plans if p.built and not p.problem] or plans[:1]
+    built = sorted((p for p in plans if p.built and not p.problem),
+                   key=lambda p: BUILT.index(p.layout.rstrip("0123456789 ")))
+    built = built or plans[:1]
     if vram_gib is None:
         return built[0]
     fitting = [p for p in built if p.fits(vram_gib)]
@@ -165,9 +190,12 @@ def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) 
 def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | None) -> LayoutPlan:
     """The layout the config asks for (`shard_base: auto`: what `choose` picks for `vram_gib`)."""
     by_name = {p.layout: p for p in plans}
+    if config.distributed.context_parallel > 1:
+        return by_name.get(f"context parallel {config.distributed.context_parallel}", plans[0])
     shard = config.distributed.shard_base
     if config.training_method.value == "FINE_TUNE" or shard is True or config.distributed.cpu_offload:
         return by_name["sharded base + CPU offload" if config.distributed.cpu_offload else "sharded base"]
     if shard is False:
         return by_name["DDP"]
-    return choose(plans, vram_gib)
+    # `shard_base: auto` decides the base's layout only; changing the token split is auto_fit's (choose)
+    return choose([p for p in plans if p.context_parallel == 1], vram_gib)

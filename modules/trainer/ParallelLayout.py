@@ -153,7 +153,7 @@ class Parallel:
         except PlanError:
             return None
         free = torch.cuda.mem_get_info(device)[0] / GIB
-        chosen = choose(plans, free)
+        chosen = choose([p for p in plans if p.context_parallel == 1], free)   # the data is dealt already
         if chosen.layout == "DDP":
             return None
         config.distributed.cpu_offload = chosen.config_values().get("distributed.cpu_offload", False)

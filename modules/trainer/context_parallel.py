@@ -67,14 +67,14 @@ def _shape_problems(config: TrainConfig, size: int) -> list[str]:
     if heads % size:
         found.append(f"distributed.context_parallel: the model's {heads} attention heads do not divide over {size} "
                      f"GPUs (Ulysses gives each GPU heads / {size}); use a divisor of {heads}")
-    patch = arch.transformer["patch_size"]
-    for height, width in make_buckets(config.data.resolution, config.data.aspect_ratios, arch.spatial_unit):
-        for frames in config.data.frame_buckets:
-            tokens = token_count(arch, frames, height, width)
-            if tokens % size:
-                found.append(f"data.frame_buckets / data.resolution: a {frames}x{width}x{height} clip has {tokens} "
-                             f"tokens (latent frames x {height // (arch.vae_spatial_stride * patch[1])} x "
-                             f"{width // (arch.vae_spatial_stride * patch[2])}), which do not divide over {size} GPUs")
+    uneven = [f"{frames}x{width}x{height} ({token_count(arch, frames, height, width)})"
+              for height, width in make_buckets(config.data.resolution, config.data.aspect_ratios, arch.spatial_unit)
+              for frames in config.data.frame_buckets if token_count(arch, frames, height, width) % size]
+    if uneven:
+        unit = arch.spatial_unit
+        found.append(f"data.frame_buckets / data.resolution: the tokens (latent frames x height/{unit} x "
+                     f"width/{unit}) of {', '.join(uneven)} do not divide over {size} GPUs; choose sides whose "
+                     f"multiples of {unit} make an even split (832x480 and 1280x720 do for 2, 4 and 8)")
     return found
 
 
