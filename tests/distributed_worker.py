@@ -39,7 +39,8 @@ def train_once(spec: dict, run: dict) -> dict:
                     overrides=run["overrides"])
     result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
             "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
-            "base_bytes": base_bytes(trainer.model.transformer)}
+            "base_bytes": base_bytes(trainer.model.transformer), "layout": trainer.parallel.layout,
+            "own_expert": trainer.parallel.own_expert}
     if trainer.parallel.context_parallel > 1:
         result["block_tokens"] = block_tokens(trainer)
     return result

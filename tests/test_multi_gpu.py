@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from learning import train
 from modules.trainer.backup_io import read_backup
+from modules.trainer.GenericTrainer import step_seed
 from modules.util.config.TrainConfig import TrainConfig
 
 GIB = 1024 ** 3
@@ -446,3 +447,43 @@ def test_auto_fit_chooses_context_parallel_when_only_split_tokens_fit(tiny_model
     check_fits_device(config, "cpu", out=lines.append)
     assert config.distributed.context_parallel == 2 and config.distributed.shard_base is False
     assert lines[0].startswith("memory plan (2 GPUs, context parallel 2): predicted peak per GPU")
+
+
+A14B_VALUES = ["expert=both", "model_type=WAN_2_2", "timestep.shift=12"]   # shift 12: both experts get steps
+
+
+@pytest.fixture(scope="module")
+def expert_runs(tiny_model, squares_dataset, tmp_path_factory):
+    """A14B `both` LoRA training in one process (batch 2) and expert parallel on 2 ranks: rank 0 the high-noise
+    expert, rank 1 the low-noise one, each taking the whole global batch of 2."""
+    base = tiny_model("wan2.2-t2v-a14b")
+    tmp = tmp_path_factory.mktemp("experts")
+    single = train(tmp / "single", base, squares_dataset, steps=STEPS,
+                   overrides=COMMON + A14B_VALUES + ["batch_size=2"])
+    ranks = run_ranks(tmp / "ranks", base, squares_dataset,
+                      COMMON + A14B_VALUES + ["batch_size=2", f"cache_dir={tmp / 'single' / 'cache'}"])
+    return {"tmp": tmp, "single": single, "ranks": ranks}
+
+
+def test_expert_parallel_both_experts_equal_single_process_both(expert_runs):
+    single, ranks, tmp = expert_runs["single"], expert_runs["ranks"], expert_runs["tmp"]
+    routed = {single.setup.step_expert(torch.Generator().manual_seed(step_seed(single.config.seed, step)))
+              for step in range(STEPS)}
+    assert routed == {"transformer", "transformer_2"}   # both experts trained in these steps
+    assert [rank["own_expert"] for rank in ranks] == ["transformer", "transformer_2"]
+    assert ranks[0]["layout"].startswith("expert parallel")
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    for suffix in ("_high_noise", "_low_noise"):
+        assert_same_tensors(tmp / "ranks" / f"out{suffix}.safetensors", tmp / "single" / f"out{suffix}.safetensors",
+                            atol=1e-5)
+    # the backup holds both experts' adapters and optimizer state, gathered from their ranks: the single process's
+    parallel, one = (read_backup(next((tmp / name / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))
+                     for name in ("ranks", "single"))
+    assert parallel["trainable"].keys() == one["trainable"].keys()
+    for key in one["trainable"]:
+        torch.testing.assert_close(parallel["trainable"][key], one["trainable"][key], atol=1e-5, rtol=0, msg=key)
+    assert parallel["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
+    for position, entries in one["optimizer"]["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(parallel["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)

@@ -9,7 +9,8 @@ W frozen weights, T trainable weights + gradients + optimizer state, A activatio
   runs and the next one (FSDP2 fetches ahead), and the parts outside the blocks (patch and condition embedders,
   head), which stay gathered from the forward pass to the backward pass.
 - sharded base with CPU offload: the shards live in host memory; the GPU holds only the gathered blocks and parts.
-- expert parallel (A14B `expert: both`): each rank holds one expert: W / 2 and T / 2 of a `both` run.
+- expert parallel (A14B `expert: both`, LoRA): each rank holds one expert: W / 2 and T / 2 of a `both` run, and
+  DDP's buckets for its adapter.
 - context parallel d (d dividing N; N / d data-parallel groups): one clip's tokens split d ways: A / d and X / d,
   weights whole, DDP's gradient buckets as DDP.
 
@@ -25,7 +26,7 @@ from modules.util.config.TrainConfig import TrainConfig
 
 TOLERANCE = 0.05
 # fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit
-BUILT = ("DDP", "sharded base", "context parallel", "sharded base + CPU offload")
+BUILT = ("expert parallel", "DDP", "sharded base", "context parallel", "sharded base + CPU offload")
 
 
 @dataclass
@@ -37,6 +38,7 @@ class LayoutPlan:
     holds: str                  # what each GPU holds, in words
     built: bool = True          # False: planned only, the trainer cannot run it yet
     problem: str = ""           # why the layout cannot run this config (heads that do not divide, one expert)
+    expert_choice: bool = False  # an A14B `both` run that could be expert parallel: this layout turns it off
 
     @property
     def peak_bytes(self) -> int:
@@ -54,6 +56,12 @@ class LayoutPlan:
         return int(self.layout.rsplit(" ", 1)[1]) if self.layout.startswith("context parallel") else 1
 
     def config_values(self) -> dict:
+        if self.layout == "expert parallel":
+            return {"distributed.expert_parallel": True, "distributed.shard_base": False,
+                    "distributed.cpu_offload": False}
+        return ({"distributed.expert_parallel": False} if self.expert_choice else {}) | self._base_values()
+
+    def _base_values(self) -> dict:
         if self.context_parallel > 1:
             return {"distributed.shard_base": False, "distributed.cpu_offload": False,
                     "distributed.context_parallel": self.context_parallel}
@@ -98,8 +106,13 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
                             problem="a fine-tune is always sharded (FSDP2)"
                             if config.training_method.value == "FINE_TUNE" else "")]
     plans += _context_parallel(config, prediction, n)
-    plans += _planned_only(config, arch, prediction, n)
-    return plans
+    experts = _expert_parallel(config, arch, prediction, n)
+    if not experts[0].problem:
+        # the trainer runs A14B `both` expert parallel whenever it can (distributed.expert_parallel): the others
+        # are chosen with it turned off
+        for plan in plans:
+            plan.expert_choice = True
+    return plans + experts
 
 
 def _ddp_buckets(config: TrainConfig, prediction: Prediction) -> int:
@@ -131,19 +144,20 @@ def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int) 
     ]
 
 
-def _planned_only(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+def _expert_parallel(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+    """A14B `both`: each half of the GPUs holds one expert and its adapter (half of both experts' weights and
+    trained state), with DDP's buckets for that adapter."""
     parts = prediction.parts
-    traced = prediction.counted_bytes
     weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
-    activations, transient = parts["activations"], parts["transient"]
     two = arch.variant.has_two_experts and config.expert == "both"
-    plans = []
-    expert_problem = "" if two else "needs a two-expert model (A14B) with expert: both"
+    problem = "" if two else "needs a two-expert model (A14B) with expert: both"
     if two and n % 2:
-        expert_problem = "needs an even number of GPUs (half for each expert)"
-    plans.append(LayoutPlan("expert parallel", n, traced - weights // 2 - trained // 2, 0,
-                            "one expert and its adapter per GPU group", built=False, problem=expert_problem))
-    return plans
+        problem = "needs an even number of GPUs (half for each expert)"
+    elif two and config.training_method.value != "LORA":
+        problem = "LoRA only (a fine-tune of both experts is sharded)"
+    return [LayoutPlan("expert parallel", n, prediction.counted_bytes - weights // 2 - trained // 2
+                       + _ddp_buckets(config, prediction) // 2, 0,
+                       f"one expert and its adapter per GPU ({n // 2} GPUs per expert)", problem=problem)]
 
 
 def _context_parallel(config: TrainConfig, prediction: Prediction, n: int) -> list[LayoutPlan]:
@@ -190,6 +204,9 @@ def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) 
 def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | None) -> LayoutPlan:
     """The layout the config asks for (`shard_base: auto`: what `choose` picks for `vram_gib`)."""
     by_name = {p.layout: p for p in plans}
+    experts = by_name.get("expert parallel")
+    if config.distributed.expert_parallel and experts is not None and not experts.problem:
+        return experts   # what the trainer runs for A14B `both` on an even number of GPUs
     if config.distributed.context_parallel > 1:
         return by_name.get(f"context parallel {config.distributed.context_parallel}", plans[0])
     shard = config.distributed.shard_base

@@ -47,6 +47,8 @@ class Parallel:
         self.sharded: dict[str, nn.Module] = {}     # expert name -> fully_shard root (fine-tunes, sharded base)
         self.base_sharded = False                   # adapters over a sharded frozen base
         self.context_parallel = config.distributed.context_parallel if self.world_size > 1 else 1
+        self.experts = None                         # ExpertGroups: A14B `both` with one expert per half of the ranks
+        self._ran = True                            # expert parallel: whether this rank's expert ran the micro-step
 
     @property
     def enabled(self) -> bool:
@@ -66,6 +68,10 @@ class Parallel:
     def layout(self) -> str:
         if not self.enabled:
             return "one process"
+        if self.experts is not None:
+            half = self.world_size // 2
+            return (f"expert parallel (high-noise expert on ranks 0-{half - 1}, low-noise expert on ranks "
+                    f"{half}-{self.world_size - 1}, DDP within each)")
         if self.context_parallel > 1:
             groups = self.world_size // self.context_parallel
             return f"DDP x context parallel ({groups} data-parallel x {self.context_parallel} context-parallel)"
@@ -83,8 +89,11 @@ class Parallel:
 
         experts = setup.experts_in_training()
         method = self.config.training_method
+        from modules.trainer import expert_parallel
         if self.context_parallel > 1:
             self._context_parallel(setup, model, experts, device)
+        elif expert_parallel.applies(self.config, self.world_size):
+            self._expert_parallel(setup, model, device)
         elif method is TrainingMethod.FINE_TUNE:
             self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
             self._shard(model, experts, device, param_dtype=self.config.train_dtype.torch_dtype())
@@ -105,6 +114,26 @@ class Parallel:
                   f"layout: {self.layout}" if self.context_parallel > 1 else
                   f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
                   f"layout: {self.layout}", flush=True)
+
+    def _expert_parallel(self, setup, model, device: torch.device) -> None:
+        """Each half of the ranks holds one expert on its device (the other stays in host memory, untrained here)
+        and averages its gradients over its own half."""
+        from modules.trainer.expert_parallel import ExpertGroups
+        self.setup, self.device = setup, device   # for gathering the experts' trained tensors
+        self.experts = ExpertGroups(self.rank, self.world_size)
+        mine = self.experts.mine
+        performance = getattr(setup, "performance", {}).get(mine)
+        if performance is not None:
+            performance.move_to_device()
+        else:
+            getattr(model, mine).to(device)
+        getattr(model, mine).train()
+        self._data_parallel(setup, {mine: getattr(model, mine)}, device, unused=False, group=self.experts.group)
+
+    @property
+    def own_expert(self) -> str | None:
+        """Expert parallel: the expert this rank trains (None: every rank trains every expert in training)."""
+        return self.experts.mine if self.experts is not None else None
 
     def _context_parallel(self, setup, model, experts: list[str], device: torch.device) -> None:
         """A (dp, ring 1, ulysses cp) mesh: consecutive ranks split one clip's tokens (diffusers' hooks), and DDP
@@ -161,7 +190,7 @@ class Parallel:
                 f"{chosen.layout}: {chosen.peak_gib:.1f} GiB")
 
     def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool,
-                       hook=None) -> None:
+                       hook=None, group=None) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
@@ -172,6 +201,7 @@ class Parallel:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step, frozen)
         self.step_module = DistributedDataParallel(
             step, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False,
+            process_group=group,
             # two experts: each step routes to one, the other's adapter gets no gradient that step
             find_unused_parameters=unused)
         if hook is not None:
@@ -197,7 +227,12 @@ class Parallel:
             self.sharded[name] = transformer
 
     def forward(self, setup, batch: dict, generator: torch.Generator):
-        """(loss, prediction) of this rank's share of the global batch."""
+        """(loss, prediction) of this rank's share of the global batch. Expert parallel: a micro-step routed to the
+        other expert is not run here ((0, None); its ranks run it)."""
+        if self.experts is not None:
+            self._ran = setup.step_expert(generator) == self.experts.mine
+            if not self._ran:
+                return torch.zeros((), device=setup.device), None
         if self.step_module is not None:
             return self.step_module(batch, generator)
         prediction = setup.predict(batch, generator)
@@ -206,7 +241,8 @@ class Parallel:
     def sync_gradients(self, sync: bool) -> None:
         """Gradient accumulation: average across ranks only on the micro-step before an optimizer step."""
         if self.step_module is not None:
-            self.step_module.require_backward_grad_sync = sync
+            # expert parallel: the micro-step before an optimizer step may be the other expert's
+            self.step_module.require_backward_grad_sync = sync or self.experts is not None
         for transformer in self.sharded.values():
             transformer.set_requires_gradient_sync(sync)
 
@@ -231,6 +267,8 @@ class Parallel:
     def gathered(self, model):
         """For saving: on rank 0 each sharded expert appears whole to the usual savers, which write the files a
         single process would. Every rank must enter (the gather is a collective)."""
+        if self.experts is not None:
+            self.experts.gather(self.setup, None, self.device)
         if not self.sharded:
             yield
             return
@@ -265,6 +303,16 @@ class Parallel:
             for name, transformer in self.sharded.items():
                 setattr(model, name, transformer)
 
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """The step's gradient norm on every rank: expert parallel, the norm of the ranks whose expert ran (the
+        others have no gradient)."""
+        if self.experts is None:
+            return norm
+        import torch.distributed as dist
+        norm = norm.float().to(self.device).clone()
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX)
+        return norm
+
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The global batch's loss, detached and left on the device: the mean of the ranks' losses (each rank's is
         weighted for padding)."""
@@ -275,6 +323,8 @@ class Parallel:
             return loss
         total = loss.float().clone()
         dist.all_reduce(total)
+        if self.experts is not None:   # the ranks of the expert that ran the micro-step: the others add 0
+            return total / self.experts.size
         return total / self.world_size
 
 

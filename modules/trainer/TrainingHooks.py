@@ -75,7 +75,7 @@ class TrainingHooks:
             self._sample()
 
     def after_batch(self, batch: dict, prediction) -> None:
-        if self.visualizer is not None:
+        if self.visualizer is not None and prediction is not None:
             self.visualizer.after_batch(batch, prediction)
 
     def log_loss(self, step: int, loss: float, grad_norm: float) -> None:

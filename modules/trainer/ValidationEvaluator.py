@@ -192,6 +192,10 @@ class ValidationEvaluator:
                 items = self.batcher.upstream_indices(index % self.batch_count)
                 batch["item_index"] = torch.tensor(items, dtype=torch.long)  # the noise follows the item
                 for k, sigma in enumerate(self.sigmas):
+                    own = trainer.parallel.own_expert   # expert parallel: each half evaluates its expert's sigmas
+                    if own is not None and setup.expert_for_sigma(sigma) != own:
+                        bar.update()
+                        continue
                     generator = torch.Generator().manual_seed(derive_seed(trainer.config.seed, k, None, "validation"))
                     sigmas = torch.full((len(items),), sigma, dtype=torch.float32)
                     prediction = setup.predict(batch, generator, sigmas=sigmas)

@@ -79,6 +79,9 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
                         for state in all_gather_json(mine)]
     if trainer.parallel.base_sharded:
         return _gather_adapters(trainer), _gather_optimizer(trainer), rng, layout
+    if trainer.parallel.experts is not None:
+        # expert parallel: each expert's adapter and optimizer state from its own ranks first, then as DDP
+        trainer.parallel.experts.gather(trainer.setup, trainer.optimizer, trainer.device)
     if not trainer.parallel.sharded:
         # DDP keeps the trainable weights and optimizer state equal on every rank: rank 0's are the whole state
         return trainer.setup.trainable_state_dict(), trainer.optimizer.state_dict(), rng, layout

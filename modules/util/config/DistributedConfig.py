@@ -22,3 +22,6 @@ class DistributedConfig(BaseConfig):
     context_parallel: int = Field(1, ge=1, le=64, description="split each clip's tokens over this many GPUs (Ulysses "
                                                              "attention: all-to-all over the heads); the processes "
                                                              "form data-parallel groups of this size")
+    expert_parallel: bool = Field(True, description="Wan 2.2 A14B with expert: both (LoRA) on an even number of "
+                                                    "processes: the high-noise expert on the first half, the "
+                                                    "low-noise expert on the second, both training at once")
