@@ -487,3 +487,21 @@ def test_expert_parallel_both_experts_equal_single_process_both(expert_runs):
     for position, entries in one["optimizer"]["state"].items():
         for key, value in entries.items():
             torch.testing.assert_close(parallel["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_model):
+    """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), and the plan the trainer
+    checks at the start is expert parallel unless distributed.expert_parallel is off."""
+    from modules.planner.parallel_plan import configured, plan_layouts
+    values = {**planned_trace(tiny_model("wan2.2-t2v-a14b"))["config"], "expert": "both",
+              "distributed": {"shard_base": "auto"}, "data": {"resolution": 64, "frame_buckets": [9],
+                                                              "aspect_ratios": [1.0]}}
+    config = TrainConfig(**values)
+    plans = {p.layout: p for p in plan_layouts(config, 2)}
+    experts, whole = plans["expert parallel"], plans["DDP"]
+    assert experts.built and not experts.problem and experts.peak_bytes < whole.peak_bytes
+    assert configured(list(plans.values()), config, None) is experts
+    assert experts.config_values()["distributed.expert_parallel"] is True
+    assert whole.config_values() == {"distributed.expert_parallel": False, "distributed.shard_base": False}
+    config.distributed.expert_parallel = False
+    assert configured(list(plans.values()), config, None).layout == "DDP"

@@ -214,5 +214,10 @@ def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | N
         return by_name["sharded base + CPU offload" if config.distributed.cpu_offload else "sharded base"]
     if shard is False:
         return by_name["DDP"]
-    # `shard_base: auto` decides the base's layout only; changing the token split is auto_fit's (choose)
-    return choose([p for p in plans if p.context_parallel == 1], vram_gib)
+    return choose(base_layouts(plans), vram_gib)
+
+
+def base_layouts(plans: list[LayoutPlan]) -> list[LayoutPlan]:
+    """What `shard_base: auto` chooses among: the base's layout only (the token split and the experts' placement
+    are the config's, or auto_fit's)."""
+    return [p for p in plans if p.context_parallel == 1 and p.layout != "expert parallel"]

@@ -175,14 +175,14 @@ class Parallel:
         if device.type != "cuda" or config.sampling.samples_file or config.optimizer.ema \
                 or config.performance.block_swap:
             return None  # no card to overflow, or a setting that needs the whole base on every rank
-        from modules.planner.parallel_plan import choose, plan_layouts
+        from modules.planner.parallel_plan import base_layouts, choose, plan_layouts
         from modules.planner.plan_shapes import PlanError
         try:
             plans = plan_layouts(config, self.world_size)
         except PlanError:
             return None
         free = torch.cuda.mem_get_info(device)[0] / GIB
-        chosen = choose([p for p in plans if p.context_parallel == 1], free)   # the data is dealt already
+        chosen = choose(base_layouts(plans), free)   # the data is dealt already
         if chosen.layout == "DDP":
             return None
         config.distributed.cpu_offload = chosen.config_values().get("distributed.cpu_offload", False)
