@@ -5,9 +5,11 @@ SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
 base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak; "then":
 more runs in the same processes; with "context_check": a folder, also context_parallel_check's tensors);
-{"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
+{"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch (with
+"kill_at": N, killing itself with SIGKILL in its N-th batch); without "fail_rank" it just trains."""
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,7 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 def run_training(spec: dict) -> int:
     import torch
     torch.set_num_threads(1)
-    # "then": further runs {"tmp", "overrides", "results"} in the same processes (starting two more costs more
+    # "then": further runs {"tmp", "overrides", "results", "base"?} in the same processes (starting two more costs more
     # than a tiny run), as is "trace"
     for run in [spec, *spec.get("then", [])]:
         result = train_once(spec, run)
@@ -35,8 +37,8 @@ def run_training(spec: dict) -> int:
 
 def train_once(spec: dict, run: dict) -> dict:
     from learning import train
-    trainer = train(Path(run["tmp"]), spec["base"], spec["dataset"], method=spec["method"], steps=spec["steps"],
-                    overrides=run["overrides"])
+    trainer = train(Path(run["tmp"]), run.get("base", spec["base"]), spec["dataset"], method=spec["method"],
+                    steps=spec["steps"], overrides=run["overrides"])
     result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
             "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
             "base_bytes": base_bytes(trainer.model.transformer), "layout": trainer.parallel.layout,
@@ -82,12 +84,14 @@ def run_failing(spec: dict) -> int:
     import torch
     torch.set_num_threads(1)
     from modules.modelSetup.BaseWanSetup import BaseWanSetup
-    if int(os.environ["RANK"]) == spec["fail_rank"]:
+    if int(os.environ["RANK"]) == spec.get("fail_rank", -1):
         original, calls = BaseWanSetup.calculate_loss, []
 
         def failing(self, batch, prediction):
             calls.append(1)
-            if len(calls) == 2:
+            if len(calls) == spec.get("kill_at", 2):
+                if "kill_at" in spec:   # as a lost machine or the OOM killer ends a process: no word, no cleanup
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("injected failure on this rank")
             return original(self, batch, prediction)
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import shlex
 import shutil
 
 import pytest
@@ -33,6 +34,7 @@ STEPS, BACKUP_AT = 5, 3
 # noise well under the 1e-5 the weights are compared at
 COMMON = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}",
           "backup.rolling_count=5"]
+A14B_VALUES = ["expert=both", "model_type=WAN_2_2", "timestep.shift=12"]   # shift 12: both experts get steps
 
 
 def free_port() -> int:
@@ -243,15 +245,26 @@ def preview_strip(workspace: Path):
 
 
 @pytest.fixture(scope="module")
-def context_runs(lora_runs, squares_dataset):
-    """The LoRA training of lora_runs' single process (batch 2) on 1 data-parallel group x 2 context-parallel ranks,
-    then, in the same processes, the tiny transformer's forward and backward with its tokens split over both."""
+def context_runs(lora_runs, squares_dataset, tiny_model):
+    """In one pair of processes: the LoRA training of lora_runs' single process (batch 2) on 1 data-parallel group x
+    2 context-parallel ranks, then expert_runs' A14B training with one expert per rank, then the tiny transformer's
+    forward and backward with its tokens split over both ranks."""
     tmp = lora_runs["tmp"]
+    experts = tmp / "experts"
+    a14b = tiny_model("wan2.2-t2v-a14b")
+    single = train(experts / "single", a14b, squares_dataset, steps=STEPS,
+                   overrides=COMMON + A14B_VALUES + ["batch_size=2"])
+    (experts / "ranks" / "results").mkdir(parents=True)
+    expert_run = {"tmp": str(experts / "ranks"), "results": str(experts / "ranks" / "results"), "base": str(a14b),
+                  "overrides": COMMON + A14B_VALUES + ["batch_size=2", f"cache_dir={experts / 'single' / 'cache'}"]}
     ranks = run_ranks(tmp / "context", lora_runs["base"], squares_dataset,
                       COMMON + ["batch_size=2", "distributed.context_parallel=2", f"cache_dir={tmp / 'single' / 'cache'}",
                                 *preview_values(tmp)],
-                      context_check=str(tmp / "context" / "check"))
-    return {"ranks": ranks, "check": tmp / "context" / "check"}
+                      context_check=str(tmp / "context" / "check"), then=[expert_run])
+    return {"ranks": ranks, "check": tmp / "context" / "check",
+            "experts": {"tmp": experts, "single": single,
+                        "ranks": [json.loads((experts / "ranks" / "results" / f"rank{r}.json").read_text())
+                                  for r in range(2)]}}
 
 
 def test_context_parallel_forward_and_gradients_equal_one_process(lora_runs, context_runs):
@@ -449,20 +462,12 @@ def test_auto_fit_chooses_context_parallel_when_only_split_tokens_fit(tiny_model
     assert lines[0].startswith("memory plan (2 GPUs, context parallel 2): predicted peak per GPU")
 
 
-A14B_VALUES = ["expert=both", "model_type=WAN_2_2", "timestep.shift=12"]   # shift 12: both experts get steps
-
 
 @pytest.fixture(scope="module")
-def expert_runs(tiny_model, squares_dataset, tmp_path_factory):
-    """A14B `both` LoRA training in one process (batch 2) and expert parallel on 2 ranks: rank 0 the high-noise
-    expert, rank 1 the low-noise one, each taking the whole global batch of 2."""
-    base = tiny_model("wan2.2-t2v-a14b")
-    tmp = tmp_path_factory.mktemp("experts")
-    single = train(tmp / "single", base, squares_dataset, steps=STEPS,
-                   overrides=COMMON + A14B_VALUES + ["batch_size=2"])
-    ranks = run_ranks(tmp / "ranks", base, squares_dataset,
-                      COMMON + A14B_VALUES + ["batch_size=2", f"cache_dir={tmp / 'single' / 'cache'}"])
-    return {"tmp": tmp, "single": single, "ranks": ranks}
+def expert_runs(context_runs):
+    """A14B `both` LoRA training in one process (batch 2) and expert parallel on 2 ranks (in context_runs'
+    processes): rank 0 the high-noise expert, rank 1 the low-noise one, each taking the whole global batch of 2."""
+    return context_runs["experts"]
 
 
 def test_expert_parallel_both_experts_equal_single_process_both(expert_runs):
@@ -505,3 +510,56 @@ def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_mode
     assert whole.config_values() == {"distributed.expert_parallel": False, "distributed.shard_base": False}
     config.distributed.expert_parallel = False
     assert configured(list(plans.values()), config, None).layout == "DDP"
+
+
+def start_agents(spec: dict, folder: Path) -> list[subprocess.Popen]:
+    """Two torchrun agents on this machine as two machines would start them: --nnodes 2, one process each, one c10d
+    rendezvous endpoint (the first agent to bind it hosts the store)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    endpoint = f"127.0.0.1:{free_port()}"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"wan-test-{folder.name}",
+               "--max-restarts", "0", str(WORKER), str(spec_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(2)]
+
+
+def test_two_node_rendezvous_a_killed_rank_stops_all_and_the_resume_is_bit_identical(lora_runs, squares_dataset,
+                                                                                       tmp_path):
+    """Rank 1 is killed (SIGKILL) in step 5, after the backup of step 3: both agents end within a minute, rank 1's
+    agent names it, the surviving rank prints the command that resumes; that command, run on both agents, trains
+    steps 4 and 5 and saves one file, bit for bit the file of the same 2-rank training never interrupted."""
+    cache = lora_runs["tmp"] / "single" / "cache"
+    argv = cli_arguments(lora_runs["base"], squares_dataset, tmp_path, cache,
+                         COMMON + ["batch_size=1", f"max_steps={STEPS}", "output.format=COMFY_LORA"])
+    agents = start_agents({"argv": argv, "fail_rank": 1, "kill_at": STEPS}, tmp_path / "killed")
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + 240
+    while len(ended) < 2 and time.monotonic() < deadline:
+        for index, agent in enumerate(agents):
+            if index not in ended and agent.poll() is not None:
+                ended[index] = time.monotonic()
+        time.sleep(0.2)
+    for agent in agents:
+        if agent.poll() is None:
+            agent.kill()
+    outputs = [agent.communicate()[0] for agent in agents]
+    assert len(ended) == 2, f"an agent hung:\n{outputs}"
+    assert max(ended.values()) - min(ended.values()) < 60
+    assert all(agent.returncode != 0 for agent in agents), outputs
+    text = "\n".join(outputs)
+    assert "rank      : 1 (local_rank: 0)" in text and "Signal 9 (SIGKILL)" in text, text
+    assert "train: rank 0 of 2 stopped" in text, text
+    command = text.split("the job stopped; to resume from the last backup", 1)[1].split("\n")[1].strip()
+    resume = shlex.split(command.split(" && ", 1)[1])[2:]   # python scripts/train.py ARGS
+    assert f"run_name=" in " ".join(resume) and "backup.continue_last_backup=true" in resume
+    agents = start_agents({"argv": resume}, tmp_path / "resumed")
+    outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    assert all(agent.returncode == 0 for agent in agents), outputs
+    saved, uninterrupted = load_file(str(tmp_path / "out.safetensors")), \
+        load_file(str(lora_runs["tmp"] / "ranks" / "out.safetensors"))
+    assert saved.keys() == uninterrupted.keys()
+    assert all(torch.equal(saved[key], uninterrupted[key]) for key in saved)

@@ -26,7 +26,7 @@ from modules.util.config.TrainConfig import TrainConfig
 
 TOLERANCE = 0.05
 # fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit
-BUILT = ("expert parallel", "DDP", "sharded base", "context parallel", "sharded base + CPU offload")
+BUILT = ("DDP", "expert parallel", "sharded base", "context parallel", "sharded base + CPU offload")
 
 
 @dataclass

@@ -2,16 +2,16 @@
 expert lives on the first half of the ranks, the low-noise expert on the second half, each half data parallel (DDP
 over its own group).
 
-Exactly the single-process `both` run, faster. One process routes each micro-step to one expert (a sigma drawn from
-the step's generator, BaseWanSetup.step_expert) and trains that expert alone in it; the two experts share nothing
-trainable (their own adapters, their own optimizer state). So the ranks of an expert walk through the same sequence
-of micro-steps and take those routed to their expert while the other expert's ranks take the others at the same
-time: each expert makes the updates it makes in one process, in the same order, on the same batches, noise and
-sigmas, and the learning-rate schedule follows the shared step count. A step costs the time of the expert that
-runs in it, and each GPU holds one expert.
+Exactly the single-process `both` run, with one expert per GPU. One process routes each micro-step to one expert (a
+sigma drawn from the step's generator, BaseWanSetup.step_expert) and trains that expert alone in it; the two experts
+share nothing trainable (their own adapters, their own optimizer state). So the ranks of an expert walk through the
+same sequence of micro-steps and run those routed to their expert: each expert makes the updates it makes in one
+process, in the same order, on the same batches, noise and sigmas, and the learning-rate schedule follows the shared
+step count. The ranks still meet at every step (loss, gradient norm, stop check), so the two experts' steps do not
+overlap yet: what this layout saves is memory (docs/multi-gpu.md).
 
-The trained tensors (adapters and their optimizer state) of an expert are current on its own ranks; backups, saves
-and validation first bring the other expert's from its first rank (`gather`).
+The trained tensors (adapters and their optimizer state) of an expert are current on its own ranks; backups and saves
+first bring the other expert's from its first rank (`gather`); the validation loss splits its sigmas by expert.
 """
 from __future__ import annotations
 
