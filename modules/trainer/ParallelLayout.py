@@ -2,13 +2,17 @@
 transformer(s) are placed and wrapped (once, before the optimizer is made), this rank's forward pass, gradient sync,
 the gather for saves and the loss every rank reports. The training loop calls the same methods whatever the layout.
 
-Layouts, all over one data-parallel mesh dimension ("dp"; the data loader deals the global batch out along it):
+Layouts (the data loader deals the global batch out along the data-parallel ranks, ranks.data_rank_and_size):
 - one process: the experts are moved to the device as they are;
 - DDP (adapters, embeddings): every rank holds the whole base; the trainable gradients are averaged;
 - FSDP2 (`fully_shard` per block, then the transformer): full fine-tunes, and adapters over a frozen base with
   `distributed.shard_base`, where each rank holds 1/N of the base and FSDP2 gathers one block at a time. FSDP2 leaves
   frozen parameters out of its reduce-scatter, so only the adapters' gradients are averaged (in reduce_dtype, float32
-  by default). `distributed.cpu_offload` keeps the shards in host memory (FSDP2's CPUOffloadPolicy).
+  by default). `distributed.cpu_offload` keeps the shards in host memory (FSDP2's CPUOffloadPolicy);
+- context parallel (`distributed.context_parallel` d, modules/trainer/context_parallel.py): a (dp, ring 1, ulysses d)
+  mesh, each group of d ranks splitting one clip's tokens, DDP over every rank summing a group's partial gradients;
+- expert parallel (A14B `both`, modules/trainer/expert_parallel.py): one expert per half of the ranks, DDP within
+  each half; a micro-step routed to the other expert is not run here.
 """
 import contextlib
 
