@@ -195,6 +195,11 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         rank, world = rank_and_world()
         print(f"train: rank {rank} of {world} stopped: {(str(e).splitlines() or [type(e).__name__])[0]}",
               file=sys.stderr)
+        if trainer is not None and trainer.run_name:
+            # this rank may be the one left: the way on is the same command resumed on every machine
+            print(stop_advice(trainer, argv, "the job stopped; to resume from the last backup, start it on every "
+                              "machine as before (torchrun ... scripts/train.py) with these arguments"),
+                  file=sys.stderr, flush=True)
         return 1
     finally:
         leave_process_group()

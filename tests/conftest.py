@@ -54,3 +54,11 @@ def demo_model(tmp_path_factory) -> Path:
     Treat the folder as read-only."""
     from modules.util.demo_model import make_demo_model
     return make_demo_model(tmp_path_factory.mktemp("demo-model") / "tiny-wan2.1-t2v")
+
+
+@pytest.fixture(scope="session")
+def lora_runs(tiny_model, squares_dataset, tmp_path_factory) -> dict:
+    """The tiny LoRA trained in 1 process x batch 2 and on 2 ranks x batch 1 (tests/multi_gpu_runs.py), shared by
+    the multi-process test files."""
+    from multi_gpu_runs import make_lora_runs
+    return make_lora_runs(tiny_model, squares_dataset, tmp_path_factory)

@@ -4,10 +4,12 @@
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
 base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak; "then":
-more runs in the same processes);
-{"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch."""
+more runs in the same processes; with "context_check": a folder, also context_parallel_check's tensors);
+{"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch (with
+"kill_at": N, killing itself with SIGKILL in its N-th batch); without "fail_rank" it just trains."""
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,13 +21,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 def run_training(spec: dict) -> int:
     import torch
     torch.set_num_threads(1)
-    # "then": further runs {"tmp", "overrides", "results"} in the same processes (starting two more costs more
+    # "then": further runs {"tmp", "overrides", "results", "base"?} in the same processes (starting two more costs more
     # than a tiny run), as is "trace"
     for run in [spec, *spec.get("then", [])]:
         result = train_once(spec, run)
         if "trace" in run:
             result["traced_peak"] = traced_peak(run["trace"])
         Path(run["results"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(result))
+    if "context_check" in spec:
+        context_parallel_check(spec["base"], Path(spec["context_check"]))
     from modules.trainer.distributed import leave_process_group
     leave_process_group()
     return 0
@@ -33,11 +37,31 @@ def run_training(spec: dict) -> int:
 
 def train_once(spec: dict, run: dict) -> dict:
     from learning import train
-    trainer = train(Path(run["tmp"]), spec["base"], spec["dataset"], method=spec["method"], steps=spec["steps"],
-                    overrides=run["overrides"])
-    return {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
+    trainer = train(Path(run["tmp"]), run.get("base", spec["base"]), spec["dataset"], method=spec["method"],
+                    steps=spec["steps"], overrides=run["overrides"])
+    result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
             "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
-            "base_bytes": base_bytes(trainer.model.transformer)}
+            "base_bytes": base_bytes(trainer.model.transformer), "layout": trainer.parallel.layout,
+            "own_expert": trainer.parallel.own_expert}
+    if trainer.parallel.context_parallel > 1:
+        result["block_tokens"] = block_tokens(trainer)
+    return result
+
+
+def block_tokens(trainer) -> list[int]:
+    """The tokens this rank's blocks compute of one training batch (all ranks of a context-parallel group run it)."""
+    import torch
+    seen = []
+    # inside the block: diffusers splits the tokens in the block's own forward, after its pre-hooks
+    handle = trainer.model.transformer.blocks[0].attn1.register_forward_pre_hook(
+        lambda _module, args, kwargs: seen.append((args[0] if args else kwargs["hidden_states"]).shape[1]),
+        with_kwargs=True)
+    try:
+        with torch.no_grad():
+            trainer.setup.predict(next(iter(trainer.data.batches(0))), torch.Generator().manual_seed(0))
+    finally:
+        handle.remove()
+    return seen
 
 
 def base_bytes(transformer) -> list[int]:
@@ -60,12 +84,14 @@ def run_failing(spec: dict) -> int:
     import torch
     torch.set_num_threads(1)
     from modules.modelSetup.BaseWanSetup import BaseWanSetup
-    if int(os.environ["RANK"]) == spec["fail_rank"]:
+    if int(os.environ["RANK"]) == spec.get("fail_rank", -1):
         original, calls = BaseWanSetup.calculate_loss, []
 
         def failing(self, batch, prediction):
             calls.append(1)
-            if len(calls) == 2:
+            if len(calls) == spec.get("kill_at", 2):
+                if "kill_at" in spec:   # as a lost machine or the OOM killer ends a process: no word, no cleanup
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("injected failure on this rank")
             return original(self, batch, prediction)
 
@@ -94,6 +120,45 @@ def traced_peak(trace: dict) -> int:
     counter, _ = trace_step(config, arch, PlanShape(**trace["shape"]), fake=False,
                             place=lambda setup, model: parallel.wrap(setup, model, device))
     return counter.peak
+
+
+def context_inputs(base) -> tuple:
+    """The tiny model's transformer in float32 (every weight trains) and one fixed input: 12 tokens (3 latent frames x
+    2 x 2 patches), 2 heads, and a fixed weighting of the output that the loss sums over."""
+    import torch
+    from diffusers import WanTransformer3DModel
+    transformer = WanTransformer3DModel.from_pretrained(Path(base) / "transformer", torch_dtype=torch.float32)
+    transformer.requires_grad_(True)
+    generator = torch.Generator().manual_seed(7)
+    inputs = {"hidden_states": torch.randn(1, transformer.config.in_channels, 3, 4, 4, generator=generator),
+              "timestep": torch.tensor([613.0]),
+              "encoder_hidden_states": torch.randn(1, 6, transformer.config.text_dim, generator=generator)}
+    weights = torch.randn(1, transformer.config.out_channels, 3, 4, 4, generator=generator)
+    return transformer, inputs, weights
+
+
+def context_parallel_check(base, folder: Path) -> None:
+    """Forward and backward of the tiny transformer with its tokens split over this run's ranks (context
+    parallel, as ParallelLayout wraps it: diffusers' hooks and DDP with the group-sum hook); writes the output and
+    every gradient of this rank to folder/rank<R>.safetensors."""
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    from modules.trainer import context_parallel
+    world = torch.distributed.get_world_size()
+    transformer, inputs, weights = context_inputs(base)
+    mesh = init_device_mesh("cpu", (1, 1, world), mesh_dim_names=("dp", "ring", "ulysses"))
+    context_parallel.enable(transformer, mesh, torch.device("cpu"))
+    wrapped = DistributedDataParallel(transformer)
+    wrapped.register_comm_hook(context_parallel.GroupSum(world), context_parallel.group_sum_hook)
+    output = wrapped(**inputs, return_dict=False)[0]
+    (output * weights).sum().backward()
+    tensors = {"output": output.detach().contiguous()}
+    tensors.update({f"grad.{name}": p.grad.contiguous() for name, p in transformer.named_parameters()})
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / f"rank{os.environ['RANK']}.safetensors"))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,8 @@ failing rank stops every rank."""
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import shutil
 
@@ -20,80 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from learning import train
 from modules.trainer.backup_io import read_backup
 from modules.util.config.TrainConfig import TrainConfig
-
-GIB = 1024 ** 3
-
-ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "distributed_worker.py"
-# 24 squares clips: 12 global batches of 2 an epoch; step 3 is mid-epoch, so a resume must find its data position
-STEPS, BACKUP_AT = 5, 3
-# lr 1e-4: in the first steps LoRA's A matrices get near-zero gradients, and Adam's g / sqrt(v) turns the float
-# rounding of a batch of 2 versus two batches of 1 into relative changes of their updates; a small rate keeps that
-# noise well under the 1e-5 the weights are compared at
-COMMON = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}",
-          "backup.rolling_count=5"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_ranks(spec: dict, folder: Path, world: int = 2) -> list[subprocess.Popen]:
-    """`world` processes with the environment torchrun gives its workers."""
-    folder.mkdir(parents=True, exist_ok=True)
-    spec_path = folder / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    port = free_port()
-    processes = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")   # a crash shows where it happened
-        processes.append(subprocess.Popen([sys.executable, str(WORKER), str(spec_path)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return processes
-
-
-def run_ranks(tmp: Path, base, dataset, overrides, method="LORA", steps=STEPS, **extra) -> list[dict]:
-    results = tmp / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    spec = {"tmp": str(tmp), "base": str(base), "dataset": str(dataset), "method": method, "steps": steps,
-            "overrides": overrides, "results": str(results), **extra}
-    processes = start_ranks(spec, tmp)
-    outputs = [p.communicate(timeout=300)[0] for p in processes]
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output
-    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(2)]
-
-
-def assert_same_tensors(path_a: Path, path_b: Path, atol: float) -> None:
-    a, b = load_file(str(path_a)), load_file(str(path_b))
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
-
-
-def cli_arguments(base, dataset, workspace: Path, cache: Path, values: list[str]) -> list[str]:
-    """scripts/train.py arguments for the tiny model on the squares, as tests/learning.py's `train` sets them."""
-    values = [f"model.base_model_name={base}", f"workspace_dir={workspace / 'run'}", f"cache_dir={cache}",
-              f"output.destination={workspace / 'out.safetensors'}", "output.dtype=FLOAT_32", "device=cpu",
-              "train_dtype=FLOAT_32", "gradient_checkpointing=false", "epochs=1000",
-              f'data.concepts=[{{"path": "{dataset}"}}]', "data.frame_buckets=[9]", "data.resolution=32",
-              "data.aspect_ratios=[1.0]", "data.dataloader_threads=0", "optimizer.weight_decay=0",
-              "timestep.distribution=uniform", "tensorboard=false", *values]
-    return [argument for value in values for argument in ("--config-value", value)]
-
-
-@pytest.fixture(scope="module")
-def lora_runs(tiny_model, squares_dataset, tmp_path_factory):
-    """The same LoRA training as 1 process x batch 2 and as 2 ranks x batch 1, each with a backup at BACKUP_AT."""
-    base = tiny_model("wan2.1-t2v")
-    tmp = tmp_path_factory.mktemp("lora")
-    single = train(tmp / "single", base, squares_dataset, steps=STEPS, overrides=COMMON + ["batch_size=2"])
-    ranks = run_ranks(tmp / "ranks", base, squares_dataset, COMMON + ["batch_size=1"])
-    return {"tmp": tmp, "base": base, "single": single, "ranks": ranks}
+from multi_gpu_runs import (BACKUP_AT, COMMON, GIB, ROOT, STEPS, assert_same_tensors, cli_arguments, copy_backup,
+                            planned_trace, run_ranks, start_ranks, wait_for_all)
 
 
 def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
@@ -212,14 +137,6 @@ def test_gui_memory_line_answers_per_gpu(tiny_model):
                                  f"per GPU")
 
 
-def planned_trace(base) -> dict:
-    """6 blocks, so that one or two gathered blocks are a small part of the base, as at real size."""
-    return {"config": {"model": {"base_model_name": str(base)}, "train_dtype": "BFLOAT_16", "device": "cpu",
-                       "optimizer": {"optimizer": "ADAMW"}, "lora": {"rank": 4, "alpha": 4.0},
-                       "gradient_checkpointing": False, "distributed": {"shard_base": True}},
-            "layers": 6, "shape": {"batch_size": 1, "frames": 9, "height": 64, "width": 64}}
-
-
 def test_one_process_backup_resumes_on_a_sharded_base(lora_runs, sharded_runs):
     tmp, single = lora_runs["tmp"], lora_runs["single"]
     assert sharded_runs["resumed"][0]["losses"] == pytest.approx(single.step_losses[BACKUP_AT:], abs=1e-6)
@@ -235,14 +152,6 @@ def test_caching_is_split_across_ranks(lora_runs):
     # two ranks: the union is complete, nothing is encoded twice, each encodes about half
     assert sum(calls) == len(entries) == 30
     assert all(12 <= c <= 18 for c in calls), calls
-
-
-def copy_backup(source_workspace: Path, target: Path) -> str:
-    """Copies the run's backup into another workspace; returns the run's name (the copy writes another output, so
-    its resume names the run)."""
-    backup = next((source_workspace / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
-    shutil.copytree(backup, target / "run" / "backup" / backup.parent.name / backup.name)
-    return backup.parent.name
 
 
 def test_two_rank_backup_resumes_on_one_process(lora_runs, squares_dataset):
@@ -297,17 +206,7 @@ def test_a_failing_rank_stops_every_rank(lora_runs, squares_dataset, tmp_path):
     cache = lora_runs["tmp"] / "single" / "cache"
     argv = cli_arguments(lora_runs["base"], squares_dataset, tmp_path, cache, ["max_steps=1000", "batch_size=1"])
     processes = start_ranks({"argv": argv, "fail_rank": 1}, tmp_path)
-    ended: dict[int, float] = {}
-    deadline = time.monotonic() + 240
-    while len(ended) < 2 and time.monotonic() < deadline:
-        for rank, process in enumerate(processes):
-            if rank not in ended and process.poll() is not None:
-                ended[rank] = time.monotonic()
-        time.sleep(0.2)
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-    outputs = [p.communicate()[0] for p in processes]
+    ended, outputs = wait_for_all(processes)
     assert len(ended) == 2, f"a rank hung:\n{outputs}"
     assert all(p.returncode != 0 for p in processes), outputs
     assert "train: rank 1 of 2 stopped: injected failure on this rank" in outputs[1]

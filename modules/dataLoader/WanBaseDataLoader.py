@@ -39,7 +39,7 @@ from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.enum.WanVariant import WanVariant
-from modules.util.ranks import all_gather_json, is_main, rank_and_world
+from modules.util.ranks import all_gather_json, data_rank_and_size, is_main, rank_and_world
 from modules.util.video_io import UnreadableMediaError
 
 log = logging.getLogger(__name__)
@@ -227,8 +227,9 @@ class WanBaseDataLoader:
         # E2V items with different elements present carry different numbers of CLIP tokens: batch them apart
         keys = ("frame_bucket", "resolution_bucket") + (("e2v_present",) if self.e2v else ()) \
             + (("reference_count",) if self.vace else ())
-        # several ranks: each draws its share of the single-process global batches (RankBucketBatch)
-        rank, world = rank_and_world()
+        # several ranks: each data-parallel group draws its share of the single-process global batches
+        # (RankBucketBatch); the ranks of one context-parallel group share theirs
+        rank, world = data_rank_and_size()
         modules = self._item_modules() + encoders + [RankBucketBatch(batch_names, self.config.batch_size, rank, world,
                                                                      key_names=keys)]
         self.pipeline = Pipeline(modules, self.config.seed, threads=self.config.data.dataloader_threads)

@@ -101,8 +101,11 @@ class PreviewOutput:
 
 class TrainingSampler:
     def __init__(self, trainer):
+        from modules.util.ranks import is_main
         self.trainer = trainer
         self.failures = 0  # previews skipped because they failed
+        # context parallel: the other ranks of rank 0's group compute each preview with it and write nothing
+        self.writes = is_main()
 
     @property
     def samples_dir(self) -> Path:
@@ -133,9 +136,25 @@ class TrainingSampler:
         sampler = self._sampler()
         notes = []
         for item in self.load_samples():
-            _, sample_notes = sampler.resolve(item.sample)
+            resolved, sample_notes = sampler.resolve(item.sample)
             notes += [f"sample {item.folder_name}: {note}" for note in sample_notes]
+            self._check_splits(resolved)
         return notes
+
+    def _check_splits(self, resolved) -> None:
+        """Context parallel: a preview's tokens must divide over the group as a training clip's must."""
+        from modules.util.ranks import context_parallel
+        size = context_parallel()
+        if size == 1:
+            return
+        from modules.modelSampler.WanModelSampler import SampleError
+        from modules.planner.plan_shapes import resolve_architecture
+        from modules.trainer.context_parallel import token_count
+        tokens = token_count(resolve_architecture(self.trainer.config), resolved.frames, resolved.height,
+                             resolved.width)
+        if tokens % size:
+            raise SampleError(f"a {resolved.frames}x{resolved.width}x{resolved.height} preview has {tokens} tokens, "
+                              f"which do not divide over distributed.context_parallel {size}: choose another size")
 
     def _prompt(self, prompt: str) -> str:
         """Embedding training with several vectors: the placeholder stands for all of its tokens, as in training."""
@@ -202,6 +221,8 @@ class TrainingSampler:
                 continue  # the preview itself
             with adapter_strength(parts, strength):
                 result = sampler.sample(sample)
+            if not self.writes:
+                continue
             frames = result.frames_uint8()
             write_video(folder / f"{name}-x{strength:g}.mp4", frames, result.fps)
             if writer is not None:
@@ -218,11 +239,14 @@ class TrainingSampler:
         started = time.perf_counter()
         sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
         result: SampleResult = sampler.sample(sample)
-        frames = result.frames_uint8()
         folder = self.samples_dir / item.folder_name
-        folder.mkdir(parents=True, exist_ok=True)
         video_path = folder / f"{step}-{epoch}.mp4"
         strip_path = folder / f"{step}-{epoch}.png"
+        if not self.writes:
+            self._other_strengths(sampler, sample, folder, f"{step}-{epoch}", writer, item.folder_name, step)
+            return PreviewOutput(item.index, video_path, strip_path, time.perf_counter() - started, result.notes)
+        frames = result.frames_uint8()
+        folder.mkdir(parents=True, exist_ok=True)
         write_video(video_path, frames, result.fps)
         with atomic_path(strip_path) as tmp:
             Image.fromarray(frame_strip(frames)).save(tmp, format="PNG")

@@ -113,15 +113,26 @@ class BaseWanSetup:
         expert = "transformer"
         if boundary is not None and self.model.variant.has_two_experts:
             experts = self.experts_in_training()
-            if len(experts) == 2:
-                # route the step by a sigma drawn from the whole distribution, so each expert trains as often as
-                # the schedule would use it
-                experts = ["transformer" if sample_sigmas(timestep_config, 1, generator).item() >= boundary
-                           else "transformer_2"]
-            expert = experts[0]
+            expert = self._route(generator) if len(experts) == 2 else experts[0]
             low, high, include_high = (boundary, 1.0, True) if expert == "transformer" else (0.0, boundary, False)
         return expert, torch.cat([sample_sigmas(timestep_config, 1, g, low=low, high=high, include_high=include_high)
                                   for g in item_generators])
+
+    def _route(self, generator: torch.Generator) -> str:
+        # route the step by a sigma drawn from the whole distribution, so each expert trains as often as the
+        # schedule would use it
+        sigma = sample_sigmas(self.config.timestep, 1, generator).item()
+        return "transformer" if sigma >= self.model.boundary_ratio else "transformer_2"
+
+    def step_expert(self, generator: torch.Generator) -> str:
+        """The expert `predict` routes a step to, from a copy of the step's generator (the generator is left as it
+        is): what predict draws before routing, then the routing draw."""
+        experts = self.experts_in_training()
+        if len(experts) == 1 or self.model.boundary_ratio is None:
+            return experts[0]
+        copy = torch.Generator().set_state(generator.get_state())
+        torch.randint(0, 2 ** 62, (1,), generator=copy)   # item_generators' draw
+        return self._route(copy)
 
     @staticmethod
     def item_generators(batch: dict, generator: torch.Generator, count: int) -> list[torch.Generator]:

@@ -9,8 +9,10 @@ W frozen weights, T trainable weights + gradients + optimizer state, A activatio
   runs and the next one (FSDP2 fetches ahead), and the parts outside the blocks (patch and condition embedders,
   head), which stay gathered from the forward pass to the backward pass.
 - sharded base with CPU offload: the shards live in host memory; the GPU holds only the gathered blocks and parts.
-- expert parallel (A14B `expert: both`): each rank holds one expert: W / 2 and T / 2 of a `both` run.
-- context parallel N: one clip's tokens split N ways: A / N and X / N, weights whole.
+- expert parallel (A14B `expert: both`, LoRA): each rank holds one expert: W / 2 and T / 2 of a `both` run, and
+  DDP's buckets for its adapter.
+- context parallel d (d dividing N; N / d data-parallel groups): one clip's tokens split d ways: A / d and X / d,
+  weights whole, DDP's gradient buckets as DDP.
 
 Tolerance: the per-GPU figures inherit the single trace's (within 5 % of a real step) and count the gathered
 blocks in full on top of their shards (at most 2 blocks / N too many): they err on the safe side by that much.
@@ -24,7 +26,7 @@ from modules.util.config.TrainConfig import TrainConfig
 
 TOLERANCE = 0.05
 # fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit
-BUILT = ("DDP", "sharded base", "sharded base + CPU offload")
+BUILT = ("DDP", "expert parallel", "sharded base", "context parallel", "sharded base + CPU offload")
 
 
 @dataclass
@@ -36,6 +38,7 @@ class LayoutPlan:
     holds: str                  # what each GPU holds, in words
     built: bool = True          # False: planned only, the trainer cannot run it yet
     problem: str = ""           # why the layout cannot run this config (heads that do not divide, one expert)
+    expert_choice: bool = False  # an A14B `both` run that could be expert parallel: this layout turns it off
 
     @property
     def peak_bytes(self) -> int:
@@ -48,7 +51,20 @@ class LayoutPlan:
     def fits(self, vram_gib: float) -> bool:
         return not self.problem and self.peak_bytes <= vram_gib * GIB
 
+    @property
+    def context_parallel(self) -> int:
+        return int(self.layout.rsplit(" ", 1)[1]) if self.layout.startswith("context parallel") else 1
+
     def config_values(self) -> dict:
+        if self.layout == "expert parallel":
+            return {"distributed.expert_parallel": True, "distributed.shard_base": False,
+                    "distributed.cpu_offload": False}
+        return ({"distributed.expert_parallel": False} if self.expert_choice else {}) | self._base_values()
+
+    def _base_values(self) -> dict:
+        if self.context_parallel > 1:
+            return {"distributed.shard_base": False, "distributed.cpu_offload": False,
+                    "distributed.context_parallel": self.context_parallel}
         return {"DDP": {"distributed.shard_base": False},
                 "sharded base": {"distributed.shard_base": True, "distributed.cpu_offload": False},
                 "sharded base + CPU offload": {"distributed.shard_base": True,
@@ -89,8 +105,14 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
                             "the whole base and the adapters; gradients averaged",
                             problem="a fine-tune is always sharded (FSDP2)"
                             if config.training_method.value == "FINE_TUNE" else "")]
-    plans += _planned_only(config, arch, prediction, n)
-    return plans
+    plans += _context_parallel(config, prediction, n)
+    experts = _expert_parallel(config, arch, prediction, n)
+    if not experts[0].problem:
+        # the trainer runs A14B `both` expert parallel whenever it can (distributed.expert_parallel): the others
+        # are chosen with it turned off
+        for plan in plans:
+            plan.expert_choice = True
+    return plans + experts
 
 
 def _ddp_buckets(config: TrainConfig, prediction: Prediction) -> int:
@@ -122,29 +144,46 @@ def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int) 
     ]
 
 
-def _planned_only(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+def _expert_parallel(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+    """A14B `both`: each half of the GPUs holds one expert and its adapter (half of both experts' weights and
+    trained state), with DDP's buckets for that adapter."""
+    parts = prediction.parts
+    weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
+    two = arch.variant.has_two_experts and config.expert == "both"
+    problem = "" if two else "needs a two-expert model (A14B) with expert: both"
+    if two and n % 2:
+        problem = "needs an even number of GPUs (half for each expert)"
+    elif two and config.training_method.value != "LORA":
+        problem = "LoRA only (a fine-tune of both experts is sharded)"
+    return [LayoutPlan("expert parallel", n, prediction.counted_bytes - weights // 2 - trained // 2
+                       + _ddp_buckets(config, prediction) // 2, 0,
+                       f"one expert and its adapter per GPU ({n // 2} GPUs per expert)", problem=problem)]
+
+
+def _context_parallel(config: TrainConfig, prediction: Prediction, n: int) -> list[LayoutPlan]:
+    """One plan per context-parallel size d > 1 dividing n (the whole base on every GPU, 1/d of the tokens)."""
+    from modules.trainer.context_parallel import problems
     parts = prediction.parts
     traced = prediction.counted_bytes
-    weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
-    activations, transient = parts["activations"], parts["transient"]
-    two = arch.variant.has_two_experts and config.expert == "both"
+    split = parts["activations"] + parts["transient"]
     plans = []
-    expert_problem = "" if two else "needs a two-expert model (A14B) with expert: both"
-    if two and n % 2:
-        expert_problem = "needs an even number of GPUs (half for each expert)"
-    plans.append(LayoutPlan("expert parallel", n, traced - weights // 2 - trained // 2, 0,
-                            "one expert and its adapter per GPU group", built=False, problem=expert_problem))
-    heads = arch.transformer["num_attention_heads"]
-    cp_problem = "" if heads % n == 0 else f"{heads} attention heads do not divide over {n} GPUs"
-    plans.append(LayoutPlan(f"context parallel {n}", n, weights + trained + (activations + transient) // n
-                            + (traced - weights - trained - activations - transient), 0,
-                            f"the whole base; 1/{n} of each clip's tokens", built=False, problem=cp_problem))
+    for size in (d for d in range(2, n + 1) if n % d == 0):
+        trial = config.model_copy(update={"distributed": config.distributed.model_copy(update={
+            "context_parallel": size, "shard_base": False, "cpu_offload": False})})
+        found = problems(trial, n)
+        plans.append(LayoutPlan(f"context parallel {size}", n, traced - split + split // size
+                                + _ddp_buckets(config, prediction), 0,
+                                f"the whole base; 1/{size} of each clip's tokens ({n // size} data-parallel "
+                                f"groups of {size})",
+                                problem="; ".join(p.split(": ", 1)[1] for p in found)))
     return plans
 
 
 def choose(plans: list[LayoutPlan], vram_gib: float | None) -> LayoutPlan:
     """The fastest built layout that fits `vram_gib` (no size: DDP); else the built one with the smallest peak."""
-    built = [p for p in plans if p.built and not p.problem] or plans[:1]
+    built = sorted((p for p in plans if p.built and not p.problem),
+                   key=lambda p: BUILT.index(p.layout.rstrip("0123456789 ")))
+    built = built or plans[:1]
     if vram_gib is None:
         return built[0]
     fitting = [p for p in built if p.fits(vram_gib)]
@@ -165,9 +204,20 @@ def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) 
 def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | None) -> LayoutPlan:
     """The layout the config asks for (`shard_base: auto`: what `choose` picks for `vram_gib`)."""
     by_name = {p.layout: p for p in plans}
+    experts = by_name.get("expert parallel")
+    if config.distributed.expert_parallel and experts is not None and not experts.problem:
+        return experts   # what the trainer runs for A14B `both` on an even number of GPUs
+    if config.distributed.context_parallel > 1:
+        return by_name.get(f"context parallel {config.distributed.context_parallel}", plans[0])
     shard = config.distributed.shard_base
     if config.training_method.value == "FINE_TUNE" or shard is True or config.distributed.cpu_offload:
         return by_name["sharded base + CPU offload" if config.distributed.cpu_offload else "sharded base"]
     if shard is False:
         return by_name["DDP"]
-    return choose(plans, vram_gib)
+    return choose(base_layouts(plans), vram_gib)
+
+
+def base_layouts(plans: list[LayoutPlan]) -> list[LayoutPlan]:
+    """What `shard_base: auto` chooses among: the base's layout only (the token split and the experts' placement
+    are the config's, or auto_fit's)."""
+    return [p for p in plans if p.context_parallel == 1 and p.layout != "expert parallel"]

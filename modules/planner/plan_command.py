@@ -30,7 +30,7 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
     2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout. `peak_detail`: also
     the largest storages at the peak."""
-    vram_gib = vram_gib if vram_gib is not None else config.performance.auto_fit
+    vram_gib = vram_gib if vram_gib is not None else (config.performance.auto_fit or None)   # 0: no size
     if gpus > 1:
         return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
     try:

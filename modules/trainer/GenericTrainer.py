@@ -310,7 +310,8 @@ class GenericTrainer:
                     self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
                     with self.setup.training_step():
                         loss, prediction = self.parallel.forward(self.setup, batch, generator)
-                        (loss / accumulation).backward()
+                        if prediction is not None:   # expert parallel: None when the other expert's ranks ran it
+                            (loss / accumulation).backward()
                     # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
                     # global batch's loss, so every rank stops alike on a non-finite one
                     micro_losses.append(self.parallel.global_loss(loss))
@@ -370,7 +371,7 @@ class GenericTrainer:
     def _optimizer_step(self, parameters) -> torch.Tensor:
         """The gradient norm stays on the device (read back with the loss)."""
         clip = self.config.optimizer.clip_grad_norm
-        grad_norm = gradient_norm(parameters, clip)
+        grad_norm = self.parallel.global_norm(gradient_norm(parameters, clip))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -2,13 +2,17 @@
 transformer(s) are placed and wrapped (once, before the optimizer is made), this rank's forward pass, gradient sync,
 the gather for saves and the loss every rank reports. The training loop calls the same methods whatever the layout.
 
-Layouts, all over one data-parallel mesh dimension ("dp"; the data loader deals the global batch out along it):
+Layouts (the data loader deals the global batch out along the data-parallel ranks, ranks.data_rank_and_size):
 - one process: the experts are moved to the device as they are;
 - DDP (adapters, embeddings): every rank holds the whole base; the trainable gradients are averaged;
 - FSDP2 (`fully_shard` per block, then the transformer): full fine-tunes, and adapters over a frozen base with
   `distributed.shard_base`, where each rank holds 1/N of the base and FSDP2 gathers one block at a time. FSDP2 leaves
   frozen parameters out of its reduce-scatter, so only the adapters' gradients are averaged (in reduce_dtype, float32
-  by default). `distributed.cpu_offload` keeps the shards in host memory (FSDP2's CPUOffloadPolicy).
+  by default). `distributed.cpu_offload` keeps the shards in host memory (FSDP2's CPUOffloadPolicy);
+- context parallel (`distributed.context_parallel` d, modules/trainer/context_parallel.py): a (dp, ring 1, ulysses d)
+  mesh, each group of d ranks splitting one clip's tokens, DDP over every rank summing a group's partial gradients;
+- expert parallel (A14B `both`, modules/trainer/expert_parallel.py): one expert per half of the ranks, DDP within
+  each half; a micro-step routed to the other expert is not run here.
 """
 import contextlib
 
@@ -46,6 +50,9 @@ class Parallel:
         self.step_module: nn.Module | None = None   # DDP(TrainingStep) when adapters train on several ranks
         self.sharded: dict[str, nn.Module] = {}     # expert name -> fully_shard root (fine-tunes, sharded base)
         self.base_sharded = False                   # adapters over a sharded frozen base
+        self.context_parallel = config.distributed.context_parallel if self.world_size > 1 else 1
+        self.experts = None                         # ExpertGroups: A14B `both` with one expert per half of the ranks
+        self._ran = True                            # expert parallel: whether this rank's expert ran the micro-step
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +72,13 @@ class Parallel:
     def layout(self) -> str:
         if not self.enabled:
             return "one process"
+        if self.experts is not None:
+            half = self.world_size // 2
+            return (f"expert parallel (high-noise expert on ranks 0-{half - 1}, low-noise expert on ranks "
+                    f"{half}-{self.world_size - 1}, DDP within each)")
+        if self.context_parallel > 1:
+            groups = self.world_size // self.context_parallel
+            return f"DDP x context parallel ({groups} data-parallel x {self.context_parallel} context-parallel)"
         if self.base_sharded:
             return "sharded base (FSDP2)" + (" with CPU offload" if self.config.distributed.cpu_offload else "")
         return "sharded (FSDP2)" if self.sharded else "DDP"
@@ -77,12 +91,18 @@ class Parallel:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
         experts = setup.experts_in_training()
         method = self.config.training_method
-        if method is TrainingMethod.FINE_TUNE:
+        from modules.trainer import expert_parallel
+        if self.context_parallel > 1:
+            self._context_parallel(setup, model, experts, device)
+        elif expert_parallel.applies(self.config, self.world_size):
+            self._expert_parallel(setup, model, device)
+        elif method is TrainingMethod.FINE_TUNE:
+            self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
             self._shard(model, experts, device, param_dtype=self.config.train_dtype.torch_dtype())
         elif method is TrainingMethod.LORA and self._shards_base(device):
+            self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
             # adapters keep float32 and the base its own dtype, computed under autocast as in one process
             self.base_sharded = True
             self._shard(model, experts, device, param_dtype=None)
@@ -93,9 +113,50 @@ class Parallel:
                 parts["text_encoder"] = model.text_encoder
             self._data_parallel(setup, parts, device, unused=len(experts) > 1)
         if self.is_main:
-            batch = self.config.batch_size
-            print(f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
+            batch, groups = self.config.batch_size, self.world_size // self.context_parallel
+            print(f"{groups} data-parallel groups x batch_size {batch}: global batch {groups * batch}; "
+                  f"layout: {self.layout}" if self.context_parallel > 1 else
+                  f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
                   f"layout: {self.layout}", flush=True)
+
+    def _expert_parallel(self, setup, model, device: torch.device) -> None:
+        """Each half of the ranks holds one expert on its device (the other stays in host memory, untrained here)
+        and averages its gradients over its own half."""
+        from modules.trainer.expert_parallel import ExpertGroups
+        self.setup, self.device = setup, device   # for gathering the experts' trained tensors
+        self.experts = ExpertGroups(self.rank, self.world_size)
+        mine = self.experts.mine
+        performance = getattr(setup, "performance", {}).get(mine)
+        if performance is not None:
+            performance.move_to_device()
+        else:
+            getattr(model, mine).to(device)
+        getattr(model, mine).train()
+        self._data_parallel(setup, {mine: getattr(model, mine)}, device, unused=False, group=self.experts.group)
+
+    @property
+    def own_expert(self) -> str | None:
+        """Expert parallel: the expert this rank trains (None: every rank trains every expert in training)."""
+        return self.experts.mine if self.experts is not None else None
+
+    def _context_parallel(self, setup, model, experts: list[str], device: torch.device) -> None:
+        """A (dp, ring 1, ulysses cp) mesh: consecutive ranks split one clip's tokens (diffusers' hooks), and DDP
+        over every rank sums each group's partial gradients and averages the groups."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from modules.trainer import context_parallel
+        size = self.context_parallel
+        self.mesh = init_device_mesh(device.type, (self.world_size // size, 1, size),
+                                     mesh_dim_names=("dp", "ring", "ulysses"))
+        setup.move_experts_to_device()
+        for name in experts:
+            context_parallel.enable(getattr(model, name), self.mesh, device)
+        parts = {name: getattr(model, name) for name in experts}
+        if self.config.training_method is TrainingMethod.EMBEDDING:
+            parts["text_encoder"] = model.text_encoder
+        state = context_parallel.GroupSum(size, bf16=self.config.distributed.reduce_dtype == "BFLOAT_16")
+        self._data_parallel(setup, parts, device, unused=len(experts) > 1,
+                            hook=(state, context_parallel.group_sum_hook))
 
     def _shards_base(self, device: torch.device) -> bool:
         """distributed.shard_base; `auto`: rank 0 decides for all, sharding when the whole base does not fit."""
@@ -118,21 +179,22 @@ class Parallel:
         if device.type != "cuda" or config.sampling.samples_file or config.optimizer.ema \
                 or config.performance.block_swap:
             return None  # no card to overflow, or a setting that needs the whole base on every rank
-        from modules.planner.parallel_plan import choose, plan_layouts
+        from modules.planner.parallel_plan import base_layouts, choose, plan_layouts
         from modules.planner.plan_shapes import PlanError
         try:
             plans = plan_layouts(config, self.world_size)
         except PlanError:
             return None
         free = torch.cuda.mem_get_info(device)[0] / GIB
-        chosen = choose(plans, free)
+        chosen = choose(base_layouts(plans), free)   # the data is dealt already
         if chosen.layout == "DDP":
             return None
         config.distributed.cpu_offload = chosen.config_values().get("distributed.cpu_offload", False)
         return (f"predicted peak per GPU with the whole base {plans[0].peak_gib:.1f} GiB, {free:.1f} GiB free; "
                 f"{chosen.layout}: {chosen.peak_gib:.1f} GiB")
 
-    def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool) -> None:
+    def _data_parallel(self, setup, parts: dict[str, nn.Module], device: torch.device, unused: bool,
+                       hook=None, group=None) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
@@ -143,9 +205,12 @@ class Parallel:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step, frozen)
         self.step_module = DistributedDataParallel(
             step, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False,
+            process_group=group,
             # two experts: each step routes to one, the other's adapter gets no gradient that step
             find_unused_parameters=unused)
-        if self.config.distributed.reduce_dtype == "BFLOAT_16":
+        if hook is not None:
+            self.step_module.register_comm_hook(*hook)
+        elif self.config.distributed.reduce_dtype == "BFLOAT_16":
             self.step_module.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
     def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None) -> None:
@@ -166,7 +231,12 @@ class Parallel:
             self.sharded[name] = transformer
 
     def forward(self, setup, batch: dict, generator: torch.Generator):
-        """(loss, prediction) of this rank's share of the global batch."""
+        """(loss, prediction) of this rank's share of the global batch. Expert parallel: a micro-step routed to the
+        other expert is not run here ((0, None); its ranks run it)."""
+        if self.experts is not None:
+            self._ran = setup.step_expert(generator) == self.experts.mine
+            if not self._ran:
+                return torch.zeros((), device=setup.device), None
         if self.step_module is not None:
             return self.step_module(batch, generator)
         prediction = setup.predict(batch, generator)
@@ -175,7 +245,8 @@ class Parallel:
     def sync_gradients(self, sync: bool) -> None:
         """Gradient accumulation: average across ranks only on the micro-step before an optimizer step."""
         if self.step_module is not None:
-            self.step_module.require_backward_grad_sync = sync
+            # expert parallel: the micro-step before an optimizer step may be the other expert's
+            self.step_module.require_backward_grad_sync = sync or self.experts is not None
         for transformer in self.sharded.values():
             transformer.set_requires_gradient_sync(sync)
 
@@ -200,6 +271,8 @@ class Parallel:
     def gathered(self, model):
         """For saving: on rank 0 each sharded expert appears whole to the usual savers, which write the files a
         single process would. Every rank must enter (the gather is a collective)."""
+        if self.experts is not None:
+            self.experts.gather(self.setup, None, self.device)
         if not self.sharded:
             yield
             return
@@ -234,6 +307,16 @@ class Parallel:
             for name, transformer in self.sharded.items():
                 setattr(model, name, transformer)
 
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """The step's gradient norm on every rank: expert parallel, the norm of the ranks whose expert ran (the
+        others have no gradient)."""
+        if self.experts is None:
+            return norm
+        import torch.distributed as dist
+        norm = norm.float().to(self.device).clone()
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX)
+        return norm
+
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The global batch's loss, detached and left on the device: the mean of the ranks' losses (each rank's is
         weighted for padding)."""
@@ -244,6 +327,8 @@ class Parallel:
             return loss
         total = loss.float().clone()
         dist.all_reduce(total)
+        if self.experts is not None:   # the ranks of the expert that ran the micro-step: the others add 0
+            return total / self.experts.size
         return total / self.world_size
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from modules.util.ranks import barrier, is_main, main_decides
+from modules.util.ranks import barrier, in_main_group, is_main, main_decides
 
 
 class Every:
@@ -48,14 +48,15 @@ class TrainingHooks:
         self.smoothed_loss = None
         self.last_loss = None   # the latest loss read back from the device
         self.unsent_losses: list[float] = []   # read back since the last on_update
-        # several ranks: rank 0 alone writes TensorBoard and samples; the others wait for it at a barrier
+        # several ranks: rank 0 alone writes TensorBoard and samples (with context parallel its group computes
+        # them with it); the others wait for it at a barrier
         self.writer = None
         if config.tensorboard and is_main():
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(trainer.tensorboard_dir))
         self.sampling = bool(config.sampling.samples_file)
         self.sampler = None
-        if self.sampling and is_main():
+        if self.sampling and in_main_group():   # context parallel: the ranks of rank 0's group sample together
             from modules.modelSampler.TrainingSampler import TrainingSampler
             self.sampler = TrainingSampler(trainer)
         self.visualizer = None
@@ -74,7 +75,7 @@ class TrainingHooks:
             self._sample()
 
     def after_batch(self, batch: dict, prediction) -> None:
-        if self.visualizer is not None:
+        if self.visualizer is not None and prediction is not None:
             self.visualizer.after_batch(batch, prediction)
 
     def log_loss(self, step: int, loss: float, grad_norm: float) -> None:

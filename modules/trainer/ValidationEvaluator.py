@@ -28,7 +28,7 @@ from modules.modelSetup.timestep_sampling import sample_sigmas
 from modules.trainer.backup_io import verify_backup
 from modules.util.atomic import atomic_write_text
 from modules.util.enum.TrainingMethod import TrainingMethod
-from modules.util.ranks import broadcast_json, is_main, rank_and_world
+from modules.util.ranks import broadcast_json, context_parallel, data_rank_and_size, is_main, rank_and_world
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,10 @@ class ValidationEvaluator:
     def evaluate(self) -> ValidationResult:
         trainer = self.trainer
         setup, device = trainer.setup, trainer.device
-        rank, world = rank_and_world()
+        # the data-parallel groups share the batches out; the ranks of a context-parallel group run each of their
+        # group's batches together and the first of them keeps its losses
+        rank, world = data_rank_and_size()
+        keeps = rank_and_world()[0] % context_parallel() == 0
         losses = torch.zeros(self.item_count, len(self.sigmas), dtype=torch.float64)
         parts = [getattr(trainer.model, name) for name in setup.experts_in_training()]
         if trainer.config.training_method is TrainingMethod.EMBEDDING:
@@ -189,17 +192,21 @@ class ValidationEvaluator:
                 items = self.batcher.upstream_indices(index % self.batch_count)
                 batch["item_index"] = torch.tensor(items, dtype=torch.long)  # the noise follows the item
                 for k, sigma in enumerate(self.sigmas):
+                    own = trainer.parallel.own_expert   # expert parallel: each half evaluates its expert's sigmas
+                    if own is not None and setup.expert_for_sigma(sigma) != own:
+                        bar.update()
+                        continue
                     generator = torch.Generator().manual_seed(derive_seed(trainer.config.seed, k, None, "validation"))
                     sigmas = torch.full((len(items),), sigma, dtype=torch.float32)
                     prediction = setup.predict(batch, generator, sigmas=sigmas)
-                    if index < self.batch_count:
+                    if index < self.batch_count and keeps:
                         losses[items, k] = torch.stack(self._item_losses(batch, prediction)).double().cpu()
                     bar.update()
         finally:
             bar.close()
             for module, mode in modes:
                 module.training = mode
-        if world > 1:
+        if rank_and_world()[1] > 1:
             # every other rank's entries are exact zeros: the sum is each rank's table, bit for bit
             reduced = losses.to(device)
             dist.all_reduce(reduced)

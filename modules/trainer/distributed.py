@@ -17,8 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from modules.trainer import context_parallel, expert_parallel
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.ranks import set_context_parallel, set_expert_parallel
 
 
 def launched_by_torchrun() -> bool:
@@ -45,6 +47,8 @@ def join_process_group(config: TrainConfig) -> torch.device | None:
     if not dist.is_initialized():
         dist.init_process_group(backend_for(device),
                                 timeout=datetime.timedelta(minutes=config.distributed.timeout_minutes))
+    set_context_parallel(config.distributed.context_parallel)
+    set_expert_parallel(expert_parallel.applies(config, dist.get_world_size()))
     return device
 
 
@@ -61,7 +65,9 @@ def process_count(config: TrainConfig) -> int:
 def config_problems(config: TrainConfig) -> list[str]:
     """What stops a multi-process run before any model loads (for ConfigError)."""
     several = launched_by_torchrun() or (config.multi_gpu and process_count(config) > 1)
-    problems = []
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else \
+        process_count(config) if config.multi_gpu else 1
+    problems = context_parallel.problems(config, max(world, 1)) + expert_parallel.problems(config, max(world, 1))
     if config.multi_gpu and not launched_by_torchrun() and process_count(config) == 0:
         problems.append("multi_gpu: no GPU is visible; set distributed.processes to run several CPU processes, or "
                         "turn multi_gpu off")

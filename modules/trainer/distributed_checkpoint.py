@@ -22,13 +22,14 @@ import torch
 
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.trainer.backup_io import restore_rng_state, rng_state
-from modules.util.ranks import all_gather_json, any_rank, rank_and_world
+from modules.util.ranks import all_gather_json, any_rank, data_rank_and_size, rank_and_world
 
 RANKS_FILE = "ranks.json"
 
 
 def backup_layout(folder: Path) -> dict:
-    """{"world_size", "batch_size"} of the run that wrote the backup (a single-process backup: 1 x its batch)."""
+    """{"world_size", "batch_size"} of the run that wrote the backup (a single-process backup: 1 x its batch);
+    "world_size" counts the data-parallel groups (context-parallel ranks share a batch)."""
     if (folder / RANKS_FILE).is_file():
         return json.loads((folder / RANKS_FILE).read_text())
     return {"world_size": 1, "batch_size": json.loads((folder / "config.json").read_text())["batch_size"]}
@@ -42,7 +43,7 @@ def keep_global_batch(trainer) -> None:
         return
     layout = backup_layout(folder)
     saved = layout["world_size"] * layout["batch_size"]
-    _, world = rank_and_world()
+    _, world = data_rank_and_size()
     if trainer.config.batch_size * world == saved:
         return
     if saved % world:
@@ -68,7 +69,7 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     rank, world = rank_and_world()
-    layout = {"world_size": world, "batch_size": trainer.config.batch_size}
+    layout = {"world_size": data_rank_and_size()[1], "batch_size": trainer.config.batch_size}
     rng = rng_state()
     if world > 1:
         mine = {"torch": torch.get_rng_state().tolist()}
@@ -78,6 +79,9 @@ def gather_backup_state(trainer) -> tuple[dict, dict, dict, dict]:
                         for state in all_gather_json(mine)]
     if trainer.parallel.base_sharded:
         return _gather_adapters(trainer), _gather_optimizer(trainer), rng, layout
+    if trainer.parallel.experts is not None:
+        # expert parallel: each expert's adapter and optimizer state from its own ranks first, then as DDP
+        trainer.parallel.experts.gather(trainer.setup, trainer.optimizer, trainer.device)
     if not trainer.parallel.sharded:
         # DDP keeps the trainable weights and optimizer state equal on every rank: rank 0's are the whole state
         return trainer.setup.trainable_state_dict(), trainer.optimizer.state_dict(), rng, layout

@@ -13,6 +13,47 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+# distributed.context_parallel: consecutive ranks form one context-parallel group (one clip's tokens split over
+# them); the groups are the data-parallel ranks. Set once by distributed.join_process_group.
+_context_parallel = 1
+
+
+# expert parallel (A14B `both`): the first half of the ranks trains one expert, the second half the other; each
+# half is data parallel on its own and both halves take the same batches
+_expert_parallel = False
+
+
+def set_context_parallel(size: int) -> None:
+    global _context_parallel
+    _context_parallel = int(size)
+
+
+def set_expert_parallel(on: bool) -> None:
+    global _expert_parallel
+    _expert_parallel = bool(on)
+
+
+def context_parallel() -> int:
+    return _context_parallel if rank_and_world()[1] > 1 else 1
+
+
+def data_rank_and_size() -> tuple[int, int]:
+    """(this process's data-parallel group, the number of groups): what the data is dealt out along. The ranks
+    of one context-parallel group share their batches (mesh (dp, cp): rank = dp index x cp + cp index); with expert
+    parallel, rank r of each half takes the same share."""
+    rank, world = rank_and_world()
+    if _expert_parallel and world > 1:
+        return rank % (world // 2), world // 2
+    size = context_parallel()
+    return rank // size, world // size
+
+
+def in_main_group() -> bool:
+    """Whether this rank belongs to rank 0's context-parallel group (rank 0 alone without context parallel): the
+    ranks that run a preview together, rank 0 writing it."""
+    return rank_and_world()[0] < context_parallel()
+
+
 def is_main() -> bool:
     return rank_and_world()[0] == 0
 
@@ -42,6 +83,11 @@ def all_gather_json(value) -> list:
     gathered = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(gathered, padded)
     return [json.loads(bytes(g[:int(s.item())].cpu().tolist()).decode()) for g, s in zip(gathered, sizes)]
+
+
+def broadcast_json_from(value, source: int):
+    """Rank `source`'s `value` on every rank."""
+    return all_gather_json(value)[source]
 
 
 def broadcast_json(value):

@@ -19,3 +19,10 @@ class DistributedConfig(BaseConfig):
     cpu_offload: bool = Field(False, description="sharded runs: keep each GPU's shard of the weights (and of the "
                                                  "gradients and optimizer state) in host memory, gathered block by "
                                                  "block (FSDP2's CPU offload, the multi-GPU block swap)")
+    context_parallel: int = Field(1, ge=1, le=64, description="split each clip's tokens over this many GPUs (Ulysses "
+                                                             "attention: all-to-all over the heads); the processes "
+                                                             "form data-parallel groups of this size")
+    expert_parallel: bool = Field(True, description="Wan 2.2 A14B with expert: both (LoRA) on an even number of "
+                                                    "processes: the high-noise expert on the first half, the "
+                                                    "low-noise expert on the second (each GPU holds one expert; "
+                                                    "false: DDP, every GPU holds both)")

@@ -1,0 +1,185 @@
+"""The layouts beyond DDP and a sharded base (gloo on the CPU, 2 ranks), each against one process: context parallel
+(one clip's tokens over the ranks), expert-parallel A14B (one expert per rank), and two torchrun agents meeting at a
+c10d rendezvous as two machines do (a killed rank stops both; the resume is bit-identical)."""
+import json
+import shlex
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from learning import train
+from modules.trainer.backup_io import read_backup
+from modules.trainer.GenericTrainer import step_seed
+from modules.util.config.TrainConfig import TrainConfig
+from multi_gpu_runs import (A14B_VALUES, BACKUP_AT, COMMON, GIB, ROOT, STEPS, assert_same_tensors, cli_arguments,
+                            planned_trace, preview_strip, preview_values, run_ranks, start_agents,
+                            wait_for_all)
+
+
+@pytest.fixture(scope="module")
+def context_runs(lora_runs, squares_dataset, tiny_model):
+    """In one pair of processes: the LoRA training of lora_runs' single process (batch 2) on 1 data-parallel group x
+    2 context-parallel ranks, then expert_runs' A14B training with one expert per rank, then the tiny transformer's
+    forward and backward with its tokens split over both ranks."""
+    tmp = lora_runs["tmp"]
+    experts = tmp / "experts"
+    a14b = tiny_model("wan2.2-t2v-a14b")
+    single = train(experts / "single", a14b, squares_dataset, steps=STEPS,
+                   overrides=COMMON + A14B_VALUES + ["batch_size=2"])
+    (experts / "ranks" / "results").mkdir(parents=True)
+    expert_run = {"tmp": str(experts / "ranks"), "results": str(experts / "ranks" / "results"), "base": str(a14b),
+                  "overrides": COMMON + A14B_VALUES + ["batch_size=2", f"cache_dir={experts / 'single' / 'cache'}"]}
+    ranks = run_ranks(tmp / "context", lora_runs["base"], squares_dataset,
+                      COMMON + ["batch_size=2", "distributed.context_parallel=2", f"cache_dir={tmp / 'single' / 'cache'}",
+                                *preview_values(tmp)],
+                      context_check=str(tmp / "context" / "check"), then=[expert_run])
+    return {"ranks": ranks, "check": tmp / "context" / "check",
+            "experts": {"tmp": experts, "single": single,
+                        "ranks": [json.loads((experts / "ranks" / "results" / f"rank{r}.json").read_text())
+                                  for r in range(2)]}}
+
+
+def test_context_parallel_forward_and_gradients_equal_one_process(lora_runs, context_runs):
+    from distributed_worker import context_inputs
+    transformer, inputs, weights = context_inputs(lora_runs["base"])
+    assert transformer.config.num_attention_heads == 2
+    output = transformer(**inputs, return_dict=False)[0]
+    (output * weights).sum().backward()
+    for rank in range(2):
+        split = load_file(str(context_runs["check"] / f"rank{rank}.safetensors"))
+        torch.testing.assert_close(split["output"], output.detach(), atol=1e-5, rtol=0)
+        for name, parameter in transformer.named_parameters():
+            torch.testing.assert_close(split[f"grad.{name}"], parameter.grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_lora_with_context_parallel_equals_single_process(lora_runs, context_runs):
+    """dp 1 x cp 2: both ranks take the whole global batch of 2 and each holds half of its tokens."""
+    single, tmp, ranks = lora_runs["single"], lora_runs["tmp"], context_runs["ranks"]
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    # each rank's blocks computed half of the batch's tokens: 9x32x32 clips are 3 latent frames x 2 x 2 patches
+    assert [rank["block_tokens"] for rank in ranks] == [[6], [6]]
+    assert_same_tensors(tmp / "context" / "out.safetensors", tmp / "single" / "out.safetensors", atol=1e-5)
+    backup = next((tmp / "context" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
+    assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 1, "batch_size": 2}
+    # the preview, computed by both ranks with the tokens split and written by rank 0, is the single process's
+    single_strip, strip = preview_strip(tmp / "single"), preview_strip(tmp / "context")
+    assert strip.shape == single_strip.shape
+    assert abs(strip.astype(int) - single_strip.astype(int)).max() <= 1
+
+
+def test_context_parallel_that_cannot_divide_stops_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
+    """The tiny model has 2 heads; a 1x32x32 image is 1 latent frame x 2 x 2 = 4 tokens: 3 GPUs split neither,
+    and 3 does not divide 4 processes. All three are said at once, before any model loads."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    common = cli_arguments(tiny_model("wan2.1-t2v"), squares_dataset, tmp_path, tmp_path / "cache",
+                           ["multi_gpu=true", "distributed.processes=4", "distributed.context_parallel=3",
+                            "data.frame_buckets=[1, 9]"])
+    assert train_script.main(common) == 2
+    err = capsys.readouterr().err
+    assert "distributed.context_parallel: 3 does not divide the 4 processes" in err
+    assert "the model's 2 attention heads do not divide over 3 GPUs" in err
+    assert "the tokens (latent frames x height/16 x width/16) of 1x32x32 (4) do not divide over 3 GPUs" in err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_auto_fit_chooses_context_parallel_when_only_split_tokens_fit(tiny_model, monkeypatch):
+    """2 GPUs: every layout is listed per GPU, and a card that holds the run only with half of each clip's tokens
+    per GPU (not with the whole or a sharded base) makes performance.auto_fit choose context parallel 2."""
+    from modules.planner.parallel_plan import plan_layouts, report
+    from modules.planner.plan_command import check_fits_device
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    values = {**planned_trace(tiny_model("wan2.1-t2v"))["config"], "distributed": {"shard_base": "auto"},
+              "data": {"resolution": 128, "frame_buckets": [17], "aspect_ratios": [1.0]}}
+    plans = {p.layout: p for p in plan_layouts(TrainConfig(**values), 2)}
+    assert {"DDP", "sharded base", "sharded base + CPU offload", "context parallel 2"} <= plans.keys()
+    split, whole = plans["context parallel 2"], plans["DDP"]
+    assert split.built and not split.problem and split.peak_bytes < plans["sharded base"].peak_bytes
+    card = (split.peak_bytes + min(plans["sharded base"].peak_bytes, whole.peak_bytes)) / 2 / GIB
+    assert "context parallel 2" in report(list(plans.values()), split, card)
+    config = TrainConfig(**values)
+    config.performance.auto_fit = card
+    lines = []
+    check_fits_device(config, "cpu", out=lines.append)
+    assert config.distributed.context_parallel == 2 and config.distributed.shard_base is False
+    assert lines[0].startswith("memory plan (2 GPUs, context parallel 2): predicted peak per GPU")
+
+
+@pytest.fixture(scope="module")
+def expert_runs(context_runs):
+    """A14B `both` LoRA training in one process (batch 2) and expert parallel on 2 ranks (in context_runs'
+    processes): rank 0 the high-noise expert, rank 1 the low-noise one, each taking the whole global batch of 2."""
+    return context_runs["experts"]
+
+
+def test_expert_parallel_both_experts_equal_single_process_both(expert_runs):
+    single, ranks, tmp = expert_runs["single"], expert_runs["ranks"], expert_runs["tmp"]
+    routed = {single.setup.step_expert(torch.Generator().manual_seed(step_seed(single.config.seed, step)))
+              for step in range(STEPS)}
+    assert routed == {"transformer", "transformer_2"}   # both experts trained in these steps
+    assert [rank["own_expert"] for rank in ranks] == ["transformer", "transformer_2"]
+    assert ranks[0]["layout"].startswith("expert parallel")
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    for suffix in ("_high_noise", "_low_noise"):
+        assert_same_tensors(tmp / "ranks" / f"out{suffix}.safetensors", tmp / "single" / f"out{suffix}.safetensors",
+                            atol=1e-5)
+    # the backup holds both experts' adapters and optimizer state, gathered from their ranks: the single process's
+    parallel, one = (read_backup(next((tmp / name / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))
+                     for name in ("ranks", "single"))
+    assert parallel["trainable"].keys() == one["trainable"].keys()
+    for key in one["trainable"]:
+        torch.testing.assert_close(parallel["trainable"][key], one["trainable"][key], atol=1e-5, rtol=0, msg=key)
+    assert parallel["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
+    for position, entries in one["optimizer"]["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(parallel["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_model):
+    """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), and the plan the trainer
+    checks at the start is expert parallel unless distributed.expert_parallel is off."""
+    from modules.planner.parallel_plan import configured, plan_layouts
+    values = {**planned_trace(tiny_model("wan2.2-t2v-a14b"))["config"], "expert": "both",
+              "distributed": {"shard_base": "auto"}, "data": {"resolution": 64, "frame_buckets": [9],
+                                                              "aspect_ratios": [1.0]}}
+    config = TrainConfig(**values)
+    plans = {p.layout: p for p in plan_layouts(config, 2)}
+    experts, whole = plans["expert parallel"], plans["DDP"]
+    assert experts.built and not experts.problem and experts.peak_bytes < whole.peak_bytes
+    assert configured(list(plans.values()), config, None) is experts
+    assert experts.config_values()["distributed.expert_parallel"] is True
+    assert whole.config_values() == {"distributed.expert_parallel": False, "distributed.shard_base": False}
+    config.distributed.expert_parallel = False
+    assert configured(list(plans.values()), config, None).layout == "DDP"
+
+
+def test_two_node_rendezvous_a_killed_rank_stops_all_and_the_resume_is_bit_identical(lora_runs, squares_dataset,
+                                                                                       tmp_path):
+    """Rank 1 is killed (SIGKILL) in step 5, after the backup of step 3: both agents end within a minute, rank 1's
+    agent names it, the surviving rank prints the command that resumes; that command, run on both agents, trains
+    steps 4 and 5 and saves one file, bit for bit the file of the same 2-rank training never interrupted."""
+    cache = lora_runs["tmp"] / "single" / "cache"
+    argv = cli_arguments(lora_runs["base"], squares_dataset, tmp_path, cache,
+                         COMMON + ["batch_size=1", f"max_steps={STEPS}", "output.format=COMFY_LORA"])
+    agents = start_agents({"argv": argv, "fail_rank": 1, "kill_at": STEPS}, tmp_path / "killed")
+    ended, outputs = wait_for_all(agents)
+    assert len(ended) == 2, f"an agent hung:\n{outputs}"
+    assert max(ended.values()) - min(ended.values()) < 60
+    assert all(agent.returncode != 0 for agent in agents), outputs
+    text = "\n".join(outputs)
+    assert "rank      : 1 (local_rank: 0)" in text and "Signal 9 (SIGKILL)" in text, text
+    assert "train: rank 0 of 2 stopped" in text, text
+    command = text.split("the job stopped; to resume from the last backup", 1)[1].split("\n")[1].strip()
+    resume = shlex.split(command.split(" && ", 1)[1])[2:]   # python scripts/train.py ARGS
+    assert f"run_name=" in " ".join(resume) and "backup.continue_last_backup=true" in resume
+    agents = start_agents({"argv": resume}, tmp_path / "resumed")
+    outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    assert all(agent.returncode == 0 for agent in agents), outputs
+    saved, uninterrupted = load_file(str(tmp_path / "out.safetensors")), \
+        load_file(str(lora_runs["tmp"] / "ranks" / "out.safetensors"))
+    assert saved.keys() == uninterrupted.keys()
+    assert all(torch.equal(saved[key], uninterrupted[key]) for key in saved)
