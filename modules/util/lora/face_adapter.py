@@ -14,6 +14,8 @@ import re
 
 import torch
 
+from modules.util.lora.LoraModule import LoraModule
+
 _FUSED = re.compile(r"^face_adapter\.(\d+)\.linear1_kv$")
 _SPLIT = re.compile(r"^face_adapter\.(\d+)\.to_([kv])$")
 
@@ -22,7 +24,6 @@ def fuse_face_key_value(weights: dict) -> dict:
     """`weights` (diffusers module name -> LoraModule) with each face adapter block's to_k / to_v pair as one
     `face_adapter.N.linear1_kv` module; other modules as they are. LoHa / LoKr adapters on them cannot be stacked
     (ValueError)."""
-    from modules.util.lora.formats import LoraModule
     out, pairs = {}, {}
     for name, module in weights.items():
         match = _SPLIT.match(name)
@@ -60,7 +61,6 @@ def fuse_face_key_value(weights: dict) -> dict:
 
 def split_face_key_value(weights: dict) -> dict:
     """`weights` with each `face_adapter.N.linear1_kv` module as diffusers' to_k and to_v modules."""
-    from modules.util.lora.formats import LoraModule
     out = {}
     for name, module in weights.items():
         match = _FUSED.match(name)

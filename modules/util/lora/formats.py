@@ -42,7 +42,6 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -53,36 +52,11 @@ from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.lora.lycoris import (LYCORIS_SUFFIXES, LohaModule, LokrModule, LycorisModule, is_lycoris_roles,
                                           lycoris_from_roles, lycoris_state_items)
 from modules.util.lora.face_adapter import fuse_face_key_value, split_face_key_value
+from modules.util.lora.LoraModule import LoraModule
 from modules.util.lora.keys import (KEY_TABLE, diffusers_module_to_original, is_original_format,
                                    original_module_to_diffusers)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class LoraModule:
-    down: Tensor  # lora_A: (rank, in) or (rank, in, *kernel)
-    up: Tensor  # lora_B: (out, rank) or (out, rank, 1, 1, 1)
-    alpha: float
-    dora_scale: Tensor | None = None  # (out, 1) or (1, in), see the module docstring
-
-    @property
-    def rank(self) -> int:
-        return self.down.shape[0]
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    def delta(self, strength: float = 1.0, dtype: torch.dtype = torch.float32, device=None) -> Tensor:
-        """`up @ down * alpha / rank * strength`, shaped like the adapted weight: (out, in) or (out, in, *kernel)."""
-        up = self.up.to(device=device, dtype=dtype).flatten(1)
-        down = self.down.to(device=device, dtype=dtype).flatten(1)
-        return (up @ down * (self.scale * strength)).reshape(self.up.shape[0], *self.down.shape[1:])
-
-    def cast_factors(self, dtype: torch.dtype) -> None:
-        """down and up to `dtype` in place (dora_scale as it is)."""
-        self.down, self.up = self.down.to(dtype), self.up.to(dtype)
 
 
 AdapterModule = LoraModule | LohaModule | LokrModule
