@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from modules.util.config.ConfigError import ConfigError
-from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
+from modules.util.config.dataset_toml_checks import check_exists, check_keys, round_frames
 
 BUCKET_KEYS = {"resolutions", "enable_ar_bucket", "min_ar", "max_ar", "num_ar_buckets", "ar_buckets", "frame_buckets"}
 TOP_KEYS = BUCKET_KEYS | {"num_repeats", "skip_empty_caption", "shuffle_metadata", "directory"}

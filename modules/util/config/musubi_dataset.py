@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from modules.util.config.ConfigError import ConfigError
-from modules.util.config.dataset_toml import check_exists, check_keys, round_frames
+from modules.util.config.dataset_toml_checks import check_exists, check_keys, round_frames
 from modules.util.text_encoding import read_text_file
 
 log = logging.getLogger(__name__)
