@@ -24,7 +24,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
-
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir() or path.suffix.lower() == ".jsonl":
