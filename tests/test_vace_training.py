@@ -118,3 +118,30 @@ def test_a_full_fine_tune_of_the_vace_blocks_alone_leaves_the_base_untouched(tin
     changed = {name for name in before if not torch.equal(before[name], after[name].to(before[name].dtype))}
     assert changed and all(name.startswith(("vace_blocks.", "vace_patch_embedding.")) for name in changed)
     assert any(name.startswith("vace_patch_embedding.") for name in changed)
+
+
+def test_a_preview_takes_its_samples_control_mask_and_references(trained, tmp_path):
+    """A samples file's control_video / mask_video / reference_images (relative to the file) reach the preview: it
+    equals `sample` given the same inputs, and differs from the preview without the control."""
+    import json
+    import shutil
+
+    from modules.modelSampler.TrainingSampler import TrainingSampler, frame_strip
+    trainer, tmp, _ = trained
+    data = tmp / "data"
+    samples = tmp_path / "samples"
+    shutil.copytree(data / "clip_0_control", samples / "control")
+    for name in ("clip_0_mask.png", "clip_0_ref.png"):
+        shutil.copy(data / name, samples / name)
+    common = dict(prompt="a red square moving right", width=SIZE, height=SIZE, frames=FRAMES, steps=2, seed=5,
+                  guidance=3.0, negative_prompt="blurry")
+    (samples / "samples.json").write_text(json.dumps([
+        {**common, "control_video": "control", "mask_video": "clip_0_mask.png", "reference_images": ["clip_0_ref.png"]},
+        {**common, "mask_video": "clip_0_mask.png", "reference_images": ["clip_0_ref.png"]}]))
+    trainer.config.sampling.samples_file = str(samples / "samples.json")
+    outputs = TrainingSampler(trainer).sample_all()
+    assert len(outputs) == 2
+    strips = [np.array(Image.open(output.strip)) for output in outputs]
+    direct = WanModelSampler(trainer.model, "cpu").sample(_sample(data)).frames_uint8()
+    np.testing.assert_array_equal(strips[0], frame_strip(direct))
+    assert not np.array_equal(strips[0], strips[1])
