@@ -272,8 +272,9 @@ def test_prompt_line_errors(tmp_path, caplog):
     with pytest.raises(SampleDefinitionError, match="--w"):
         parse_prompt_line("x --w wide")
     with caplog.at_level(logging.WARNING):
-        assert parse_prompt_line("x --cn control.mp4").prompt == "x"
+        assert parse_prompt_line("x --ci control.png").prompt == "x"
     assert "ignored" in caplog.text
+    assert parse_prompt_line("x --cn control.mp4").control_video == "control.mp4"   # musubi-tuner's control video
     (tmp_path / "bad.json").write_text('[{"prompt": "x", "widht": 3}]', encoding="utf-8")
     with pytest.raises(SampleDefinitionError, match="widht"):
         load_sample_definitions(tmp_path / "bad.json")

@@ -102,7 +102,7 @@ def test_comfy_lora_names_the_vace_blocks_as_comfyui(trained, tmp_path):
     with pytest.raises(ValueError):
         WanVACEPipeline.from_pretrained(folder).load_lora_weights(str(path))
     [note] = format_notes("LORA", "COMFY_LORA", targets="vace")
-    assert "for WanVACEPipeline write DIFFUSERS_LORA" in note
+    assert "<name>.diffusers.safetensors (DIFFUSERS_LORA) for WanVACEPipeline" in note
     assert not any("VACE" in n for n in format_notes("LORA", "DIFFUSERS_LORA", targets="vace"))
 
 
@@ -118,3 +118,55 @@ def test_a_full_fine_tune_of_the_vace_blocks_alone_leaves_the_base_untouched(tin
     changed = {name for name in before if not torch.equal(before[name], after[name].to(before[name].dtype))}
     assert changed and all(name.startswith(("vace_blocks.", "vace_patch_embedding.")) for name in changed)
     assert any(name.startswith("vace_patch_embedding.") for name in changed)
+
+
+def test_a_preview_takes_its_samples_control_mask_and_references(trained, tmp_path):
+    """A samples file's control_video / mask_video / reference_images (relative to the file) reach the preview: it
+    equals `sample` given the same inputs, and differs from the preview without the control."""
+    import json
+    import shutil
+
+    from modules.modelSampler.TrainingSampler import TrainingSampler, frame_strip
+    trainer, tmp, _ = trained
+    data = tmp / "data"
+    samples = tmp_path / "samples"
+    shutil.copytree(data / "clip_0_control", samples / "control")
+    for name in ("clip_0_mask.png", "clip_0_ref.png"):
+        shutil.copy(data / name, samples / name)
+    common = dict(prompt="a red square moving right", width=SIZE, height=SIZE, frames=FRAMES, steps=2, seed=5,
+                  guidance=3.0, negative_prompt="blurry")
+    (samples / "samples.json").write_text(json.dumps([
+        {**common, "control_video": "control", "mask_video": "clip_0_mask.png", "reference_images": ["clip_0_ref.png"]},
+        {**common, "mask_video": "clip_0_mask.png", "reference_images": ["clip_0_ref.png"]}]))
+    trainer.config.sampling.samples_file = str(samples / "samples.json")
+    outputs = TrainingSampler(trainer).sample_all()
+    assert len(outputs) == 2
+    strips = [np.array(Image.open(output.strip)) for output in outputs]
+    direct = WanModelSampler(trainer.model, "cpu").sample(_sample(data)).frames_uint8()
+    np.testing.assert_array_equal(strips[0], frame_strip(direct))
+    assert not np.array_equal(strips[0], strips[1])
+
+
+def test_a_comfy_lora_save_writes_the_file_wan_vace_pipeline_reads_and_both_give_the_trained_output(trained, tmp_path):
+    """COMFY_LORA keeps ComfyUI's names; the companion `<name>.diffusers.safetensors` beside it loads in
+    `WanVACEPipeline.load_lora_weights`, whose output equals our sampler's with the COMFY_LORA file merged."""
+    from diffusers import WanVACEPipeline
+
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.modelSampler.sampling_io import apply_lora_files
+    from modules.util.config.ModelConfig import ModelConfig
+    trainer, tmp, folder = trained
+    comfy, companion = trainer.setup.save_result(str(tmp_path / "vace.safetensors"), ModelFormat.COMFY_LORA, None,
+                                                 None)
+    assert companion == tmp_path / "vace.diffusers.safetensors"
+    with safe_open(str(comfy), "pt") as f:
+        assert all(key.startswith("diffusion_model.vace_blocks.") for key in f.keys())
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(folder)))
+    apply_lora_files(model, [(comfy, 1.0)])
+    ours = WanModelSampler(model, device="cpu").sample(_sample(tmp / "data")).latents
+    peer = WanVACEPipeline.from_pretrained(folder)
+    base = _pipeline_latents(peer, tmp / "data")[0]
+    peer.load_lora_weights(str(companion), adapter_name="trained")
+    theirs = _pipeline_latents(peer, tmp / "data")[0]
+    assert (theirs - base).abs().max() > 1e-3   # the adapter changes the output
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)

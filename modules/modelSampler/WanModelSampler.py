@@ -433,10 +433,8 @@ class WanModelSampler:
                 if e2v:
                     e2v_condition, image_embeds = self._e2v_inputs(resolved, placement)
                 elif fun:
-                    from modules.modelSampler.fun_sampling import fun_condition, fun_image_embeds
-                    with placement.using("vae", *(("image_encoder",) if model.image_encoder is not None else ())):
-                        e2v_condition = fun_condition(model, resolved, first).to(self.device)
-                        image_embeds = fun_image_embeds(model, first)
+                    from modules.modelSampler.fun_sampling import fun_inputs
+                    e2v_condition, image_embeds = fun_inputs(model, resolved, first, placement, self.device)
                 if image_mode and model.image_encoder is not None and model.uses_image_tokens:
                     with placement.using("image_encoder"):
                         image_embeds = model.encode_image([first] if last is None else [first, last]).to(self.device)

@@ -38,3 +38,9 @@ def fun_image_embeds(model, start: Image.Image | None) -> torch.Tensor | None:
         if start is not None:
             return model.encode_image([np.array(start)])[0]
         return torch.zeros_like(model.encode_image([np.zeros((512, 512, 3), np.uint8)])[0])
+
+
+def fun_inputs(model, sample, start: Image.Image | None, placement, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the condition on `device`, the CLIP tokens) with the VAE (and CLIP) placed by the sampler's `placement`."""
+    with placement.using("vae", *(("image_encoder",) if model.image_encoder is not None else ())):
+        return fun_condition(model, sample, start).to(device), fun_image_embeds(model, start)

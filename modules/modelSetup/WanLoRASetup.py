@@ -18,8 +18,8 @@ from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.lora.apply import is_adapter_parameter, load_lora_weights_into_peft, lora_weights_from_peft
-from modules.util.lora.formats import (expert_lora_paths, expert_output_paths, load_lora_file, match_to_model,
-                                       save_lora_file)
+from modules.util.lora.formats import (diffusers_companion_path, expert_lora_paths, expert_output_paths,
+                                       load_lora_file, match_to_model, save_lora_file)
 from modules.util.lora.targets import lora_target_names
 from modules.util.modelspec import modelspec_metadata
 from modules.model.e2v_file_metadata import e2v_file_metadata
@@ -149,4 +149,9 @@ class WanLoRASetup(BaseWanSetup):
             else:
                 save_lora_file(weights, output_format, paths[expert], file_metadata)
             written.append(paths[expert])
+            if output_format is not ModelFormat.DIFFUSERS_LORA and any(n.startswith("vace_blocks.") for n in weights):
+                # diffusers reads original-name Wan LoRAs only for the base blocks: WanVACEPipeline gets its own file
+                companion = diffusers_companion_path(paths[expert])
+                save_lora_file(weights, ModelFormat.DIFFUSERS_LORA, companion, file_metadata)
+                written.append(companion)
         return written

@@ -20,12 +20,14 @@ its value); empty lines and lines starting with # are skipped:
 | --i PATH    | image           | first-frame image                                                           |
 | --ei PATH   | last_image      | end (last-frame) image                                                      |
 | --g2 X      | guidance_2      | ours: low-noise expert guidance of Wan 2.2 A14B                             |
+| --cn PATH   | control_video   | control video (VACE, Wan-Fun Control)                                       |
 
-musubi-tuner options for features we do not have (control video --cn, one-frame --of / --ci / --cim, output name
+musubi-tuner options for features we do not have (one-frame --of / --ci / --cim, output name
 --o, CFG schedule --cs, and the audio / reference ones of other architectures) are ignored with a warning; any
 other option is an error (a typo must not silently change nothing). Option names are case-insensitive.
 
-Relative image paths are resolved against the samples file's folder when the file exists there.
+Relative image, control, mask and reference paths are resolved against the samples file's folder when the file
+(or frames folder) exists there.
 """
 import json
 import logging
@@ -44,10 +46,13 @@ PROMPT_LINE_OPTIONS: dict[str, tuple[str, type]] = {
     "w": ("width", int), "h": ("height", int), "f": ("frames", int), "d": ("seed", int), "s": ("steps", int),
     "g": ("guidance", float), "l": ("guidance", float), "fs": ("flow_shift", float), "n": ("negative_prompt", str),
     "i": ("image", str), "ei": ("last_image", str), "g2": ("guidance_2", float),
+    "cn": ("control_video", str),   # musubi-tuner's control video (its `control_video_path`)
 }
 # musubi-tuner options whose features this trainer does not have: accepted and ignored with a warning
-IGNORED_PROMPT_LINE_OPTIONS = frozenset({"cn", "ci", "cim", "of", "o", "cs", "fsa", "ofps", "skb", "rj", "ref"})
-_PATH_FIELDS = ("image", "last_image", "reference_image", "pose_video", "face_video", "background_video", "mask_video")
+IGNORED_PROMPT_LINE_OPTIONS = frozenset({"ci", "cim", "of", "o", "cs", "fsa", "ofps", "skb", "rj", "ref"})
+# relative to the samples file; a control may be a folder of frames
+_PATH_FIELDS = ("image", "last_image", "control_video", "mask_video", "reference_image", "pose_video", "face_video",
+                "background_video")
 
 
 class SampleDefinitionError(ValueError):
@@ -125,8 +130,12 @@ def _resolve_paths(sample: SampleConfig, base: Path) -> SampleConfig:
     update = {}
     for name in _PATH_FIELDS:
         value = getattr(sample, name)
-        if value and not Path(value).is_absolute() and (base / value).is_file():
+        if value and not Path(value).is_absolute() and (base / value).exists():
             update[name] = str(base / value)
+    references = [str(base / v) if v and not Path(v).is_absolute() and (base / v).is_file() else v
+                  for v in sample.reference_images]
+    if references != list(sample.reference_images):
+        update["reference_images"] = references
     elements = {k: str(base / v) if v and not Path(v).is_absolute() and (base / v).is_file() else v
                 for k, v in sample.elements.items()}
     if elements != sample.elements:

@@ -3,14 +3,12 @@
 the clip with data.control.derive) and the clip's first frame as the start image, as VideoX-Fun trains its control
 models (`train_control_lora.py`: the reference frame is the clip's frame 0 in most steps, in latent frame 0 of the
 start-image channels; for Wan2.2-Fun Control A14B frame 0 kept through the inpaint channels)."""
-import threading
 from typing import Any
 
 import torch
 
-from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
-from modules.dataLoader.pipeline.EncodeVACE import DERIVE_VERSION, _companion_frames
-from modules.dataLoader.pipeline.PipelineModule import PipelineModule
+from modules.dataLoader.DiskCache import cache_key, file_identity
+from modules.dataLoader.pipeline.EncodeVACE import DERIVE_VERSION, EncodeVACE, _companion_frames
 from modules.model.control_derive import derive_control
 from modules.model.fun_condition import first_frame_inputs, fun_control_a14b_condition, fun_control_condition
 from modules.model.vace_condition import model_encoder
@@ -20,15 +18,10 @@ from modules.util.video_io import UnreadableMediaError
 FUN_PREPROCESS_VERSION = 1   # raise when the condition computed from the same files changes
 
 
-class EncodeFunControl(PipelineModule):
+class EncodeFunControl(EncodeVACE):
     """'condition' (32 or 36, T, h, w) float32: the channels a Wan-Fun Control transformer takes after the noise. An
-    item without a control (and no derivation) gets zero control latents, as VideoX-Fun's pipeline does."""
-
-    def __init__(self, model, cache: DiskCache, identity: str, name: str | None = None, derive: str = "none"):
-        super().__init__(name)
-        self.model, self.cache, self.identity, self.derive = model, cache, identity, derive
-        self.lock = threading.Lock()
-        self.encode_calls = 0
+    item without a control (and no derivation) gets zero control latents, as VideoX-Fun's pipeline does. Reads its
+    control as EncodeVACE does (same constructor: the model, the cache, the VAE identity, the derivation)."""
 
     def needs(self) -> list[str]:
         return ["path", "control", "media_info", "frame_indices", "resolution_bucket", "crop", "video"]

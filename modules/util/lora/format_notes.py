@@ -24,9 +24,9 @@ def format_notes(training_method: str, output_format: str, lora_type: str = "LOR
                      f"(convert_model --merge-lora FILE --base-model-name BASE --output-model-format DIFFUSERS)")
     if targets == "vace" and output_format in ("COMFY_LORA", "KOHYA_LORA"):
         notes.append(f"VACE blocks in {output_format}: ComfyUI loads the file; diffusers' load_lora_weights reads Wan "
-                     f"LoRAs in the original names only for the base blocks (it finds no `blocks.N` and stops): for "
-                     f"WanVACEPipeline write DIFFUSERS_LORA (convert_model --training-method LORA "
-                     f"--output-model-format DIFFUSERS_LORA converts this one)")
+                     f"LoRAs in the original names only for the base blocks (it finds no `blocks.N` and stops), so the "
+                     f"same weights are also written beside it as <name>.diffusers.safetensors (DIFFUSERS_LORA) for "
+                     f"WanVACEPipeline.load_lora_weights")
     return notes
 
 

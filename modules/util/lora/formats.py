@@ -197,6 +197,13 @@ def save_lora_file(weights: LoraWeights, fmt: ModelFormat, path: str | os.PathLi
     save_safetensors_atomic(lora_to_state_dict(weights, fmt, dtype), path, metadata or None)
 
 
+def diffusers_companion_path(path: str | os.PathLike) -> Path:
+    """`<name>.safetensors` -> `<name>.diffusers.safetensors`: the DIFFUSERS_LORA file written beside a VACE-blocks
+    LoRA in ComfyUI / kohya names (which diffusers' WanVACEPipeline.load_lora_weights refuses)."""
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".safetensors") + ".diffusers.safetensors")
+
+
 def expert_lora_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """Wan 2.2 A14B: `<name>.safetensors` -> (`<name>_high_noise.safetensors`, `<name>_low_noise.safetensors`)."""
     path = Path(path)
