@@ -444,7 +444,7 @@ def test_parts_move_to_the_device_only_while_used(tiny_model, images, monkeypatc
     """The materialise / evict schedule, observed on the CPU: the text encoder, the VAE and the low-noise expert
     pretend to live on another device ("meta" here, never really moved), the high-noise expert is on the sampling
     device. Each part must be on the device whenever it computes, and back home otherwise."""
-    import modules.modelSampler.WanModelSampler as sampler_module
+    import modules.modelSampler.Placement as sampler_module
 
     model = load(tiny_model("wan2.2-i2v-a14b"))
     away = torch.device("meta")
@@ -457,7 +457,7 @@ def test_parts_move_to_the_device_only_while_used(tiny_model, images, monkeypatc
         placements[:] = [self]
         moves.append((name, device.type))
 
-    monkeypatch.setattr(sampler_module._Placement, "_move", record_move)
+    monkeypatch.setattr(sampler_module.Placement, "_move", record_move)
     seen = []
 
     def check(name):

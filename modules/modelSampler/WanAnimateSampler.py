@@ -10,6 +10,9 @@ import torch
 from PIL import Image
 
 from modules.model import animate_condition as ac
+from modules.modelSampler.Placement import Placement
+from modules.modelSampler.preserved_state import preserved_state
+from modules.modelSampler.SampleResult import SampleError, SampleResult
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.WanVariant import WanVariant
 
@@ -43,7 +46,6 @@ def _frames(path: str) -> list[Image.Image]:
     try:
         return [Image.fromarray(frame) for frame in read_media(path)]
     except UnreadableMediaError as error:
-        from modules.modelSampler.WanModelSampler import SampleError
         raise SampleError(f"{path!r} cannot be read: {error.reason}") from error
 
 
@@ -52,7 +54,6 @@ def _image(path: str) -> Image.Image:
     try:
         return Image.fromarray(read_image(path))
     except UnreadableMediaError as error:
-        from modules.modelSampler.WanModelSampler import SampleError
         raise SampleError(f"reference_image {path!r} cannot be read: {error.reason}") from error
 
 
@@ -125,7 +126,6 @@ def denoise_animate(model, scheduler, sample: SampleConfig, reference: Image.Ima
 
 def sample_animate(sampler, resolved: SampleConfig, on_step=None):
     """One Animate sample through `sampler` (a WanModelSampler: device, scheduler, text encoding, placement)."""
-    from modules.modelSampler.WanModelSampler import SampleError, SampleResult, _Placement, preserved_state
     model = sampler.model
     problems = animate_problems(model.variant, resolved)
     if problems:
@@ -142,7 +142,7 @@ def sample_animate(sampler, resolved: SampleConfig, on_step=None):
     if len(pose) <= resolved.continuation_frames:
         raise SampleError(f"pose_video {resolved.pose_video!r}: {len(pose)} frames; more than "
                           f"{resolved.continuation_frames} needed")
-    placement = _Placement(model, sampler.device)
+    placement = Placement(model, sampler.device)
     with preserved_state(model, sampler.device):
         try:
             prompt_embeds, negative_embeds = placement.encode_prompts(model, resolved, resolved.guidance > 1.0)

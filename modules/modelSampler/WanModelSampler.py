@@ -28,15 +28,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from modules.model.WanModel import WanModel
 from modules.model.sampling_defaults import sample_updates
+from modules.modelSampler.Placement import Placement, _device_of
 from modules.modelSampler.preserved_state import preserved_state
+from modules.modelSampler.SampleResult import SampleError, SampleResult  # noqa: F401  (re-exported)
 from modules.modelSampler.WanAnimateSampler import animate_problems, sample_animate
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
@@ -50,22 +50,6 @@ logger = logging.getLogger(__name__)
 NUM_TRAIN_TIMESTEPS = 1000
 
 
-class SampleError(ValueError):
-    """A sample that cannot be generated as asked (missing image, image given to a text-only model, ...)."""
-
-
-@dataclass
-class SampleResult:
-    frames: np.ndarray            # (F, H, W, 3) float32 in [0, 1], as diffusers' pipelines return with "np"
-    fps: int
-    sample: SampleConfig          # the settings actually used (rounded sizes, the flow shift in effect, ...)
-    notes: list[str] = field(default_factory=list)
-    latents: torch.Tensor | None = None  # (C, T, h, w) normalised, as the denoising loop ended (before decoding)
-
-    def frames_uint8(self) -> np.ndarray:
-        return (self.frames * 255.0).round().clip(0, 255).astype(np.uint8)
-
-
 # ---------------------------------------------------------------------------------------------- rounding
 
 def round_to_multiple(value: int, unit: int) -> int:
@@ -77,65 +61,6 @@ def round_frames(frames: int, temporal_stride: int = 4) -> int:
     """Nearest 4k+1 (halves round up), at least 1."""
     k = (frames - 1 + temporal_stride // 2) // temporal_stride
     return max(0, k) * temporal_stride + 1
-
-
-# ---------------------------------------------------------------------------------------------- state handling
-
-def _device_of(module: torch.nn.Module) -> torch.device | None:
-    """The one device a module's tensors are on; None when they are spread over several (then it is left alone)."""
-    devices = {t.device for t in module.parameters()} | {t.device for t in module.buffers()}
-    return devices.pop() if len(devices) == 1 else None
-
-
-class _Placement:
-    """OneTrainer-style materialise / evict: a part away from the sampling device moves there only while used and
-    goes back to where it was (its home) afterwards. Parts already on the sampling device never move."""
-
-    def __init__(self, model: WanModel, device: torch.device):
-        self.device = device
-        self.parts = model.parts()
-        self.home = {name: _device_of(part) for name, part in self.parts.items()}
-        self.location = dict(self.home)
-
-    def _movable(self, name: str) -> bool:
-        return name in self.parts and self.home[name] is not None and self.home[name] != self.device
-
-    def _move(self, name: str, device: torch.device) -> None:
-        self.parts[name].to(device)
-
-    def materialize(self, *names: str) -> None:
-        for name in names:
-            if self._movable(name) and self.location[name] != self.device:
-                self._move(name, self.device)
-                self.location[name] = self.device
-
-    def evict(self, *names: str) -> None:
-        moved = False
-        for name in names:
-            if self._movable(name) and self.location[name] != self.home[name]:
-                self._move(name, self.home[name])
-                self.location[name] = self.home[name]
-                moved = True
-        if moved and self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def encode_prompts(self, model: WanModel, sample: SampleConfig, use_cfg: bool):
-        """(prompt, negative prompt or None) embeddings of a resolved sample, with the text encoder placed."""
-        with self.using("text_encoder"):
-            prompt = model.encode_text([sample.prompt]).to(self.device)
-            negative = model.encode_text([sample.effective_negative_prompt]).to(self.device) if use_cfg else None
-        return prompt, negative
-
-    def restore(self) -> None:
-        self.evict(*self.parts)
-
-    @contextlib.contextmanager
-    def using(self, *names: str) -> Iterator[None]:
-        self.materialize(*names)
-        try:
-            yield
-        finally:
-            self.evict(*names)
 
 
 # ---------------------------------------------------------------------------------------------- the sampler
@@ -289,7 +214,7 @@ class WanModelSampler:
                 notes.append("drop_reference_frames: nothing to drop (reference_frames 'overlay')")
         return notes
 
-    def _e2v_inputs(self, sample: SampleConfig, placement: _Placement) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _e2v_inputs(self, sample: SampleConfig, placement: Placement) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the condition (C, T, h, w), the CLIP tokens (N * tokens, dim) or None), computed exactly as the data
         loader computes them (modules/dataLoader/pipeline/EncodeE2V.py) with processors.vae.resolution replaced by the
         sample's size, every given element kept (frame_conditioning 'full')."""
@@ -374,7 +299,7 @@ class WanModelSampler:
             while active:
                 active.pop().__exit__(None, None, None)
 
-    def _vace_context(self, sample: SampleConfig, placement: _Placement) -> tuple[torch.Tensor, int]:
+    def _vace_context(self, sample: SampleConfig, placement: Placement) -> tuple[torch.Tensor, int]:
         from modules.modelSampler.vace_sampling import VaceInputError, sample_context
         try:
             with placement.using("vae"):
@@ -424,7 +349,7 @@ class WanModelSampler:
         last = self._load_image(resolved.last_image, height, width) if resolved.last_image else None
         use_cfg = resolved.guidance > 1.0
         plan = self._expert_plan(resolved.scheduler, resolved.flow_shift, resolved.steps)
-        placement = _Placement(model, self.device)
+        placement = Placement(model, self.device)
 
         with preserved_state(model, self.device):
             try:
