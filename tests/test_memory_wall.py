@@ -1,5 +1,5 @@
-"""The memory wall: `performance.chunk_tokens` (the block's feed-forward part and its recomputed norms in token
-chunks) leaves a fixed-seed step's loss and gradients unchanged within float32 rounding, really runs in chunks
+"""The memory wall: `performance.chunk_tokens` (the block's per-token parts after the self-attention's kernel, and its
+recomputed norms, in token chunks) leaves a fixed-seed step's loss and gradients unchanged within float32 rounding, really runs in chunks
 (and computes none of them when a checkpointed block is recomputed), works with block swap, and lowers the counted
 peak of a real-width block by exactly what the planner predicts."""
 import pytest
@@ -15,7 +15,8 @@ LATENT = ARCH.latent_shape(9, 32, 32)    # 12 video tokens: chunks of 5 make 3 c
 
 
 def one_step(chunk_tokens: int, checkpointing: bool, method: str = "LORA", performance: dict | None = None):
-    """(loss, gradients by name, setup, feed-forward calls per block) of one fp32 step of the tiny transformer;
+    """(loss, gradients by name, setup, feed-forward calls per block, self-attention output projection calls per
+    block) of one fp32 step of the tiny transformer;
     the adapters' B matrices are random (peft starts them at zero, which would leave the A gradients zero)."""
     torch.manual_seed(0)
     transformer = materialize(build_empty_transformer(ARCH), torch.float32, torch.device("cpu"), seed=0)
@@ -31,15 +32,18 @@ def one_step(chunk_tokens: int, checkpointing: bool, method: str = "LORA", perfo
         if "lora_B" in name:
             parameter.data = torch.randn(parameter.shape, generator=generator) * 0.1
     calls = [0] * len(transformer.blocks)
+    out_calls = [0] * len(transformer.blocks)   # the self-attention's output projection
     for index, block in enumerate(transformer.blocks):
         block.ffn.register_forward_pre_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
+        block.attn1.to_out[0].register_forward_pre_hook(
+            lambda *_, i=index: out_calls.__setitem__(i, out_calls[i] + 1))
     generator = torch.Generator().manual_seed(1)
     batch = {"latents": torch.randn(1, *LATENT, generator=generator),
              "text_embeds": torch.randn(1, 512, ARCH.text_dim, generator=generator)}
     loss = setup.calculate_loss(batch, setup.predict(batch, torch.Generator().manual_seed(1)))
     loss.backward()
     grads = {name: p.grad.clone() for name, p in transformer.named_parameters() if p.requires_grad}
-    return loss.detach(), grads, setup, calls
+    return loss.detach(), grads, setup, calls, out_calls
 
 
 def assert_equal_within_float32_rounding(result, reference):
@@ -63,8 +67,12 @@ def test_chunked_feed_forward_gives_the_same_step(method):
             # the feed-forward runs once per chunk in the forward pass and once per chunk for its backward pass; the
             # block's own recomputation computes no chunk (its outputs would be thrown away)
             assert result[3] == [6, 6] and reference[3] == [2, 2]
+            # the self-attention's output projection, the residual adds and the cross-attention run in the same
+            # chunks: the block's recomputation stops after the attention kernel
+            assert result[4] == [6, 6] and reference[4] == [2, 2]
         else:
             assert result[3] == [3, 3] and reference[3] == [1, 1]
+            assert result[4] == [3, 3] and reference[4] == [1, 1]
 
 
 def test_chunks_of_a_swapped_block_run_on_its_device_copy():
@@ -94,7 +102,9 @@ def test_chunks_of_a_swapped_block_run_on_its_device_copy():
 def test_counted_peak_of_a_real_width_block_falls_as_predicted():
     """One block of the 1.3B at its real width (1536, FFN 8960), 192 tokens in chunks of 64, LoRA, checkpointing,
     bf16 on the CPU: the counted peak of the real step falls by exactly what the planner's fake trace predicts,
-    and at least by the two FFN-wide tensors of the tokens not in the chunk."""
+    and at least by the two FFN-wide tensors and sixteen residual-wide tensors of the tokens not in the chunk (with
+    the feed-forward part alone in chunks: about eleven; the self-attention's output projection, the residual adds
+    and the cross-attention are chunked too)."""
     import dataclasses
 
     from modules.planner.plan_shapes import PlanShape
@@ -111,4 +121,4 @@ def test_counted_peak_of_a_real_width_block_falls_as_predicted():
         peaks[chunk] = [trace_step(config, arch, shape, fake=fake)[0].peak for fake in (False, True)]
     real_drop, predicted_drop = peaks[0][0] - peaks[64][0], peaks[0][1] - peaks[64][1]
     assert real_drop == predicted_drop, peaks
-    assert real_drop >= 2 * (192 - 64) * 8960 * 2, peaks
+    assert real_drop >= 2 * (192 - 64) * 8960 * 2 + 16 * (192 - 64) * 1536 * 2, peaks
