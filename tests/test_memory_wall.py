@@ -15,8 +15,8 @@ LATENT = ARCH.latent_shape(9, 32, 32)    # 12 video tokens: chunks of 5 make 3 c
 
 
 def one_step(chunk_tokens: int, checkpointing: bool, method: str = "LORA", performance: dict | None = None):
-    """(loss, gradients by name, setup, feed-forward calls per block, self-attention output projection calls per
-    block) of one fp32 step of the tiny transformer;
+    """(loss, gradients by name, setup, and per block the calls of the feed-forward, of the self-attention's output
+    projection and of its query projection) of one fp32 step of the tiny transformer;
     the adapters' B matrices are random (peft starts them at zero, which would leave the A gradients zero)."""
     torch.manual_seed(0)
     transformer = materialize(build_empty_transformer(ARCH), torch.float32, torch.device("cpu"), seed=0)
@@ -33,17 +33,19 @@ def one_step(chunk_tokens: int, checkpointing: bool, method: str = "LORA", perfo
             parameter.data = torch.randn(parameter.shape, generator=generator) * 0.1
     calls = [0] * len(transformer.blocks)
     out_calls = [0] * len(transformer.blocks)   # the self-attention's output projection
+    q_calls = [0] * len(transformer.blocks)     # ... and its query projection
     for index, block in enumerate(transformer.blocks):
         block.ffn.register_forward_pre_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
         block.attn1.to_out[0].register_forward_pre_hook(
             lambda *_, i=index: out_calls.__setitem__(i, out_calls[i] + 1))
+        block.attn1.to_q.register_forward_pre_hook(lambda *_, i=index: q_calls.__setitem__(i, q_calls[i] + 1))
     generator = torch.Generator().manual_seed(1)
     batch = {"latents": torch.randn(1, *LATENT, generator=generator),
              "text_embeds": torch.randn(1, 512, ARCH.text_dim, generator=generator)}
     loss = setup.calculate_loss(batch, setup.predict(batch, torch.Generator().manual_seed(1)))
     loss.backward()
     grads = {name: p.grad.clone() for name, p in transformer.named_parameters() if p.requires_grad}
-    return loss.detach(), grads, setup, calls, out_calls
+    return loss.detach(), grads, setup, calls, out_calls, q_calls
 
 
 def assert_equal_within_float32_rounding(result, reference):
@@ -73,6 +75,22 @@ def test_chunked_feed_forward_gives_the_same_step(method):
         else:
             assert result[3] == [3, 3] and reference[3] == [1, 1]
             assert result[4] == [3, 3] and reference[4] == [1, 1]
+
+
+@pytest.mark.parametrize("method", ["LORA", "FINE_TUNE"])
+def test_chunked_attention_inputs_give_the_same_step(method):
+    """`performance.chunk_attention_inputs`: in a checkpointed block the self-attention's inputs are computed in
+    chunks, kept by none, and computed a third time chunk by chunk in the backward pass; a block that is not
+    checkpointed runs them whole (chunks would keep the same tensors)."""
+    reference = one_step(0, True, method)
+    result = one_step(5, True, method, performance={"chunk_attention_inputs": True})
+    assert_equal_within_float32_rounding(result, reference)
+    assert reference[5] == [2, 2]
+    assert result[5] == [9, 9]    # 3 chunks in the forward pass, 3 in the block's recomputation, 3 for their backward
+    assert result[3] == [6, 6] and result[4] == [6, 6]
+    plain = one_step(5, False, method, performance={"chunk_attention_inputs": True})
+    assert_equal_within_float32_rounding(plain, one_step(0, False, method))
+    assert plain[5] == [1, 1]
 
 
 def test_chunks_of_a_swapped_block_run_on_its_device_copy():
@@ -122,3 +140,27 @@ def test_counted_peak_of_a_real_width_block_falls_as_predicted():
     real_drop, predicted_drop = peaks[0][0] - peaks[64][0], peaks[0][1] - peaks[64][1]
     assert real_drop == predicted_drop, peaks
     assert real_drop >= 2 * (192 - 64) * 8960 * 2 + 16 * (192 - 64) * 1536 * 2, peaks
+
+
+def test_counted_peak_with_chunked_attention_inputs_falls_as_predicted():
+    """The same real-width block, chunks of 64 with and without `chunk_attention_inputs`: the counted peak falls by
+    exactly the planner's prediction, and at least by three residual-wide tensors of the tokens not in the chunk
+    (the modulated norm output, the query and key before their norms)."""
+    import dataclasses
+
+    from modules.planner.plan_shapes import PlanShape
+    from modules.planner.step_trace import trace_step
+    arch = get_architecture("wan2.1-1.3b")
+    arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": 1})
+    shape = PlanShape(1, 9, 128, 128)   # latents 3 x 16 x 16: 192 tokens
+    peaks = {}
+    for inputs in (False, True):
+        config = TrainConfig(gradient_checkpointing=True, train_dtype="BFLOAT_16", lora={"rank": 4, "alpha": 4.0},
+                             optimizer={"optimizer": "ADAMW"},
+                             performance={"chunk_tokens": 64, "chunk_attention_inputs": inputs},
+                             model={"transformer": {"weight_dtype": "BFLOAT_16"}})
+        torch.manual_seed(0)
+        peaks[inputs] = [trace_step(config, arch, shape, fake=fake)[0].peak for fake in (False, True)]
+    real_drop, predicted_drop = peaks[False][0] - peaks[True][0], peaks[False][1] - peaks[True][1]
+    assert real_drop == predicted_drop, peaks
+    assert real_drop >= 3 * (192 - 64) * 1536 * 2, peaks

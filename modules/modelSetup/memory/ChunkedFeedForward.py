@@ -35,7 +35,8 @@ from torch.utils.checkpoint import checkpoint
 
 from modules.modelSetup.memory.BlockCheckpointing import checkpoint_state
 from modules.modelSetup.memory.NormRecompute import float_norm
-from modules.modelSetup.memory.SelfAttentionCore import output_projection, self_attention_core, splittable
+from modules.modelSetup.memory.SelfAttentionCore import (attention_kernel, output_projection, projections,
+                                                         self_attention_core, splittable)
 
 HOOK = "chunked_feed_forward"
 
@@ -45,6 +46,13 @@ def _feed_forward_part(block, hidden_states, shift, scale, gate):
     norm_hidden_states = (float_norm(block.norm3, hidden_states) * (1 + scale) + shift).type_as(hidden_states)
     ff_output = block.ffn(norm_hidden_states)
     return (hidden_states.float() + ff_output.float() * gate).type_as(hidden_states)
+
+
+def _attention_inputs(block, hidden_states, shift, scale, cos, sin):
+    """diffusers' `1. Self-attention` of WanTransformerBlock up to its kernel, on some tokens: the kernel's query,
+    key and value for them."""
+    norm_hidden_states = (float_norm(block.norm1, hidden_states) * (1 + scale) + shift).type_as(hidden_states)
+    return projections(block.attn1, norm_hidden_states, None if cos is None else (cos, sin))
 
 
 def _after_self_attention(block, hidden_states, core_output, gate_msa, shift, scale, gate, encoder_hidden_states):
@@ -65,9 +73,12 @@ def _not_computed(_block, hidden_states, *_rest):
 
 
 class ChunkedFeedForward(ModelHook):
-    def __init__(self, chunk_tokens: int):
+    def __init__(self, chunk_tokens: int, attention_inputs: bool = False):
+        """`attention_inputs` (`performance.chunk_attention_inputs`): the self-attention's inputs too, see
+        _chunked_attention_inputs."""
         super().__init__()
         self.chunk_tokens = chunk_tokens
+        self.attention_inputs = attention_inputs
         self.chunks_run = 0   # chunk forwards computed (tests: a recomputed block computes none)
 
     def new_forward(self, block, hidden_states, encoder_hidden_states, temb, rotary_emb):
@@ -83,6 +94,11 @@ class ChunkedFeedForward(ModelHook):
                 block.scale_shift_table + temb.float()).chunk(6, dim=1)
 
         # 1. Self-attention
+        if splittable(block.attn1) and self._chunks_attention_inputs(hidden_states):
+            core_output = attention_kernel(block.attn1, *self._chunked_attention_inputs(
+                block, hidden_states, shift_msa, scale_msa, rotary_emb))
+            return self._chunked(block, _after_self_attention, [hidden_states, core_output],
+                                 [gate_msa, c_shift_msa, c_scale_msa, c_gate_msa], [encoder_hidden_states])
         norm_hidden_states = (float_norm(block.norm1, hidden_states) * (1 + scale_msa) + shift_msa).type_as(
             hidden_states)
         if splittable(block.attn1):
@@ -101,6 +117,28 @@ class ChunkedFeedForward(ModelHook):
         # 3. Feed-forward, in chunks of tokens (dim 1 of (batch, tokens, width))
         return self._chunked(block, _feed_forward_part, [hidden_states], [c_shift_msa, c_scale_msa, c_gate_msa], [])
 
+    def _chunks_attention_inputs(self, hidden_states) -> bool:
+        state = checkpoint_state()
+        return (self.attention_inputs and hidden_states.shape[1] > self.chunk_tokens and state.checkpointed
+                and torch.is_grad_enabled())
+
+    def _chunked_attention_inputs(self, block, hidden_states, shift, scale, rotary_emb):
+        """The self-attention's norm, q/k/v projections, q/k norms and rotary embedding on `chunk_tokens` tokens at a
+        time, each chunk under its own checkpoint: the block keeps none of their inputs but its own input (the
+        norm's modulated output, the projections' outputs before their norms), and the backward pass computes them
+        a third time, one chunk at a time (the block's recomputation must compute them: the kernel needs them)."""
+        tokens = hidden_states.shape[1]
+        cos, sin = rotary_emb if rotary_emb is not None else (None, None)
+        per_token = [t.split(self.chunk_tokens, dim=1) if t is not None and t.shape[1] == tokens else None
+                     for t in (hidden_states, shift, scale, cos, sin)]
+        outputs = []
+        for index in range(len(per_token[0])):
+            chunk = [split[index] if split is not None else whole
+                     for split, whole in zip(per_token, (hidden_states, shift, scale, cos, sin))]
+            outputs.append(checkpoint(_attention_inputs, block, *chunk, use_reentrant=False))
+        # query, key, value of all tokens: (batch, tokens, heads, head_dim)
+        return [torch.cat(parts, dim=1) for parts in zip(*outputs)]
+
     def _chunked(self, block, part, token_inputs, modulation, shared):
         """`part(block, *token_inputs, *modulation, *shared)` on `chunk_tokens` tokens (dim 1) at a time:
         `token_inputs` are sliced, `modulation` too where it is per token (TI2V-5B's (batch, tokens, width)),
@@ -112,11 +150,14 @@ class ChunkedFeedForward(ModelHook):
         state = checkpoint_state()
         nested = state.checkpointed and torch.is_grad_enabled()
         run = _not_computed if state.recomputing else part
+        # split, not sliced: the chunks' input gradients meet in one SplitBackward that joins them once, where
+        # each slice's gradient would be a zero-filled tensor of all tokens, added to the others one by one
+        per_token = [t.split(self.chunk_tokens, dim=1) for t in token_inputs] + [
+            m.split(self.chunk_tokens, dim=1) if m.shape[1] == tokens else None for m in modulation]
         outputs = []
-        for start in range(0, tokens, self.chunk_tokens):
-            end = min(start + self.chunk_tokens, tokens)
-            chunk = ([t[:, start:end] for t in token_inputs]
-                     + [m[:, start:end] if m.shape[1] == tokens else m for m in modulation] + shared)
+        for index in range(len(per_token[0])):
+            chunk = [split[index] if split is not None else whole
+                     for split, whole in zip(per_token, token_inputs + modulation)] + shared
             if run is part:
                 self.chunks_run += 1
             if nested:
@@ -126,7 +167,7 @@ class ChunkedFeedForward(ModelHook):
         return torch.cat(outputs, dim=1)
 
 
-def chunk_feed_forward(blocks, chunk_tokens: int) -> list[ChunkedFeedForward]:
+def chunk_feed_forward(blocks, chunk_tokens: int, attention_inputs: bool = False) -> list[ChunkedFeedForward]:
     """Hooks each given block (before any other hook on it, so theirs still wrap the block); returns the hooks."""
     hooks = []
     for block in blocks:
@@ -136,5 +177,6 @@ def chunk_feed_forward(blocks, chunk_tokens: int) -> list[ChunkedFeedForward]:
             hook = ChunkedFeedForward(chunk_tokens)
             registry.register_hook(hook, HOOK)
         hook.chunk_tokens = chunk_tokens
+        hook.attention_inputs = attention_inputs
         hooks.append(hook)
     return hooks

@@ -30,10 +30,9 @@ def _apply_rotary_emb(hidden_states: torch.Tensor, freqs_cos: torch.Tensor, freq
     return out.type_as(hidden_states)
 
 
-def self_attention_core(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_emb) -> torch.Tensor:
-    """(batch, tokens, width) -> the attention kernel's output (batch, tokens, heads, head_dim) in the dtype of the
-    queries; `attn.to_out` of its flattened last two dims is diffusers' `attn(hidden_states, None, None, rotary_emb)`."""
-    processor = attn.processor
+def projections(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_emb) -> tuple[torch.Tensor, ...]:
+    """(batch, tokens, width) -> the kernel's query, key and value, each (batch, tokens, heads, head_dim): per token
+    (the rotary embedding's cos / sin are (1, tokens, 1, head_dim))."""
     query, key, value = _get_qkv_projections(attn, hidden_states, None)
     query = attn.norm_q(query)
     key = attn.norm_k(key)
@@ -43,9 +42,22 @@ def self_attention_core(attn: torch.nn.Module, hidden_states: torch.Tensor, rota
     if rotary_emb is not None:
         query = _apply_rotary_emb(query, *rotary_emb)
         key = _apply_rotary_emb(key, *rotary_emb)
+    return query, key, value
+
+
+def attention_kernel(attn: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """The only step of the block that mixes tokens: the output is (batch, tokens, heads, head_dim) in the dtype of
+    the queries."""
+    processor = attn.processor
     output = dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                    backend=processor._attention_backend, parallel_config=processor._parallel_config)
     return output.type_as(query)
+
+
+def self_attention_core(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_emb) -> torch.Tensor:
+    """(batch, tokens, width) -> the attention kernel's output (batch, tokens, heads, head_dim); `attn.to_out` of its
+    flattened last two dims is diffusers' `attn(hidden_states, None, None, rotary_emb)`."""
+    return attention_kernel(attn, *projections(attn, hidden_states, rotary_emb))
 
 
 def output_projection(attn: torch.nn.Module, core_output: torch.Tensor) -> torch.Tensor:
