@@ -54,6 +54,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # the sample options compare.py does not offer, for sample.py's build_samples
     args.guidance_2 = args.flow_shift = args.scheduler = args.drop_reference_frames = None
     args.elements = {}
+    args.control_video = args.mask_video = args.control_scale = None                       # VACE
+    args.pose_video = args.face_video = args.background_video = args.animate_mode = None    # Animate
+    args.continuation_frames, args.reference_image = None, []
     return args
 
 

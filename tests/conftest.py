@@ -45,3 +45,12 @@ def squares_dataset(tmp_path_factory):
     """The demo's synthetic squares (3 colours x 2 directions x 4 clips, 9 frames of 32x32), built once."""
     from modules.util.demo_assets import make_t2v_dataset
     return make_t2v_dataset(tmp_path_factory.mktemp("squares"))
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> Path:
+    """The demo's trained tiny model (modules/util/demo_model.py), built once per session: it is what the demo's
+    first Start builds, and the tests that run the demo copy it into their workspace rather than train it again.
+    Treat the folder as read-only."""
+    from modules.util.demo_model import make_demo_model
+    return make_demo_model(tmp_path_factory.mktemp("demo-model") / "tiny-wan2.1-t2v")

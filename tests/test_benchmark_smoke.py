@@ -88,11 +88,13 @@ def test_train_subcommand_on_the_tiny_transformer(benchmark_main, tmp_path):
     out = tmp_path / "train.json"
     code = benchmark_main(["train", "--variant", "tiny", "--width", "64", "--height", "64", "--frames", "9",
                            "--steps", "1", "--dtype", "fp32", "--lora-rank", "4", "--device", "cpu",
-                           "--peak-tflops", "0.5", "--no-recompute-norms", "--json", str(out)])
+                           "--peak-tflops", "0.5", "--no-recompute-norms", "--chunk-tokens", "0", "--json",
+                           str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["status"] == "ok" and len(result["step_seconds"]) == 1 and len(result["losses"]) == 2
-    assert result["features"] == "no memory features"   # --no-recompute-norms: the one switch on by default off
+    # --no-recompute-norms, --chunk-tokens 0: the switches on by default, off
+    assert result["features"] == "no memory features"
     assert all(math.isfinite(v) for v in result["losses"])
     assert result["latent_shape"] == [16, 3, 8, 8] and result["video_tokens"] == 48
     assert result["flops"]["forward"] == HAND_FORWARD and result["flops"]["model"] == 3 * HAND_FORWARD
@@ -139,7 +141,7 @@ def test_train_memory_and_speed_options_and_the_baseline(benchmark_main, tmp_pat
     result = json.loads(out.read_text())
     assert result["status"] == "ok"
     assert result["features"] == ("checkpointing 2/2 blocks, block swap 1 (blocks 1-1), activation offload, "
-                                  "attention math, norms recomputed")
+                                  "attention math, norms recomputed, per-token parts in chunks of 4096 tokens")
     assert result["tokens_per_second"] == pytest.approx(48 / result["seconds_per_step"])
     # block 0 checkpointed by the dial, block 1 because it is swapped: both recomputed
     assert result["flops"]["hardware"] == 3 * HAND_FORWARD + HAND_BLOCK_LINEAR + HAND_ATTENTION + HAND_LORA

@@ -109,15 +109,18 @@ def test_run_cmd_called_through_a_link_finds_the_project(tmp_path):
     assert result.returncode == 2 and "scripts:" in result.stderr and " train " in result.stderr, result.stderr
 
 
-def test_shipped_demo_preset_works_from_another_folder(tmp_path, monkeypatch):
+def test_shipped_demo_preset_works_from_another_folder(tmp_path, monkeypatch, demo_model):
     """The demo preset's project-relative paths (workspace/demo/...) resolve against the directory the command
-    runs from, like every relative path in a config: from another folder the demo assets are made there."""
+    runs from, like every relative path in a config: from another folder the demo assets are made there. (The
+    session's demo model stands in for the one the first use trains: the model is found there, not made again.)"""
     from modules.util.config.prepare import prepare_config
     monkeypatch.chdir(tmp_path)
+    shutil.copytree(demo_model, tmp_path / "workspace" / "demo" / "tiny-wan2.1-t2v")
     config = load_config(preset_path=str(ROOT / "training_presets" / "#demo tiny CPU.json"))
     prepare_config(config)
-    assert (tmp_path / "workspace" / "demo" / "tiny-wan2.1-t2v" / "model_index.json").is_file()
+    assert Path(config.model.base_model_name).resolve() == (tmp_path / "workspace" / "demo" / "tiny-wan2.1-t2v")
     assert len(list((tmp_path / "workspace" / "demo" / "squares").glob("*.mp4"))) == 24
+    assert (tmp_path / "workspace" / "demo" / "samples.json").is_file()
 
 
 def test_manifest_paths_beside_the_manifest_win_over_the_current_folder(tmp_path, monkeypatch):

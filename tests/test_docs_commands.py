@@ -10,6 +10,7 @@ consciously listed."""
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -108,10 +109,12 @@ def test_the_extractor_reads_fenced_shell_blocks_only():
         to_argv("rm -rf workspace")
 
 
-def test_readme_quick_start_runs_as_written(tmp_path):
+def test_readme_quick_start_runs_as_written(tmp_path, demo_model):
     commands = shell_commands(section((ROOT / "README.md").read_text(encoding="utf-8"), "Quick start"))
     assert any(c.startswith("./run-cmd.sh train") for c in commands), commands
     cwd = scratch_project(tmp_path / "project")
+    # the demo model its first use trains: the session's (tests/test_demo_model.py proves what it learned)
+    shutil.copytree(demo_model, cwd / "workspace" / "demo" / "tiny-wan2.1-t2v")
     not_run = run_documented(commands, cwd)
     assert all(reason for _, reason in not_run)
     assert (cwd / "workspace" / "demo" / "output" / "demo_lora.safetensors").is_file()   # what the README promises

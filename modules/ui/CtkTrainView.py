@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from tkinter import filedialog
 
+import gc
 import customtkinter as ctk
 
 from modules.ui.ConceptController import ConceptController
@@ -65,6 +66,10 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.status_label.configure(text="loading the trainer's libraries…")
         self.update_idletasks()
         self.controller.preload()
+        # the libraries' millions of long-lived objects (torch, diffusers, transformers) moved out of the collector's
+        # reach: otherwise a full collection, which any thread's allocations can start (the loss follower parsing
+        # 20,000 events), walks them all while holding the interpreter lock and stalls the window for 100 ms or more
+        gc.freeze()
         self.preloaded = True
         self.status_label.configure(text="idle")
         self.training_view.replan_soon()   # the memory line of the config restored at open (later: every edit)

@@ -1,33 +1,15 @@
-"""The built-in demo: a tiny random Wan model and a synthetic dataset of coloured squares moving left or right,
-the colour and direction named in the caption. Created on first use under the workspace."""
+"""The built-in demo: a tiny Wan model that knows the squares (modules/util/demo_model.py) and a synthetic dataset of
+coloured squares moving left or right, the colour and direction named in the caption. Created on first use under the
+workspace."""
 import logging
 from pathlib import Path
 
-import numpy as np
-
+from modules.util.demo_model import make_demo_model
 from modules.util.demo_paths import DEMO_CONCEPT, DEMO_MODEL, DEMO_SAMPLES_FILE, same_path, uses_demo_data
+from modules.util.demo_squares import BACKGROUND, COLOURS, DIRECTIONS, square_clip  # noqa: F401 (re-exported)
 from modules.util.video_frames import write_video
 
 log = logging.getLogger(__name__)
-
-COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (40, 80, 230)}
-DIRECTIONS = ("left", "right")
-BACKGROUND = 96
-
-
-def square_clip(colour: tuple[int, int, int], direction: str, frames: int, size: int, offset: int,
-                square: int | None = None) -> np.ndarray:
-    """(frames, size, size, 3) uint8: a square crossing the frame horizontally, starting `offset` pixels in."""
-    square = square or max(4, size // 3)
-    clip = np.full((frames, size, size, 3), BACKGROUND, dtype=np.uint8)
-    top = (size - square) // 2
-    travel = size - square
-    for f in range(frames):
-        x = (offset + round(f * travel / max(1, frames - 1))) % (travel + 1)
-        if direction == "left":
-            x = travel - x
-        clip[f, top:top + square, x:x + square] = colour
-    return clip
 
 
 def make_t2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int = 9, size: int = 32,
@@ -44,22 +26,25 @@ def make_t2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int =
 
 
 # the demo's preview prompts: two of the training captions, at the training size, so the previews show the
-# squares appear as the LoRA learns
-DEMO_SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9, "seed": 1},
-                {"prompt": "a blue square moving right", "width": 32, "height": 32, "frames": 9, "seed": 2}]
+# squares take the caption's direction as the LoRA learns. Guidance 1 (none): the demo trains without caption
+# dropout, so the model has no unconditional prediction to guide against.
+DEMO_SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9, "seed": 1,
+                 "guidance": 1.0},
+                {"prompt": "a blue square moving right", "width": 32, "height": 32, "frames": 9, "seed": 2,
+                 "guidance": 1.0}]
 
 
 def ensure_demo_assets(config) -> list[str]:
     """Creates what is missing of the demo at the demo's own paths (modules/util/demo_paths.py), and only when the
     config trains on the demo's dataset; returns notes for the problems it leaves to the config check."""
-    from modules.util.tiny_models import make_tiny_model
     if not uses_demo_data(config):
         return ["demo_assets: the demo model, squares and samples are created only for the demo's own dataset "
                 f"({DEMO_CONCEPT['path']}); this config trains on other data, so nothing was created"]
     base = Path(config.model.base_model_name)
     if same_path(base, DEMO_MODEL) and not (base / "model_index.json").is_file():
-        log.warning("creating the tiny demo model at %s", base)
-        make_tiny_model("wan2.1-t2v", base, seed=0)
+        log.warning("creating the tiny demo model at %s: its VAE and base learn the squares first (about a minute "
+                    "on 2 CPU cores, once)", base)
+        make_demo_model(base, seed=0)
     folder = Path(config.data.concepts[0].path)
     if not folder.is_dir() or not any(folder.iterdir()):
         log.warning("creating the demo dataset at %s", folder)

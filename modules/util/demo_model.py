@@ -1,0 +1,140 @@
+"""The demo's tiny model, made meaningful on first use so that its previews show something.
+
+A tiny random VAE decodes every latent to noise, so a LoRA trained on it can never show what it learned. The demo
+model is therefore the tiny Wan 2.1 T2V model of `tiny_models` with two parts made to know the demo's squares:
+
+1. the VAE (diffusers' `AutoencoderKLWan`, the tiny config) gets weights that encode each 8 x 8 cell of a frame as
+   its colour (modules/util/demo_vae.py), so it reconstructs the squares, a little blocky; its latent statistics
+   are measured on the squares (`latents_mean` / `latents_std`, as the released configs hold the real VAE's);
+2. the transformer is pre-trained on the squares with captions that name the colour but not the direction
+   ("a red square"), with the flow-matching objective of training (`BaseWanSetup.predict`): the base draws a square
+   of the prompt's colour, and the direction is left for the demo's LoRA to learn.
+
+Known limit (measured): the base draws noisy 8 x 8 cells tinted the caption's colour, not a square where a clip
+holds it. Its x0 prediction at s = 0.9 stays at the error of the captions' common mean (0.46-0.52, against 0.008 for
+a per-caption mean) after 600, 1500 or 2000 steps, at learning rates 1e-3 to 5e-3, with the cross-attention's q/k
+norms scaled 2-6x, with the text cut to its 8 real tokens (no padding keys), with the text path's weights scaled
+5x, and even when pre-trained with the direction in the caption: the tiny transformer does not use the text for
+position, so the demo's LoRA (200 steps) cannot show the direction either. Nor is it position alone: trained 600
+steps on still squares captioned "a red square left" / "... right", its x0 error at s = 0.9 is 0.41, the error of
+the common mean (0.40), against 0.20 for the colours' means and 0 for the captions'. The text barely reaches the
+output at high noise (changing the caption moves the untrained transformer's output by 0.1 %), so the colours the
+samples show come from the low-noise steps. Longer training is what starts to help: at 2500 steps (about 90 s on
+one busy core) the still squares reach 0.15 and the moving squares with their full captions 0.35 (common mean 0.45),
+so the text takes hold late and slowly; a recipe that gets there within the demo's first-use time is left to do.
+
+Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
+"""
+import logging
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from modules.util.atomic import atomic_dir
+from modules.util.demo_squares import COLOURS, DIRECTIONS, square_clip
+from modules.util.demo_vae import set_cell_average_weights
+from modules.util.portable_folder import make_portable
+from modules.util.tiny_models import make_tiny_pipeline, part_seed
+
+log = logging.getLogger(__name__)
+
+BASE_STEPS = 600
+BASE_LEARNING_RATE = 2e-3   # decayed linearly to 0: the last steps settle the weights instead of jumping around
+BATCH_SIZE = 8
+NUM_TRAIN_TIMESTEPS = 1000
+CLIP_FRAMES = 9
+CLIP_SIZE = 32
+OFFSETS = range(4)
+
+
+def colour_caption(colour_name: str) -> str:
+    """The base's caption: the colour only, so that the direction is what the demo's LoRA adds."""
+    return f"a {colour_name} square"
+
+
+def demo_videos() -> tuple[torch.Tensor, list[str]]:
+    """The demo's squares (every colour, direction and offset the dataset holds) as (N, 3, F, H, W) in [-1, 1],
+    with each clip's colour name."""
+    clips, colours = [], []
+    for colour_name, colour in COLOURS.items():
+        for direction in DIRECTIONS:
+            for offset in OFFSETS:
+                frames = torch.from_numpy(square_clip(colour, direction, CLIP_FRAMES, CLIP_SIZE, offset))
+                # (F, H, W, 3) uint8 -> (3, F, H, W) in [-1, 1]
+                clips.append(frames.permute(3, 0, 1, 2).float() / 127.5 - 1)
+                colours.append(colour_name)
+    return torch.stack(clips), colours
+
+
+@torch.no_grad()
+def set_latent_stats(vae, videos: torch.Tensor) -> torch.Tensor:
+    """Measures the per-channel mean and std of the squares' latents into the VAE config; returns the raw latents."""
+    latents = vae.encode(videos).latent_dist.mode()
+    mean = latents.mean(dim=(0, 2, 3, 4))
+    std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
+    vae.register_to_config(latents_mean=[round(float(v), 4) for v in mean],
+                           latents_std=[round(float(v), 4) for v in std])
+    return latents
+
+
+def pretrain_transformer(transformer, latents: torch.Tensor, text: torch.Tensor, seed: int,
+                         steps: int = BASE_STEPS) -> None:
+    """Flow matching as in training (`BaseWanSetup.predict`): x_t = (1 - s) x0 + s noise, target noise - x0, the
+    timestep s * 1000, s uniform. `latents` normalised (N, z, T, h, w); `text` (N, L, D) per clip."""
+    generator = torch.Generator().manual_seed(part_seed(seed, "demo_base_training"))
+    optimizer = torch.optim.AdamW(transformer.parameters(), lr=BASE_LEARNING_RATE, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+    transformer.train()
+    for _ in tqdm(range(steps), desc="demo model: teaching its base the colours", unit="step"):
+        index = torch.randint(0, len(latents), (BATCH_SIZE,), generator=generator)
+        x0 = latents[index]
+        noise = torch.randn(x0.shape, generator=generator)
+        sigmas = torch.rand(BATCH_SIZE, generator=generator)
+        s = sigmas.view(-1, 1, 1, 1, 1)
+        predicted = transformer(hidden_states=(1 - s) * x0 + s * noise, timestep=sigmas * NUM_TRAIN_TIMESTEPS,
+                                encoder_hidden_states=text[index], return_dict=False)[0]
+        loss = ((predicted - (noise - x0)) ** 2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    transformer.eval().requires_grad_(False)
+
+
+def make_demo_pipeline(seed: int = 0, base_steps: int = BASE_STEPS):
+    """The tiny Wan 2.1 T2V pipeline with its VAE and transformer trained on the squares (not saved)."""
+    from modules.model.WanModel import WanModel
+    from modules.util.enum.WanVariant import WanVariant
+
+    pipeline = make_tiny_pipeline("wan2.1-t2v", seed)
+    model = WanModel(variant=WanVariant.T2V, tokenizer=pipeline.tokenizer, text_encoder=pipeline.text_encoder,
+                     vae=pipeline.vae, transformer=pipeline.transformer)
+    videos, colours = demo_videos()
+    torch.manual_seed(part_seed(seed, "demo_training"))
+    set_cell_average_weights(model.vae)
+    latents = model.normalize_latents(set_latent_stats(model.vae, videos))
+    with torch.no_grad():
+        text = model.encode_text([colour_caption(colour) for colour in colours])
+    pretrain_transformer(model.transformer, latents, text, seed, base_steps)
+    return pipeline
+
+
+def make_demo_model(output_dir: str | Path, seed: int = 0) -> Path:
+    """Writes the demo's trained tiny model as a diffusers folder (replacing only an empty folder or a diffusers
+    folder, as `make_tiny_model` does)."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
+        raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
+    # one thread: the tiny model's steps are too small to share between threads, and on busy cores two threads
+    # were measured 5x slower (141 s against 28 s for the 600 base steps, load 3.5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pipeline = make_demo_pipeline(seed)
+    finally:
+        torch.set_num_threads(threads)
+    with atomic_dir(output_dir) as tmp:
+        pipeline.save_pretrained(tmp, safe_serialization=True)
+        make_portable(tmp)
+    return output_dir
