@@ -5,8 +5,8 @@
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
 Wan2.2-Animate (the video is as long as the pose video, made in segments of --frames):
-  sample.py --base-model-name ANIMATE_DIR --prompt "a person dancing" --reference-image me.png \
-      --pose-video clip_pose.mp4 --face-video clip_face.mp4 [--mode replace --background-video clip_bg.mp4 \
+  sample.py --base-model-name ANIMATE_DIR --prompt "a person dancing" --reference-image me.png \\
+      --pose-video clip_pose.mp4 --face-video clip_face.mp4 [--mode replace --background-video clip_bg.mp4 \\
       --mask-video clip_mask.mp4]
 Elements-to-Video (the layout and image encoder the LoRA's header, or the folder's e2v_config.json, records):
   sample.py --base-model-name T2V_DIR --lora e2v_lora.safetensors --element person=me.png \\

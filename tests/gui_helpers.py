@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
-import zlib
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +17,19 @@ DEMO = ROOT / "training_presets" / "#demo tiny CPU.json"
 ARTEFACTS = ROOT / "workspace" / "test-artefacts" / "gui"
 
 
+_SERVERS = itertools.count()
+
+
 def _has(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
-@pytest.fixture(scope="module")
-def display(request):
-    """An X display: the session's when it answers, else a private Xvfb. Skips (with the reason) without one."""
+@pytest.fixture(scope="session")
+def display():
+    """An X display: the session's when it answers, else a private Xvfb (one per test module that imports this
+    fixture). Skips (with the reason) without one. The servers live until the test session ends: Tk's event loop
+    serves every display connection of the process, and one whose server has gone (a window of an earlier module
+    not yet collected) makes Xlib end the whole process, silently, in the next module's window."""
     for tool in ("Xvfb", "xdotool", "import"):
         if not _has(tool) and not (tool == "Xvfb" and os.environ.get("DISPLAY")):
             pytest.skip(f"{tool} is not installed; run-tests.sh installs xvfb, xdotool and imagemagick with apt-get "
@@ -33,9 +39,8 @@ def display(request):
     if not _has("Xvfb"):
         yield previous
         return
-    # one server per test module: the module's name in the number, so a server just stopped is never mistaken
-    # for the next one (its socket file may linger)
-    number = 90 + (os.getpid() + zlib.crc32(request.module.__name__.encode())) % 500
+    # one server per importing module, each with a number of its own
+    number = 90 + (os.getpid() + 37 * next(_SERVERS)) % 500
     server = subprocess.Popen(["Xvfb", f":{number}", "-screen", "0", "1400x1000x24", "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.environ["DISPLAY"] = f":{number}"

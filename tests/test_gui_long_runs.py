@@ -113,9 +113,10 @@ def test_the_queue_checks_a_job_when_added_and_shows_a_failure_whole(app, tmp_pa
     shutil.rmtree(data)                    # gone before it runs: checked again there
     app.tabview.set("queue")
     app.queue_view.run_queue()
-    assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("queue:"),
-                     120), app.log_box.get("1.0", "end")[-2000:]
     message = f"data.concepts.0.path: {str(data)!r} does not exist"
+    # the run's end, and the window's poll of the queue's events after it (the job list is redrawn there)
+    assert run_until(app, lambda: not app.controller.running and app.controller.run.status.startswith("queue:")
+                     and message in app.queue_view.rows[0]["detail"], 120), app.log_box.get("1.0", "end")[-2000:]
     assert app.controller.job_queue().jobs[0].state == "failed"
     assert message in app.queue_view.rows[0]["detail"]            # the job list: the whole message
     assert message in app.log_box.get("1.0", "end")                # and the log pane

@@ -25,8 +25,11 @@ def test_lora_learns_what_its_base_does_not_know(tiny_model, squares_dataset, tm
     for caption in colour_only.glob("*.txt"):
         caption.write_text(" ".join(caption.read_text().split()[:3]))
     base = train(tmp_path / "base", tiny_model("wan2.1-t2v"), colour_only, "FINE_TUNE", 1500, LEARNING)
-    trainer = train(tmp_path / "lora", tiny_model("wan2.1-t2v"), squares_dataset, "LORA", 2500,
+    trainer = train(tmp_path / "lora", tiny_model("wan2.1-t2v"), squares_dataset, "LORA", 4000,
                     LEARNING + ["optimizer.learning_rate=0.005", "lora.rank=16", "lora.alpha=16",
                                 f"model.transformer.path={tmp_path / 'base' / 'out.safetensors'}"])
     del base
-    assert nearest_class_accuracy(trainer, guidance=3.0) == 1.0
+    # 11 of 12 (caption x seed) generations nearest their own class, where a LoRA that learned nothing gets about 6:
+    # with the demo's clips moving only their caption's way (before, the last frame jumped back to the first edge,
+    # a cue as easy as the direction itself) 2,500 steps gave 9 of 12 and 4,000 steps give 11
+    assert nearest_class_accuracy(trainer, guidance=3.0) >= 11 / 12

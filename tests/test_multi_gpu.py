@@ -115,12 +115,12 @@ def sharded_runs(lora_runs, squares_dataset):
     step of planned_trace), then the single process's backup resumed there with the shards offloaded."""
     tmp = lora_runs["tmp"]
     cache = f"cache_dir={tmp / 'single' / 'cache'}"  # filled: the ranks go straight to training
-    copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")
+    run = copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")   # another output: the resume names the run
     (tmp / "one_to_sharded" / "results").mkdir(parents=True)
     # shard_base auto shards where the shards are offloaded to the host (FSDP2's CPU offload policy)
     resume = {"tmp": str(tmp / "one_to_sharded"), "results": str(tmp / "one_to_sharded" / "results"),
               "overrides": COMMON + ["batch_size=1", "backup.continue_last_backup=true", "distributed.cpu_offload=true",
-                                     cache]}
+                                     f"run_name={run}", cache]}
     ranks = run_ranks(tmp / "sharded", lora_runs["base"], squares_dataset,
                       COMMON + ["batch_size=1", "distributed.shard_base=true", cache],
                       trace=planned_trace(lora_runs["base"]), then=[resume])

@@ -1,5 +1,5 @@
-"""Peak memory while loading the real-size text and image encoders from each file layout (issue 20: loading costs
-one copy), as modules/benchmark/load_bench.py does for the transformer.
+"""Peak memory while loading the real-size text and image encoders from each file layout (the target:
+loading costs one copy), as modules/benchmark/load_bench.py does for the transformer.
 
 UMT5-XXL (resources/wan_configs/encoders/umt5-xxl.json, optionally with fewer layers so it fits a small machine: the
 ratio to the file size is what is compared) and CLIP ViT-H/14 are built on the meta device and written as zeros (the

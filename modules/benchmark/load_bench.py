@@ -1,4 +1,4 @@
-"""Peak memory while loading a real-size transformer from each file layout (issue 20: loading costs one copy).
+"""Peak memory while loading a real-size transformer from each file layout (the target: loading costs one copy).
 
 The transformer of a released variant (resources/wan_configs) is built on the meta device and written tensor by
 tensor (zeros: the loader's memory does not depend on the values) as

@@ -1,5 +1,5 @@
 """`benchmark.py proof`: on one GPU, everything docs/benchmarks.md needs, with the planner's prediction next to
-every measured peak (issue 21, item 4). Random weights at real size, built on the device; nothing downloaded.
+every measured peak. Random weights at real size, built on the device; nothing downloaded.
 
 Runs, each in its own process (a memory cap is per process, and each must start from an empty device):
 1. Wan2.1 1.3B LoRA r32 at 832x480x81, with and without gradient checkpointing, each beside the plain diffusers +
@@ -8,7 +8,7 @@ Runs, each in its own process (a memory cap is per process, and each must start 
    uncapped with no memory switch but checkpointing.
 3. Wan2.2 TI2V-5B LoRA at 704x1280x121 under a 24 GiB cap with the planner's settings for 24 GiB.
 4. Every shipped preset for 10 steps under the cap its name implies (`benchmark presets`).
-Writes proof.md (the table) and proof.json to the work folder. Targets (issue 12): 1.3B LoRA >= 1.3x the plain
+Writes proof.md (the table) and proof.json to the work folder. Targets: 1.3B LoRA >= 1.3x the plain
 step, MFU >= 50 %, <= 8 GiB with checkpointing; 14B capped within 1.6x of uncapped; the planner within 10 % of
 every measured peak.
 """

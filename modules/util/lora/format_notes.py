@@ -10,12 +10,12 @@ def format_notes(training_method: str, output_format: str, lora_type: str = "LOR
     notes = []
     if output_format == "DIFFUSERS_LORA":
         notes.append("DIFFUSERS_LORA: ComfyUI's LoRA loader recognises none of its transformer.* keys (0 of 860 for "
-                     "a Wan 2.1 1.3B LoRA, issue 24) and ignores the file; for ComfyUI use COMFY_LORA "
+                     "a Wan 2.1 1.3B LoRA) and ignores the file; for ComfyUI use COMFY_LORA "
                      "(convert_model --training-method LORA --output-model-format COMFY_LORA converts this one)")
     if dora and output_format in ("COMFY_LORA", "KOHYA_LORA"):
         notes.append(f"DoRA in {output_format}: ComfyUI applies .dora_scale with another formula than training (it "
                      f"divides the magnitude by the norm of the base weight, DoRA by that of base + delta), so its "
-                     f"result can be up to about 30 % of the delta off (issue 24's measurement); for the trained "
+                     f"result can be up to about 30 % of the delta off (measured); for the trained "
                      f"model exactly, merge the LoRA into the base: convert_model --merge-lora FILE "
                      f"--base-model-name BASE --output-model-format ORIGINAL --output-model-destination OUT")
     if lora_type in ("LOHA", "LOKR") and output_format in ("COMFY_LORA", "KOHYA_LORA"):
