@@ -15,8 +15,8 @@ self-attention with another processor than diffusers' runs whole and only the fe
 It costs no extra compute inside a checkpointed block: when the backward pass recomputes the block, the chunks are
 not computed (their outputs would be thrown away: nothing after them in the block keeps a tensor, and torch stops
 the recomputation as soon as the last chunk's inputs are saved), and each chunk's own recomputation is then the
-one forward pass of those parts the block's recomputation would have made. The only extra work is the
-cross-attention's keys and values of the text (512 tokens), projected once per chunk. A block that is not
+one forward pass of those parts the block's recomputation would have made. The cross-attention's keys and values
+of the text are projected once per block, before the chunks (CrossAttentionText). A block that is not
 checkpointed runs its chunks plainly (the same numbers, no saving of its kept activations, a smaller backward
 transient).
 
@@ -34,6 +34,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch.utils.checkpoint import checkpoint
 
 from modules.modelSetup.memory.BlockCheckpointing import checkpoint_state
+from modules.modelSetup.memory import CrossAttentionText
 from modules.modelSetup.memory.NormRecompute import float_norm
 from modules.modelSetup.memory.SelfAttentionCore import (attention_kernel, output_projection, projections,
                                                          self_attention_core, splittable)
@@ -55,16 +56,28 @@ def _attention_inputs(block, hidden_states, shift, scale, cos, sin):
     return projections(block.attn1, norm_hidden_states, None if cos is None else (cos, sin))
 
 
-def _after_self_attention(block, hidden_states, core_output, gate_msa, shift, scale, gate, encoder_hidden_states):
+def _after_self_attention(block, hidden_states, core_output, gate_msa, shift, scale, gate, *context):
     """The rest of diffusers' WanTransformerBlock after the self-attention's kernel, on some tokens: its output
     projection, the gated residual add, the cross-attention (each query token attends the whole text on its own)
-    and the feed-forward part."""
+    and the feed-forward part. `context`: the text's (and image context's) keys and values, projected once for all
+    chunks (_text_context), or the encoder states for a cross-attention run whole."""
     attn_output = output_projection(block.attn1, core_output)
     hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
     norm_hidden_states = float_norm(block.norm2, hidden_states).type_as(hidden_states)
-    attn_output = block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
+    if len(context) == 1:
+        attn_output = block.attn2(norm_hidden_states, context[0], None, None)
+    else:
+        attn_output = CrossAttentionText.cross_attention(block.attn2, norm_hidden_states, *context)
     hidden_states = hidden_states + attn_output
     return _feed_forward_part(block, hidden_states, shift, scale, gate)
+
+
+def _text_context(block, encoder_hidden_states) -> list:
+    """What every chunk's cross-attention takes of the text: its keys and values, projected here once per block
+    (CrossAttentionText), or the encoder states where the cross-attention runs another processor."""
+    if CrossAttentionText.splittable(block.attn2):
+        return list(CrossAttentionText.keys_values(block.attn2, encoder_hidden_states))
+    return [encoder_hidden_states]
 
 
 def _not_computed(_block, hidden_states, *_rest):
@@ -98,14 +111,16 @@ class ChunkedFeedForward(ModelHook):
             core_output = attention_kernel(block.attn1, *self._chunked_attention_inputs(
                 block, hidden_states, shift_msa, scale_msa, rotary_emb))
             return self._chunked(block, _after_self_attention, [hidden_states, core_output],
-                                 [gate_msa, c_shift_msa, c_scale_msa, c_gate_msa], [encoder_hidden_states])
+                                 [gate_msa, c_shift_msa, c_scale_msa, c_gate_msa],
+                                 _text_context(block, encoder_hidden_states))
         norm_hidden_states = (float_norm(block.norm1, hidden_states) * (1 + scale_msa) + shift_msa).type_as(
             hidden_states)
         if splittable(block.attn1):
             # its output projection, 2. cross-attention and 3. feed-forward: per token, in chunks
             core_output = self_attention_core(block.attn1, norm_hidden_states, rotary_emb)
             return self._chunked(block, _after_self_attention, [hidden_states, core_output],
-                                 [gate_msa, c_shift_msa, c_scale_msa, c_gate_msa], [encoder_hidden_states])
+                                 [gate_msa, c_shift_msa, c_scale_msa, c_gate_msa],
+                                 _text_context(block, encoder_hidden_states))
         attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
         hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
 
