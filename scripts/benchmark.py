@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
     presets = commands.add_parser("presets", help="each preset for a few steps at its shape under its memory cap")
     presets.add_argument("--steps", type=int, default=3)
-    presets.add_argument("--preset", help="only the presets whose name contains this")
+    presets.add_argument("--preset", help="only the presets whose name contains this (with --plan --write: re-plans those, keeps the others' stored numbers)")
     presets.add_argument("--device", default="cuda" if _cuda() else "cpu")
     presets.add_argument("--dry-run", action="store_true", help="print each preset's command, run nothing")
     presets.add_argument("--workdir", default="workspace/benchmark-presets", help="where the per-run JSON goes")
@@ -223,7 +223,7 @@ def _plan_presets(args) -> int:
     from modules.planner.preset_table import markdown, preset_rows
     log = lambda text: print(text, flush=True)  # noqa: E731
     if args.write:
-        data = write(log=log)
+        data = write(log=log, only=args.preset)
         print(markdown(data["full"]))
         return 0
     rows = preset_rows(log=log)

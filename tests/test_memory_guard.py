@@ -35,3 +35,27 @@ def test_a_planted_regression_names_the_preset_and_the_part_that_grew(stored):
     assert len(messages) == 1, messages
     assert messages[0].startswith(f"{name}: predicted peak grew ") and "transient grew most" in messages[0], messages
     assert not preset_guard.regressions(stored, {name: stored[name]})
+
+
+def test_writing_some_presets_keeps_the_others_stored_numbers(tmp_path):
+    """`benchmark presets --plan --write --preset NAME`: the presets with NAME in their name are planned again, every
+    other row and guard number is kept as stored, and the docs table shows them all."""
+    import json
+    data = preset_guard.load_stored()
+    name = "demo tiny CPU"   # planned in no time: its model does not exist until the demo makes it
+    data["full"] = [{**row, "status": "stale"} if row["preset"] == name else row for row in data["full"]]
+    data["guard"][name] = {"status": "stale"}
+    data_file, docs_file = tmp_path / "presets.json", tmp_path / "benchmarks.md"
+    data_file.write_text(json.dumps(data), encoding="utf-8")
+    docs_file.write_text(f"before\n{preset_guard.TABLE_START}\nold\n{preset_guard.TABLE_END}\nafter\n", encoding="utf-8")
+    written = preset_guard.write(log=lambda _text: None, data_file=data_file, docs_file=docs_file, only="demo tiny")
+    stored = preset_guard.load_stored()
+    assert [row["preset"] for row in written["full"]] == [row["preset"] for row in stored["full"]]
+    for row in written["full"]:
+        expected = stored["full"][[r["preset"] for r in stored["full"]].index(row["preset"])]
+        assert row == expected, row["preset"]   # planned again (demo) or kept (the others)
+    assert written["guard"] == stored["guard"]
+    assert json.loads(data_file.read_text(encoding="utf-8")) == json.loads(json.dumps(written))
+    table = docs_file.read_text(encoding="utf-8")
+    assert table.startswith("before\n") and table.endswith("after\n") and "\nold\n" not in table
+    assert all(f"| {row['preset']} |" in table for row in stored["full"])

@@ -359,19 +359,22 @@ def test_auto_fit_search_against_the_whole_grid(vram):
     """The search alone, over a memory model with the planner's shape (monotonic in swapped blocks, activations
     per kept block), against every setting of the grid enumerated: the choice fits, nothing cheaper fits, and a
     setting the run cannot use (a swap with `refuse_swap`) is passed over."""
+    import dataclasses
     from types import SimpleNamespace
 
     from modules.planner.auto_fit import Settings, StepCost, canonical, combinations, fit
     from modules.planner.plan_shapes import PlanError
     layers = 12
-    cost = StepCost(layers=layers, block_forward_seconds=0.01, block_copy_seconds=0.02, input_copy_seconds=0.015)
+    cost = StepCost(layers=layers, block_forward_seconds=0.01, block_copy_seconds=0.02, input_copy_seconds=0.015,
+                    attention_inputs_seconds=0.003)
 
     def memory(settings: Settings) -> float:
         checkpointed = set(range(layers - settings.block_swap, layers))
         if settings.gradient_checkpointing:
             checkpointed |= set(range(0, layers, settings.checkpoint_every))
         kept = (layers - len(checkpointed)) * 3.0 + len(checkpointed) * (0.1 if settings.activation_offload else 0.6)
-        return 1.0 + (layers - settings.block_swap) * 0.5 + kept + 1.5
+        # the attention inputs in chunks lower the transient (3.0 GiB fits with them only)
+        return 1.0 + (layers - settings.block_swap) * 0.5 + kept + (0.7 if settings.attention_inputs else 1.5)
 
     for refuse_swap in (False, True):
         def predict_settings(settings: Settings):
@@ -382,15 +385,21 @@ def test_auto_fit_search_against_the_whole_grid(vram):
             return SimpleNamespace(peak_gib=gib, fits=lambda v, g=gib: g <= v)
 
         result = fit(None, vram, predict_settings, layers, cost)
-        grid = [Settings(b.gradient_checkpointing, b.checkpoint_every, n, b.activation_offload)
+        grid = [Settings(b.gradient_checkpointing, b.checkpoint_every, n, b.activation_offload, b.attention_inputs)
                 for b in combinations() for n in range(1 if refuse_swap else layers + 1)]
         fitting = [s for s in grid if memory(canonical(s, layers)) <= vram]
         if not fitting:
             assert result.settings is None, (vram, result.settings)
             continue
-        key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload)  # noqa: E731
+        key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload, s.attention_inputs)  # noqa: E731
         assert result.settings is not None and memory(canonical(result.settings, layers)) <= vram
         assert key(result.settings) == min(key(s) for s in fitting), (vram, refuse_swap, result.settings)
+        # the attention inputs in chunks only where the same settings without them do not fit
+        if result.settings.attention_inputs:
+            without = dataclasses.replace(result.settings, attention_inputs=False)
+            assert memory(canonical(without, layers)) > vram, (vram, result.settings)
+        if vram == 3.0 and not refuse_swap:   # nothing fits without them
+            assert result.settings.attention_inputs
 
 
 def test_auto_fit_in_the_config_sets_the_switches_at_train_start(tiny_model):

@@ -9,6 +9,9 @@ The switches and what each costs per step, in seconds on a nominal GPU (the orde
   costs: N x 2 x max(0, copy - compute). Swapped blocks are always checkpointed: their recomputation is added.
 - activation offload: each checkpointed block's input (tokens x width) goes to the host and back, overlapped the
   same way.
+- attention inputs in chunks (`performance.chunk_attention_inputs`, with checkpointing every block): each
+  checkpointed block computes its self-attention's q/k/v projections once more: (checkpointed blocks) x (their
+  FLOPs) / COMPUTE_RATE.
 Checkpointing costs FLOPs that no overlap hides, swaps and offloads cost only what their copies do not hide:
 for a large shape a swap is nearly free and checkpointing is not; for a small one the reverse can hold.
 
@@ -38,6 +41,7 @@ class Settings:
     checkpoint_every: int = 1
     block_swap: int = 0
     activation_offload: bool = False
+    attention_inputs: bool = False
 
     def apply(self, config: TrainConfig) -> TrainConfig:
         config = config.model_copy(deep=True)
@@ -45,31 +49,37 @@ class Settings:
         config.performance.checkpoint_every = self.checkpoint_every
         config.performance.block_swap = self.block_swap
         config.performance.activation_offload = self.activation_offload and self.gradient_checkpointing
+        config.performance.chunk_attention_inputs = self.attention_inputs and self.gradient_checkpointing
         return config
 
     def config_values(self) -> dict:
         """As --config-value / JSON fields."""
         return {"gradient_checkpointing": self.gradient_checkpointing,
                 "performance.checkpoint_every": self.checkpoint_every, "performance.block_swap": self.block_swap,
-                "performance.activation_offload": self.activation_offload}
+                "performance.activation_offload": self.activation_offload,
+                "performance.chunk_attention_inputs": self.attention_inputs}
 
     def text(self) -> str:
         parts = [f"checkpointing every {self.checkpoint_every}" if self.gradient_checkpointing
                  else "no checkpointing", f"block swap {self.block_swap}",
                  "activation offload" if self.activation_offload else "no offload"]
+        if self.attention_inputs:
+            parts.append("attention inputs in chunks")
         return ", ".join(parts)
 
 
 def settings_of(config: TrainConfig) -> Settings:
     performance = config.performance
     return Settings(config.gradient_checkpointing, performance.checkpoint_every if config.gradient_checkpointing
-                    else 1, performance.block_swap, performance.activation_offload and config.gradient_checkpointing)
+                    else 1, performance.block_swap, performance.activation_offload and config.gradient_checkpointing,
+                    performance.chunk_attention_inputs and config.gradient_checkpointing)
 
 
 def combinations() -> list[Settings]:
-    """The checkpointing / offload combinations, at no swap."""
+    """The checkpointing / offload / attention-input combinations, at no swap (the last: every switch at its
+    most)."""
     return [Settings(False), Settings(True, 2), Settings(True, 2, 0, True), Settings(True, 1),
-            Settings(True, 1, 0, True)]
+            Settings(True, 1, 0, True), Settings(True, 1, 0, False, True), Settings(True, 1, 0, True, True)]
 
 
 @dataclass
@@ -79,6 +89,7 @@ class StepCost:
     block_forward_seconds: float
     block_copy_seconds: float
     input_copy_seconds: float
+    attention_inputs_seconds: float = 0.0   # one block's q/k/v projections
 
     def seconds(self, settings: Settings) -> float:
         checkpointed = set(range(self.layers - settings.block_swap, self.layers))
@@ -89,6 +100,8 @@ class StepCost:
         seconds += settings.block_swap * 2 * exposed(self.block_copy_seconds)
         if settings.activation_offload:
             seconds += len(checkpointed) * 2 * exposed(self.input_copy_seconds)
+        if settings.attention_inputs and settings.gradient_checkpointing:
+            seconds += len(checkpointed) * self.attention_inputs_seconds
         return seconds
 
 
@@ -103,7 +116,8 @@ def step_cost(arch, shape, block_weight_bytes: int) -> StepCost:
     block_flops = shape.batch_size * per_sample
     return StepCost(layers=layers, block_forward_seconds=block_flops / COMPUTE_RATE,
                     block_copy_seconds=block_weight_bytes / TRANSFER_RATE,
-                    input_copy_seconds=shape.batch_size * tokens * d * 4 / TRANSFER_RATE)
+                    input_copy_seconds=shape.batch_size * tokens * d * 4 / TRANSFER_RATE,
+                    attention_inputs_seconds=shape.batch_size * 2 * tokens * 3 * d * d / COMPUTE_RATE)
 
 
 def max_traces(layers: int) -> int:
@@ -136,6 +150,8 @@ class FitResult:
             chain.append(Settings(True, chosen.checkpoint_every))
         if chosen.activation_offload:
             chain.append(Settings(True, chosen.checkpoint_every, 0, True))
+        if chosen.attention_inputs:
+            chain.append(Settings(True, chosen.checkpoint_every, 0, chosen.activation_offload, True))
         if chosen.block_swap:
             chain.append(chosen)
         lines = []
@@ -145,6 +161,9 @@ class FitResult:
                         f"memory and are copied in for each pass")
             elif after.activation_offload != before.activation_offload:
                 what = "activation offload: the checkpointed blocks' inputs wait in host memory"
+            elif after.attention_inputs != before.attention_inputs:
+                what = ("attention inputs in chunks: the self-attention's projections are recomputed chunk by "
+                        "chunk, not kept")
             else:
                 what = (f"checkpointing every {after.checkpoint_every}: those blocks' activations are recomputed "
                         f"in the backward pass, not kept")
@@ -204,11 +223,12 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
         if least is not None:
             result.settings, result.prediction, result.cost_seconds = frugal, least, cost.seconds(frugal)
             # each switch's share of the saving, for explain(): the switches added one at a time
-            for step in (Settings(False), Settings(True, 1), Settings(True, 1, 0, True)):
+            for step in (Settings(False), Settings(True, 1), Settings(True, 1, 0, True),
+                         Settings(True, 1, 0, True, True)):
                 fits(step)
         return result
-    def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload
-        return cost.seconds(settings), settings.block_swap, settings.activation_offload
+    def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload, then no attention chunks
+        return cost.seconds(settings), settings.block_swap, settings.activation_offload, settings.attention_inputs
 
     for base in sorted(combinations(), key=key):
         if result.settings is not None and key(base) >= key(result.settings):
@@ -233,13 +253,14 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
 
 
 def _with_swap(settings: Settings, count: int) -> Settings:
-    return Settings(settings.gradient_checkpointing, settings.checkpoint_every, count, settings.activation_offload)
+    return Settings(settings.gradient_checkpointing, settings.checkpoint_every, count, settings.activation_offload,
+                    settings.attention_inputs)
 
 
 def canonical(settings: Settings, layers: int) -> Settings:
     """Settings that run alike share one trace: with every block swapped every block is checkpointed anyway."""
     if settings.block_swap >= layers:
-        return Settings(True, 1, layers, settings.activation_offload)
+        return Settings(True, 1, layers, settings.activation_offload, settings.attention_inputs)
     return settings
 
 

@@ -106,11 +106,20 @@ def load_stored(path: Path = DATA_FILE) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def write(log=print, data_file: Path = DATA_FILE, docs_file: Path = DOCS_FILE) -> dict:
-    """Plans every preset in full and in the guard's size; writes the JSON and the docs table."""
+def write(log=print, data_file: Path = DATA_FILE, docs_file: Path = DOCS_FILE, only: str | None = None) -> dict:
+    """Plans every preset in full and in the guard's size; writes the JSON and the docs table. `only`: re-plans the
+    presets with it in their name and keeps the others' stored numbers (a change that moves only those)."""
     from modules.planner.preset_table import markdown, preset_rows
-    rows = preset_rows(log=log)
-    data = {"guard_blocks": GUARD_BLOCKS, "tolerance": TOLERANCE, "full": rows, "guard": guard_numbers(log)}
+    rows, guard = preset_rows(log=log, only=only), {}
+    for name in shipped_presets():
+        if only is None or only in name:
+            guard.update(guard_numbers(log, only=name))
+    if only is not None:
+        stored = load_stored(data_file)
+        planned = {row["preset"]: row for row in rows}
+        rows = [planned.pop(row["preset"], row) for row in stored["full"]] + list(planned.values())
+        guard = {**stored["guard"], **guard}
+    data = {"guard_blocks": GUARD_BLOCKS, "tolerance": TOLERANCE, "full": rows, "guard": guard}
     from modules.benchmark.common import write_json
     write_json(str(data_file), data)
     text = docs_file.read_text(encoding="utf-8")

@@ -9,12 +9,15 @@ from modules.planner.memory_plan import PlanError, predict
 GIB = 1024 ** 3
 
 
-def preset_rows(log=lambda _text: None) -> list[dict]:
+def preset_rows(log=lambda _text: None, only: str | None = None) -> list[dict]:
+    """`only`: the presets with it in their name."""
     from modules.util.config.config_io import load_config
     from modules.util.presets import PRESET_DIR
     rows = []
     for path in sorted(PRESET_DIR.glob("*.json")):
         name = path.stem.lstrip("#")
+        if only is not None and only not in name:
+            continue
         size = re.search(r"(\d+)\s*GB", name)
         row = {"preset": name, "card_gb": int(size.group(1)) if size else None}
         try:

@@ -75,7 +75,8 @@ class PerformanceSetup:
         # goes on before the norms' hooks, which then wrap it
         plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
         if performance.chunk_tokens:
-            self.chunked_blocks = chunk_feed_forward(plain, performance.chunk_tokens)
+            self.chunked_blocks = chunk_feed_forward(plain, performance.chunk_tokens,
+                                                     performance.chunk_attention_inputs)
         if performance.recompute_norms:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records
             # the block's dtype would only break its graph
@@ -108,7 +109,8 @@ class PerformanceSetup:
         if self.norms_recomputed:
             parts.append("norms recomputed")
         if self.chunked_blocks:
-            parts.append(f"per-token parts in chunks of {self.performance.chunk_tokens} tokens")
+            parts.append(f"per-token parts in chunks of {self.performance.chunk_tokens} tokens"
+                         + (" (attention inputs too)" if self.performance.chunk_attention_inputs else ""))
         if self.compiled:
             parts.append(f"{len(self.compiled)} blocks compiled")
         return ", ".join(parts) or "no memory features"

@@ -24,14 +24,24 @@ class PerformanceConfig(BaseConfig):
                                                     "less per block that keeps its activations at 832x480x81 "
                                                     "(Wan 1.3B), a few elementwise passes more per block")
     chunk_tokens: int = Field(4096, ge=0, le=1_000_000,
-                              description="run each transformer block's per-token parts (the feed-forward, and the "
-                                          "recomputed norms) on this many tokens at a time (0: all at once); in "
+                              description="run each transformer block's per-token parts (everything after the "
+                                          "self-attention's kernel: its output projection, the residual adds, the "
+                                          "cross-attention, the feed-forward; and the recomputed norms) on this "
+                                          "many tokens at a time (0: all at once); in "
                                           "a checkpointed block each chunk is recomputed alone in the backward "
                                           "pass, so the widest tensors (the feed-forward's 8,960 / 13,824 wide "
                                           "hidden state, the norms' float32 temporaries) exist for one chunk "
-                                          "only: about 2 GiB less at the 1.3B's peak at 832x480x81, no extra "
-                                          "compute. Equal within float32 rounding (weight gradients are summed "
+                                          "only: about 2.4 GiB less at the 1.3B's peak at 832x480x81, no extra "
+                                          "compute but the cross-attention's text keys and values once per "
+                                          "chunk. Equal within float32 rounding (weight gradients are summed "
                                           "chunk by chunk)")
+    chunk_attention_inputs: bool = Field(False, description="with chunk_tokens, also run each checkpointed block's "
+                                                            "self-attention inputs (its norm, the q/k/v projections, "
+                                                            "their norms, the rotary embedding) in token chunks, "
+                                                            "recomputed alone in the backward pass instead of kept: "
+                                                            "about 0.3 GiB less at the 1.3B's peak at 832x480x81, "
+                                                            "one more forward pass of those parts per block (about "
+                                                            "1 % of a step). Equal within float32 rounding")
     activation_offload: bool = Field(False, description="keep the inputs of checkpointed blocks in pinned CPU memory "
                                                         "and copy them back for the backward pass (needs "
                                                         "gradient_checkpointing)")
