@@ -154,8 +154,10 @@ def test_every_sized_preset_fits_the_card_in_its_name(name, size_gb):
     assert row["predicted_gib"] * 1024 ** 3 * (1 + preset_guard.TOLERANCE) <= size_gb * 1e9, row
 
 
-def test_planning_a_14b_step_is_fast_and_small(tmp_path):
-    """Under 60 s and 2 GiB of RAM, in a process of its own (its peak RSS is the planner's, imports included)."""
+def test_planning_a_14b_step_is_small_and_matches_the_stored_row(tmp_path):
+    """Under 2 GiB of RAM, in a process of its own (its peak RSS is the planner's, imports included). Its time is a
+    benchmark figure (`benchmark plan` prints "planned in N s"), not asserted here: a shared CI machine's load
+    decides it more than the planner does (the subprocess's timeout catches a planner that no longer ends)."""
     import json
     import subprocess
     import sys
@@ -176,7 +178,6 @@ def test_planning_a_14b_step_is_fast_and_small(tmp_path):
     from modules.planner import preset_guard   # the stored table is today's plan (the sized-preset test reads it)
     stored = {row["preset"]: row for row in preset_guard.load_stored()["full"]}["wan 2.1 14B LoRA 24GB"]
     assert numbers["peak_gib"] == pytest.approx(stored["predicted_gib"], rel=1e-6), (numbers, stored)
-    assert numbers["seconds"] < 60, numbers
     assert numbers["rss_gib"] < 2, numbers
 
 
