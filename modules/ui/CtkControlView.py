@@ -1,6 +1,7 @@
 """The control tab: the settings of control and character models (VACE's `data.control` where the config has it,
 Wan2.2-Animate's `animate`) and a live preview: a chosen item of a concept beside its control, mask and references
-(VACE) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip). The concept's items are
+(VACE), its control (Wan-Fun Control) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip);
+a clip without a control file shows the control data.control.derive computes from it, with the cache's own function. The concept's items are
 listed by the data loader's own scan in a worker thread (DatasetBrowser.browse), as the dataset viewer does."""
 from __future__ import annotations
 
@@ -118,8 +119,8 @@ class CtkControlView:
             self.strip.show(None, [], 1)
             return
         if not self.kind:
-            self.note.configure(text="the chosen model takes no control (not a VACE or Animate model, or none chosen "
-                                     "and no model.intended_variant): the item alone is shown")
+            self.note.configure(text="the chosen model takes no control (not a VACE, Wan-Fun Control or Animate "
+                                     "model, or none chosen and no model.intended_variant): the item alone is shown")
         else:
             self.note.configure(text=(f"skipped: {item.skip_reason}" if item.skipped else
                                       f"{len(item.companions)} companion(s); the frame slider moves them all"))
