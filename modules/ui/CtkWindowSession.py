@@ -71,4 +71,6 @@ class CtkWindowSession:
         if getattr(self, "_tensorboard", None) is not None:
             self._tensorboard.terminate()
         self.tools_view.controller.stop()   # a tool's child process must not outlive the window
+        if not self.training_view.memory.close():   # a planner still tracing: torch aborts the exit without this
+            self.log("the memory planner did not stop in time", "WARNING")
         self.destroy()
