@@ -5,13 +5,12 @@ a clip without a control file shows the control data.control.derive computes fro
 listed by the data loader's own scan in a worker thread (DatasetBrowser.browse), as the dataset viewer does."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import customtkinter as ctk
 
 from modules.ui import DatasetBrowser as browser
-from modules.ui.ctk_components import button, render_section
+from modules.ui.ctk_components import button, in_worker, render_section
 from modules.ui.CtkCompanionStrip import CtkCompanionStrip
 from modules.ui.ItemCompanions import control_sections, kind_of, viewer_variant
 from modules.util.config.config_io import ConfigError
@@ -84,25 +83,16 @@ class CtkControlView:
             self.note.configure(text=f"data.concepts.{index}.path: {config.data.concepts[index].path!r} does not exist")
             return
         self.note.configure(text="scanning…")
-        done: list = []
 
         def work():   # no Tk call in this thread
-            try:
-                variant = viewer_variant(config)
-                done.append((variant, browser.browse(config, index, variant)))
-            except Exception as error:  # noqa: BLE001  shown in the tab
-                done.append(error)
+            variant = viewer_variant(config)
+            return variant, browser.browse(config, index, variant)
 
-        def wait():
-            if not self.note.winfo_exists():
+        def show(result):
+            if isinstance(result, Exception):
+                self.note.configure(text=f"cannot list the concept: {result}")
                 return
-            if not done:
-                self.note.after(100, wait)
-                return
-            if isinstance(done[0], Exception):
-                self.note.configure(text=f"cannot list the concept: {done[0]}")
-                return
-            variant, self.items = done[0]
+            variant, self.items = result
             self.kind = kind_of(variant)
             self.loaded = True
             names = [Path(item.path).name for item in self.items] or [NO_ITEMS]
@@ -110,8 +100,7 @@ class CtkControlView:
             self.item_menu.set(names[0])
             self.choose(names[0])
 
-        threading.Thread(target=work, name="control-browse", daemon=True).start()
-        self.note.after(100, wait)
+        in_worker(self.note, work, show, "control-browse")
 
     def choose(self, name: str) -> None:
         item = next((item for item in self.items if Path(item.path).name == name), None)
