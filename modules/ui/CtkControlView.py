@@ -1,8 +1,9 @@
-"""The control tab: the settings of control and character models (VACE's `data.control` where the config has it,
+"""The control tab: the settings of control and character models (`data.control`: derive, loss region;
 Wan2.2-Animate's `animate`) and a live preview: a chosen item of a concept beside its control, mask and references
 (VACE), its control (Wan-Fun Control) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip);
-a clip without a control file shows the control data.control.derive computes from it, with the cache's own function. The concept's items are
-listed by the data loader's own scan in a worker thread (DatasetBrowser.browse), as the dataset viewer does."""
+a clip without a control file shows the control data.control.derive computes from it, with the cache's own
+function. The concept's items are listed by the data loader's own scan in a worker thread (DatasetBrowser.browse),
+as the dataset viewer does."""
 from __future__ import annotations
 
 from pathlib import Path
