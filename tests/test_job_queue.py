@@ -221,3 +221,25 @@ def test_a_second_runner_is_refused_and_names_the_holder(tmp_path, capsys):
     finally:
         lock.release()
     assert [job.state for job in queue.run(lambda *_: (["x"], False))] == ["done"]   # free again
+
+
+def test_a_multi_gpu_job_is_refused_when_added_and_when_run(tmp_path, tiny_model, squares_dataset, capsys):
+    """A job trains inside the queue's process, which cannot launch ranks: refused with what to do instead, rather
+    than trained silently on one GPU."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import job_queue
+
+    from modules.ui.JobQueue import MULTI_GPU_REFUSED, check_job_config, train_config_file
+
+    queue_file = tmp_path / "q.json"
+    multi = job_config(tmp_path, tiny_model, squares_dataset, "multi") | {"multi_gpu": True}
+    assert check_job_config(multi) == [MULTI_GPU_REFUSED]   # the window's "Add to queue" checks this
+    assert check_job_config(multi | {"multi_gpu": False}) == []
+    path = tmp_path / "multi.json"
+    path.write_text(json.dumps(multi))
+    assert job_queue.main(["add", str(path), "--queue", str(queue_file)]) == 2
+    assert "press Start for this config" in capsys.readouterr().err and not JobQueue(queue_file).jobs
+    queue = JobQueue(queue_file)
+    queue.add(multi)                        # queued before the refusal, or its file edited since: refused at run
+    ran = queue.run(train_config_file)
+    assert [job.state for job in ran] == ["failed"] and MULTI_GPU_REFUSED in ran[0].error

@@ -70,6 +70,27 @@ def test_one_frame_index_shows_the_same_moment_of_the_clip_and_its_control(vace_
         assert "mask" not in shown   # missing: the panel says so, nothing is read
 
 
+def test_a_clip_without_control_previews_the_control_derive_computes_from_it(tmp_path, vace_data):
+    from modules.model.control_derive import derive_control
+    data = tmp_path / "data"
+    shutil.copytree(vace_data, data)
+    shutil.rmtree(data / "green_right_00_control")
+    for derive, kind in (("canny", WanVariant.VACE), ("gray", WanVariant.FUN_CONTROL)):
+        items = by_name(browser.browse(config_for(tmp_path, data, f"data.control.derive={derive}"), 0, kind))
+        control = items["green_right_00.mp4"].companions[0]
+        assert control.text == f"control: derived ({derive}) from the clip's frames"
+        assert items["blue_left_00.mp4"].companions[0].text == "control: blue_left_00_control"   # its own wins
+        shown = frames_at(control.path, [control], 4)
+        # the cache's own function on the same frame (EncodeVACE / EncodeFunControl call derive_control)
+        assert np.array_equal(shown["control"], derive_control(shown["target"][None], derive)[0])
+        assert shown["control"].std() > 0
+    plain = by_name(browser.browse(config_for(tmp_path, data), 0, WanVariant.VACE))   # derive none: missing
+    assert plain["green_right_00.mp4"].companions[0].missing
+    # Wan-Fun Control's items carry their control alone (the start image is the clip's first frame)
+    fun = by_name(browser.browse(config_for(tmp_path, data), 0, WanVariant.FUN_CONTROL_A14B))
+    assert [c.text for c in fun["blue_left_00.mp4"].companions] == ["control: blue_left_00_control"]
+
+
 def test_animate_items_carry_pose_face_reference_and_replace_mode_adds_background_and_mask(tmp_path, animate_data):
     data = tmp_path / "data"
     shutil.copytree(animate_data, data)
@@ -111,6 +132,9 @@ def test_the_model_tab_names_control_and_character_variants(tiny_model, tmp_path
     intended = load_config(overrides=["model.intended_variant=VACE", f"model.base_model_name={tmp_path / 'none'}"])
     assert kind_of(viewer_variant(intended)) == "vace"
     assert kind_of(WanVariant.ANIMATE_2_14B) == "animate" and kind_of(WanVariant.I2V) == ""
+    assert kind_of(WanVariant.FUN_CONTROL) == kind_of(WanVariant.FUN_CONTROL_A14B) == "fun"
+    assert kind_of(WanVariant.FUN_INP) == ""   # the I2V layout: no companions
+    assert "control video" in variant_description(WanVariant.FUN_CONTROL_A14B)
 
 
 def test_the_control_tab_shows_the_control_settings_the_config_has():
@@ -137,6 +161,11 @@ def test_the_sample_form_gives_sample_py_the_conditions_it_reads():
             args.animate_mode, args.continuation_frames) == (["me.png"], "p.mp4", "f.mp4", "b.mp4", "m.mp4",
                                                              "replace", 5)
     assert tools.condition_kind(WanVariant.VACE_A14B) == "VACE" and tools.condition_kind(WanVariant.T2V) == "none"
+    assert tools.condition_kind(WanVariant.FUN_CONTROL_A14B) == "Wan-Fun Control"
+    fun = tools.sample_command("/m", "p", "/out", image="start.png",
+                               conditions={"control-video": "c.mp4", "mask-video": "m.mp4"})
+    args = sample.parse_args(fun[1:])
+    assert (args.image, args.control_video, args.mask_video) == ("start.png", "c.mp4", "m.mp4")
     assert tools.driving_video({"pose-video": "p.mp4"}) == "p.mp4"
 
 

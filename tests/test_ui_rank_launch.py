@@ -139,3 +139,26 @@ def test_the_window_follows_the_ranks_and_stop_is_ctrl_c_for_their_launcher(tmp_
     assert finished and finished[0]["stopped"] is True
     assert controller.run.status == "stopped; backup written"
     assert controller.run.losses and controller.run.losses[-1] == 0.5
+
+
+def test_a_multi_gpu_run_closed_midway_is_offered_for_resuming_with_its_launch_config(tmp_path):
+    """The window remembers controller.resumable_config() when it closes during a run; for a multi-GPU launch that
+    is the launch's config, whose resume (continue_last_backup on) launches the ranks again."""
+    sleeper = tmp_path / "python"   # stands in for the launcher: the run is going while the window closes
+    sleeper.write_text("#!/bin/sh\nexec sleep 30\n")
+    sleeper.chmod(0o755)
+    state = UIState({"workspace_dir": str(tmp_path / "ws"), "multi_gpu": True, "device": "cpu",
+                     "distributed": {"processes": 2}})
+    controller = TrainController(state, last_used=tmp_path / "last.json", queue_path=tmp_path / "queue.json")
+    controller.python = str(sleeper)
+    assert controller.resumable_config() == ""
+    assert controller.start() == []
+    try:
+        path = controller.resumable_config()
+        assert Path(path).parent == tmp_path / "ws" / "gui-launches"
+        saved = load_config(path, overrides=["backup.continue_last_backup=true"])   # what resume_run starts
+        assert saved.multi_gpu and saved.distributed.processes == 2 and saved.backup.continue_last_backup
+    finally:
+        controller._ranks.kill()
+        controller._ranks.wait()
+    assert controller.resumable_config() == ""   # ended: nothing to offer

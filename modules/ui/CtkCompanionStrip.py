@@ -4,11 +4,9 @@ missing companion is a grey panel that says so. Frames are decoded in a worker t
 so dragging the slider never blocks the window."""
 from __future__ import annotations
 
-import threading
-
 import customtkinter as ctk
 
-from modules.ui.ctk_components import ERROR_COLOR, thumbnail_image
+from modules.ui.ctk_components import ERROR_COLOR, in_worker, thumbnail_image
 from modules.ui.ItemCompanions import Companion, frames_at
 
 PANEL = 150
@@ -64,27 +62,17 @@ class CtkCompanionStrip:
     def _decode(self) -> None:
         wanted, self._wanted = self._wanted, None
         self._busy = True
-        done: list = []
 
-        def work():   # no Tk call in this thread
-            target, companions, index = wanted
-            done.append(frames_at(target, list(companions), index))
-
-        def wait():
-            if not self.frame.winfo_exists():
-                return
-            if not done:
-                self.frame.after(30, wait)
-                return
+        def show(frames):
             self._busy = False
             if self._wanted is not None:   # the slider moved on meanwhile: decode the newest frame
                 self._decode()
                 return
             self.shown_index = wanted[2]
-            self._draw(done[0])
+            self._draw(frames if not isinstance(frames, Exception) else {"target": f"cannot be shown: {frames}"})
 
-        threading.Thread(target=work, name="companion-frames", daemon=True).start()
-        self.frame.after(30, wait)
+        target, companions, index = wanted
+        in_worker(self.frame, lambda: frames_at(target, list(companions), index), show, "companion-frames", 30)
 
     def _draw(self, frames: dict) -> None:
         for child in self.panels.winfo_children():

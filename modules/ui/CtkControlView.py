@@ -1,16 +1,17 @@
-"""The control tab: the settings of control and character models (VACE's `data.control` where the config has it,
+"""The control tab: the settings of control and character models (`data.control`: derive, loss region;
 Wan2.2-Animate's `animate`) and a live preview: a chosen item of a concept beside its control, mask and references
-(VACE) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip). The concept's items are
-listed by the data loader's own scan in a worker thread (DatasetBrowser.browse), as the dataset viewer does."""
+(VACE), its control (Wan-Fun Control) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip);
+a clip without a control file shows the control data.control.derive computes from it, with the cache's own
+function. The concept's items are listed by the data loader's own scan in a worker thread (DatasetBrowser.browse),
+as the dataset viewer does."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import customtkinter as ctk
 
 from modules.ui import DatasetBrowser as browser
-from modules.ui.ctk_components import button, render_section
+from modules.ui.ctk_components import button, in_worker, render_section
 from modules.ui.CtkCompanionStrip import CtkCompanionStrip
 from modules.ui.ItemCompanions import control_sections, kind_of, viewer_variant
 from modules.util.config.config_io import ConfigError
@@ -83,25 +84,16 @@ class CtkControlView:
             self.note.configure(text=f"data.concepts.{index}.path: {config.data.concepts[index].path!r} does not exist")
             return
         self.note.configure(text="scanning…")
-        done: list = []
 
         def work():   # no Tk call in this thread
-            try:
-                variant = viewer_variant(config)
-                done.append((variant, browser.browse(config, index, variant)))
-            except Exception as error:  # noqa: BLE001  shown in the tab
-                done.append(error)
+            variant = viewer_variant(config)
+            return variant, browser.browse(config, index, variant)
 
-        def wait():
-            if not self.note.winfo_exists():
+        def show(result):
+            if isinstance(result, Exception):
+                self.note.configure(text=f"cannot list the concept: {result}")
                 return
-            if not done:
-                self.note.after(100, wait)
-                return
-            if isinstance(done[0], Exception):
-                self.note.configure(text=f"cannot list the concept: {done[0]}")
-                return
-            variant, self.items = done[0]
+            variant, self.items = result
             self.kind = kind_of(variant)
             self.loaded = True
             names = [Path(item.path).name for item in self.items] or [NO_ITEMS]
@@ -109,8 +101,7 @@ class CtkControlView:
             self.item_menu.set(names[0])
             self.choose(names[0])
 
-        threading.Thread(target=work, name="control-browse", daemon=True).start()
-        self.note.after(100, wait)
+        in_worker(self.note, work, show, "control-browse")
 
     def choose(self, name: str) -> None:
         item = next((item for item in self.items if Path(item.path).name == name), None)
@@ -118,8 +109,8 @@ class CtkControlView:
             self.strip.show(None, [], 1)
             return
         if not self.kind:
-            self.note.configure(text="the chosen model takes no control (not a VACE or Animate model, or none chosen "
-                                     "and no model.intended_variant): the item alone is shown")
+            self.note.configure(text="the chosen model takes no control (not a VACE, Wan-Fun Control or Animate "
+                                     "model, or none chosen and no model.intended_variant): the item alone is shown")
         else:
             self.note.configure(text=(f"skipped: {item.skip_reason}" if item.skipped else
                                       f"{len(item.companions)} companion(s); the frame slider moves them all"))

@@ -22,9 +22,10 @@ DTYPES = [KEEP, "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
 PICKERS = {"base model": "folder", "input": "file", "destination": "save", "e2v config": "file",
            "output dir": "folder", "samples file": "file", "loras": "add", "control video": "file",
            "mask video": "file", "pose video": "file", "face video": "file", "background video": "file",
-           "reference images": "add"}
+           "reference images": "add", "start image": "file"}
 # the sample form's rows for control and character models (ToolsController.CONDITIONS), by the conditions menu
 CONDITION_ROWS = {"VACE": ("control video", "mask video", "reference images", "control scale"),
+                  "Wan-Fun Control": ("control video", "start image", "mask video"),
                   "Animate": ("reference images", "pose video", "face video", "background video", "mask video",
                               "mode", "continuation frames")}
 SIZE_HINT = "empty: each sample's own (else 832 x 480 x 81: long on a CPU)"
@@ -51,9 +52,10 @@ class CtkToolsView:
                          ("elements", "E2V: {\"name\": \"image path\"}"),
                          ("e2v config", "E2V: only for a model that records none"),
                          ("device", "auto"), ("output dir", "empty: <workspace dir>/tool-samples"),
-                         ("conditions", ["none", "VACE", "Animate"]),
-                         ("control video", "VACE: a video or folder of frames, at least `frames` long"),
-                         ("mask video", "white = generate (VACE); the character's mask (Animate replace)"),
+                         ("conditions", ["none", "VACE", "Wan-Fun Control", "Animate"]),
+                         ("control video", "VACE, Wan-Fun: a video or folder of frames, at least `frames` long"),
+                         ("start image", "Wan-Fun Control: the first frame (a picture); empty: none"),
+                         ("mask video", "white = generate (VACE, Fun A14B); the character's mask (Animate replace)"),
                          ("reference images", "VACE: in order, comma separated; Animate: the character"),
                          ("control scale", "VACE: empty: 1.0"),
                          ("pose video", "Animate: the output is as long as it"),
@@ -214,6 +216,7 @@ class CtkToolsView:
         if kind == "Animate":   # the menus always hold a value: only one that is not sample.py's default is given
             conditions["mode"] = "" if conditions["mode"] == "animate" else conditions["mode"]
             conditions["continuation-frames"] = "" if conditions["continuation-frames"] == "1" else "5"
+        image = conditions.pop("start-image", "")   # sample.py's --image: Wan-Fun Control's start image
         self._driving = tools.driving_video(conditions)
         self._run(tools.sample_command(
             self._get("sample.base model"), self._get("sample.prompt"),
@@ -223,7 +226,7 @@ class CtkToolsView:
             negative_prompt=self._get("sample.negative prompt"), elements=elements,
             e2v_config=self._get("sample.e2v config"), device=self._get("sample.device") or "auto",
             conditions=conditions, reference_images=self._loras("sample.reference images") if shown else [],
-            **values))
+            image=image, **values))
 
     def compare(self) -> None:
         try:

@@ -26,10 +26,10 @@ class CtkWindowSession:
         self.close()
 
     def remember_interrupted_run(self) -> None:
-        """The running run's config (run-configs/), offered for resuming on the next start."""
-        trainer = self.controller.trainer
-        if trainer is not None and getattr(trainer, "run_name", None):
-            self.prefs.interrupted_config = str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
+        """The running run's config (one process or a multi-GPU launch), offered for resuming on the next start."""
+        path = self.controller.resumable_config()
+        if path:
+            self.prefs.interrupted_config = path
 
     def _offer_resume(self) -> None:
         path = Path(self.prefs.interrupted_config)
@@ -71,4 +71,6 @@ class CtkWindowSession:
         if getattr(self, "_tensorboard", None) is not None:
             self._tensorboard.terminate()
         self.tools_view.controller.stop()   # a tool's child process must not outlive the window
+        if not self.training_view.memory.close():   # a planner still tracing: torch aborts the exit without this
+            self.log("the memory planner did not stop in time", "WARNING")
         self.destroy()

@@ -60,7 +60,8 @@ def browse(config, index: int, variant=None) -> list[DatasetItem]:
         items[path] = DatasetItem(path, caption=record["caption"],
                                   caption_file=str(Path(path).with_suffix(concept.caption_extension)) if sidecar
                                   else "",
-                                  companions=companions_of(path, kind, record, concept, config.animate.mode))
+                                  companions=companions_of(path, kind, record, concept, config.animate.mode,
+                                                             config.data.control.derive))
     names = ["path", "media_info", "frame_bucket", "resolution_bucket"]
     pipeline = Pipeline(loader._item_modules(), config.seed, outputs=names)
     pipeline.start_epoch(0)
@@ -106,3 +107,4 @@ def thumbnails(item: DatasetItem) -> list[np.ndarray]:
         return []
     picks = sorted({0, item.frames // 2, item.frames - 1})
     return list(read_frames(item.path, picks))
+

@@ -21,6 +21,7 @@ class Companion:
     role: str               # "control", "mask", "reference 2", "pose", ...
     path: str | None        # None: not there
     needed: bool = False    # a missing needed companion skips the item (Animate); an optional one is just absent
+    derive: str = ""        # "canny" / "gray": computed from the clip (`path`) by data.control.derive, as the cache
 
     @property
     def missing(self) -> bool:
@@ -28,16 +29,20 @@ class Companion:
 
     @property
     def text(self) -> str:
+        if self.derive:
+            return f"{self.role}: derived ({self.derive}) from the clip's frames"
         if self.path is not None:
             return f"{self.role}: {Path(self.path).name}"
         return f"{self.role}: missing" + (" (needed)" if self.needed else " (none: optional)")
 
 
 def kind_of(variant) -> str:
-    """'vace', 'animate' or '' (a model that takes no companions, or none known yet)."""
+    """'vace', 'fun' (Wan-Fun Control: a control video, the clip's first frame its start image), 'animate' or ''
+    (a model that takes no companions, or none known yet)."""
     if variant is None:
         return ""
-    return "vace" if variant.is_vace else "animate" if variant.is_animate else ""
+    return "vace" if variant.is_vace else "fun" if variant.is_fun_control else "animate" if variant.is_animate \
+        else ""
 
 
 def viewer_variant(config):
@@ -54,11 +59,16 @@ def viewer_variant(config):
     return config.model.intended_variant
 
 
-def companions_of(path: str, kind: str, record: dict | None, concept=None, mode: str = "animate") \
-        -> list[Companion]:
+def companions_of(path: str, kind: str, record: dict | None, concept=None, mode: str = "animate",
+                  derive: str = "none") -> list[Companion]:
     """What item `path` has beside it. `record`: its scan record when it was kept (manifests name companions
-    there), else the finders look beside the file. `mode`: Animate's (replace needs background and mask)."""
+    there), else the finders look beside the file. `mode`: Animate's (replace needs background and mask).
+    `derive`: data.control.derive; a clip without a control file of its own shows the control derived from it."""
     media = Path(path)
+    if kind == "fun":   # the start image is the clip's own first frame: nothing beside it
+        from modules.dataLoader.vace_scan import find_control
+        control = record.get("control") if record is not None else find_control(media)
+        return [_control(control, path, derive)]
     if kind == "vace":
         from modules.dataLoader.mask_scan import find_mask
         from modules.dataLoader.vace_scan import find_control, find_references
@@ -68,7 +78,7 @@ def companions_of(path: str, kind: str, record: dict | None, concept=None, mode:
             control = find_control(media)
             mask = find_mask(media, concept) if concept is not None else None
             references = find_references(media)
-        found = [Companion("control", _text(control)), Companion("mask", _text(mask))]
+        found = [_control(control, path, derive), Companion("mask", _text(mask))]
         found += [Companion(f"reference {i + 1}", str(r)) for i, r in enumerate(references)]
         return found + ([] if references else [Companion("reference", None)])
     if kind == "animate":
@@ -78,6 +88,12 @@ def companions_of(path: str, kind: str, record: dict | None, concept=None, mode:
         roles = ANIMATE_ROLES if mode == "replace" else ANIMATE_ROLES[:3]
         return [Companion(role, _text(listed.get(role) or beside.get(role)), role in needed(mode)) for role in roles]
     return []
+
+
+def _control(control, clip: str, derive: str) -> Companion:
+    if control is None and derive not in ("", "none"):
+        return Companion("control", clip, derive=derive)
+    return Companion("control", _text(control))
 
 
 def _text(path) -> str | None:
@@ -92,13 +108,17 @@ def frame_count(path: str) -> int:
 def frames_at(target: str, companions: list[Companion], index: int) -> dict[str, np.ndarray | str]:
     """Frame `index` of the target and of each companion (a picture: itself), by role; a companion that cannot
     be read gives its reason instead of a frame, and a missing one is left out. Slow (decodes): for a worker."""
+    from modules.model.control_derive import derive_control
     from modules.util.video_io import UnreadableMediaError, probe_media, read_frames
     shown: dict[str, np.ndarray | str] = {}
-    for role, path in [("target", target)] + [(c.role, c.path) for c in companions if c.path is not None]:
+    for role, path, derive in [("target", target, "")] + [(c.role, c.path, c.derive) for c in companions
+                                                          if c.path is not None]:
         try:
             info = probe_media(path)
             # a picture, or a companion shorter than the clip (the scan skips such an item: shown, not hidden)
-            shown[role] = read_frames(path, [min(index, info.frame_count - 1)], info)[0]
+            frame = read_frames(path, [min(index, info.frame_count - 1)], info)[0]
+            # the cache's own function (EncodeVACE, EncodeFunControl); it runs there on the bucket-sized clip
+            shown[role] = derive_control(frame[None], derive)[0] if derive else frame
         except (UnreadableMediaError, OSError, ValueError, IndexError) as error:
             shown[role] = f"cannot be read: {getattr(error, 'reason', None) or error}"
     return shown

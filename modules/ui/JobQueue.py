@@ -105,11 +105,18 @@ def check_job_config(config: dict) -> list[str]:
 
     from modules.util.config.config_io import ConfigError, config_from_dict
     from modules.util.config.prepare import prepare_config
+    refused = [MULTI_GPU_REFUSED] if config.get("multi_gpu") else []
     try:
         prepare_config(config_from_dict(copy.deepcopy(config), "the job's config"))
     except ConfigError as error:
-        return list(error.problems) or [str(error)]
-    return []
+        return refused + (list(error.problems) or [str(error)])
+    return refused
+
+
+# a job runs inside the queue's process (the window's worker thread or `queue run`): one process, no ranks
+MULTI_GPU_REFUSED = ("multi_gpu: a queued job trains in one process, so its ranks cannot be launched; press Start "
+                     "for this config (the window launches the ranks) or run `./run-cmd.sh train --config-path "
+                     "FILE`, or turn multi_gpu off to queue it on one GPU")
 
 
 class JobQueue:
@@ -343,7 +350,10 @@ def train_config_file(config_path: str, job: Job | None = None,
     from modules.trainer.GenericTrainer import GenericTrainer
     from modules.util.config.prepare import prepare_config
     from modules.util.config.config_io import load_config
+    from modules.util.config.config_io import ConfigError
     config = load_config(config_path=config_path)
+    if config.multi_gpu:   # a job queued before multi_gpu jobs were refused, or a file edited since
+        raise ConfigError([MULTI_GPU_REFUSED], config_path)
     datasets = prepare_config(config)
     trainer = GenericTrainer(config, on_update=on_update, e2v_datasets=datasets)
     if trainer_holder is not None:

@@ -43,6 +43,7 @@ class MemoryPlanController:
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
+        self.closed = False
         self._started = 0.0
         self._predictions: dict[str, object] = {}        # config key -> Prediction
         self._traces: dict[str, dict] = {}               # config key, switches aside -> {Settings: Prediction}
@@ -143,6 +144,16 @@ class MemoryPlanController:
             text += " (a GPU figure: this run is set to train on the CPU, which uses no card memory)"
         return text
 
+    def close(self, timeout: float = 120) -> bool:
+        """The window closes: a fit stops before its next trace, the trace or prediction running ends, and no new
+        work starts. A worker still inside torch when the interpreter exits aborts the process ("terminate
+        called", exit code 134), so the window waits for it. True when the worker has ended."""
+        self.closed = True
+        self._cancel.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
     def wait(self, timeout: float | None = None) -> None:
         """Tests: waits for the worker."""
         if self._thread is not None:
@@ -158,6 +169,8 @@ class MemoryPlanController:
             return None
 
     def _start(self, work) -> bool:
+        if self.closed:
+            return False
         self.busy, self.cancelled, self.progress = True, False, (0, 0)
         self._cancel.clear()
         self._started = time.monotonic()

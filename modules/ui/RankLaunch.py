@@ -141,10 +141,22 @@ class RankLaunchControl:
     """Mixed into TrainController: a multi-GPU run as a child process, reported through its events queue."""
 
     _ranks: subprocess.Popen | None = None
+    _launch_config: Path | None = None
+
+    def resumable_config(self) -> str:
+        """The config to offer for resuming when the window closes during the run: an in-process run's run config
+        (run-configs/), a multi-GPU launch's config (gui-launches/: multi_gpu is set in it, so its resume launches
+        the ranks again, and rank 0 writes the backups one process would); "" when nothing runs."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and getattr(trainer, "run_name", None):
+            return str(trainer.workspace / "run-configs" / f"{trainer.run_name}.json")
+        if self._ranks is not None and self._ranks.poll() is None and self._launch_config is not None:
+            return str(self._launch_config)
+        return ""
 
     def start_ranks(self, data: dict, count: int) -> list[str]:
         """Writes the config and starts train.py on it; the problems that refuse it (none when it started)."""
-        path = write_launch_config(data)
+        path = self._launch_config = write_launch_config(data)
         command = train_command(path, getattr(self, "python", sys.executable))
         try:
             # the launcher's own process group: Stop's SIGINT goes to the launcher, which passes it to the ranks

@@ -24,6 +24,7 @@ EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "fra
                  "image", "elements")
 # the columns a control or character model's samples add (SampleConfig's fields; docs/vace.md, docs/animate.md)
 CONDITION_FIELDS = {"vace": ("control_video", "mask_video", "reference_images", "control_scale"),
+                    "fun": ("control_video", "mask_video"),   # image: the start image; a mask: the A14B model only
                     "animate": ("reference_image", "pose_video", "face_video", "background_video", "mask_video",
                                 "animate_mode")}
 

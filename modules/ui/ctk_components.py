@@ -2,6 +2,7 @@
 section renderer, and Canvas plots (line and bars; no plotting library)."""
 from __future__ import annotations
 
+import threading
 import tkinter as tk
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -213,6 +214,30 @@ def ask_path(parent, kind: str, current: str = "") -> str:
     if kind == "save":
         return filedialog.asksaveasfilename(parent=parent, initialdir=start) or ""
     return filedialog.askopenfilename(parent=parent, initialdir=start) or ""
+
+
+def in_worker(widget, work: Callable[[], object], done: Callable[[object], None], name: str,
+              interval_ms: int = 100) -> None:
+    """Runs `work()` in a daemon thread (it makes no Tk call) and then `done(result)` on the main loop, `result`
+    being what it returned or the Exception it raised; nothing when `widget` was destroyed meanwhile."""
+    result: list = []
+
+    def run():
+        try:
+            result.append(work())
+        except Exception as error:  # noqa: BLE001  handed to done(), which shows it
+            result.append(error)
+
+    def wait():
+        if not widget.winfo_exists():
+            return
+        if not result:
+            widget.after(interval_ms, wait)
+            return
+        done(result[0])
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    widget.after(interval_ms, wait)
 
 
 def button(master, text: str, command: Callable[[], None], width: int = 120, **kwargs) -> ctk.CTkButton:

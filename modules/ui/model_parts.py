@@ -85,6 +85,12 @@ VARIANT_DESCRIPTIONS = {
             "per clip <name>_control.mp4 (or <name>_control/), <name>_mask, <name>_ref.png, <name>_ref2.png, ...",
     "VACE_A14B": "Wan 2.2 VACE-Fun A14B: two experts, each with its VACE blocks; a control video, a mask and "
                  "reference images (per clip <name>_control.mp4, <name>_mask, <name>_ref.png, ...)",
+    "FUN_CONTROL": "Wan2.1-Fun Control: a control video (per clip <name>_control.mp4, or data.control.derive) and a "
+                   "start image (in training the clip's first frame; in samples `image`)",
+    "FUN_CONTROL_A14B": "Wan2.2-Fun Control A14B: two experts; a control video (per clip <name>_control.mp4, or "
+                        "data.control.derive), a start image (the clip's first frame; in samples `image`) and, in "
+                        "samples, an optional mask video",
+    "FUN_INP": "Wan2.1-Fun InP: the I2V layout (a start image, optionally a last one); no control video",
     "ANIMATE_14B": "Wan2.2-Animate-14B: a reference character driven by a pose video and a face video; replace mode "
                    "also puts it into a background video under a mask (per clip <name>_pose.mp4, <name>_face.mp4, "
                    "<name>_ref.png, <name>_bg.mp4, <name>_mask.mp4)",
