@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             apply_output_dir(config, args.output_dir, args.config_value)
         from modules.trainer.distributed import config_problems, launched_by_torchrun, process_count, relaunch
         from modules.trainer.GenericTrainer import GenericTrainer
-        from modules.util.config.prepare import prepare_config
+        from modules.trainer.prepare import prepare_config
         problems = config_problems(config)
         try:
             e2v_datasets = prepare_config(config)

@@ -4,7 +4,7 @@ import torch
 
 from modules.modelLoader.wan.parts.model_plan import detect_model_variant
 from modules.trainer.GenericTrainer import GenericTrainer
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.config.config_io import load_config
 
 

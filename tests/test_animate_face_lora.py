@@ -88,7 +88,7 @@ def test_face_adapter_lora_loads_in_the_pipeline_exactly(trained, tiny_model, tm
 def test_face_adapter_needs_an_animate_model_and_lora(tiny_model, tmp_path):
     from modules.util.config.ConfigError import ConfigError
     from modules.util.config.config_io import load_config
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}", "lora.face_adapter=true",
                                     f'data.concepts=[{{"path": "{tmp_path}"}}]', "device=cpu"])
     with pytest.raises(ConfigError, match="lora.face_adapter: the transformer has no face adapter"):

@@ -15,7 +15,7 @@ from PIL import Image
 from modules.dataLoader.concept_scan import scan_concepts
 from modules.util.config.config_io import ConfigError, load_config
 from modules.util.config.DataConfig import ConceptConfig
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

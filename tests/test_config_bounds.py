@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.config.config_io import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent

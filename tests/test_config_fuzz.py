@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.dataLoader.pipeline.RepeatConcepts import RepeatConcepts
 from modules.dataLoader.pipeline.ResolutionBucket import ResolutionBucket
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.devices import resolve_device
 from modules.util.config.bounds import MAX_BALANCING, MAX_FPS, MAX_REPEATS
 from modules.util.config.config_io import ConfigError, load_config

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from modules.util.config.config_io import ConfigError, load_config
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.demo_e2v import make_e2v_dataset
 from seed_configs import fixture_text, user_seed_path, user_seed_text, with_data_root
 

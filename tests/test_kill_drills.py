@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from modules.trainer.backup_io import all_backups
 from modules.trainer.GenericTrainer import GenericTrainer
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.config.config_io import load_config
 from modules.util.demo_assets import make_t2v_dataset
 

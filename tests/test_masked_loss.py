@@ -16,7 +16,7 @@ from modules.dataLoader.pipeline.EncodeMask import EncodeMask, pool_to_latent
 from modules.trainer.GenericTrainer import GenericTrainer
 from modules.util.config.DataConfig import ConceptConfig
 from modules.util.config.config_io import ConfigError, load_config
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.demo_assets import square_clip
 from modules.util.video_frames import write_video
 

@@ -184,7 +184,7 @@ def test_attention_kernels_that_run_on_the_cpu(plain, kernel):
 
 def test_gpu_only_settings_on_a_cpu_are_config_errors_before_loading(tiny_model, monkeypatch):
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     from modules.util.config.config_io import ConfigError, load_config
 
     monkeypatch.setattr(WanBaseModelLoader, "load", lambda *a: pytest.fail("a model loaded"))

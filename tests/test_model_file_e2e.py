@@ -143,7 +143,7 @@ def test_official_i2v_and_a14b_release_folders_load_the_diffusers_folders_parts(
 
 
 def test_a_missing_tokenizer_is_a_config_problem_before_anything_loads(tiny_model, squares_dataset, tmp_path):
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     from modules.util.config.config_io import ConfigError, load_config
     comfy = comfyui_folder(tiny_model("wan2.1-t2v"), tmp_path / "ComfyUI_models")
     config = load_config(overrides=[f"model.base_model_name={comfy}", "device=cpu",

@@ -11,7 +11,7 @@ from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError, WanBaseMo
 from modules.util.fp8_scaled import ScaledFp8Linear
 from modules.modelLoader.wan.parts.model_plan import plan_model
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError
-from modules.util.config.prepare import prepare_config
+from modules.trainer.prepare import prepare_config
 from modules.util.config.ModelConfig import ModelConfig, PartConfig
 from modules.util.config.config_io import ConfigError, load_config
 from tests.wan_file_layouts import (COMFY_PREFIX, official_transformer_config, to_fp8_scaled, transformer_to_original,

@@ -177,7 +177,7 @@ def test_a_lora_for_another_variant_warns_and_a_misfit_names_both(tiny_model, tm
 
 
 def test_training_refuses_a_preset_or_init_lora_for_another_variant(tiny_model, squares_dataset, tmp_path, capsys):
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     from modules.util.enum.WanVariant import WanVariant
     t2v = tiny_model("wan2.1-t2v")
     common = [f"model.base_model_name={t2v}", "model.allow_download=false", f'data.concepts=[{{"path": '

@@ -280,7 +280,7 @@ def test_a_running_tool_is_stopped(tiny_model, tmp_path):
 def test_requests_are_served_at_the_next_safe_point(tiny_model, squares_dataset, tmp_path):
     from modules.trainer.backup_io import all_backups, read_backup
     from modules.trainer.GenericTrainer import GenericTrainer
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     from modules.util.sample_definitions import save_samples_json
     from modules.util.config.SampleConfig import SampleConfig
 

@@ -138,7 +138,7 @@ def test_a_dataset_tomls_control_folder_gives_each_clip_its_control(kind, tmp_pa
 def test_e2v_elements_serve_as_vace_references_as_ref_companions_would(tmp_path, tiny_model):
     """`e2v.as_vace_references`: an E2V dataset trains a VACE model unchanged; each clip's elements, in slot order,
     give the control context its `_ref` / `_ref2` companions would give."""
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     from modules.util.demo_e2v import demo_e2v_config
     base = tiny_model("wan2.1-vace")
     rng = np.random.default_rng(5)

@@ -283,7 +283,7 @@ def test_a_full_cache_folder_is_one_line_naming_the_folder_and_entry(tiny_model,
     (["workspace_dir=/proc/x"], "workspace_dir: '/proc/x' cannot be created in '/proc'"),
 ])
 def test_values_that_crashed_after_loading_are_config_errors(values, expected, tiny_model, six_clips, tmp_path):
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     overrides = [f"model.base_model_name={tiny_model('wan2.1-t2v')}", f'data.concepts=[{{"path": "{six_clips}"}}]',
                  f"workspace_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}", "train_dtype=FLOAT_32",
                  f"output.destination={tmp_path / 'out.safetensors'}", "device=cpu", *values]
@@ -292,7 +292,7 @@ def test_values_that_crashed_after_loading_are_config_errors(values, expected, t
 
 
 def test_an_a14b_expert_outside_the_sigma_range_is_a_config_error(tiny_model, six_clips, tmp_path):
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     base = tiny_model("wan2.2-t2v-a14b")
     config = load_config(overrides=[f"model.base_model_name={base}", "model_type=WAN_2_2", "expert=high",
                                     "timestep.max_sigma=0.5", f'data.concepts=[{{"path": "{six_clips}"}}]',
@@ -353,7 +353,7 @@ def test_tiny_repeats_are_named_when_nothing_is_left(tiny_model, six_clips, tmp_
 def test_a_config_without_an_enabled_concept_is_refused_before_loading(tiny_model, six_clips, tmp_path):
     """A shipped preset names no data: Start read the model (or tried to download it) and then said "no usable
     training item in (no enabled concept)"; it is a config error, found with the others."""
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     for concepts in ("[]", f'[{{"path": "{six_clips}", "enabled": false}}]'):
         config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}",
                                         f"data.concepts={concepts}", f"workspace_dir={tmp_path / 'r'}",
@@ -365,7 +365,7 @@ def test_a_config_without_an_enabled_concept_is_refused_before_loading(tiny_mode
 
 
 def test_an_expert_on_a_one_transformer_model_is_noted(tiny_model, six_clips, tmp_path, caplog):
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.1-t2v')}", "expert=high",
                                     f'data.concepts=[{{"path": "{six_clips}"}}]', f"workspace_dir={tmp_path / 'r'}",
                                     f"output.destination={tmp_path / 'o.safetensors'}"])

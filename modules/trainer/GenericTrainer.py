@@ -25,7 +25,7 @@ from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
-from modules.util.config.prepare import check_model_variant
+from modules.trainer.prepare import check_model_variant
 from modules.util.devices import resolve_device
 from modules.util.kill_points import kill_point, phase
 from modules.util.ranks import any_rank, barrier, broadcast_json

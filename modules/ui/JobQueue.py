@@ -104,7 +104,7 @@ def check_job_config(config: dict) -> list[str]:
     import copy
 
     from modules.util.config.config_io import ConfigError, config_from_dict
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     refused = [MULTI_GPU_REFUSED] if config.get("multi_gpu") else []
     try:
         prepare_config(config_from_dict(copy.deepcopy(config), "the job's config"))
@@ -348,7 +348,7 @@ def train_config_file(config_path: str, job: Job | None = None,
     """Trains one complete config file as `train.py --config-path` does; returns (files written, stopped).
     ConfigError / TrainingError propagate (the queue marks the job failed with the message)."""
     from modules.trainer.GenericTrainer import GenericTrainer
-    from modules.util.config.prepare import prepare_config
+    from modules.trainer.prepare import prepare_config
     from modules.util.config.config_io import load_config
     from modules.util.config.config_io import ConfigError
     config = load_config(config_path=config_path)

@@ -262,7 +262,7 @@ class TrainController(QueueControl, RankLaunchControl):
 
     def _work(self, config) -> None:
         from modules.trainer.GenericTrainer import GenericTrainer, TrainingError
-        from modules.util.config.prepare import prepare_config
+        from modules.trainer.prepare import prepare_config
 
         handler = _QueueLogHandler(self.events)
         root = logging.getLogger()
