@@ -34,7 +34,7 @@ def sharded_trainer(base) -> SimpleNamespace:
     fully_shard(transformer)
     optimizer = torch.optim.AdamW([p for p in transformer.parameters() if p.requires_grad], lr=1e-3)
     return SimpleNamespace(parallel=SimpleNamespace(sharded={"transformer": transformer}, is_main=True,
-                                                    base_sharded=False),   # a sharded fine-tune, not a frozen base
+                                                    base_sharded=False, experts=None),   # a sharded fine-tune, not a frozen base
                            optimizer=optimizer, config=SimpleNamespace(batch_size=1, seed=0),
                            device=torch.device("cpu"))
 

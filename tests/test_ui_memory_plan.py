@@ -47,9 +47,10 @@ def test_fit_to_my_card_reports_progress_cancels_keeps_its_plans_and_says_what_e
     assert text.startswith("fits 4 GiB: ") and "(least memory)" in text, text
     assert "a GPU figure" in text or "GPU figures" in text          # a CPU run: said
     assert "performance.activation_offload = True" in text and "performance.block_swap = 2" in text
-    assert [line.split(":")[0] for line in controller.details[:3]] == ["checkpointing every 1", "activation offload",
-                                                                       "block swap 2"]
-    assert all(re.search(r"\([+-][\d.]+ [MG]iB, \+[\d.]+ m?s/step\)$", line) for line in controller.details[:3]), \
+    # the attention inputs in chunks are a switch of the search too (performance.chunk_attention_inputs)
+    assert [line.split(":")[0] for line in controller.details[:4]] == ["checkpointing every 1", "activation offload",
+                                                                       "attention inputs in chunks", "block swap 2"]
+    assert all(re.search(r"\([+-][\d.]+ [MG]iB, \+[\d.]+ m?s/step\)$", line) for line in controller.details[:4]), \
         controller.details
 
     # asked again for the config as it was: answered from the plans kept, at once
