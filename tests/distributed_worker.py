@@ -52,10 +52,10 @@ def block_tokens(trainer) -> list[int]:
     """The tokens this rank's blocks compute of one training batch (all ranks of a context-parallel group run it)."""
     import torch
     seen = []
-    # inside the block: diffusers splits the tokens in the block's own forward, after its pre-hooks
-    handle = trainer.model.transformer.blocks[0].attn1.register_forward_pre_hook(
-        lambda _module, args, kwargs: seen.append((args[0] if args else kwargs["hidden_states"]).shape[1]),
-        with_kwargs=True)
+    # the self-attention's query projection: diffusers splits the tokens in the block's own forward, after its
+    # pre-hooks, and the token-chunked block (performance.chunk_tokens) calls the projections, not attn1 itself
+    handle = trainer.model.transformer.blocks[0].attn1.to_q.register_forward_pre_hook(
+        lambda _module, args: seen.append(args[0].shape[1]))
     try:
         with torch.no_grad():
             trainer.setup.predict(next(iter(trainer.data.batches(0))), torch.Generator().manual_seed(0))
