@@ -55,7 +55,8 @@ def test_fit_to_my_card_reports_progress_cancels_keeps_its_plans_and_says_what_e
 
     # asked again for the config as it was: answered from the plans kept, at once
     for path, value in {"gradient_checkpointing": True, "performance.checkpoint_every": 1,
-                        "performance.block_swap": 0, "performance.activation_offload": False}.items():
+                        "performance.block_swap": 0, "performance.activation_offload": False,
+                        "performance.chunk_attention_inputs": False}.items():
         state.set(path, value)
     started = time.perf_counter()
     assert controller.fit(4.0, "least")
