@@ -123,9 +123,8 @@ def resolve_device(name: str) -> torch.device:
 
 def lora_files_named(path: Path) -> list[Path]:
     """The files a LoRA path stands for: itself, or an A14B pair's `_high_noise` / `_low_noise` files."""
-    candidates = [path] + [path.with_name(path.name.removesuffix(".safetensors") + suffix + ".safetensors")
-                           for suffix in ("_high_noise", "_low_noise")]
-    return [file for file in candidates if file.is_file()]
+    from modules.util.lora.formats import expert_lora_paths
+    return [file for file in (path, *expert_lora_paths(path)) if file.is_file()]
 
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
