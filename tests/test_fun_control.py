@@ -260,3 +260,76 @@ def test_sample_py_takes_a_control_video_for_a_fun_control_model(tiny_model, tmp
     assert sample_tiny_video(tiny_model("wan2.1-fun-control"), tmp_path / "out",
                              ["--control-video", str(tmp_path / "control.mp4"), "--image",
                               str(tmp_path / "start.png")]) == 5
+
+
+# --- Wan2.2-Fun Control A14B: two experts, control + mask + masked video ---------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_a14b(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fun-a14b-train")
+    data = tmp / "data"
+    data.mkdir()
+    for i in range(2):
+        write_video(data / f"clip_{i}.mp4", _blocky(i), 16)
+        (data / f"clip_{i}.txt").write_text("a red square moving right\n")
+        write_video(data / f"clip_{i}_control.mp4", _blocky(100 + i), 16)
+    trainer = train(tmp, tiny_model("wan2.2-fun-control-a14b"), data, steps=2,
+                    overrides=["optimizer.learning_rate=0.01", "lora.rank=4", "lora.alpha=8", "batch_size=2",
+                               "expert=high"])
+    for part in trainer.model.parts().values():
+        part.eval()
+    return trainer, data
+
+
+def test_a14b_trains_on_videox_funs_condition_with_the_first_frame_kept(trained_a14b):
+    from modules.model.fun_condition import first_frame_inputs
+    from modules.model.vace_condition import model_encoder
+    from modules.util.lora.apply import lora_weights_from_peft
+    from modules.util.video_frames import frames_to_tensor
+    from modules.util.video_io import read_media
+    trainer, data = trained_a14b
+    model = trainer.model
+    assert model.variant is WanVariant.FUN_CONTROL_A14B and model.transformer.config.in_channels == 52
+    batch = next(iter(trainer.data.batches(0)))
+    assert batch["condition"].shape[1:] == (36, 3, SIZE // 8, SIZE // 8)
+    assert "image_embeds" not in batch   # Wan 2.2: no CLIP
+    clip = frames_to_tensor(read_media(str(data / "clip_0.mp4")))
+    control = frames_to_tensor(read_media(str(data / "clip_0_control.mp4")))
+    with torch.no_grad():
+        expected = fun_control_a14b_condition(model_encoder(model), control, *first_frame_inputs(clip), FRAMES, SIZE,
+                                              SIZE)
+    assert any(torch.allclose(c, expected, atol=1e-5) for c in batch["condition"])
+    weights = lora_weights_from_peft(model.transformer)   # the high-noise expert's adapter
+    assert weights and all(module.up.abs().sum() > 0 for module in weights.values())   # every lora_B trained
+
+
+def test_a14b_samples_through_both_experts_with_the_control_and_mask(trained_a14b, tmp_path):
+    from modules.modelSampler.fun_sampling import fun_condition
+    trainer, data = trained_a14b
+    model = trainer.model
+    seen = {"transformer": [], "transformer_2": []}
+    hooks = [getattr(model, name).register_forward_pre_hook(
+        lambda module, args, kwargs, name=name: seen[name].append(kwargs["hidden_states"][:, 16:].clone()),
+        with_kwargs=True) for name in seen]
+    mask = np.zeros((SIZE, SIZE, 3), np.uint8)
+    mask[:, SIZE // 2:] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    Image.fromarray(_blocky(7, 1)[0]).save(tmp_path / "start.png")
+    # 2 steps: UniPC's timesteps 999 and 500 fall on each side of the boundary 0.9, one step for each expert
+    sample = SampleConfig(prompt="a red square moving right", width=SIZE, height=SIZE, frames=FRAMES, steps=2,
+                          guidance=1.0, seed=3, control_video=str(data / "clip_1_control.mp4"),
+                          mask_video=str(tmp_path / "mask.png"), image=str(tmp_path / "start.png"))
+    try:
+        with_control = WanModelSampler(model, "cpu").sample(sample).latents
+        other = WanModelSampler(model, "cpu").sample(
+            sample.model_copy(update={"control_video": str(data / "clip_0_control.mp4")})).latents
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        expected = fun_condition(model, sample, WanModelSampler._load_image(str(tmp_path / "start.png"), SIZE, SIZE))
+    assert expected.shape[0] == 36
+    assert len(seen["transformer"]) == len(seen["transformer_2"]) == 2
+    torch.testing.assert_close(seen["transformer"][0][0], expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(seen["transformer_2"][0][0], expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(with_control, other)   # the control steers the result

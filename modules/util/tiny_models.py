@@ -21,7 +21,8 @@ from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
-            "wan2.1-vace", "wan2.2-vace-fun-a14b", "wan2.1-fun-control", "wan2.1-fun-inp")
+            "wan2.1-vace", "wan2.2-vace-fun-a14b", "wan2.1-fun-control", "wan2.1-fun-inp",
+            "wan2.2-fun-control-a14b")
 ANIMATE_VARIANTS = ("wan2.2-animate", "wan2.2-animate-2")   # modules/util/tiny_animate.py
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
@@ -111,6 +112,9 @@ SPECS = {spec.name: spec for spec in (
     # Wan2.1-Fun InP 1.3B: the I2V channels (16 noise + 4 mask + 16 masked video; VideoX-Fun
     # pipeline_wan_fun_inpaint.py) and CLIP image tokens (VideoX-Fun model_type "i2v") at the 1.3B width
     _spec("wan2.1-fun-inp", "WanImageToVideoPipeline", in_channels=36, image_branch=True, released_1_3b_width=True),
+    # Wan2.2-Fun Control A14B: the I2V-A14B experts (no CLIP) with control 16 + mask 4 + masked video 16 (52 = 16 + 36;
+    # VideoX-Fun pipeline_wan2_2_fun_control.py), boundary 0.900 as its config/wan2.2/wan_civitai_i2v.yaml
+    _spec("wan2.2-fun-control-a14b", "WanImageToVideoPipeline", in_channels=52, boundary_ratio=0.9),
 )}
 assert tuple(SPECS) == VARIANTS
 
