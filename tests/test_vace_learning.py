@@ -4,22 +4,24 @@ image, so the direction the square moves can come from the control alone: on hel
 must be nearest to the encoded target of their own control, among every held-out target; the untrained model's are
 not.
 
-Why the demo's VAE (modules/util/demo_vace.py, measured): with the random tiny VAE the control's latents and the two
-directions' targets differ so little (0.02 and 0.06 mean square, colours 0.30) that 300 to 1000 fine-tune steps
-stayed at chance for the direction (the model's output moved by 5 % of its size when the control was swapped). With
-the cell-colour VAE, 200 steps with timesteps drawn towards noise (sigmoid_shift, where the control decides where
-the square goes; logit_normal needed 300) give 12 of 12, 150 steps 11 of 12; the untrained model 2 of 12."""
+Why the demo's VAE (`make_tiny_model --squares-vae`, modules/util/demo_vace.py), measured: with the random tiny VAE
+the control's latents and the two directions' targets differ so little (0.02 and 0.06 mean square, colours 0.30)
+that 300 fine-tune steps (and 400 to 1000 in earlier attempts) stayed at chance for the direction: swapping the
+control moved the model's output by 5 % of its size. With the cell-colour VAE, 200 steps with timesteps drawn towards
+noise (sigmoid_shift, where the control decides where the square goes; logit_normal needed 300) give 12 of 12, 150
+steps 11 of 12; the untrained model 2 of 12."""
 import shutil
 
 import pytest
 import torch
 
 from learning import train
+from tests.script_loader import load_script
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.modelSampler.WanModelSampler import WanModelSampler
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import SampleConfig
-from modules.util.demo_vace import make_demo_vace_model, make_vace_dataset
+from modules.util.demo_vace import make_vace_dataset
 from modules.util.video_frames import frames_to_tensor
 from modules.util.video_io import read_media
 
@@ -35,7 +37,9 @@ def vace_learning(tmp_path_factory):
     held.mkdir()
     for path in everything.iterdir():
         shutil.move(str(path), str((held if HELD_OUT in path.name else data) / path.name))
-    model = make_demo_vace_model(tmp / "model")
+    model = tmp / "model"
+    assert load_script("make_tiny_model").main(["--variant", "wan2.1-vace", "--squares-vae", "--output",
+                                                str(model)]) == 0
     return tmp, model, data, held
 
 
@@ -70,3 +74,10 @@ def test_a_fine_tuned_vace_model_follows_held_out_controls(vace_learning):
         "optimizer.learning_rate=0.003", "optimizer.clip_grad_norm=null", "timestep.distribution=sigmoid_shift"])
     assert sum(trainer.step_losses[-20:]) / 20 < 0.6 * sum(trainer.step_losses[:20]) / 20
     assert control_accuracy(trainer.model, held) >= 11 / 12
+
+
+def test_the_squares_vae_is_for_the_vace_model_only(tmp_path):
+    with pytest.raises(SystemExit):
+        load_script("make_tiny_model").main(["--variant", "wan2.1-t2v", "--squares-vae", "--output",
+                                             str(tmp_path / "m")])
+    assert not (tmp_path / "m").exists()
