@@ -1,7 +1,7 @@
 """Writes a tiny random Wan model as a diffusers folder (for tests and the demo; no download needed).
 
   make_tiny_model.py --variant wan2.1-t2v --output workspace/tiny-t2v [--seed 0]
-  make_tiny_model.py --variant wan2.1-vace --squares-vae --output workspace/tiny-vace   # to learn the VACE demo set
+  make_tiny_model.py --variant wan2.1-vace --squares-vae --output workspace/tiny-vace (for the VACE demo set)
 """
 import sys
 from pathlib import Path
