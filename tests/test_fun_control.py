@@ -261,13 +261,19 @@ def test_a_fun_control_lora_on_a_vace_model_and_the_reverse_are_refused_before_l
     assert "made for wan_2_1_vace (Wan 2.1 VACE), a VACE" in message and "the model is FUN_CONTROL" in message
 
 
-def test_sample_py_takes_a_control_video_for_a_fun_control_model(tiny_model, tmp_path):
+@pytest.mark.parametrize("variant", ["wan2.1-fun-control", "wan2.2-fun-control-a14b"])
+def test_sample_py_takes_a_control_video_for_a_fun_control_model(variant, tiny_model, tmp_path):
+    """And a mask video where the variant takes one (the A14B model)."""
     from tests.wan_file_layouts import sample_tiny_video
     write_video(tmp_path / "control.mp4", _blocky(9, 5), 16)
     Image.fromarray(_blocky(8, 1)[0]).save(tmp_path / "start.png")
-    assert sample_tiny_video(tiny_model("wan2.1-fun-control"), tmp_path / "out",
-                             ["--control-video", str(tmp_path / "control.mp4"), "--image",
-                              str(tmp_path / "start.png")]) == 5
+    extra = ["--control-video", str(tmp_path / "control.mp4"), "--image", str(tmp_path / "start.png")]
+    if "a14b" in variant:
+        mask = np.zeros((SIZE, SIZE, 3), np.uint8)
+        mask[:, SIZE // 2:] = 255
+        Image.fromarray(mask).save(tmp_path / "mask.png")
+        extra += ["--mask-video", str(tmp_path / "mask.png")]
+    assert sample_tiny_video(tiny_model(variant), tmp_path / "out", extra) == 5
 
 
 # --- Wan2.2-Fun Control A14B: two experts, control + mask + masked video ---------------------------------------
