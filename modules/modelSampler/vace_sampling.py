@@ -70,7 +70,7 @@ def check_vace_sample(variant, sample) -> None:
         given = [name for name in given if name == "control_video"
                  or (name == "reference_images" and list(sample.reference_images) != [sample.reference_image])]
     if variant.is_fun_control:   # Wan-Fun Control: a control video; the A14B model also a mask video
-        takes = ("control_video", "mask_video") if variant.fun_condition_channels == 36 else ("control_video",)
+        takes = ("control_video", "mask_video") if variant.takes_control_mask else ("control_video",)
         if extra := [name for name in given if name not in takes]:
             raise VaceInputError(f"sample {sample.prompt[:40]!r}: {variant} (Wan-Fun Control) takes "
                                  f"{' and '.join(takes)}, not {', '.join(extra)} (its start image is `image`)")

@@ -52,7 +52,7 @@ from modules.util.atomic import atomic_dir
 from modules.util.demo_squares import COLOURS, DIRECTIONS, square_clip
 from modules.util.demo_vae import set_cell_average_weights
 from modules.util.portable_folder import make_portable
-from modules.util.tiny_models import make_tiny_pipeline, part_seed
+from modules.util.tiny_models import make_tiny_pipeline, part_seed, replaceable_folder
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,7 @@ def make_demo_pipeline(seed: int = 0, base_steps: int = BASE_STEPS):
 def make_demo_model(output_dir: str | Path, seed: int = 0) -> Path:
     """Writes the demo's trained tiny model as a diffusers folder (replacing only an empty folder or a diffusers
     folder, as `make_tiny_model` does)."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
-        raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
+    output_dir = replaceable_folder(output_dir)
     # one thread: the tiny model's steps are too small to share between threads, and on busy cores two threads
     # were measured 5x slower (141 s against 28 s for the 600 base steps, load 3.5)
     threads = torch.get_num_threads()
