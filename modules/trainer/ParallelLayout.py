@@ -12,9 +12,10 @@ Layouts (the data loader deals the global batch out along the data-parallel rank
 - context parallel (`distributed.context_parallel` d, modules/trainer/context_parallel.py): a (dp, ring 1, ulysses d)
   mesh, each group of d ranks splitting one clip's tokens, DDP over every rank summing a group's partial gradients;
 - expert parallel (A14B `both`, modules/trainer/expert_parallel.py): one expert per half of the ranks, DDP within
-  each half; a micro-step routed to the other expert is not run here.
+  each half; every micro-step trains each half's own expert at once, over its own sigma range.
 """
 import contextlib
+import itertools
 
 import torch
 from torch import nn
@@ -52,7 +53,6 @@ class Parallel:
         self.base_sharded = False                   # adapters over a sharded frozen base
         self.context_parallel = config.distributed.context_parallel if self.world_size > 1 else 1
         self.experts = None                         # ExpertGroups: A14B `both` with one expert per half of the ranks
-        self._ran = True                            # expert parallel: whether this rank's expert ran the micro-step
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +126,7 @@ class Parallel:
         self.setup, self.device = setup, device   # for gathering the experts' trained tensors
         self.experts = ExpertGroups(self.rank, self.world_size)
         mine = self.experts.mine
+        setup.only_expert = mine   # every step of this rank trains its expert, as `expert: high` / `low` does
         performance = getattr(setup, "performance", {}).get(mine)
         if performance is not None:
             performance.move_to_device()
@@ -231,12 +232,7 @@ class Parallel:
             self.sharded[name] = transformer
 
     def forward(self, setup, batch: dict, generator: torch.Generator):
-        """(loss, prediction) of this rank's share of the global batch. Expert parallel: a micro-step routed to the
-        other expert is not run here ((0, None); its ranks run it)."""
-        if self.experts is not None:
-            self._ran = setup.step_expert(generator) == self.experts.mine
-            if not self._ran:
-                return torch.zeros((), device=setup.device), None
+        """(loss, prediction) of this rank's share of the global batch (expert parallel: for this rank's expert)."""
         if self.step_module is not None:
             return self.step_module(batch, generator)
         prediction = setup.predict(batch, generator)
@@ -245,8 +241,7 @@ class Parallel:
     def sync_gradients(self, sync: bool) -> None:
         """Gradient accumulation: average across ranks only on the micro-step before an optimizer step."""
         if self.step_module is not None:
-            # expert parallel: the micro-step before an optimizer step may be the other expert's
-            self.step_module.require_backward_grad_sync = sync or self.experts is not None
+            self.step_module.require_backward_grad_sync = sync
         for transformer in self.sharded.values():
             transformer.set_requires_gradient_sync(sync)
 
@@ -307,28 +302,53 @@ class Parallel:
             for name, transformer in self.sharded.items():
                 setattr(model, name, transformer)
 
+    @contextlib.contextmanager
+    def previewing(self, model):
+        """Around previews (every rank enters). Expert parallel: every rank gets the other expert's trained tensors
+        from its ranks, and rank 0's own expert leaves its GPU meanwhile, so that the sampler moves each expert
+        there for its own denoising steps (Placement) and rank 0 never holds both experts."""
+        if self.experts is None:
+            yield
+            return
+        self.experts.gather(self.setup, None, self.device)
+        own = getattr(model, self.experts.mine)
+        move = self.is_main and self.device.type != "cpu" and all(
+            t.device == self.device for t in itertools.chain(own.parameters(), own.buffers()))
+        if move:
+            own.to("cpu")
+        try:
+            yield
+        finally:
+            if move:
+                own.to(self.device)
+
     def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
-        """The step's gradient norm on every rank: expert parallel, the norm of the ranks whose expert ran (the
-        others have no gradient)."""
+        """The step's gradient norm on every rank: expert parallel, the norm of both experts' gradients together
+        (each half clipped its own expert's, as a one-expert run does; the ranks of a half hold equal norms)."""
         if self.experts is None:
             return norm
         import torch.distributed as dist
-        norm = norm.float().to(self.device).clone()
-        dist.all_reduce(norm, op=dist.ReduceOp.MAX)
-        return norm
+        squared = norm.float().to(self.device).square()
+        dist.all_reduce(squared)
+        return (squared / self.experts.size).sqrt()
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The global batch's loss, detached and left on the device: the mean of the ranks' losses (each rank's is
-        weighted for padding)."""
+        weighted for padding). Expert parallel: (high-noise expert's, low-noise expert's), each the mean over its
+        half; the step's loss is their mean."""
         import torch.distributed as dist
 
         loss = loss.detach()
         if not self.enabled:
             return loss
+        if self.experts is not None:
+            from modules.trainer.expert_parallel import EXPERTS
+            parts = torch.zeros(len(EXPERTS), device=loss.device)
+            parts[EXPERTS.index(self.experts.mine)] = loss.float()
+            dist.all_reduce(parts)
+            return parts / self.experts.size
         total = loss.float().clone()
         dist.all_reduce(total)
-        if self.experts is not None:   # the ranks of the expert that ran the micro-step: the others add 0
-            return total / self.experts.size
         return total / self.world_size
 
 
