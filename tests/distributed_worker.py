@@ -4,7 +4,8 @@
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
 base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak; "then":
-more runs in the same processes, one with "resume_from" resuming another run's backup; with "context_check": a folder, also context_parallel_check's tensors);
+more runs in the same processes, one with "resume_from" (a workspace) resuming its backup; with "context_check": a
+folder, also context_parallel_check's tensors);
 {"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch (with
 "kill_at": N, killing itself with SIGKILL in its N-th batch); without "fail_rank" it just trains."""
 import json
