@@ -180,9 +180,10 @@ def test_expert_parallel_preview_samples_both_experts_trained_adapters(expert_ru
 
 
 def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_model):
-    """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), and the plan the trainer
-    checks at the start is expert parallel unless distributed.expert_parallel is off."""
-    from modules.planner.parallel_plan import configured, plan_layouts
+    """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), a step makes two expert
+    updates in one expert step's time, and the plan the trainer checks at the start is expert parallel unless
+    distributed.expert_parallel is off."""
+    from modules.planner.parallel_plan import choose, configured, plan_layouts, report
     values = {**planned_trace(tiny_model("wan2.2-t2v-a14b"))["config"], "expert": "both",
               "distributed": {"shard_base": "auto"}, "data": {"resolution": 64, "frame_buckets": [9],
                                                               "aspect_ratios": [1.0]}}
@@ -193,6 +194,17 @@ def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_mode
     assert configured(list(plans.values()), config, None) is experts
     assert experts.config_values()["distributed.expert_parallel"] is True
     assert whole.config_values() == {"distributed.expert_parallel": False, "distributed.shard_base": False}
+    # the step: each GPU computes one expert's step on its batch in either layout, but expert parallel updates both
+    # experts (DDP one, on twice the batch) and all-reduces within a half only: twice the expert updates per second
+    assert (experts.expert_updates, whole.expert_updates) == (2, 1)
+    assert experts.clips_per_step == whole.clips_per_step == 2
+    assert 0 < experts.step_seconds <= whole.step_seconds
+    gain = 2 * whole.step_seconds / experts.step_seconds
+    text = report(list(plans.values()), experts, None)
+    assert (f"expert parallel: 2 expert updates a step (1 clip(s) each) against DDP's 1 (2 clip(s)): x{gain:.2f} "
+            f"expert updates per second") in text
+    # so auto_fit takes it first whenever it fits, and DDP when only the whole pair fits
+    assert choose(list(plans.values()), whole.peak_gib + 1) is experts
     config.distributed.expert_parallel = False
     assert configured(list(plans.values()), config, None).layout == "DDP"
 
