@@ -139,20 +139,18 @@ def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int,
     traced = prediction.counted_bytes
     weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
     two = arch.variant.has_two_experts and config.expert == "both"
-    # one expert runs at a time; FSDP2 gathers a block's adapters (float32) with its frozen weights
-    expert_weights = (weights + 4 * prediction.trainable_parameters) / (2 if two else 1)
+    # one expert runs at a time; FSDP2 gathers a block's adapters (float32) with its frozen weights; FLOAT_8 shards
+    # are gathered as bfloat16 (ParallelLayout.fp8_sharding), twice their bytes
+    fp8 = config.training_method.value == "LORA" and any(
+        getattr(config.model, part).weight_dtype.value == "FLOAT_8" for part in ("transformer", "transformer_2"))
+    expert_weights = ((2 if fp8 else 1) * weights + 4 * prediction.trainable_parameters) / (2 if two else 1)
     gathered = int(expert_weights * (2 * shares.block + shares.outside))
     rest = traced - weights - trained
-    problem = "FLOAT_8 base weights cannot be sharded yet" if any(
-        getattr(config.model, part).weight_dtype.value == "FLOAT_8" for part in ("transformer", "transformer_2")) \
-        and config.training_method.value == "LORA" else ""
     return [
         LayoutPlan("sharded base", n, rest + weights // n + trained // n + gathered, 0,
-                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time",
-                   problem=problem),
+                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time"),
         LayoutPlan("sharded base + CPU offload", n, rest + gathered, (weights + trained) // n,
-                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory",
-                   problem=problem),
+                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory"),
     ]
 
 

@@ -103,9 +103,10 @@ class Parallel:
             self._shard(model, experts, device, param_dtype=self.config.train_dtype.torch_dtype())
         elif method is TrainingMethod.LORA and self._shards_base(device):
             self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
-            # adapters keep float32 and the base its own dtype, computed under autocast as in one process
+            # adapters keep float32 and the base its own dtype, computed under autocast as in one process; FLOAT_8
+            # shards are cast to bfloat16 as they are gathered (fp8_sharding)
             self.base_sharded = True
-            self._shard(model, experts, device, param_dtype=None)
+            self._shard(model, experts, device, param_dtype=fp8_sharding(model, experts), cast_inputs=False)
         else:
             setup.move_experts_to_device()
             parts = {name: getattr(model, name) for name in experts}
@@ -214,13 +215,15 @@ class Parallel:
         elif self.config.distributed.reduce_dtype == "BFLOAT_16":
             self.step_module.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
-    def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None) -> None:
+    def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None,
+               cast_inputs: bool = True) -> None:
         """fully_shard per block, then the transformer, from the host copy: FSDP2 moves only this rank's shard to
         the device (or keeps it in host memory with cpu_offload), so no rank ever holds the whole model there."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         reduce = torch.bfloat16 if self.config.distributed.reduce_dtype == "BFLOAT_16" else torch.float32
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce)
+        # cast_inputs False: the blocks' inputs keep their dtype, autocast decides each op's, as in one process
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce, cast_forward_inputs=cast_inputs)
         offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.config.distributed.cpu_offload \
             else OffloadPolicy()
         for name in experts:
@@ -350,6 +353,27 @@ class Parallel:
         total = loss.float().clone()
         dist.all_reduce(total)
         return total / self.world_size
+
+
+def fp8_sharding(model, experts: list[str]) -> torch.dtype | None:
+    """FLOAT_8 base weights over a sharded base: bfloat16, the dtype FSDP2 casts every shard to before gathering it
+    (None: no expert stores float8). In one process diffusers' layerwise casting upcasts each layer's float8 weights
+    to bfloat16 for its forward pass and back after; over a sharded base the layers' parameters are FSDP2's, so its
+    mixed-precision cast does that instead (the same bfloat16 values) and the casting hooks stand down. The shards
+    stay float8 (1 byte a weight); the adapters are cast to bfloat16 for the forward pass, which autocast does to
+    them in one process anyway, and their gradients are reduced in float32 into their float32 shards."""
+    from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
+
+    found = False
+    for name in experts:
+        for module in getattr(model, name).modules():
+            registry = getattr(module, "_diffusers_hook", None)
+            for hook in (registry.hooks.values() if registry is not None else ()):
+                if isinstance(hook, LayerwiseCastingHook) and hook.storage_dtype == torch.float8_e4m3fn:
+                    hook.pre_forward = lambda _module, *args, **kwargs: (args, kwargs)
+                    hook.post_forward = lambda _module, output: output
+                    found = True
+    return torch.bfloat16 if found else None
 
 
 @contextlib.contextmanager
