@@ -115,10 +115,15 @@ class Parallel:
             self._data_parallel(setup, parts, device, unused=len(experts) > 1)
         if self.is_main:
             batch, groups = self.config.batch_size, self.world_size // self.context_parallel
-            print(f"{groups} data-parallel groups x batch_size {batch}: global batch {groups * batch}; "
-                  f"layout: {self.layout}" if self.context_parallel > 1 else
-                  f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
-                  f"layout: {self.layout}", flush=True)
+            if self.experts is not None:
+                print(f"{self.experts.size} processes per expert x batch_size {batch}: each expert's global batch "
+                      f"{self.experts.size * batch}, both experts trained in every step; layout: {self.layout}",
+                      flush=True)
+            else:
+                print(f"{groups} data-parallel groups x batch_size {batch}: global batch {groups * batch}; "
+                      f"layout: {self.layout}" if self.context_parallel > 1 else
+                      f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
+                      f"layout: {self.layout}", flush=True)
 
     def _expert_parallel(self, setup, model, device: torch.device) -> None:
         """Each half of the ranks holds one expert on its device (the other stays in host memory, untrained here)
