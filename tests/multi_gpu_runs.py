@@ -28,7 +28,8 @@ COMMON = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.e
 # the A14B runs: each expert's range is drawn alone, and expert parallel with one rank per expert is bit-identical to
 # one process, so a rate that moves the adapters visibly (the preview test tells the experts' adapters apart)
 EXPERT_VALUES = [value for value in COMMON if not value.startswith("optimizer.learning_rate")] + [
-    "optimizer.learning_rate=0.01", "model_type=WAN_2_2"]
+    "optimizer.learning_rate=0.01", "model_type=WAN_2_2", "data.validation_split=0.25",
+    "validation.before_training=false"]   # the validation loss once, at the end
 
 
 def free_port() -> int:

@@ -146,6 +146,20 @@ def test_expert_parallel_trains_both_experts_in_every_step_as_two_one_expert_run
         assert all(torch.equal(parallel["trainable"][key], alone[key]) for key in alone), side
 
 
+def test_expert_parallel_validation_is_that_of_both_trained_experts(expert_runs):
+    """The validation loss at the end: the whole schedule's sigmas, each evaluated by its expert on the rank that
+    holds it, equals one process evaluating with the high-noise expert of the `high` run and the low-noise expert of
+    the `low` run."""
+    from modules.trainer.ValidationEvaluator import ValidationEvaluator
+    ranks, high, low = expert_runs["ranks"], expert_runs["singles"]["high"], expert_runs["singles"]["low"]
+    high.model.transformer_2 = low.model.transformer_2
+    high.config.expert = "both"
+    expected = ValidationEvaluator(high).evaluate()
+    assert [step for step, _ in ranks[0]["validation"]] == [STEPS]
+    assert ranks[0]["validation"][0][1] == pytest.approx(expected.loss, abs=1e-6)
+    assert ranks[1]["validation"] == ranks[0]["validation"]
+
+
 def test_expert_parallel_resumes_bit_identically(expert_runs):
     tmp = expert_runs["tmp"]
     for suffix in ("_high_noise", "_low_noise"):
