@@ -193,6 +193,20 @@ def test_expert_parallel_preview_samples_both_experts_trained_adapters(expert_ru
     assert abs(preview.astype(int) - high_only.astype(int)).max() > 1
 
 
+def test_expert_parallel_refuses_a_sigma_range_that_leaves_an_expert_nothing(tiny_model, squares_dataset, tmp_path,
+                                                                             capsys):
+    """Each half draws every step's sigmas in its own expert's range: max_sigma under the boundary (0.875) leaves the
+    high-noise half none, said before any model loads (one process `both` would just route every step low)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    argv = cli_arguments(tiny_model("wan2.2-t2v-a14b"), squares_dataset, tmp_path, tmp_path / "cache",
+                         ["multi_gpu=true", "distributed.processes=2", "expert=both", "timestep.max_sigma=0.5"])
+    assert train_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has no sigma in the high-noise expert's range" in err and "distributed.expert_parallel false" in err
+    assert not (tmp_path / "cache").exists()
+
+
 def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_model):
     """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), a step makes two expert
     updates in one expert step's time, and the plan the trainer checks at the start is expert parallel unless
