@@ -366,7 +366,8 @@ def fp8_sharding(model, experts: list[str]) -> torch.dtype | None:
     to bfloat16 for its forward pass and back after; over a sharded base the layers' parameters are FSDP2's, so its
     mixed-precision cast does that instead (the same bfloat16 values) and the casting hooks stand down. The shards
     stay float8 (1 byte a weight); the adapters are cast to bfloat16 for the forward pass, which autocast does to
-    them in one process anyway, and their gradients are reduced in float32 into their float32 shards."""
+    them in one process anyway, and their gradients are reduced in float32 into their float32 shards. The cast is
+    per block, not per parameter: the modulation tables diffusers keeps in float32 are rounded to bfloat16 too."""
     from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
 
     found = False
