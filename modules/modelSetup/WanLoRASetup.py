@@ -13,6 +13,7 @@ from peft import LoHaConfig, LoKrConfig
 from peft import LoraConfig as PeftLoraConfig
 from torch import Tensor
 
+from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
@@ -64,7 +65,11 @@ class WanLoRASetup(BaseWanSetup):
             linear_names = [n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
             chosen = lora_target_names(linear_names, lora.targets, lora.custom_targets, lora.face_adapter)
             targets = [t for t in chosen if t not in fully_trained_modules]
-            transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
+            # each expert's initial adapter from its own seed: the same whichever experts train (`both`, `high`,
+            # `low`, expert parallel), so an expert trains alike in each
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.config.seed, 0, 0, f"adapter_init:{name}") >> 1)
+                transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
         for name, parameter in self.model.transformer.named_parameters():
             if name in self.full_names:
                 parameter.requires_grad_(True)
