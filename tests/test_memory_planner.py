@@ -58,24 +58,34 @@ def preset_config(name: str, *overrides: str) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def plans_13b():
-    """1.3B LoRA r32 (the 16GB preset's setup) at 832x480, planned once per setting."""
+    """1.3B LoRA r32 (the 16GB preset's setup) at 832x480, planned once per setting; `blocks`: the transformer cut
+    to its first N blocks at the real width (as the memory guard plans presets): a trace takes time per block, and
+    a check of what each block holds needs a few of them, not 30."""
+    import dataclasses
+
     from modules.planner.memory_plan import predict
+    from modules.planner.plan_shapes import resolve_architecture
     cache = {}
 
-    def get(frames: int = 81, **values):
-        key = (frames, tuple(sorted(values.items())))
+    def get(frames: int = 81, blocks: int | None = None, **values):
+        key = (frames, blocks, tuple(sorted(values.items())))
         if key not in cache:
             overrides = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
             config = preset_config("wan 2.1 1.3B LoRA 16GB", *overrides)
-            cache[key] = predict(config, PlanShape(1, frames, 480, 832))
+            arch = resolve_architecture(config)
+            if blocks is not None:
+                arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": blocks})
+            cache[key] = predict(config, PlanShape(1, frames, 480, 832), arch)
         return cache[key]
     return get
 
 
 def test_more_checkpointing_never_predicts_more(plans_13b):
-    off = plans_13b(17, gradient_checkpointing=False)
-    every_2 = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 2})
-    every_1 = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    """Four real-width blocks: every 2nd block checkpointed keeps two blocks' activations, every block none (the
+    step's activations are per block, so four blocks show what thirty do)."""
+    off = plans_13b(17, 4, gradient_checkpointing=False)
+    every_2 = plans_13b(17, 4, **{"gradient_checkpointing": True, "performance.checkpoint_every": 2})
+    every_1 = plans_13b(17, 4, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
     assert off.traced_bytes > every_2.traced_bytes > every_1.traced_bytes
 
 
@@ -91,9 +101,10 @@ def test_more_swapped_blocks_never_predict_more(plans_13b):
 
 def test_doubling_frames_roughly_doubles_activations(plans_13b):
     """41 -> 81 frames: 11 -> 21 latent frames (x1.9 tokens); without checkpointing the saved activations grow with
-    the tokens (attention's saved tensors are linear in them: flash-style kernels keep no L x L matrix)."""
-    short = plans_13b(41, gradient_checkpointing=False)
-    long = plans_13b(81, gradient_checkpointing=False)
+    the tokens (attention's saved tensors are linear in them: flash-style kernels keep no L x L matrix). Two
+    real-width blocks: the activations are per block (and the embeddings' and head's, which grow alike)."""
+    short = plans_13b(41, 2, gradient_checkpointing=False)
+    long = plans_13b(81, 2, gradient_checkpointing=False)
     ratio = long.parts["activations"] / short.parts["activations"]
     assert 1.6 < ratio < 2.3, ratio
 
