@@ -90,9 +90,10 @@ def test_more_checkpointing_never_predicts_more(plans_13b):
 
 
 def test_more_swapped_blocks_never_predict_more(plans_13b):
-    none = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
-    ten = plans_13b(17, **{"performance.block_swap": 10})
-    twenty = plans_13b(17, **{"performance.block_swap": 20})
+    """21 of the 1.3B's blocks: enough to swap 10 and 20 of them (a swapped block's weights are its own)."""
+    none = plans_13b(17, 21, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    ten = plans_13b(17, 21, **{"performance.block_swap": 10})
+    twenty = plans_13b(17, 21, **{"performance.block_swap": 20})
     assert none.traced_bytes > ten.traced_bytes > twenty.traced_bytes
     assert twenty.host_pinned_bytes > ten.host_pinned_bytes > 0
     # each swapped 1.3B block holds about 1/30 of the 2.6 GiB bf16 weights: 10 blocks ~ 0.9 GiB off the device
