@@ -20,9 +20,11 @@ checkpointing), cheapest first at no swap; for each, the fewest swapped blocks t
 grow with more swapped blocks), searched over real traces (`_fewest_swapped`: a guess from the peaks on both sides,
 which fall nearly linearly, else bisection). Only swap counts that cost less than the best found are searched: a
 combination whose cost without any swap already exceeds it is skipped, and one that does not fit with the most
-swapped blocks still cheaper is left after that one trace. Each trace of a real-size model takes seconds to
-minutes, so the traces saved are what a user waits for; the answer is the one a search of every swap count gives. The objective "least" (least memory) takes every switch at its most instead, the
-smallest peak the switches can give.
+swapped blocks still cheaper is left after that one trace. A setting whose step starts above the card (its
+weights, adapters and optimizer state: `floor_settings`, a trace of the setup alone) is passed over without
+tracing its step. Each trace of a real-size model takes seconds to minutes, so the traces saved are what a user
+waits for; the answer is the one a search of every swap count gives. The objective "least" (least memory) takes
+every switch at its most instead, the smallest peak the switches can give.
 """
 from __future__ import annotations
 
