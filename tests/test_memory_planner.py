@@ -465,7 +465,7 @@ def test_a_floor_is_under_the_predicted_peak(tiny_model):
     above the prediction of the same setting, and holds the weights it keeps on the device."""
     from modules.planner.memory_plan import floor_bytes, predict
     from modules.planner.plan_shapes import resolve_architecture
-    for switches in ("lora", "fine-tune", "block swap", "activation offload"):
+    for switches in ("lora", "fine-tune", "block swap"):
         config = tiny_config(tiny_model("wan2.1-t2v"), **SWITCHES[switches])
         arch = resolve_architecture(config)
         prediction = predict(config, TINY_SHAPE, arch)
