@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from modules.util.demo_assets import BACKGROUND, COLOURS, square_clip
+from modules.util.demo_assets import BACKGROUND, COLOURS, DEMO_SIZE, make_demo_t2v_dataset, square_clip
 from modules.util.video_io import read_media
 
 
@@ -74,15 +74,53 @@ def test_the_square_check_tells_moving_squares_from_wrong_ones(squares_dataset):
         assert caption_square_problems(blank, colour_name), path.name
 
 
-def test_demo_clips_move_only_the_way_their_caption_says(squares_dataset):
-    """blue_left_01.mp4 went 20-31, ..., 2-11 and then jumped back to 22-31 in its last frame."""
-    for path in sorted(squares_dataset.glob("*.mp4")):
-        colour_name, direction, _ = path.stem.split("_")
+@pytest.mark.parametrize("kind", ["squares", "demo"])
+def test_demo_clips_move_only_the_way_their_caption_says(squares_dataset, tmp_path, kind):
+    """blue_left_01.mp4 went 20-31, ..., 2-11 and then jumped back to 22-31 in its last frame. The demo's own clips
+    (16 x 16, one a caption) cross the frame by one 8-pixel cell."""
+    folder = squares_dataset if kind == "squares" else make_demo_t2v_dataset(tmp_path)
+    paths = sorted(folder.glob("*.mp4"))
+    assert len(paths) == (24 if kind == "squares" else 6)
+    for path in paths:
+        colour_name, direction = path.stem.split("_")[:2]
         frames = read_media(path)
         centres = [square_columns(frame, COLOURS[colour_name]).mean() for frame in frames]
         steps = np.diff(centres) * (1 if direction == "right" else -1)
         assert len(frames) == 9 and (steps > 0).all(), (path.name, centres)
-        assert abs(centres[-1] - centres[0]) > 16, (path.name, centres)   # it crosses the frame
+        assert abs(centres[-1] - centres[0]) >= frames[0].shape[1] / 2, (path.name, centres)   # it crosses the frame
+        if kind == "demo":
+            assert frames[0].shape[:2] == (DEMO_SIZE, DEMO_SIZE)
+
+
+def test_shipped_demo_base_is_what_its_script_describes(tmp_path):
+    """resources/demo/demo_base.safetensors (scripts/make_demo_base.py) holds the config `BASE_CONFIG` names, float16
+    tensors of the tiny transformer's names and shapes, and the latent statistics of the VAE the demo sets; the demo
+    refuses a file trained for other latents, naming the field."""
+    import json
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from modules.util.demo_model import (BASE_CONFIG, BASE_FILE, DemoBaseError, demo_videos, load_demo_base,
+                                         set_latent_stats)
+    from modules.util.demo_vae import set_cell_average_weights
+    from modules.util.tiny_models import make_tiny_pipeline
+
+    with safe_open(str(BASE_FILE), "pt") as file:
+        metadata = file.metadata()
+        weights = {name: file.get_tensor(name) for name in file.keys()}
+    assert json.loads(metadata["config"]) == BASE_CONFIG
+    assert BASE_FILE.stat().st_size < 2 ** 20 and {w.dtype for w in weights.values()} == {torch.float16}
+    pipeline = make_tiny_pipeline(BASE_CONFIG["variant"], BASE_CONFIG["seed"])
+    assert {k: tuple(w.shape) for k, w in weights.items()} == \
+        {k: tuple(w.shape) for k, w in pipeline.transformer.state_dict().items()}
+    set_cell_average_weights(pipeline.vae)
+    set_latent_stats(pipeline.vae, demo_videos()[0])
+    load_demo_base(pipeline.transformer, pipeline.vae)
+    assert torch.equal(pipeline.transformer.state_dict()["proj_out.weight"], weights["proj_out.weight"].float())
+    bad = {**metadata, "latents_std": json.dumps([1.0] * len(pipeline.vae.config.latents_std))}
+    path = tmp_path / "base.safetensors"
+    save_file(weights, str(path), bad)
+    with pytest.raises(DemoBaseError, match="latents_std.*make_demo_base"):
+        load_demo_base(pipeline.transformer, pipeline.vae, path)
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def test_seed_004_train_and_generate_commands_run_as_written(tmp_path, monkeypat
 
 def test_seed_004_num_epochs_alone_trains_that_many_epochs_whatever_the_preset_caps():
     """Seed 004's full training command gives --num_epochs 10 and no --max_steps: 10 epochs. A preset's max_steps
-    (the demo's 200) used to win silently, training hundreds of epochs; with --max_steps too, it caps as it says."""
+    (the demo's 400) used to win silently, training hundreds of epochs; with --max_steps too, it caps as it says."""
     from script_loader import load_script
     from modules.util.config.config_io import load_config
     from modules.util.presets import resolve_preset
@@ -126,7 +126,7 @@ def test_seed_004_num_epochs_alone_trains_that_many_epochs_whatever_the_preset_c
     def config(*flags):
         args = train.parse_args(["--preset-path", "demo tiny CPU", *flags])
         return load_config(None, resolve_preset(args.preset_path), train.seed_options_as_overrides(args))
-    assert load_config(None, resolve_preset("demo tiny CPU")).max_steps == 200
+    assert load_config(None, resolve_preset("demo tiny CPU")).max_steps == 400
     epochs_only = config("--num_epochs", "10", "--gradient_accumulation_steps", "8")
     assert (epochs_only.epochs, epochs_only.max_steps) == (10, 0)
     both = config("--num_epochs", "10", "--max_steps", "7")

@@ -42,6 +42,7 @@ costs over 20 times the current one), and a LoRA on the 64-wide one learns nothi
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
+import json
 import logging
 from pathlib import Path
 
@@ -49,20 +50,20 @@ import torch
 from tqdm import tqdm
 
 from modules.util.atomic import atomic_dir
-from modules.util.demo_squares import COLOURS, DIRECTIONS, square_clip
+from modules.util.demo_squares import COLOURS, DIRECTIONS, demo_clip
 from modules.util.demo_vae import set_cell_average_weights
 from modules.util.portable_folder import make_portable
 from modules.util.tiny_models import make_tiny_pipeline, part_seed
 
 log = logging.getLogger(__name__)
 
-BASE_STEPS = 600
-BASE_LEARNING_RATE = 2e-3   # decayed linearly to 0: the last steps settle the weights instead of jumping around
-BATCH_SIZE = 8
+ROOT = Path(__file__).resolve().parent.parent.parent
+BASE_FILE = ROOT / "resources" / "demo" / "demo_base.safetensors"
+# what scripts/make_demo_base.py trains the shipped base with; the file's metadata holds it, and a test holds the two
+# equal, so a change here without regenerating the file is caught
+BASE_CONFIG = {"variant": "wan2.1-t2v", "seed": 0, "steps": 3000, "learning_rate": 2e-3, "batch_size": 8,
+               "timestep_shift": 3.0, "frames": 9, "size": 16, "captions": "colour"}
 NUM_TRAIN_TIMESTEPS = 1000
-CLIP_FRAMES = 9
-CLIP_SIZE = 32
-OFFSETS = range(4)
 
 
 def colour_caption(colour_name: str) -> str:
@@ -71,16 +72,15 @@ def colour_caption(colour_name: str) -> str:
 
 
 def demo_videos() -> tuple[torch.Tensor, list[str]]:
-    """The demo's squares (every colour, direction and offset the dataset holds) as (N, 3, F, H, W) in [-1, 1],
-    with each clip's colour name."""
+    """The demo's squares (one clip per colour and direction, `demo_clip`) as (N, 3, F, H, W) in [-1, 1], with each
+    clip's colour name."""
     clips, colours = [], []
     for colour_name, colour in COLOURS.items():
         for direction in DIRECTIONS:
-            for offset in OFFSETS:
-                frames = torch.from_numpy(square_clip(colour, direction, CLIP_FRAMES, CLIP_SIZE, offset))
-                # (F, H, W, 3) uint8 -> (3, F, H, W) in [-1, 1]
-                clips.append(frames.permute(3, 0, 1, 2).float() / 127.5 - 1)
-                colours.append(colour_name)
+            frames = torch.from_numpy(demo_clip(colour, direction, BASE_CONFIG["frames"]))
+            # (F, H, W, 3) uint8 -> (3, F, H, W) in [-1, 1]
+            clips.append(frames.permute(3, 0, 1, 2).float() / 127.5 - 1)
+            colours.append(colour_name)
     return torch.stack(clips), colours
 
 
@@ -95,19 +95,26 @@ def set_latent_stats(vae, videos: torch.Tensor) -> torch.Tensor:
     return latents
 
 
-def pretrain_transformer(transformer, latents: torch.Tensor, text: torch.Tensor, seed: int,
-                         steps: int = BASE_STEPS) -> None:
+def shifted_sigmas(count: int, shift: float, generator: torch.Generator) -> torch.Tensor:
+    """Uniform draws moved towards noise by the flow shift (s u / (1 + (s - 1) u)), where the layout is decided."""
+    u = torch.rand(count, generator=generator)
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def pretrain_transformer(transformer, latents: torch.Tensor, text: torch.Tensor, config: dict = BASE_CONFIG) -> None:
     """Flow matching as in training (`BaseWanSetup.predict`): x_t = (1 - s) x0 + s noise, target noise - x0, the
-    timestep s * 1000, s uniform. `latents` normalised (N, z, T, h, w); `text` (N, L, D) per clip."""
-    generator = torch.Generator().manual_seed(part_seed(seed, "demo_base_training"))
-    optimizer = torch.optim.AdamW(transformer.parameters(), lr=BASE_LEARNING_RATE, weight_decay=0.0)
+    timestep s * 1000, the learning rate decayed linearly to 0. `latents` normalised (N, z, T, h, w); `text`
+    (N, L, D) per clip."""
+    steps, batch = config["steps"], config["batch_size"]
+    generator = torch.Generator().manual_seed(part_seed(config["seed"], "demo_base_training"))
+    optimizer = torch.optim.AdamW(transformer.parameters(), lr=config["learning_rate"], weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     transformer.train()
-    for _ in tqdm(range(steps), desc="demo model: teaching its base the colours", unit="step"):
-        index = torch.randint(0, len(latents), (BATCH_SIZE,), generator=generator)
+    for _ in tqdm(range(steps), desc="demo base: learning the colours", unit="step"):
+        index = torch.randint(0, len(latents), (batch,), generator=generator)
         x0 = latents[index]
         noise = torch.randn(x0.shape, generator=generator)
-        sigmas = torch.rand(BATCH_SIZE, generator=generator)
+        sigmas = shifted_sigmas(batch, config["timestep_shift"], generator)
         s = sigmas.view(-1, 1, 1, 1, 1)
         predicted = transformer(hidden_states=(1 - s) * x0 + s * noise, timestep=sigmas * NUM_TRAIN_TIMESTEPS,
                                 encoder_hidden_states=text[index], return_dict=False)[0]
@@ -119,38 +126,76 @@ def pretrain_transformer(transformer, latents: torch.Tensor, text: torch.Tensor,
     transformer.eval().requires_grad_(False)
 
 
-def make_demo_pipeline(seed: int = 0, base_steps: int = BASE_STEPS):
-    """The tiny Wan 2.1 T2V pipeline with its VAE and transformer trained on the squares (not saved)."""
+def _demo_parts(seed: int):
+    """The tiny pipeline with its VAE set to the squares, and the squares' normalised latents and colour names."""
     from modules.model.WanModel import WanModel
     from modules.util.enum.WanVariant import WanVariant
 
-    pipeline = make_tiny_pipeline("wan2.1-t2v", seed)
+    pipeline = make_tiny_pipeline(BASE_CONFIG["variant"], seed)
     model = WanModel(variant=WanVariant.T2V, tokenizer=pipeline.tokenizer, text_encoder=pipeline.text_encoder,
                      vae=pipeline.vae, transformer=pipeline.transformer)
     videos, colours = demo_videos()
-    torch.manual_seed(part_seed(seed, "demo_training"))
     set_cell_average_weights(model.vae)
     latents = model.normalize_latents(set_latent_stats(model.vae, videos))
+    return pipeline, model, latents, colours
+
+
+def train_demo_base(seed: int = BASE_CONFIG["seed"]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Pre-trains the demo's base on the squares with colour-only captions (scripts/make_demo_base.py saves it):
+    its float16 state dict, and the metadata the shipped file carries (this config, the VAE's latent statistics)."""
+    pipeline, model, latents, colours = _demo_parts(seed)
     with torch.no_grad():
         text = model.encode_text([colour_caption(colour) for colour in colours])
-    pretrain_transformer(model.transformer, latents, text, seed, base_steps)
+    pretrain_transformer(model.transformer, latents, text, {**BASE_CONFIG, "seed": seed})
+    weights = {name: value.detach().to(torch.float16).contiguous()
+               for name, value in model.transformer.state_dict().items()}
+    metadata = {"config": json.dumps({**BASE_CONFIG, "seed": seed}, sort_keys=True),
+                "latents_mean": json.dumps(pipeline.vae.config.latents_mean),
+                "latents_std": json.dumps(pipeline.vae.config.latents_std)}
+    return weights, metadata
+
+
+class DemoBaseError(RuntimeError):
+    pass
+
+
+def load_demo_base(transformer, vae, path: Path = BASE_FILE) -> None:
+    """Loads the shipped base into the tiny transformer, after checking it was trained for this VAE's latents."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise DemoBaseError(f"{path}: the demo's pre-trained base is missing; scripts/make_demo_base.py writes it")
+    with safe_open(str(path), "pt") as file:
+        metadata = file.metadata() or {}
+        weights = {name: file.get_tensor(name) for name in file.keys()}
+    for field in ("latents_mean", "latents_std"):
+        shipped, measured = json.loads(metadata.get(field, "null") or "null"), list(vae.config[field])
+        if shipped is None or len(shipped) != len(measured) or \
+                max(abs(a - b) for a, b in zip(shipped, measured)) > 1e-3:
+            raise DemoBaseError(f"{path}: {field} {shipped} was trained for other latents than this VAE's "
+                                f"{measured}; regenerate it with scripts/make_demo_base.py")
+    target = transformer.state_dict()
+    if set(weights) != set(target) or any(weights[k].shape != target[k].shape for k in target):
+        raise DemoBaseError(f"{path}: its tensors do not fit the tiny transformer; regenerate it with "
+                            "scripts/make_demo_base.py")
+    transformer.load_state_dict({name: value.to(target[name].dtype) for name, value in weights.items()})
+    transformer.eval().requires_grad_(False)
+
+
+def make_demo_pipeline(seed: int = 0):
+    """The tiny Wan 2.1 T2V pipeline with its VAE set to the squares and the shipped base loaded (not saved)."""
+    pipeline, _, _, _ = _demo_parts(seed)
+    load_demo_base(pipeline.transformer, pipeline.vae)
     return pipeline
 
 
 def make_demo_model(output_dir: str | Path, seed: int = 0) -> Path:
-    """Writes the demo's trained tiny model as a diffusers folder (replacing only an empty folder or a diffusers
-    folder, as `make_tiny_model` does)."""
+    """Writes the demo's tiny model as a diffusers folder (replacing only an empty folder or a diffusers folder, as
+    `make_tiny_model` does)."""
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
         raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
-    # one thread: the tiny model's steps are too small to share between threads, and on busy cores two threads
-    # were measured 5x slower (141 s against 28 s for the 600 base steps, load 3.5)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pipeline = make_demo_pipeline(seed)
-    finally:
-        torch.set_num_threads(threads)
+    pipeline = make_demo_pipeline(seed)
     with atomic_dir(output_dir) as tmp:
         pipeline.save_pretrained(tmp, safe_serialization=True)
         make_portable(tmp)
