@@ -309,8 +309,8 @@ def test_readme_gives_the_demo_time_on_a_2_core_machine():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert "under a minute" not in text
     assert "2 to 2.5 minutes" not in text
-    assert "31 s on first use (14 s of it for the base) and 13 s after, measured with `./run-cmd.sh` from a fresh " \
-           "workspace on 2\nCPU cores at load 2.5 to 3" in text
+    assert "It took 29 s on first use and 17 s after (measured with `./run-cmd.sh` from a fresh\nworkspace on 2 CPU " \
+           "cores at load 3)" in text
 
 
 def test_a_config_and_a_dataset_toml_saved_as_utf16_are_read(tmp_path, monkeypatch):

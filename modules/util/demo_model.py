@@ -13,10 +13,13 @@ model is therefore the tiny Wan 2.1 T2V model of `tiny_models` with two parts ma
    knows how the squares look and move but not the words "left" and "right" of the demo's captions: that is what the
    demo's LoRA learns, and its previews show it.
 
-Measured (16 x 16 clips, 10 UniPC steps, `caption_square_problems` of tests/test_demo_model.py; 6 captions x 3
-seeds): with the "left" / "right" captions the base's samples pass 0 of 18 (the colour is right, the direction is
-not), after the demo's 400-step LoRA (rank 16, lr 1e-2, timesteps shifted to noise by 20) 18 of 18. The demo as a
-user runs it takes about 30 s on first use and 25 s after on 2 busy cores (README).
+Measured (16 x 16 clips, 10 UniPC steps, `caption_square_problems` of tests/test_demo_model.py, 6 captions x 4
+seeds): with the demo's "left" / "right" captions the base's samples pass 3 of 24 (the colour is right, the direction
+is chance or worse), with the LoRA the demo trains (400 steps, batch 6, rank 16, lr 1e-2, timesteps shifted to noise
+by 20; loaded in diffusers from its ComfyUI file) 22 of 24, and both of the demo's final previews. With batch 4 the
+red preview's first frame stayed a blend of both starts (7.5 px of travel, 8 needed). The demo took 29 s on first
+use and 17 s after on 2 CPU cores at load 3, but 143 s and 309 s at load 4 to 5 (its two torch threads then wait
+for the cores: 0.3 s a step instead of 0.05 s).
 
 Dead ends, measured, so that nobody repeats them:
 - The 32 x 32 clip (latent 3 x 4 x 4 = 3 x 2 x 2 tokens): Wan has no absolute position embedding (RoPE is
