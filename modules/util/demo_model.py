@@ -18,7 +18,8 @@ seeds): with the demo's "left" / "right" captions the base's samples pass 3 of 2
 is chance or worse), with the LoRA the demo trains (400 steps, batch 6, rank 16, lr 1e-2, timesteps shifted to noise
 by 20; loaded in diffusers from its ComfyUI file) 22 of 24, and both of the demo's final previews. With batch 4 the
 red preview's first frame stayed a blend of both starts (7.5 px of travel, 8 needed). The demo took 29 s on first
-use and 17 s after on 2 CPU cores at load 3, but 143 s and 309 s at load 4 to 5 (its two torch threads then wait
+use (with batch 4) and 17 s after on 2 CPU cores at load 3, but 143 s and 309 s at load 4 to 5, 381 s
+and 155 s at load 6 to 8 (its two torch threads then wait
 for the cores: 0.3 s a step instead of 0.05 s).
 
 Dead ends, measured, so that nobody repeats them:
