@@ -6,8 +6,8 @@ from pathlib import Path
 
 from modules.util.demo_model import make_demo_model
 from modules.util.demo_paths import DEMO_CONCEPT, DEMO_MODEL, DEMO_SAMPLES_FILE, same_path, uses_demo_data
-from modules.util.demo_squares import (BACKGROUND, COLOURS, DEMO_SIZE, DIRECTIONS, demo_clip,  # noqa: F401 (re-exported)
-                                       square_clip)
+from modules.util.demo_squares import (BACKGROUND, COLOURS, DEMO_SIZE, DIRECTIONS,  # noqa: F401 (re-exported)
+                                       demo_clip, square_clip)
 from modules.util.video_frames import write_video
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ BACKGROUND = 96
 # is what kept the 32 x 32 demo (2 x 2 tokens a frame) from placing the square (modules/util/demo_model.py).
 DEMO_SIZE = 16
 DEMO_SQUARE = 8
-DEMO_TOP = 0     # cell-aligned: a square straddling two cell rows decodes at half strength, between columns at a quarter
+# cell-aligned: a square straddling two cell rows decodes at half strength, between two columns too at a quarter
+DEMO_TOP = 0
 
 
 def square_clip(colour: tuple[int, int, int], direction: str, frames: int, size: int, offset: int,
