@@ -17,10 +17,27 @@ from PIL import Image
 
 from modules.util.atomic import atomic_dir
 from modules.util.demo_assets import BACKGROUND, COLOURS, DIRECTIONS, make_t2v_dataset, square_clip
-from modules.util.demo_model import colour_caption, demo_videos, set_latent_stats
+from modules.util.demo_model import set_latent_stats
 from modules.util.demo_vae import set_cell_average_weights
 from modules.util.portable_folder import make_portable
 from modules.util.tiny_models import make_tiny_pipeline, replaceable_folder
+
+
+STATS_FRAMES, STATS_SIZE, STATS_OFFSETS = 9, 32, range(4)
+
+
+def colour_caption(colour_name: str) -> str:
+    """The VACE set's caption: the colour only, so that where the square goes can come from the control alone."""
+    return f"a {colour_name} square"
+
+
+def vace_square_videos() -> torch.Tensor:
+    """Every colour, direction and start offset of the VACE set's squares, (N, 3, F, H, W) in [-1, 1]: the clips
+    its VAE's latent statistics are measured on."""
+    clips = [torch.from_numpy(square_clip(colour, direction, STATS_FRAMES, STATS_SIZE, offset))
+             for colour in COLOURS.values() for direction in DIRECTIONS for offset in STATS_OFFSETS]
+    # each (F, H, W, 3) uint8 -> (3, F, H, W) in [-1, 1]
+    return torch.stack([clip.permute(3, 0, 1, 2).float() / 127.5 - 1 for clip in clips])
 
 
 def outline(clip: np.ndarray) -> np.ndarray:
@@ -56,7 +73,7 @@ def make_demo_vace_model(output_dir: str | Path, seed: int = 0) -> Path:
     output_dir = replaceable_folder(output_dir)
     pipeline = make_tiny_pipeline("wan2.1-vace", seed)
     set_cell_average_weights(pipeline.vae)
-    set_latent_stats(pipeline.vae, demo_videos()[0])
+    set_latent_stats(pipeline.vae, vace_square_videos())
     with atomic_dir(output_dir) as tmp:
         pipeline.save_pretrained(tmp, safe_serialization=True)
         make_portable(tmp)
