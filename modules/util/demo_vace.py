@@ -13,6 +13,7 @@ from itertools import product
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 from modules.util.atomic import atomic_dir
