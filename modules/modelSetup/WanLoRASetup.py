@@ -154,8 +154,10 @@ class WanLoRASetup(BaseWanSetup):
             else:
                 save_lora_file(weights, output_format, paths[expert], file_metadata)
             written.append(paths[expert])
-            if output_format is not ModelFormat.DIFFUSERS_LORA and any(n.startswith("vace_blocks.") for n in weights):
-                # diffusers reads original-name Wan LoRAs only for the base blocks: WanVACEPipeline gets its own file
+            if (output_format is not ModelFormat.DIFFUSERS_LORA and self.config.lora.type == "LORA"
+                    and any(n.startswith("vace_blocks.") for n in weights)):
+                # diffusers reads original-name Wan LoRAs only for the base blocks: WanVACEPipeline gets its own file.
+                # LoHa / LoKr have no diffusers names at all: their note says to merge instead
                 companion = diffusers_companion_path(paths[expert])
                 save_lora_file(weights, ModelFormat.DIFFUSERS_LORA, companion, file_metadata)
                 written.append(companion)
