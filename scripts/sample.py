@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
-    from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos,
+    from modules.modelSampler.sampling_io import (apply_lora_files, check_control_files, generate_videos,
                                                   load_model_for_sampling, resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         if not any(sample.enabled for sample in samples):
             print("sample: no enabled samples", file=sys.stderr)
             return 1
+        check_control_files(samples)   # a wrong control is named at once, not after minutes of loading
         device = resolve_device(args.device)
         dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
         dtype = DataType(dtype_name) if dtype_name else \

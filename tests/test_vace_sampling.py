@@ -95,3 +95,30 @@ def test_a_mask_of_another_aspect_than_the_control_is_named(inputs, tmp_path):
                                     WIDTH)
     _, own, _ = load_vace_inputs(str(root / "clip_control"), str(root / "clip_mask"), [], FRAMES, HEIGHT, WIDTH)
     assert torch.equal(scaled, own)
+
+
+def test_sample_py_names_every_control_problem_before_any_model_loads(inputs, tmp_path, capsys, monkeypatch):
+    """A too short control, a mask that is no video and references that are no images are all named at once, from
+    the files alone: the base model named does not exist and the loader would fail the test if it were called."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from tests.script_loader import load_script
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the control inputs were checked")
+
+    monkeypatch.setattr(WanBaseModelLoader, "load", no_load)
+    root, _, _, _ = inputs
+    (tmp_path / "notes.txt").write_text("not a mask")
+    code = load_script("sample").main([
+        "--base-model-name", str(tmp_path / "no_such_model"), "--prompt", "x", "--width", str(WIDTH),
+        "--height", str(HEIGHT), "--frames", "12", "--steps", "1", "--device", "cpu",   # 12 frames run as 13
+        "--control-video", str(root / "clip_control"), "--mask-video", str(tmp_path / "notes.txt"),
+        "--reference-image", str(root / "clip_control"), "--reference-image", str(tmp_path / "gone.png"),
+        "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "4 problem(s) with the control inputs" in err
+    assert f"control video {str(root / 'clip_control')!r} has 9 frames; the sample has 13" in err
+    assert f"mask video {str(tmp_path / 'notes.txt')!r} is not a video or a folder of frames (or one image" in err
+    assert f"reference image {str(root / 'clip_control')!r} does not exist (or is not a file)" in err
+    assert f"reference image {str(tmp_path / 'gone.png')!r} does not exist" in err
+    assert not (tmp_path / "out").exists()

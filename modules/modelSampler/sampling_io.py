@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from modules.model.WanModel import WanModel
-from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
+from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler, round_frames
+from modules.modelSampler.vace_sampling import control_file_problems
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.expert_metadata import expert_notes, expert_problem, recorded_expert
@@ -164,6 +165,19 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model
+
+
+def check_control_files(samples: list[SampleConfig]) -> None:
+    """Raises SampleError naming every problem of the enabled samples' VACE / Wan-Fun Control files (control video,
+    mask video, reference images) that shows without a model, so that scripts/sample.py reports a wrong control before
+    any weights load. An Animate sample (one with a pose video) is left to the sampler: its mask is as long as its
+    pose video, not as a segment."""
+    problems = [f"sample {sample.prompt[:40]!r}: {problem}" for sample in samples
+                if sample.enabled and not sample.pose_video
+                for problem in control_file_problems(sample.control_video, sample.mask_video,
+                                                     list(sample.reference_images), round_frames(sample.frames))]
+    if problems:
+        raise SampleError("\n  ".join([f"{len(problems)} problem(s) with the control inputs:"] + problems))
 
 
 def video_file_name(index: int, sample: SampleConfig) -> str:
