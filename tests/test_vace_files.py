@@ -144,3 +144,60 @@ def test_a_comfyui_single_file_loads_and_computes_what_the_diffusers_folder_comp
     assert loaded.config.vace_layers == [0, 2]
     inputs = _inputs(dict(folder.config), seed=3)
     torch.testing.assert_close(_forward(loaded, inputs), _forward(folder, inputs), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def vace_fp8_files(vace, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The tiny VACE transformer as ComfyUI's fp8 single files hold it (original names under
+    `model.diffusion_model.`): `fp8_scaled` (Comfy-Org's released `*_fp8_scaled.safetensors`: `scale_weight` +
+    `scaled_fp8` marker), `mixed` (what ComfyUI writes today: `weight_scale` + `comfy_quant`) and `fp8_e4m3fn`
+    (float8 weights, no scales); every Linear weight of the base and the VACE blocks in float8 (comfy/ops.py
+    quantises each Linear of comfy/ldm/wan/model.py `VaceWanModel`, whose `vace_blocks` are `WanAttentionBlock`s
+    plus the `before_proj` / `after_proj` Linears). Each with the float32 state (diffusers names) it stands for."""
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    from modules.util.tiny_model_files import to_comfy_mixed_precision
+    from tests.wan_file_layouts import dequantised, to_fp8_scaled
+    root = tmp_path_factory.mktemp("vace-fp8")
+    original = transformer_to_original(_state(vace, "transformer"), prefix=COMFY_PREFIX)
+    scaled = to_fp8_scaled(original)
+    assert scaled[COMFY_PREFIX + "vace_blocks.0.before_proj.weight"].dtype == torch.float8_e4m3fn
+    mixed, metadata = to_comfy_mixed_precision(scaled)
+    e4m3fn = {k: v.to(torch.float8_e4m3fn) if k.removeprefix(COMFY_PREFIX).startswith(("blocks.", "vace_blocks."))
+              and v.dim() == 2 else v.to(torch.bfloat16) for k, v in original.items()}
+    # a float8 layer without scales keeps its bias in float8 too: so diffusers' layerwise casting stores a layer
+    # (and ComfyUI builds the Linears of an fp8_e4m3fn model in that dtype), so the reference rounds it the same way
+    fp8_layers = {k.removesuffix(".weight") for k, v in e4m3fn.items() if v.dtype == torch.float8_e4m3fn}
+    e4m3fn_weights = {k: (v.to(torch.float8_e4m3fn) if k.removesuffix(".bias") in fp8_layers else v).float()
+                      for k, v in e4m3fn.items()}
+    files = {}
+    for name, tensors, meta, weights in (("fp8_scaled", scaled, None, dequantised(scaled)),
+                                         ("mixed", mixed, metadata, dequantised(scaled)),
+                                         ("fp8_e4m3fn", e4m3fn, None, e4m3fn_weights)):
+        path = root / f"wan2.1_vace_1.3B_{name}.safetensors"
+        save_file(tensors, str(path), metadata=meta or None)
+        files[name] = path, original_to_diffusers_state_dict(weights)
+    return files
+
+
+@pytest.mark.parametrize("name", ["fp8_scaled", "mixed", "fp8_e4m3fn"])
+def test_a_comfyui_fp8_single_file_keeps_float8_and_computes_what_the_folder_computes(vace, vace_fp8_files, name):
+    """Loaded for sampling in fp8 (bfloat16 compute), the file's model equals the diffusers-folder model holding
+    the same float8 numbers (times their scales) in bfloat16, the VACE blocks included."""
+    from modules.util.enum.DataType import DataType
+    path, weights = vace_fp8_files[name]
+    part = {"path": str(path), "weight_dtype": DataType.FLOAT_8 if name != "fp8_e4m3fn" else DataType.BFLOAT_16}
+    config = ModelConfig(base_model_name=str(vace), transformer=part)
+    found = plan_model(config).parts["transformer"]
+    assert (found.layout, found.dtype) == ("comfyui", "fp8_scaled" if name != "fp8_e4m3fn" else "fp8_e4m3fn")
+    loaded = WanBaseModelLoader().load(config).transformer
+    for layer in (loaded.blocks[0].attn1.to_q, loaded.vace_blocks[0].proj_in, loaded.vace_blocks[1].attn2.to_k):
+        assert layer.weight.dtype == torch.float8_e4m3fn   # not upcast in memory
+    # bfloat16 compute with the float32 modules diffusers keeps (norms, time embedder), as the loader builds it
+    folder = WanVACETransformer3DModel.from_pretrained(vace, subfolder="transformer", torch_dtype=torch.bfloat16)
+    folder.eval().load_state_dict(weights)
+    inputs = {k: v.to(torch.bfloat16) for k, v in _inputs(dict(folder.config), seed=5).items()}
+    expected = _forward(folder, inputs)
+    # scaled layers dequantise in bfloat16 per call (the reference once in float32): within a bfloat16 step; the
+    # unscaled fp8 layers upcast exactly as the reference's rounded weights
+    tolerance = 0 if name == "fp8_e4m3fn" else 2e-2
+    torch.testing.assert_close(_forward(loaded, inputs), expected, atol=tolerance, rtol=tolerance)
