@@ -16,8 +16,8 @@ class VaceInputError(ValueError):
 
 
 def _clip_problem(path: str, label: str, frames: int) -> str | None:
-    """What keeps a control / mask video file from serving a sample of `frames` frames (from its header: nothing is
-    decoded), or None."""
+    """What keeps a control / mask video file from serving a sample of `frames` frames (probed: a video's frames are
+    counted, not decoded), or None."""
     from modules.util.video_io import media_kind, probe_media
     if not Path(path).exists():
         return f"{label} {path!r} does not exist"
