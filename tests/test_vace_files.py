@@ -2,7 +2,8 @@
 folder computes: the diffusers folder (`WanVACEPipeline`), the official release (Wan-Video/Wan2.1
 wan/modules/vace_model.py `VaceWanModel`: original names, `vace_blocks.N.before_proj` / `after_proj`, config.json with
 `vace_layers`) and ComfyUI single files (the same names with or without `model.diffusion_model.`, no config: the
-VACE blocks evenly spaced, as comfy/ldm/wan/model.py assumes). The official names are checked against the official
+VACE blocks evenly spaced, as comfy/ldm/wan/model.py assumes), also in ComfyUI's fp8 forms (tests/wan_file_layouts.py,
+modules/modelLoader/wan/parts/comfy_quant.py cite their names). The official names are checked against the official
 module's state dict in tests/test_official_key_names.py."""
 import json
 from pathlib import Path
@@ -201,3 +202,31 @@ def test_a_comfyui_fp8_single_file_keeps_float8_and_computes_what_the_folder_com
     # unscaled fp8 layers upcast exactly as the reference's rounded weights
     tolerance = 0 if name == "fp8_e4m3fn" else 2e-2
     torch.testing.assert_close(_forward(loaded, inputs), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_a_vace_fun_a14b_pair_of_fp8_scaled_files_computes_what_each_folder_expert_computes(tiny_model, tmp_path):
+    """Wan2.2-VACE-Fun A14B as ComfyUI holds it: one fp8_scaled file per expert (model.transformer.path and
+    model.transformer_2.path); each expert equals the folder's with the same dequantised weights."""
+    from modules.util.enum.DataType import DataType
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    from tests.wan_file_layouts import dequantised, to_fp8_scaled
+    base = tiny_model("wan2.2-vace-fun-a14b")
+    parts, weights = {}, {}
+    for part in ("transformer", "transformer_2"):
+        scaled = to_fp8_scaled(transformer_to_original(_state(base, part), prefix=COMFY_PREFIX))
+        path = tmp_path / f"wan2.2_fun_vace_{'high' if part == 'transformer' else 'low'}_noise_fp8_scaled.safetensors"
+        save_file(scaled, str(path))
+        parts[part] = {"path": str(path), "weight_dtype": DataType.FLOAT_8}
+        weights[part] = original_to_diffusers_state_dict(dequantised(scaled))
+    config = ModelConfig(base_model_name=str(base), **parts)
+    plan = plan_model(config)
+    assert plan.variant is WanVariant.VACE_A14B
+    assert [(plan.parts[p].layout, plan.parts[p].dtype) for p in parts] == [("comfyui", "fp8_scaled")] * 2
+    model = WanBaseModelLoader().load(config)
+    for part in parts:
+        loaded = getattr(model, part)
+        assert loaded.vace_blocks[0].proj_in.weight.dtype == torch.float8_e4m3fn
+        folder = WanVACETransformer3DModel.from_pretrained(base, subfolder=part, torch_dtype=torch.bfloat16)
+        folder.eval().load_state_dict(weights[part])
+        inputs = {k: v.to(torch.bfloat16) for k, v in _inputs(dict(folder.config), seed=6).items()}
+        torch.testing.assert_close(_forward(loaded, inputs), _forward(folder, inputs), atol=2e-2, rtol=2e-2)
