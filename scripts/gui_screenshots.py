@@ -174,7 +174,7 @@ def take(app, camera: Camera, timeout: float) -> None:
 def control_models(app, camera: Camera) -> None:
     """The VACE demo set beside a tiny VACE model (only its configs are read: nothing is sampled here)."""
     from modules.util.demo_vace import make_vace_dataset
-    from modules.util.tiny_models import make_tiny_model
+    from modules.util.tiny_pipelines import make_tiny_model
 
     app.load_file(DEMO)
     model = make_tiny_model("wan2.1-vace", Path("workspace/demo/vace-model"))

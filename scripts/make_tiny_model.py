@@ -10,7 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse  # noqa: E402
 
-from modules.util.tiny_models import ANIMATE_VARIANTS, VARIANTS, make_tiny_model  # noqa: E402
+from modules.util.tiny_animate import ANIMATE_VARIANTS  # noqa: E402
+from modules.util.tiny_models import VARIANTS  # noqa: E402
+from modules.util.tiny_pipelines import make_tiny_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

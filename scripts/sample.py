@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from modules.modelLoader.wan.WanBaseModelLoader import ModelLoadError
     from modules.util.config.config_io import ConfigError
     from modules.util.config.E2VConfig import load_e2v_dataset_configs
-    from modules.modelSampler.sampling_io import (apply_lora_files, generate_videos,
+    from modules.modelSampler.sampling_io import (apply_lora_files, check_sample_files, generate_videos,
                                                   load_model_for_sampling, resolve_device)
     from modules.util.enum.DataType import DataType
     from modules.util.video_io import UnreadableMediaError
@@ -204,13 +204,17 @@ def main(argv: list[str] | None = None) -> int:
         if not any(sample.enabled for sample in samples):
             print("sample: no enabled samples", file=sys.stderr)
             return 1
+        check_sample_files(samples)   # a wrong control or image is named at once, not after minutes of loading
         device = resolve_device(args.device)
         dtype_name = DTYPE_ALIASES.get(args.dtype, args.dtype.upper())
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         part_paths = {name: getattr(args, name) for name in ("transformer", "transformer_2", "vae", "text_encoder",
                                                               "tokenizer") if getattr(args, name)}
-        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras)
+        # E2V samples are checked against the layout (e2v_layout, element_names), the others here against the variant
+        plain = [sample for sample in samples if e2v_config is None and not sample.elements]
+        model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras,
+                                        samples=plain)
         if model.sampling_defaults is not None:
             print(f"sample: {model.variant} from files: the official settings fill in what is not given: "
                   f"{model.sampling_defaults.describe()}", file=sys.stderr)

@@ -28,7 +28,7 @@ def tiny_model(tmp_path_factory) -> Callable[[str], Path]:
 
     Variants: modules.util.tiny_models.VARIANTS. Treat the folder as read-only; copy it to change it.
     """
-    from modules.util.tiny_models import make_tiny_model
+    from modules.util.tiny_pipelines import make_tiny_model
 
     built: dict[str, Path] = {}
 

@@ -105,7 +105,7 @@ def test_shipped_demo_base_is_what_its_script_describes(tmp_path):
     from modules.util.demo_model import (BASE_CONFIG, BASE_FILE, DemoBaseError, demo_videos, load_demo_base,
                                          set_latent_stats)
     from modules.util.demo_vae import set_cell_average_weights
-    from modules.util.tiny_models import make_tiny_pipeline
+    from modules.util.tiny_pipelines import make_tiny_pipeline
 
     with safe_open(str(BASE_FILE), "pt") as file:
         metadata = file.metadata()

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from modules.util.tiny_models import CLIP_HIDDEN, CLIP_TOKENS, SPECS, VARIANTS, make_tiny_model
+from modules.util.tiny_models import CLIP_HIDDEN, CLIP_TOKENS, SPECS, VARIANTS
+from modules.util.tiny_pipelines import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES = 9

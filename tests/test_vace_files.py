@@ -2,7 +2,8 @@
 folder computes: the diffusers folder (`WanVACEPipeline`), the official release (Wan-Video/Wan2.1
 wan/modules/vace_model.py `VaceWanModel`: original names, `vace_blocks.N.before_proj` / `after_proj`, config.json with
 `vace_layers`) and ComfyUI single files (the same names with or without `model.diffusion_model.`, no config: the
-VACE blocks evenly spaced, as comfy/ldm/wan/model.py assumes). The official names are checked against the official
+VACE blocks evenly spaced, as comfy/ldm/wan/model.py assumes), also in ComfyUI's fp8 forms (tests/wan_file_layouts.py,
+modules/modelLoader/wan/parts/comfy_quant.py cite their names). The official names are checked against the official
 module's state dict in tests/test_official_key_names.py."""
 import json
 from pathlib import Path
@@ -144,3 +145,88 @@ def test_a_comfyui_single_file_loads_and_computes_what_the_diffusers_folder_comp
     assert loaded.config.vace_layers == [0, 2]
     inputs = _inputs(dict(folder.config), seed=3)
     torch.testing.assert_close(_forward(loaded, inputs), _forward(folder, inputs), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def vace_fp8_files(vace, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The tiny VACE transformer as ComfyUI's fp8 single files hold it (original names under
+    `model.diffusion_model.`): `fp8_scaled` (Comfy-Org's released `*_fp8_scaled.safetensors`: `scale_weight` +
+    `scaled_fp8` marker), `mixed` (what ComfyUI writes today: `weight_scale` + `comfy_quant`) and `fp8_e4m3fn`
+    (float8 weights, no scales); every Linear weight of the base and the VACE blocks in float8 (comfy/ops.py
+    quantises each Linear of comfy/ldm/wan/model.py `VaceWanModel`, whose `vace_blocks` are `WanAttentionBlock`s
+    plus the `before_proj` / `after_proj` Linears). Each with the float32 state (diffusers names) it stands for."""
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    from modules.util.tiny_model_files import to_comfy_mixed_precision
+    from tests.wan_file_layouts import dequantised, to_fp8_scaled
+    root = tmp_path_factory.mktemp("vace-fp8")
+    original = transformer_to_original(_state(vace, "transformer"), prefix=COMFY_PREFIX)
+    scaled = to_fp8_scaled(original)
+    assert scaled[COMFY_PREFIX + "vace_blocks.0.before_proj.weight"].dtype == torch.float8_e4m3fn
+    mixed, metadata = to_comfy_mixed_precision(scaled)
+    e4m3fn = {k: v.to(torch.float8_e4m3fn) if k.removeprefix(COMFY_PREFIX).startswith(("blocks.", "vace_blocks."))
+              and v.dim() == 2 else v.to(torch.bfloat16) for k, v in original.items()}
+    # a float8 layer without scales keeps its bias in float8 too: so diffusers' layerwise casting stores a layer
+    # (and ComfyUI builds the Linears of an fp8_e4m3fn model in that dtype), so the reference rounds it the same way
+    fp8_layers = {k.removesuffix(".weight") for k, v in e4m3fn.items() if v.dtype == torch.float8_e4m3fn}
+    e4m3fn_weights = {k: (v.to(torch.float8_e4m3fn) if k.removesuffix(".bias") in fp8_layers else v).float()
+                      for k, v in e4m3fn.items()}
+    files = {}
+    for name, tensors, meta, weights in (("fp8_scaled", scaled, None, dequantised(scaled)),
+                                         ("mixed", mixed, metadata, dequantised(scaled)),
+                                         ("fp8_e4m3fn", e4m3fn, None, e4m3fn_weights)):
+        path = root / f"wan2.1_vace_1.3B_{name}.safetensors"
+        save_file(tensors, str(path), metadata=meta or None)
+        files[name] = path, original_to_diffusers_state_dict(weights)
+    return files
+
+
+@pytest.mark.parametrize("name", ["fp8_scaled", "mixed", "fp8_e4m3fn"])
+def test_a_comfyui_fp8_single_file_keeps_float8_and_computes_what_the_folder_computes(vace, vace_fp8_files, name):
+    """Loaded for sampling in fp8 (bfloat16 compute), the file's model equals the diffusers-folder model holding
+    the same float8 numbers (times their scales) in bfloat16, the VACE blocks included."""
+    from modules.util.enum.DataType import DataType
+    path, weights = vace_fp8_files[name]
+    part = {"path": str(path), "weight_dtype": DataType.FLOAT_8 if name != "fp8_e4m3fn" else DataType.BFLOAT_16}
+    config = ModelConfig(base_model_name=str(vace), transformer=part)
+    found = plan_model(config).parts["transformer"]
+    assert (found.layout, found.dtype) == ("comfyui", "fp8_scaled" if name != "fp8_e4m3fn" else "fp8_e4m3fn")
+    loaded = WanBaseModelLoader().load(config).transformer
+    for layer in (loaded.blocks[0].attn1.to_q, loaded.vace_blocks[0].proj_in, loaded.vace_blocks[1].attn2.to_k):
+        assert layer.weight.dtype == torch.float8_e4m3fn   # not upcast in memory
+    # bfloat16 compute with the float32 modules diffusers keeps (norms, time embedder), as the loader builds it
+    folder = WanVACETransformer3DModel.from_pretrained(vace, subfolder="transformer", torch_dtype=torch.bfloat16)
+    folder.eval().load_state_dict(weights)
+    inputs = {k: v.to(torch.bfloat16) for k, v in _inputs(dict(folder.config), seed=5).items()}
+    expected = _forward(folder, inputs)
+    # scaled layers dequantise in bfloat16 per call (the reference once in float32): within a bfloat16 step; the
+    # unscaled fp8 layers upcast exactly as the reference's rounded weights
+    tolerance = 0 if name == "fp8_e4m3fn" else 2e-2
+    torch.testing.assert_close(_forward(loaded, inputs), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_a_vace_fun_a14b_pair_of_fp8_scaled_files_computes_what_each_folder_expert_computes(tiny_model, tmp_path):
+    """Wan2.2-VACE-Fun A14B as ComfyUI holds it: one fp8_scaled file per expert (model.transformer.path and
+    model.transformer_2.path); each expert equals the folder's with the same dequantised weights."""
+    from modules.util.enum.DataType import DataType
+    from modules.util.lora.keys import original_to_diffusers_state_dict
+    from tests.wan_file_layouts import dequantised, to_fp8_scaled
+    base = tiny_model("wan2.2-vace-fun-a14b")
+    parts, weights = {}, {}
+    for part in ("transformer", "transformer_2"):
+        scaled = to_fp8_scaled(transformer_to_original(_state(base, part), prefix=COMFY_PREFIX))
+        path = tmp_path / f"wan2.2_fun_vace_{'high' if part == 'transformer' else 'low'}_noise_fp8_scaled.safetensors"
+        save_file(scaled, str(path))
+        parts[part] = {"path": str(path), "weight_dtype": DataType.FLOAT_8}
+        weights[part] = original_to_diffusers_state_dict(dequantised(scaled))
+    config = ModelConfig(base_model_name=str(base), **parts)
+    plan = plan_model(config)
+    assert plan.variant is WanVariant.VACE_A14B
+    assert [(plan.parts[p].layout, plan.parts[p].dtype) for p in parts] == [("comfyui", "fp8_scaled")] * 2
+    model = WanBaseModelLoader().load(config)
+    for part in parts:
+        loaded = getattr(model, part)
+        assert loaded.vace_blocks[0].proj_in.weight.dtype == torch.float8_e4m3fn
+        folder = WanVACETransformer3DModel.from_pretrained(base, subfolder=part, torch_dtype=torch.bfloat16)
+        folder.eval().load_state_dict(weights[part])
+        inputs = {k: v.to(torch.bfloat16) for k, v in _inputs(dict(folder.config), seed=6).items()}
+        torch.testing.assert_close(_forward(loaded, inputs), _forward(folder, inputs), atol=2e-2, rtol=2e-2)

@@ -1,5 +1,7 @@
 """Sampling a VACE model: our sampler (control video, mask, reference image, control scale read from files) gives the
 latents diffusers' `WanVACEPipeline` gives for the same inputs, seed and steps; bad inputs are named."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -95,3 +97,56 @@ def test_a_mask_of_another_aspect_than_the_control_is_named(inputs, tmp_path):
                                     WIDTH)
     _, own, _ = load_vace_inputs(str(root / "clip_control"), str(root / "clip_mask"), [], FRAMES, HEIGHT, WIDTH)
     assert torch.equal(scaled, own)
+
+
+def test_sample_py_names_every_control_problem_before_any_model_loads(inputs, tmp_path, capsys, monkeypatch):
+    """A too short control, a mask that is no video and references that are no images are all named at once, from
+    the files alone: the base model named does not exist and the loader would fail the test if it were called."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from tests.script_loader import load_script
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the control inputs were checked")
+
+    monkeypatch.setattr(WanBaseModelLoader, "load", no_load)
+    root, _, _, _ = inputs
+    (tmp_path / "notes.txt").write_text("not a mask")
+    code = load_script("sample").main([
+        "--base-model-name", str(tmp_path / "no_such_model"), "--prompt", "x", "--width", str(WIDTH),
+        "--height", str(HEIGHT), "--frames", "12", "--steps", "1", "--device", "cpu",   # 12 frames run as 13
+        "--control-video", str(root / "clip_control"), "--mask-video", str(tmp_path / "notes.txt"),
+        "--reference-image", str(root / "clip_control"), "--reference-image", str(tmp_path / "gone.png"),
+        "--image", str(tmp_path / "first.png"), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "5 problem(s) with the samples' files" in err
+    assert f"control video {str(root / 'clip_control')!r} has 9 frames; the sample has 13" in err
+    assert f"mask video {str(tmp_path / 'notes.txt')!r} is not a video or a folder of frames (or one image" in err
+    assert f"reference image {str(root / 'clip_control')!r} does not exist (or is not a file)" in err
+    assert f"reference image {str(tmp_path / 'gone.png')!r} does not exist" in err
+    assert f"image {str(tmp_path / 'first.png')!r} does not exist (or is not a file)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sample_py_refuses_inputs_the_variant_cannot_take_before_loading(inputs, tiny_model, tmp_path, capsys,
+                                                                         monkeypatch):
+    """The variant comes from the folder's configs: a control video for a T2V model (and a second sample's image) is
+    named before any weights load."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from tests.script_loader import load_script
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the samples were checked against the variant")
+
+    monkeypatch.setattr(WanBaseModelLoader, "load", no_load)
+    root, _, _, _ = inputs
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "steered", "control_video": str(root / "clip_control")},
+                                   {"prompt": "started", "image": str(root / "clip_ref.png")}]))
+    code = load_script("sample").main([
+        "--base-model-name", str(tiny_model("wan2.1-t2v")), "--samples-file", str(samples), "--width", str(WIDTH),
+        "--height", str(HEIGHT), "--frames", str(FRAMES), "--steps", "1", "--device", "cpu",
+        "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "2 sample(s) that T2V cannot take" in err, err
+    assert "sample 'steered': control_video need a VACE or Wan-Fun Control model; T2V takes none" in err
+    assert "sample 'started': T2V is a text-to-video model and takes no image" in err

@@ -45,11 +45,12 @@ def transformer_to_original(state: dict[str, torch.Tensor], prefix: str = "") ->
 
 
 def to_fp8_scaled(original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """ComfyUI fp8_scaled from an original-key state dict: every Linear weight of the blocks quantised."""
+    """ComfyUI fp8_scaled from an original-key state dict: every Linear weight of the blocks (and VACE blocks)
+    quantised."""
     out: dict[str, torch.Tensor] = {}
     for key, value in original.items():
         name = key.removeprefix(COMFY_PREFIX)
-        if name.startswith("blocks.") and key.endswith(".weight") and value.dim() == 2:
+        if name.startswith(("blocks.", "vace_blocks.")) and key.endswith(".weight") and value.dim() == 2:
             out[key], out[key.removesuffix(".weight") + ".scale_weight"] = quantise_scaled_fp8(value)
         else:
             out[key] = value

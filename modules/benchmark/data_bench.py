@@ -10,7 +10,7 @@ Writes `clips` synthetic H.264 clips (a scrolling noise texture with a moving sq
             bucket is exactly height x width, LoadVideo, ResizeCropVideo to a float tensor) run on a fresh
             pipeline per pass, so the probe is paid as in a first epoch; clips/s, output frames/s and the ratio
             ours / bare in clips/s;
-(c) cached: a `WanBaseDataLoader` with a tiny random wan2.1-t2v model (`tiny_models.make_tiny_model`; cheap
+(c) cached: a `WanBaseDataLoader` with a tiny random wan2.1-t2v model (`tiny_pipelines.make_tiny_model`; cheap
             encoders) fills its disk cache (timed, for information), runs one epoch to warm the probe, then
             `warm_epochs` more epochs are timed: items/s of an epoch that only reads the cache (the encoders'
             call count is checked to stay unchanged).
@@ -220,7 +220,7 @@ def measure_cached_epoch(clip_folder: Path, work: Path, cfg: DataBenchConfig, lo
     from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ModelConfig
-    from modules.util.tiny_models import make_tiny_model
+    from modules.util.tiny_pipelines import make_tiny_model
 
     model_dir = make_tiny_model("wan2.1-t2v", work / "tiny-wan2.1-t2v")
     model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(model_dir)))

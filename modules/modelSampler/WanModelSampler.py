@@ -63,6 +63,29 @@ def round_frames(frames: int, temporal_stride: int = 4) -> int:
     return max(0, k) * temporal_stride + 1
 
 
+def check_sample_inputs(variant: WanVariant, sample: SampleConfig) -> None:
+    """Raises SampleError when `variant` cannot take the inputs a (non-E2V) sample gives or lacks one it needs: the
+    variant alone decides, so scripts/sample.py asks before any weights load (configs and headers tell the variant)."""
+    image, last_image = sample.image, sample.last_image
+    from modules.modelSampler.vace_sampling import VaceInputError, check_vace_sample
+    try:
+        check_vace_sample(variant, sample)
+    except VaceInputError as error:
+        raise SampleError(str(error)) from None
+    if problems := animate_problems(variant, sample):
+        raise SampleError(f"sample {sample.prompt[:40]!r}: " + "; ".join(problems))
+    if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
+        raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
+                          f"image; remove image / last_image")
+    if variant.takes_image_condition and not image:
+        raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
+    if variant is WanVariant.FLF2V and not last_image:
+        raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
+    if last_image and variant not in (WanVariant.FLF2V, WanVariant.I2V_A14B):
+        raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} takes no last frame (last_image is for "
+                          f"FLF2V and I2V-A14B)")
+
+
 # ---------------------------------------------------------------------------------------------- the sampler
 
 @register("model_sampler", [ModelType.WAN_2_1, ModelType.WAN_2_2], list(TrainingMethod))
@@ -111,7 +134,7 @@ class WanModelSampler:
         else:
             if sample.drop_reference_frames:
                 notes.append("drop_reference_frames ignored: not an E2V sample")
-            self._check_images(sample)
+            check_sample_inputs(variant, sample)
         for label, path in (("image", image), ("last_image", last_image)):
             if path and not Path(path).is_file():
                 raise SampleError(f"sample {label} {path!r} does not exist (or is not a file)")
@@ -128,26 +151,6 @@ class WanModelSampler:
         for note in notes if log else ():
             logger.warning("sample %r: %s", sample.prompt[:40], note)
         return resolved, notes
-
-    def _check_images(self, sample: SampleConfig) -> None:
-        variant, image, last_image = self.model.variant, sample.image, sample.last_image
-        from modules.modelSampler.vace_sampling import VaceInputError, check_vace_sample
-        try:
-            check_vace_sample(variant, sample)
-        except VaceInputError as error:
-            raise SampleError(str(error)) from None
-        if problems := animate_problems(variant, sample):
-            raise SampleError(f"sample {sample.prompt[:40]!r}: " + "; ".join(problems))
-        if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
-            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
-                              f"image; remove image / last_image")
-        if variant.takes_image_condition and not image:
-            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} needs a first frame: set image")
-        if variant is WanVariant.FLF2V and not last_image:
-            raise SampleError(f"sample {sample.prompt[:40]!r}: FLF2V needs a last frame: set last_image")
-        if last_image and variant not in (WanVariant.FLF2V, WanVariant.I2V_A14B):
-            raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} takes no last frame (last_image is for "
-                              f"FLF2V and I2V-A14B)")
 
     # ---- Elements-to-Video ------------------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from modules.model.WanModel import WanModel
-from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
+from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler, check_sample_inputs, round_frames
+from modules.modelSampler.vace_sampling import control_file_problems
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.expert_metadata import expert_notes, expert_problem, recorded_expert
@@ -129,13 +130,14 @@ def lora_files_named(path: Path) -> list[Path]:
 
 def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.device,
                             image_encoder_path: str = "", part_paths: dict[str, str] | None = None,
-                            loras: list[tuple[Path, float]] = ()) -> WanModel:
+                            loras: list[tuple[Path, float]] = (), samples: list[SampleConfig] = ()) -> WanModel:
     """Loads a Wan model for inference (any layout of docs/formats.md; `part_paths` maps transformer,
     transformer_2, vae, text_encoder, tokenizer to a file or folder): transformer(s), text and image encoders in
     `weight_dtype` (a DataType), the VAE in float32. A single transformer goes to `device` at once; the two A14B experts, the text
     encoder, CLIP and the VAE stay on the CPU and the sampler moves each to `device` while it is used. `loras`, the
     files apply_lora_files will apply: one made for another family (Wan2.2-Animate, VACE, Wan-Fun Control) than the
-    model is refused before any weights load."""
+    model is refused before any weights load, and so is one of `samples` (non-E2V ones: check_sample_inputs) with
+    inputs the variant cannot take."""
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ImageEncoderConfig, ModelConfig, PartConfig
 
@@ -152,18 +154,56 @@ def load_model_for_sampling(base_model_name: str, weight_dtype, device: torch.de
         text_encoder=part.model_copy(update={"path": paths.get("text_encoder", "")}),
         vae=PartConfig(path=paths.get("vae", "")), tokenizer=TokenizerConfig(path=paths.get("tokenizer", "")),
         image_encoder=ImageEncoderConfig(weight_dtype=weight_dtype, path=image_encoder_path))
-    if not hub and any(lora_files_named(Path(path)) for path, _ in loras):
+    lora_files = [file for path, _ in loras for file in lora_files_named(Path(path))]
+    if not hub and (samples or lora_files):
         from modules.modelLoader.wan.parts.model_plan import detect_model_variant
         from modules.util.modelspec import lora_family_refusal
-        variant = detect_model_variant(config)   # configs and tensor headers only
-        refusals = [refusal for path, _ in loras for file in lora_files_named(Path(path))
-                    for refusal in [lora_family_refusal(file, variant)] if refusal]
+        from modules.util.wan_detection import NotAWanModelError
+        try:
+            variant = detect_model_variant(config)   # configs and tensor headers only
+        except NotAWanModelError:
+            if lora_files:   # a LoRA's family cannot be checked: say why
+                raise
+            variant = None   # the loader names what is wrong with the base model, in its own words
+        refusals = [refusal for file in lora_files for refusal in [lora_family_refusal(file, variant)] if refusal]
         if refusals:
             raise SampleError("; ".join(refusals))
+        if variant is not None and (problems := variant_problems(variant, samples)):
+            raise SampleError("\n  ".join([f"{len(problems)} sample(s) that {variant} cannot take:"] + problems))
     model = WanBaseModelLoader().load(config)
     if not model.variant.has_two_experts:
         model.transformer.to(device)
     return model
+
+
+def check_sample_files(samples: list[SampleConfig]) -> None:
+    """Raises SampleError naming every problem of the enabled samples' files that shows without a model (the VACE /
+    Wan-Fun Control control video, mask video and reference images; a first / last frame that is no file), so that
+    scripts/sample.py reports them together before any weights load. An Animate sample (one with a pose video) is
+    left to the sampler: its mask is as long as its pose video, not as a segment."""
+    problems = []
+    for sample in (sample for sample in samples if sample.enabled):
+        label = f"sample {sample.prompt[:40]!r}"
+        problems += [f"{label}: {name} {path!r} does not exist (or is not a file)"
+                     for name, path in (("image", sample.image), ("last_image", sample.last_image))
+                     if path and not Path(path).is_file()]
+        if not sample.pose_video:
+            problems += [f"{label}: {problem}" for problem in control_file_problems(
+                sample.control_video, sample.mask_video, list(sample.reference_images), round_frames(sample.frames))]
+    if problems:
+        raise SampleError("\n  ".join([f"{len(problems)} problem(s) with the samples' files:"] + problems))
+
+
+def variant_problems(variant, samples: list[SampleConfig]) -> list[str]:
+    """What keeps each enabled sample from running on `variant` (one sentence a sample at most)."""
+    problems = []
+    for sample in samples:
+        try:
+            if sample.enabled:
+                check_sample_inputs(variant, sample)
+        except SampleError as error:
+            problems.append(str(error))
+    return problems
 
 
 def video_file_name(index: int, sample: SampleConfig) -> str:

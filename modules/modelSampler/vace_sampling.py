@@ -15,65 +15,93 @@ class VaceInputError(ValueError):
     pass
 
 
-def _read_clip(path: str, label: str, frames: int, height: int, width: int) -> np.ndarray:
-    """The first `frames` frames of a video file or frames folder, covered and centre-cropped to height x width
-    (as the data path crops clips); fewer frames than the sample has is an error naming the file."""
-    from modules.util.video_io import media_kind, read_image, read_media
+def _clip_problem(path: str, label: str, frames: int) -> str | None:
+    """What keeps a control / mask video file from serving a sample of `frames` frames (probed: a video's frames are
+    counted, not decoded), or None."""
+    from modules.util.video_io import media_kind, probe_media
     if not Path(path).exists():
-        raise VaceInputError(f"{label} {path!r} does not exist")
-    if label == "mask video" and media_kind(path) == "image":   # one mask image for every frame, as in training
-        try:
-            return resize_and_crop(np.repeat(read_image(path)[None], frames, axis=0), height, width)
-        except UnreadableMediaError as error:
-            raise VaceInputError(f"{label} {path!r} cannot be read: {error.reason}") from error
-    if media_kind(path) not in ("video", "frames"):
-        raise VaceInputError(f"{label} {path!r} is not a video or a folder of frames")
+        return f"{label} {path!r} does not exist"
+    kind = media_kind(path)
+    mask_image = label == "mask video" and kind == "image"   # one mask image for every frame, as in training
+    if not mask_image and kind not in ("video", "frames"):
+        return (f"{label} {path!r} is not a video or a folder of frames"
+                + (" (or one image for every frame)" if label == "mask video" else ""))
     try:
-        clip = read_media(path, max_frames=frames)
+        info = probe_media(path)
     except UnreadableMediaError as error:
-        raise VaceInputError(f"{label} {path!r} cannot be read: {error.reason}") from error
-    if len(clip) < frames:
-        raise VaceInputError(f"{label} {path!r} has {len(clip)} frames; the sample has {frames} (a control is never "
-                             f"padded: give at least as many frames, or sample fewer)")
-    return resize_and_crop(clip, height, width)
+        return f"{label} {path!r} cannot be read: {error.reason}"
+    if not mask_image and info.frame_count < frames:
+        return (f"{label} {path!r} has {info.frame_count} frames; the sample has {frames} (a control is never "
+                f"padded: give at least as many frames, or sample fewer)")
+    return None
+
+
+def _reference_problem(path: str) -> str | None:
+    from modules.util.video_io import media_kind, probe_media
+    if not Path(path).is_file():
+        return f"reference image {path!r} does not exist (or is not a file)"
+    if media_kind(path) != "image":
+        return f"reference image {path!r} is not an image (a reference is one picture, not a video)"
+    try:
+        probe_media(path)
+    except UnreadableMediaError as error:
+        return f"reference image {path!r} cannot be read: {error.reason}"
+    return None
+
+
+def _aspect_problem(control_video: str, mask_video: str) -> str | None:
+    """Each is covered and cropped to the sample's size on its own: of another aspect ratio, the mask would mark
+    another region of the control than the one its pixels show (training names such a mask too)."""
+    from modules.util.video_io import probe_media
+    control, mask = probe_media(control_video), probe_media(mask_video)   # both read by _clip_problem already
+    if mask.width * control.height != mask.height * control.width:
+        return (f"mask video {mask_video!r} is {mask.width}x{mask.height}, the control video "
+                f"{control.width}x{control.height}; a mask must have the control's aspect ratio")
+    return None
+
+
+def control_file_problems(control_video: str, mask_video: str, reference_images: list[str], frames: int) -> list[str]:
+    """Every problem of a VACE / Wan-Fun Control sample's control video, mask video and reference images that the
+    files show without a model (existence, kind, readability, length against the sample's `frames` (4k+1), the
+    mask's aspect ratio), each a sentence naming the file: scripts/sample.py asks before any model loads."""
+    clips = [(path, label) for path, label in ((control_video, "control video"), (mask_video, "mask video")) if path]
+    problems = [problem for path, label in clips for problem in [_clip_problem(path, label, frames)] if problem]
+    if control_video and mask_video and not problems:
+        problems += [problem for problem in [_aspect_problem(control_video, mask_video)] if problem]
+    return problems + [problem for path in reference_images for problem in [_reference_problem(path)] if problem]
+
+
+def _read_clip(path: str, frames: int, height: int, width: int) -> np.ndarray:
+    """The first `frames` frames of a checked video file or frames folder (a mask: or one image), covered and
+    centre-cropped to height x width (as the data path crops clips)."""
+    from modules.util.video_io import media_kind, read_image, read_media
+    try:
+        if media_kind(path) == "image":
+            return resize_and_crop(np.repeat(read_image(path)[None], frames, axis=0), height, width)
+        return resize_and_crop(read_media(path, max_frames=frames), height, width)
+    except UnreadableMediaError as error:
+        raise VaceInputError(f"{path!r} cannot be read: {error.reason}") from error
 
 
 def _read_reference(path: str) -> torch.Tensor:
-    from modules.util.video_io import media_kind, read_image
-    if not Path(path).is_file():
-        raise VaceInputError(f"reference image {path!r} does not exist (or is not a file)")
-    if media_kind(path) != "image":
-        raise VaceInputError(f"reference image {path!r} is not an image (a reference is one picture, not a video)")
+    from modules.util.video_io import read_image
     try:
         return image_to_tensor(read_image(path))
     except UnreadableMediaError as error:
         raise VaceInputError(f"reference image {path!r} cannot be read: {error.reason}") from error
 
 
-def _check_same_aspect(control_video: str, mask_video: str) -> None:
-    """Each is covered and cropped to the sample's size on its own: of another aspect ratio, the mask would mark
-    another region of the control than the one its pixels show (training names such a mask too)."""
-    from modules.util.video_io import probe_media
-    try:
-        control, mask = probe_media(control_video), probe_media(mask_video)
-    except UnreadableMediaError as error:
-        raise VaceInputError(f"{error.path!r} cannot be read: {error.reason}") from error
-    if mask.width * control.height != mask.height * control.width:
-        raise VaceInputError(f"mask video {mask_video!r} is {mask.width}x{mask.height}, the control video "
-                             f"{control.width}x{control.height}; a mask must have the control's aspect ratio")
-
-
 def load_vace_inputs(control_video: str, mask_video: str, reference_images: list[str], frames: int, height: int,
                      width: int) -> tuple[torch.Tensor | None, torch.Tensor | None, list[torch.Tensor]]:
     """(3, F, H, W) control in [-1, 1] or None, (1, F, H, W) mask binarised at 0.5 (white = generate) or None,
-    references (3, h, w) in [-1, 1] in the order given (fitted onto the video's size later)."""
-    video = frames_to_tensor(_read_clip(control_video, "control video", frames, height, width)) \
-        if control_video else None
+    references (3, h, w) in [-1, 1] in the order given (fitted onto the video's size later); VaceInputError naming
+    every problem of control_file_problems."""
+    if problems := control_file_problems(control_video, mask_video, reference_images, frames):
+        raise VaceInputError("; ".join(problems))
+    video = frames_to_tensor(_read_clip(control_video, frames, height, width)) if control_video else None
     mask = None
     if mask_video:
-        if control_video:
-            _check_same_aspect(control_video, mask_video)
-        pixels = _read_clip(mask_video, "mask video", frames, height, width)
+        pixels = _read_clip(mask_video, frames, height, width)
         mask = torch.from_numpy((pixels.mean(axis=-1) / 255.0 > 0.5).astype(np.float32))[None]
     return video, mask, [_read_reference(path) for path in reference_images]
 

@@ -49,7 +49,8 @@ from modules.util.atomic import atomic_dir
 from modules.util.demo_squares import COLOURS, DIRECTIONS, demo_clip
 from modules.util.demo_vae import set_cell_average_weights
 from modules.util.portable_folder import make_portable
-from modules.util.tiny_models import make_tiny_pipeline, part_seed, replaceable_folder
+from modules.util.tiny_models import part_seed, replaceable_folder
+from modules.util.tiny_pipelines import make_tiny_pipeline
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from modules.util.demo_assets import BACKGROUND, COLOURS, DIRECTIONS, make_t2v_d
 from modules.util.demo_model import set_latent_stats
 from modules.util.demo_vae import set_cell_average_weights
 from modules.util.portable_folder import make_portable
-from modules.util.tiny_models import make_tiny_pipeline, replaceable_folder
+from modules.util.tiny_models import replaceable_folder
+from modules.util.tiny_pipelines import make_tiny_pipeline
 
 
 STATS_FRAMES, STATS_SIZE, STATS_OFFSETS = 9, 32, range(4)

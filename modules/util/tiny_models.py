@@ -17,13 +17,10 @@ from pathlib import Path
 
 import torch
 
-from modules.util.portable_folder import make_portable
-from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
             "wan2.1-vace", "wan2.2-vace-fun-a14b", "wan2.1-fun-control", "wan2.1-fun-inp",
             "wan2.2-fun-control-a14b")
-ANIMATE_VARIANTS = ("wan2.2-animate", "wan2.2-animate-2")   # modules/util/tiny_animate.py
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
 
@@ -411,15 +408,11 @@ def make_scheduler(spec: TinyVariant):
 
 # --- the folder ------------------------------------------------------------------------------------------------
 
-def make_tiny_pipeline(variant: str, seed: int = 0):
-    """The tiny pipeline object (not saved): the diffusers pipeline class the released model_index.json names."""
+def make_base_pipeline(variant: str, seed: int = 0):
+    """The tiny pipeline object (not saved) of a variant of SPECS: the diffusers pipeline class the released
+    model_index.json names (modules/util/tiny_pipelines.py adds the Animate variants)."""
     import diffusers
 
-    if variant in ANIMATE_VARIANTS:
-        from modules.util.tiny_animate import make_animate_pipeline
-        return make_animate_pipeline(variant, seed)
-    if variant not in SPECS:
-        raise ValueError(f"unknown tiny Wan variant {variant!r}; one of {', '.join(VARIANTS + ANIMATE_VARIANTS)}")
     spec = SPECS[variant]
     tokenizer = make_tokenizer()
     parts = dict(
@@ -444,22 +437,4 @@ def replaceable_folder(output_dir: str | Path) -> Path:
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
         raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
-    return output_dir
-
-
-def make_tiny_model(variant: str, output_dir: str | Path, seed: int = 0) -> Path:
-    """Writes a complete tiny diffusers folder for `variant` to `output_dir` and returns its path.
-
-    An existing `output_dir` is replaced only when it is empty or itself a diffusers folder (has model_index.json);
-    anything else raises FileExistsError rather than delete a folder that is not ours.
-    """
-    output_dir = replaceable_folder(output_dir)
-    pipeline = make_tiny_pipeline(variant, seed)
-    with atomic_dir(output_dir) as tmp:
-        if isinstance(pipeline, dict):   # Animate-2's parts (its diffusers pipeline is modular)
-            from modules.util.tiny_animate import save_animate_2
-            save_animate_2(pipeline, Path(tmp))
-        else:
-            pipeline.save_pretrained(tmp, safe_serialization=True)
-        make_portable(tmp)   # loads under transformers 4 too, as the released repos do
     return output_dir
