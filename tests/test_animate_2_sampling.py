@@ -1,0 +1,65 @@
+"""Our Animate-2 sampler equals diffusers' modular `WanAnimate2ModularPipeline` for the same inputs, seed and steps
+(fp32, tiny model, a driving video of two segments: the second continued from the first's last frame, the last one
+zigzag-padded and trimmed), with and without classifier-free guidance; bad inputs are refused naming the field."""
+import numpy as np
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.guiders import ClassifierFreeGuidance
+from PIL import Image
+
+from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
+from modules.util.config.ModelConfig import ModelConfig
+from modules.util.config.SampleConfig import SampleConfig
+from modules.util.tiny_animate import animate_2_modular_pipeline
+from modules.util.video_frames import write_video
+from modules.util.video_io import read_media
+
+SIZE, SEGMENT, FRAMES = 32, 5, 7   # 7 frames in segments of 5 overlapping by 1: two segments, one frame padded
+
+
+@pytest.fixture(scope="module")
+def animate_2(tiny_model, tmp_path_factory):
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate-2"))))
+    folder = tmp_path_factory.mktemp("animate2-inputs")
+    rng = np.random.default_rng(0)
+    # a reference of another aspect ratio: the pipeline resolves the size from it and crops the bars off again
+    Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(folder / "ref.png")
+    video = np.repeat(np.repeat(rng.integers(0, 256, (FRAMES, SIZE // 8, SIZE // 8, 3), dtype=np.uint8), 8, axis=1),
+                      8, axis=2)
+    write_video(folder / "driving.mp4", video, 24)
+    return model, folder
+
+
+@pytest.mark.parametrize("guidance", [1.0, 2.5])
+def test_sampler_equals_the_modular_pipeline(animate_2, guidance):
+    model, folder = animate_2
+    pipe = animate_2_modular_pipeline(model, FlowMatchEulerDiscreteScheduler(shift=5.0))
+    pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=guidance))
+    driving = [Image.fromarray(frame) for frame in read_media(folder / "driving.mp4")]
+    expected = pipe(image=Image.open(folder / "ref.png"), driving_video=driving, prompt="a person dancing",
+                    negative_prompt="blurry", height=SIZE, width=SIZE, segment_frame_length=SEGMENT,
+                    prev_segment_conditioning_frames=1, num_inference_steps=2,
+                    generator=torch.Generator().manual_seed(7), output="videos")[0]
+    sample = SampleConfig(prompt="a person dancing", negative_prompt="blurry", width=SIZE, height=SIZE,
+                          frames=SEGMENT, steps=2, guidance=guidance, seed=7, scheduler="EULER", flow_shift=5.0,
+                          reference_image=str(folder / "ref.png"), driving_video=str(folder / "driving.mp4"),
+                          continuation_frames=1)
+    result = WanModelSampler(model, device="cpu").sample(sample)
+    assert result.frames.shape == expected.shape == (FRAMES, 32, 16, 3)   # 32 x 16 from the area 32 x 32 and the 4:3 reference
+    np.testing.assert_allclose(result.frames, expected, rtol=0, atol=1e-5)
+
+
+def test_bad_animate_2_samples_are_named(animate_2, tiny_model):
+    model, folder = animate_2
+    sampler = WanModelSampler(model, device="cpu")
+    with pytest.raises(SampleError, match="driving_video is required for Wan2.2-Animate-2"):
+        sampler.resolve(SampleConfig(prompt="x", reference_image=str(folder / "ref.png")))
+    with pytest.raises(SampleError, match="reference_image is required.*pose_video: Wan2.2-Animate-2 takes"):
+        sampler.resolve(SampleConfig(prompt="x", driving_video=str(folder / "driving.mp4"), pose_video="p.mp4"))
+    with pytest.raises(SampleError, match="driving_video 'gone.mp4' does not exist"):
+        sampler.resolve(SampleConfig(prompt="x", reference_image=str(folder / "ref.png"), driving_video="gone.mp4"))
+    other = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
+    with pytest.raises(SampleError, match="driving_video: .* is not a Wan2.2-Animate model"):
+        WanModelSampler(other, device="cpu").resolve(SampleConfig(prompt="x", driving_video="d.mp4"))
