@@ -63,3 +63,32 @@ def test_bad_animate_2_samples_are_named(animate_2, tiny_model):
     other = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
     with pytest.raises(SampleError, match="driving_video: .* is not a Wan2.2-Animate model"):
         WanModelSampler(other, device="cpu").resolve(SampleConfig(prompt="x", driving_video="d.mp4"))
+
+
+def test_sample_script_animates_a_long_driving_video_in_segments(animate_2, tiny_model, tmp_path):
+    from tests.wan_file_layouts import sample_tiny_video
+    _, folder = animate_2
+    # 7 frames in segments of 5 overlapping by 1: two segments, trimmed back to the driving video's 7 frames
+    assert sample_tiny_video(tiny_model("wan2.2-animate-2"), tmp_path / "out",
+                             ["--reference-image", str(folder / "ref.png"), "--driving-video",
+                              str(folder / "driving.mp4"), "--reference-prompt", "a dance", "--scheduler",
+                              "euler"]) == FRAMES
+
+
+@pytest.mark.parametrize("variant,flags,message", [
+    ("wan2.2-animate-2", ["--reference-image", "ref.png"], "driving_video is required for Wan2.2-Animate-2"),
+    ("wan2.2-animate-2", ["--reference-image", "ref.png", "--driving-video", "d.mp4", "--pose-video", "p.mp4"],
+     "pose_video: Wan2.2-Animate-2 takes a driving video"),
+    ("wan2.1-t2v", ["--driving-video", "d.mp4"], "driving_video: T2V is not a Wan2.2-Animate model")])
+def test_sample_script_refuses_misplaced_character_flags_before_loading(tiny_model, tmp_path, capsys, monkeypatch,
+                                                                        variant, flags, message):
+    from modules.modelSampler import sampling_io
+    from tests.script_loader import load_script
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("weights loaded")
+    monkeypatch.setattr(sampling_io, "load_model_for_sampling", never)
+    script = load_script("sample")
+    assert script.main(["--base-model-name", str(tiny_model(variant)), "--prompt", "x", "--device", "cpu",
+                        "--output-dir", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
