@@ -92,3 +92,18 @@ def test_sample_script_refuses_misplaced_character_flags_before_loading(tiny_mod
     assert script.main(["--base-model-name", str(tiny_model(variant)), "--prompt", "x", "--device", "cpu",
                         "--output-dir", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_samples_file_driving_video_is_relative_to_the_file(tmp_path):
+    import json
+
+    from modules.util.sample_definitions import load_sample_definitions
+    (tmp_path / "clips").mkdir()
+    for name in ("me.png", "dance.mp4"):
+        (tmp_path / "clips" / name).write_bytes(b"")
+    (tmp_path / "samples.json").write_text(json.dumps([{"prompt": "x", "reference_image": "clips/me.png",
+                                                        "driving_video": "clips/dance.mp4",
+                                                        "reference_prompt": "a dance"}]), encoding="utf-8")
+    [sample] = load_sample_definitions(tmp_path / "samples.json")
+    assert sample.driving_video == str(tmp_path / "clips" / "dance.mp4")
+    assert sample.reference_image == str(tmp_path / "clips" / "me.png") and sample.reference_prompt == "a dance"
