@@ -179,7 +179,8 @@ def build_samples(args: argparse.Namespace) -> list:
                     reference_image=args.reference_image[0] if len(args.reference_image) == 1 else None,
                     pose_video=args.pose_video, face_video=args.face_video,
                     background_video=args.background_video, driving_video=args.driving_video,
-                    reference_prompt=args.reference_prompt, animate_mode=args.animate_mode, continuation_frames=args.continuation_frames)
+                    reference_prompt=args.reference_prompt, animate_mode=args.animate_mode,
+                    continuation_frames=args.continuation_frames)
     return [sample.with_defaults(**defaults) for sample in samples]
 
 
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               "tokenizer") if getattr(args, name)}
         model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras)
         if model.sampling_defaults is not None:
-            print(f"sample: {model.variant} from files: the official settings fill in what is not given: "
+            print(f"sample: {model.variant}: the official settings fill in what is not given: "
                   f"{model.sampling_defaults.describe()}", file=sys.stderr)
         for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)

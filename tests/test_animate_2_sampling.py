@@ -47,7 +47,8 @@ def test_sampler_equals_the_modular_pipeline(animate_2, guidance):
                           reference_image=str(folder / "ref.png"), driving_video=str(folder / "driving.mp4"),
                           continuation_frames=1)
     result = WanModelSampler(model, device="cpu").sample(sample)
-    assert result.frames.shape == expected.shape == (FRAMES, 32, 16, 3)   # 32 x 16 from the area 32 x 32 and the 4:3 reference
+    # 32 x 16: the area 32 x 32 at the 4:3 reference's aspect ratio (both sides multiples of 16)
+    assert result.frames.shape == expected.shape == (FRAMES, 32, 16, 3)
     np.testing.assert_allclose(result.frames, expected, rtol=0, atol=1e-5)
 
 
@@ -107,3 +108,32 @@ def test_samples_file_driving_video_is_relative_to_the_file(tmp_path):
     [sample] = load_sample_definitions(tmp_path / "samples.json")
     assert sample.driving_video == str(tmp_path / "clips" / "dance.mp4")
     assert sample.reference_image == str(tmp_path / "clips" / "me.png") and sample.reference_prompt == "a dance"
+
+
+def test_distilled_release_samples_with_its_own_defaults_as_its_pipeline(animate_2, tiny_model, tmp_path):
+    """A folder of the distilled release (its model_index names WanAnimate2DistilledModularPipeline) samples, where
+    the sample sets no steps or guidance, in its pipeline's 10 steps without guidance: what that pipeline makes."""
+    import json
+    _, folder = animate_2
+    base = tiny_model("wan2.2-animate-2")
+    distilled = tmp_path / "distilled"
+    distilled.mkdir()
+    for part in base.iterdir():
+        if part.is_dir():
+            (distilled / part.name).symlink_to(part)
+    index = json.loads((base / "model_index.json").read_text(encoding="utf-8"))
+    index["_class_name"] = "WanAnimate2DistilledModularPipeline"
+    (distilled / "model_index.json").write_text(json.dumps(index), encoding="utf-8")
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(distilled)))
+    pipe = animate_2_modular_pipeline(model, FlowMatchEulerDiscreteScheduler(shift=5.0), distilled=True)
+    driving = [Image.fromarray(frame) for frame in read_media(folder / "driving.mp4")]
+    expected = pipe(image=Image.open(folder / "ref.png"), driving_video=driving, prompt="a person dancing",
+                    height=SIZE, width=SIZE, segment_frame_length=SEGMENT, generator=torch.Generator().manual_seed(7),
+                    output="videos")[0]
+    sample = SampleConfig(prompt="a person dancing", width=SIZE, height=SIZE, frames=SEGMENT, seed=7,
+                          scheduler="EULER", reference_image=str(folder / "ref.png"),
+                          driving_video=str(folder / "driving.mp4"))
+    sampler = WanModelSampler(model, device="cpu")
+    resolved, _ = sampler.resolve(sample)
+    assert (resolved.steps, resolved.guidance, resolved.flow_shift) == (10, 1.0, 5.0)
+    np.testing.assert_allclose(sampler.sample(sample).frames, expected, rtol=0, atol=1e-5)
