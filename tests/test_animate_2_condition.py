@@ -3,9 +3,11 @@
 first segment and of continuation segments (1 and 5 carried frames), the extract pass's KV cache and a guided
 denoising step of the cached pass (both branches; the tiny model has 2 blocks, so the unconditional branch's
 skipped block 9 does not exist here: the branches differ by their prompts)."""
+import copy
+
 import pytest
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import FlowMatchEulerDiscreteScheduler, WanAnimate2Transformer3DModel
 from diffusers.modular_pipelines.modular_pipeline import BlockState
 from diffusers.modular_pipelines.wan_animate_2.denoise import (WanAnimate2RefExtractStep,
                                                                 WanAnimate2SegmentDenoiseInner,
@@ -16,7 +18,7 @@ from diffusers.modular_pipelines.wan_animate_2.encoders import WanAnimate2ImageV
 from modules.model import animate_2_condition as a2
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.util.config.ModelConfig import ModelConfig
-from modules.util.tiny_animate import animate_2_modular_pipeline
+from modules.util.tiny_animate import animate_2_modular_pipeline, animate_2_transformer_config
 
 SIZE, SEGMENT = 32, 9   # 9 frames: 3 latent frames, so 5 carried frames span two of them
 
@@ -73,9 +75,15 @@ def test_reference_latents_equal_the_pipeline(setup, carried):
 
 @torch.no_grad()
 def test_extract_and_cached_passes_equal_the_pipeline(setup):
-    model, pipe, image, driving, expected_image = setup
+    model, _, image, driving, expected_image = setup
+    # 10 blocks (the tiny model has 2): the unconditional branch skips block 9, which must exist to be skipped
+    torch.manual_seed(3)
+    transformer = WanAnimate2Transformer3DModel(**dict(animate_2_transformer_config(), num_layers=10)).eval()
+    model = copy.copy(model)
+    model.transformer = transformer
+    pipe = animate_2_modular_pipeline(model, FlowMatchEulerDiscreteScheduler(shift=5.0))
     generator = torch.Generator().manual_seed(1)
-    text = model.transformer.config.text_dim
+    text = transformer.config.text_dim
     prompt_ref, prompt, negative = (torch.randn(1, 512, text, generator=generator) for _ in range(3))
     geometry = a2.segment_geometry(SEGMENT, SIZE, SIZE)
     driving_clip = a2.clip_tokens(model.image_encoder, driving[0, :, 0])
@@ -85,11 +93,11 @@ def test_extract_and_cached_passes_equal_the_pipeline(setup):
     pipe.scheduler.set_timesteps(1)
     state = BlockState(driving_video_latents=latents, driving_video_condition=condition[0],
                        condition_clip_context=driving_clip, prompt_ref_embeds=prompt_ref,
-                       kv_cache=a2.WanAnimate2KVCache(2), timesteps=pipe.scheduler.timesteps,
+                       kv_cache=a2.WanAnimate2KVCache(10), timesteps=pipe.scheduler.timesteps,
                        max_seq_len_ref=geometry.seq_len_ref, grid_sizes_ref=geometry.grid_sizes_ref)
     WanAnimate2RefExtractStep()(pipe, state, 0)
     cache = a2.extract_pass(model.transformer, latents, condition, prompt_ref, driving_clip, geometry)
-    for layer in range(2):
+    for layer in range(10):
         for ours, theirs in zip(cache.get(layer).get(), state.kv_cache.get(layer).get()):
             _exact(ours, theirs)
     noise = torch.randn(16, 4, SIZE // 8, SIZE // 8, generator=generator)
@@ -102,7 +110,8 @@ def test_extract_and_cached_passes_equal_the_pipeline(setup):
     conditional, unconditional = (a2.cached_pass(model.transformer, noise[None], reference, embeds, image_clip,
                                                  cache, t[None], geometry, unconditional=branch)
                                   for embeds, branch in ((prompt, False), (negative, True)))
-    assert not torch.allclose(conditional, unconditional)
+    skipping = a2.cached_pass(transformer, noise[None], reference, negative, image_clip, cache, t[None], geometry)
+    assert not torch.allclose(unconditional, skipping)   # the flag matters: block 9 is skipped
     prediction = unconditional + 3.0 * (conditional - unconditional)
     sigma = pipe.scheduler.sigmas[0]   # one Euler step from sigma to 0
     _exact(noise[None] - sigma * prediction, state.latents[None])
