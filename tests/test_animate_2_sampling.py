@@ -1,6 +1,6 @@
 """Our Animate-2 sampler equals diffusers' modular `WanAnimate2ModularPipeline` for the same inputs, seed and steps
-(fp32, tiny model, a driving video of two segments: the second continued from the first's last frame, the last one
-zigzag-padded and trimmed), with and without classifier-free guidance; bad inputs are refused naming the field."""
+(fp32, tiny model, a 30 fps driving video resampled to the model's 24 fps, of two segments: the second continued from
+the first's last frame, the last one zigzag-padded and trimmed), with and without classifier-free guidance; bad inputs are refused naming the field."""
 import numpy as np
 import pytest
 import torch
@@ -17,6 +17,7 @@ from modules.util.video_frames import write_video
 from modules.util.video_io import read_media
 
 SIZE, SEGMENT, FRAMES = 32, 5, 7   # 7 frames in segments of 5 overlapping by 1: two segments, one frame padded
+SOURCE_FRAMES, SOURCE_FPS = 9, 30  # the driving video as stored: 9 frames at 30 fps are 7 at the model's 24
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,9 @@ def animate_2(tiny_model, tmp_path_factory):
     rng = np.random.default_rng(0)
     # a reference of another aspect ratio: the pipeline resolves the size from it and crops the bars off again
     Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(folder / "ref.png")
-    video = np.repeat(np.repeat(rng.integers(0, 256, (FRAMES, SIZE // 8, SIZE // 8, 3), dtype=np.uint8), 8, axis=1),
-                      8, axis=2)
-    write_video(folder / "driving.mp4", video, 24)
+    video = np.repeat(np.repeat(rng.integers(0, 256, (SOURCE_FRAMES, SIZE // 8, SIZE // 8, 3), dtype=np.uint8), 8,
+                                axis=1), 8, axis=2)
+    write_video(folder / "driving.mp4", video, SOURCE_FPS)
     return model, folder
 
 
@@ -38,8 +39,8 @@ def test_sampler_equals_the_modular_pipeline(animate_2, guidance):
     pipe = animate_2_modular_pipeline(model, FlowMatchEulerDiscreteScheduler(shift=5.0))
     pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=guidance))
     driving = [Image.fromarray(frame) for frame in read_media(folder / "driving.mp4")]
-    expected = pipe(image=Image.open(folder / "ref.png"), driving_video=driving, prompt="a person dancing",
-                    negative_prompt="blurry", height=SIZE, width=SIZE, segment_frame_length=SEGMENT,
+    expected = pipe(image=Image.open(folder / "ref.png"), driving_video=driving, driving_video_fps=SOURCE_FPS,
+                    prompt="a person dancing", negative_prompt="blurry", height=SIZE, width=SIZE, segment_frame_length=SEGMENT,
                     prev_segment_conditioning_frames=1, num_inference_steps=2,
                     generator=torch.Generator().manual_seed(7), output="videos")[0]
     sample = SampleConfig(prompt="a person dancing", negative_prompt="blurry", width=SIZE, height=SIZE,
@@ -127,8 +128,8 @@ def test_distilled_release_samples_with_its_own_defaults_as_its_pipeline(animate
     model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(distilled)))
     pipe = animate_2_modular_pipeline(model, FlowMatchEulerDiscreteScheduler(shift=5.0), distilled=True)
     driving = [Image.fromarray(frame) for frame in read_media(folder / "driving.mp4")]
-    expected = pipe(image=Image.open(folder / "ref.png"), driving_video=driving, prompt="a person dancing",
-                    height=SIZE, width=SIZE, segment_frame_length=SEGMENT, generator=torch.Generator().manual_seed(7),
+    expected = pipe(image=Image.open(folder / "ref.png"), driving_video=driving, driving_video_fps=SOURCE_FPS,
+                    prompt="a person dancing", height=SIZE, width=SIZE, segment_frame_length=SEGMENT, generator=torch.Generator().manual_seed(7),
                     output="videos")[0]
     sample = SampleConfig(prompt="a person dancing", width=SIZE, height=SIZE, frames=SEGMENT, seed=7,
                           scheduler="EULER", reference_image=str(folder / "ref.png"),

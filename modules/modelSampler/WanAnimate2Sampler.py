@@ -19,6 +19,7 @@ from modules.modelSampler.SampleResult import SampleError, SampleResult
 from modules.modelSampler.WanAnimateSampler import read_frames, read_reference
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.WanVariant import WanVariant
+from modules.util.video_io import probe_media
 
 ANIMATE_FIELDS = ("pose_video", "face_video", "background_video", "mask_video")   # Wan2.2-Animate's own inputs
 
@@ -40,16 +41,17 @@ def animate_2_problems(variant: WanVariant, sample: SampleConfig) -> list[str]:
     return problems
 
 
-def _preprocess(reference, driving: list, sample: SampleConfig, device) -> dict:
+def _preprocess(reference, driving: list, sample: SampleConfig, device, driving_fps: float | None, fps: int) -> dict:
     """The pipeline's own preprocess blocks: the letterboxed reference (1, 3, H, W), the crop box, the resolved size,
-    the zigzag-padded driving video (1, 3, N', H, W) in [-1, 1], its real length and the segment count."""
+    the driving video resampled from `driving_fps` (None: as stored) to the model's `fps` (nearest frame), zigzag
+    padded to whole segments (1, 3, N', H, W) in [-1, 1], its real length and the segment count."""
     from diffusers.modular_pipelines.wan_animate_2.encoders import (WanAnimate2ProcessImagesInputStep,
                                                                      WanAnimate2ProcessVideosInputStep)
     image = WanAnimate2ProcessImagesInputStep().init_pipeline()(
         image=reference, height=sample.height, width=sample.width,
         output=["image_pixels", "crop_region", "height", "width"])
     video = WanAnimate2ProcessVideosInputStep().init_pipeline()(
-        driving_video=driving, segment_frame_length=sample.frames,
+        driving_video=driving, driving_video_fps=driving_fps, fps=fps, segment_frame_length=sample.frames,
         prev_segment_conditioning_frames=sample.continuation_frames, height=image["height"], width=image["width"],
         output=["driving_video_pixels", "real_frame_len", "num_segments", "effective_segment"])
     return {name: value.to(device) if isinstance(value, torch.Tensor) else value
@@ -125,10 +127,12 @@ def sample_animate_2(sampler, resolved: SampleConfig, on_step=None) -> SampleRes
     if problems:
         raise SampleError(f"sample {resolved.prompt[:40]!r}: " + "; ".join(problems))
     reference, driving = read_reference(resolved.reference_image), read_frames(resolved.driving_video)
-    inputs = _preprocess(reference, driving, resolved, sampler.device)
+    inputs = _preprocess(reference, driving, resolved, sampler.device, probe_media(resolved.driving_video).fps,
+                         model.variant.native_fps)
     padding = inputs["driving_video_pixels"].shape[2] - inputs["real_frame_len"]
     if padding > inputs["real_frame_len"]:
-        raise SampleError(f"driving_video {resolved.driving_video!r}: {len(driving)} frames, too few to pad to whole "
+        raise SampleError(f"driving_video {resolved.driving_video!r}: {inputs['real_frame_len']} frames at "
+                          f"{model.variant.native_fps} fps, too few to pad to whole "
                           f"segments of {resolved.frames}; give at least {padding} frames or lower frames")
     use_cfg = resolved.guidance > 1.0
     placement = Placement(model, sampler.device)
