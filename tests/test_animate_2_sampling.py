@@ -62,6 +62,10 @@ def test_bad_animate_2_samples_are_named(animate_2, tiny_model):
         sampler.resolve(SampleConfig(prompt="x", driving_video=str(folder / "driving.mp4"), pose_video="p.mp4"))
     with pytest.raises(SampleError, match="driving_video 'gone.mp4' does not exist"):
         sampler.resolve(SampleConfig(prompt="x", reference_image=str(folder / "ref.png"), driving_video="gone.mp4"))
+    write_video(folder / "short.mp4", np.zeros((2, SIZE, SIZE, 3), np.uint8), 24)
+    with pytest.raises(SampleError, match="2 frames at 24 fps, too few for segments of 5 frames"):
+        sampler.sample(SampleConfig(prompt="x", width=SIZE, height=SIZE, frames=SEGMENT, steps=1,
+                                    reference_image=str(folder / "ref.png"), driving_video=str(folder / "short.mp4")))
     other = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
     with pytest.raises(SampleError, match="driving_video: .* is not a Wan2.2-Animate model"):
         WanModelSampler(other, device="cpu").resolve(SampleConfig(prompt="x", driving_video="d.mp4"))

@@ -129,11 +129,14 @@ def sample_animate_2(sampler, resolved: SampleConfig, on_step=None) -> SampleRes
     reference, driving = read_reference(resolved.reference_image), read_frames(resolved.driving_video)
     inputs = _preprocess(reference, driving, resolved, sampler.device, probe_media(resolved.driving_video).fps,
                          model.variant.native_fps)
-    padding = inputs["driving_video_pixels"].shape[2] - inputs["real_frame_len"]
-    if padding > inputs["real_frame_len"]:
-        raise SampleError(f"driving_video {resolved.driving_video!r}: {inputs['real_frame_len']} frames at "
-                          f"{model.variant.native_fps} fps, too few to pad to whole "
-                          f"segments of {resolved.frames}; give at least {padding} frames or lower frames")
+    real = inputs["real_frame_len"]
+    # the pipeline pads the last segment with the driving video's own last frames, mirrored: with fewer frames than
+    # the padding needs, the padded video is not whole segments
+    whole = inputs["num_segments"] * inputs["effective_segment"] + resolved.continuation_frames
+    if real <= resolved.continuation_frames or inputs["driving_video_pixels"].shape[2] != whole:
+        raise SampleError(f"driving_video {resolved.driving_video!r}: {real} frames at {model.variant.native_fps} fps, "
+                          f"too few for segments of {resolved.frames} frames: give at least {resolved.frames} frames "
+                          f"or lower frames")
     use_cfg = resolved.guidance > 1.0
     placement = Placement(model, sampler.device)
     with preserved_state(model, sampler.device):
