@@ -41,10 +41,11 @@ def animate_2_problems(variant: WanVariant, sample: SampleConfig) -> list[str]:
     return problems
 
 
-def _preprocess(reference, driving: list, sample: SampleConfig, device, driving_fps: float | None, fps: int) -> dict:
+def _preprocess(reference, driving: list, sample: SampleConfig, driving_fps: float | None, fps: int) -> dict:
     """The pipeline's own preprocess blocks: the letterboxed reference (1, 3, H, W), the crop box, the resolved size,
     the driving video resampled from `driving_fps` (None: as stored) to the model's `fps` (nearest frame), zigzag
-    padded to whole segments (1, 3, N', H, W) in [-1, 1], its real length and the segment count."""
+    padded to whole segments (1, 3, N', H, W) in [-1, 1], its real length and the segment count; on the CPU (the
+    driving video moves to the device a segment at a time)."""
     from diffusers.modular_pipelines.wan_animate_2.encoders import (WanAnimate2ProcessImagesInputStep,
                                                                      WanAnimate2ProcessVideosInputStep)
     image = WanAnimate2ProcessImagesInputStep().init_pipeline()(
@@ -54,8 +55,7 @@ def _preprocess(reference, driving: list, sample: SampleConfig, device, driving_
         driving_video=driving, driving_video_fps=driving_fps, fps=fps, segment_frame_length=sample.frames,
         prev_segment_conditioning_frames=sample.continuation_frames, height=image["height"], width=image["width"],
         output=["driving_video_pixels", "real_frame_len", "num_segments", "effective_segment"])
-    return {name: value.to(device) if isinstance(value, torch.Tensor) else value
-            for name, value in {**image, **video}.items()}
+    return {**image, **video}
 
 
 @torch.no_grad()
@@ -67,18 +67,18 @@ def denoise_animate_2(model, scheduler, sample: SampleConfig, inputs: dict, prom
     from diffusers.modular_pipelines.wan_animate_2.denoise import decode_vae
 
     vae, transformer = model.vae, model.transformer
-    image_pixels, driving = inputs["image_pixels"], inputs["driving_video_pixels"]
+    image_pixels, driving = inputs["image_pixels"].to(device), inputs["driving_video_pixels"]
     frames, carry, segments = sample.frames, sample.continuation_frames, inputs["num_segments"]
     geometry = a2.segment_geometry(frames, inputs["height"], inputs["width"], vae.config.scale_factor_spatial,
                                    vae.config.scale_factor_temporal)
     image_clip = a2.clip_tokens(model.image_encoder, image_pixels[0])
-    driving_clip = a2.clip_tokens(model.image_encoder, driving[0, :, 0])
+    driving_clip = a2.clip_tokens(model.image_encoder, driving[0, :, 0].to(device))
     image_latents = a2.reference_image_latents(vae, image_pixels)
     generator = torch.Generator(device="cpu").manual_seed(sample.seed)
     outputs, generated, previous = [], [], None
     for index in range(segments):
         start = index * inputs["effective_segment"]
-        driving_latents, driving_condition = a2.driving_condition(vae, driving[:, :, start:start + frames])
+        driving_latents, driving_condition = a2.driving_condition(vae, driving[:, :, start:start + frames].to(device))
         reference = a2.reference_latents(vae, image_latents, frames, previous)
         # the pipeline's draw: one per segment, (16, T + 1, h, w) from the same CPU generator
         latents = torch.randn((vae.config.z_dim, *reference.shape[2:]), generator=generator,
@@ -127,7 +127,7 @@ def sample_animate_2(sampler, resolved: SampleConfig, on_step=None) -> SampleRes
     if problems:
         raise SampleError(f"sample {resolved.prompt[:40]!r}: " + "; ".join(problems))
     reference, driving = read_reference(resolved.reference_image), read_frames(resolved.driving_video)
-    inputs = _preprocess(reference, driving, resolved, sampler.device, probe_media(resolved.driving_video).fps,
+    inputs = _preprocess(reference, driving, resolved, probe_media(resolved.driving_video).fps,
                          model.variant.native_fps)
     real = inputs["real_frame_len"]
     # the pipeline pads the last segment with the driving video's own last frames, mirrored: with fewer frames than
