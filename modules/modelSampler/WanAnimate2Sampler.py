@@ -13,13 +13,12 @@ import torch
 from modules.model import animate_2_condition as a2
 from modules.model.animate_condition import condition_latent_frames
 from modules.model.WanModel import TEXT_SEQUENCE_LENGTH
+from modules.modelSampler.character_media import read_frames, read_reference
 from modules.modelSampler.Placement import Placement
 from modules.modelSampler.preserved_state import preserved_state
 from modules.modelSampler.SampleResult import SampleError, SampleResult
-from modules.modelSampler.WanAnimateSampler import read_frames, read_reference
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.WanVariant import WanVariant
-from modules.util.video_io import probe_media
 
 ANIMATE_FIELDS = ("pose_video", "face_video", "background_video", "mask_video")   # Wan2.2-Animate's own inputs
 
@@ -126,6 +125,7 @@ def sample_animate_2(sampler, resolved: SampleConfig, on_step=None) -> SampleRes
     problems = animate_2_problems(model.variant, resolved)
     if problems:
         raise SampleError(f"sample {resolved.prompt[:40]!r}: " + "; ".join(problems))
+    from modules.util.video_io import probe_media
     reference, driving = read_reference(resolved.reference_image), read_frames(resolved.driving_video)
     inputs = _preprocess(reference, driving, resolved, probe_media(resolved.driving_video).fps,
                          model.variant.native_fps)

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from modules.model import animate_condition as ac
+from modules.modelSampler.character_media import read_frames, read_reference
 from modules.modelSampler.Placement import Placement
 from modules.modelSampler.preserved_state import preserved_state
 from modules.modelSampler.SampleResult import SampleError, SampleResult
@@ -42,22 +43,6 @@ def animate_problems(variant: WanVariant, sample: SampleConfig) -> list[str]:
     problems += [f"{name} {value!r} does not exist (or is not a file)" for name, value in given.items()
                  if value and name != "driving_video" and not Path(value).is_file()]
     return problems
-
-
-def read_frames(path: str) -> list[Image.Image]:
-    from modules.util.video_io import UnreadableMediaError, read_media
-    try:
-        return [Image.fromarray(frame) for frame in read_media(path)]
-    except UnreadableMediaError as error:
-        raise SampleError(f"{path!r} cannot be read: {error.reason}") from error
-
-
-def read_reference(path: str) -> Image.Image:
-    from modules.util.video_io import UnreadableMediaError, read_image
-    try:
-        return Image.fromarray(read_image(path))
-    except UnreadableMediaError as error:
-        raise SampleError(f"reference_image {path!r} cannot be read: {error.reason}") from error
 
 
 @torch.no_grad()
