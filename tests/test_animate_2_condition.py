@@ -115,3 +115,26 @@ def test_extract_and_cached_passes_equal_the_pipeline(setup):
     prediction = unconditional + 3.0 * (conditional - unconditional)
     sigma = pipe.scheduler.sigmas[0]   # one Euler step from sigma to 0
     _exact(noise[None] - sigma * prediction, state.latents[None])
+
+
+@torch.no_grad()
+def test_a_batch_of_two_equals_each_sample_alone(setup):
+    model, _, _, _, _ = setup
+    transformer, geometry = model.transformer, a2.segment_geometry(5, SIZE, SIZE)
+    generator = torch.Generator().manual_seed(2)
+    h = SIZE // 8
+    latents = torch.randn(2, 16, 2, h, h, generator=generator)
+    condition = torch.cat([torch.ones(2, 4, 2, h, h), latents], dim=1)
+    prompt_ref, prompt = (torch.randn(2, 512, transformer.config.text_dim, generator=generator) for _ in range(2))
+    clip = torch.randn(2, 257, 1280, generator=generator)
+    noisy, reference = torch.randn(2, 16, 3, h, h, generator=generator), torch.randn(2, 20, 3, h, h,
+                                                                                      generator=generator)
+    timestep = torch.tensor([700.0, 300.0])
+    cache = a2.extract_pass(transformer, latents, condition, prompt_ref, clip, geometry)
+    together = a2.cached_pass(transformer, noisy, reference, prompt, clip, cache, timestep, geometry)
+    for i in range(2):
+        one = slice(i, i + 1)
+        alone_cache = a2.extract_pass(transformer, latents[one], condition[one], prompt_ref[one], clip[one], geometry)
+        alone = a2.cached_pass(transformer, noisy[one], reference[one], prompt[one], clip[one], alone_cache,
+                               timestep[one], geometry)
+        torch.testing.assert_close(together[one], alone, rtol=0, atol=1e-5)

@@ -138,6 +138,8 @@ def cached_pass(transformer, noisy_latents: torch.Tensor, reference: torch.Tenso
                          encoder_hidden_states=_unbatch(prompt_embeds, dtype),
                          encoder_hidden_states_image=image_clip.to(dtype), condition_latents=_unbatch(reference, dtype),
                          kv_cache=cache, kv_cache_mode="cached", seq_len=geometry.seq_len,
-                         reference_grid_sizes=geometry.grid_sizes_ref, origin_len=geometry.frames,
+                         # one grid row per sample: the cached keys' RoPE is applied sample by sample
+                         reference_grid_sizes=geometry.grid_sizes_ref.expand(noisy_latents.shape[0], -1),
+                         origin_len=geometry.frames,
                          origin_area=[geometry.height, geometry.width], is_uncondtion=unconditional).sample
     return torch.stack(output)
