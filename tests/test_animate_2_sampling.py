@@ -50,6 +50,8 @@ def test_sampler_equals_the_modular_pipeline(animate_2, guidance):
     result = WanModelSampler(model, device="cpu").sample(sample)
     # 32 x 16: the area 32 x 32 at the 4:3 reference's aspect ratio (both sides multiples of 16)
     assert result.frames.shape == expected.shape == (FRAMES, 32, 16, 3)
+    assert result.notes == ["16 x 32: the area of 32 x 32 at the reference image's aspect ratio, as the pipeline "
+                            "sizes Animate-2's output"]
     np.testing.assert_allclose(result.frames, expected, rtol=0, atol=1e-5)
 
 
@@ -85,6 +87,8 @@ def test_sample_script_animates_a_long_driving_video_in_segments(animate_2, tiny
     ("wan2.2-animate-2", ["--reference-image", "ref.png"], "driving_video is required for Wan2.2-Animate-2"),
     ("wan2.2-animate-2", ["--reference-image", "ref.png", "--driving-video", "d.mp4", "--pose-video", "p.mp4"],
      "pose_video: Wan2.2-Animate-2 takes a driving video"),
+    ("wan2.2-animate", ["--reference-image", "r.png", "--pose-video", "p.mp4", "--face-video", "f.mp4",
+                        "--driving-video", "d.mp4"], "driving_video: Wan2.2-Animate takes a pose video"),
     ("wan2.1-t2v", ["--driving-video", "d.mp4"], "driving_video: T2V is not a Wan2.2-Animate model")])
 def test_sample_script_refuses_misplaced_character_flags_before_loading(tiny_model, tmp_path, capsys, monkeypatch,
                                                                         variant, flags, message):

@@ -151,7 +151,11 @@ def sample_animate_2(sampler, resolved: SampleConfig, on_step=None) -> SampleRes
         finally:
             placement.restore()
     frames = finish_video(segments, inputs["real_frame_len"], inputs["crop_region"])
-    return SampleResult(frames=frames, fps=model.variant.native_fps, sample=resolved, notes=[],
+    notes = []
+    if frames.shape[1:3] != (resolved.height, resolved.width):
+        notes.append(f"{frames.shape[2]} x {frames.shape[1]}: the area of {resolved.width} x {resolved.height} at the "
+                     f"reference image's aspect ratio, as the pipeline sizes Animate-2's output")
+    return SampleResult(frames=frames, fps=model.variant.native_fps, sample=resolved, notes=notes,
                         latents=latents[0].float().cpu())
 
 
