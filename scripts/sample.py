@@ -8,6 +8,9 @@ Wan2.2-Animate (the video is as long as the pose video, made in segments of --fr
   sample.py --base-model-name ANIMATE_DIR --prompt "a person dancing" --reference-image me.png \\
       --pose-video clip_pose.mp4 --face-video clip_face.mp4 [--mode replace --background-video clip_bg.mp4 \\
       --mask-video clip_mask.mp4]
+Wan2.2-Animate-2 (the character of --reference-image moving as the driving video, as long as it):
+  sample.py --base-model-name ANIMATE_2_DIR --prompt "a person dancing" --reference-image me.png \\
+      --driving-video dance.mp4 [--reference-prompt "..."] [--continuation-frames 5]
 Elements-to-Video (the layout and image encoder the LoRA's header, or the folder's e2v_config.json, records):
   sample.py --base-model-name T2V_DIR --lora e2v_lora.safetensors --element person=me.png \\
       --element background=bg.png --prompt "..." --drop-reference-frames
@@ -86,12 +89,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="a CLIP vision model (a file such as clip_vision_h.safetensors, or a folder) for an "
                              "I2V transformer file or an E2V LoRA on a base without one; default for an E2V LoRA: "
                              "the one its header records")
-    animate = parser.add_argument_group("Wan2.2-Animate (docs/animate.md)")
+    animate = parser.add_argument_group("Wan2.2-Animate and Animate-2 (docs/animate.md)")
     # --reference-image and --mask-video (above) serve Animate too
     for flag, what in (("pose-video", "the driving pose video; the output is as long as it"),
                        ("face-video", "the face crops, frame-aligned with the pose video"),
                        ("background-video", "replace mode: the scene the character goes into")):
         animate.add_argument(f"--{flag}", default=None, metavar="PATH", help=what)
+    animate.add_argument("--driving-video", default=None, metavar="PATH",
+                         help="Animate-2: the driving video (the motion); the output is as long as it")
+    animate.add_argument("--reference-prompt", default=None, metavar="TEXT",
+                         help="Animate-2: the prompt of the driving video's reference pass; default the release's "
+                              "own (人物动作的参考视频)")
     animate.add_argument("--mode", dest="animate_mode", choices=["animate", "replace"], default=None,
                          help="default animate")
     animate.add_argument("--continuation-frames", type=int, choices=[1, 5], default=None,
@@ -170,8 +178,9 @@ def build_samples(args: argparse.Namespace) -> list:
                     # Animate's one reference image is the same flag's (a VACE model reads the list)
                     reference_image=args.reference_image[0] if len(args.reference_image) == 1 else None,
                     pose_video=args.pose_video, face_video=args.face_video,
-                    background_video=args.background_video,
-                    animate_mode=args.animate_mode, continuation_frames=args.continuation_frames)
+                    background_video=args.background_video, driving_video=args.driving_video,
+                    reference_prompt=args.reference_prompt, animate_mode=args.animate_mode,
+                    continuation_frames=args.continuation_frames)
     return [sample.with_defaults(**defaults) for sample in samples]
 
 
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras,
                                         samples=plain)
         if model.sampling_defaults is not None:
-            print(f"sample: {model.variant} from files: the official settings fill in what is not given: "
+            print(f"sample: {model.variant}: the official settings fill in what is not given: "
                   f"{model.sampling_defaults.describe()}", file=sys.stderr)
         for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)

@@ -59,3 +59,17 @@ def sample_updates(defaults: SamplingDefaults | None, sample, width: int, height
         if sample.guidance_2 is None and defaults.guidance_2 is not None:
             updates["guidance_2"] = defaults.guidance_2
     return updates
+
+
+DISTILLED_ANIMATE_2_PIPELINE = "WanAnimate2DistilledModularPipeline"
+
+
+def folder_defaults(model_index: dict, scheduler_config: dict) -> SamplingDefaults | None:
+    """A diffusers folder's defaults where its pipeline has settings of its own: the distilled Animate-2 release
+    samples in 10 steps without classifier-free guidance (its denoise step's default and its guider's scale 1), at
+    the folder's own flow shift. None for every other folder."""
+    if model_index.get("_class_name") != DISTILLED_ANIMATE_2_PIPELINE:
+        return None
+    shift = scheduler_config.get("flow_shift") or scheduler_config.get("shift") or 1.0
+    return SamplingDefaults(flow_shift=float(shift), steps=10, guidance=1.0,
+                            source=f"{DISTILLED_ANIMATE_2_PIPELINE}'s own")

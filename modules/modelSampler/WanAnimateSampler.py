@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from modules.model import animate_condition as ac
+from modules.modelSampler.character_media import read_frames, read_reference
 from modules.modelSampler.Placement import Placement
 from modules.modelSampler.preserved_state import preserved_state
 from modules.modelSampler.SampleResult import SampleError, SampleResult
@@ -18,9 +19,10 @@ from modules.util.enum.WanVariant import WanVariant
 
 
 def animate_problems(variant: WanVariant, sample: SampleConfig) -> list[str]:
-    """What keeps `sample` from running on `variant` (empty when it can): each a sentence naming the field."""
+    """What keeps `sample` from running on `variant` (empty when it can): each a sentence naming the field. Animate-2's
+    own inputs are checked by WanAnimate2Sampler.animate_2_problems."""
     given = {name: getattr(sample, name) for name in ("reference_image", "pose_video", "face_video",
-                                                      "background_video", "mask_video")}
+                                                      "background_video", "mask_video", "driving_video")}
     if not variant.is_animate:
         named = [name for name, value in given.items() if value]
         if variant.takes_control_mask:   # VACE's and Fun-Control A14B's own mask video
@@ -28,35 +30,19 @@ def animate_problems(variant: WanVariant, sample: SampleConfig) -> list[str]:
         if variant.is_vace:   # sample.py's one --reference-image fills VACE's list too
             named = [name for name in named
                      if not (name == "reference_image" and list(sample.reference_images) == [sample.reference_image])]
-        return [f"{', '.join(named)}: {variant} is not a Wan2.2-Animate model; these are for Animate"] if named \
-            else []
-    if variant is not WanVariant.ANIMATE_14B:
-        return [f"{variant} sampling is not supported yet (its in-context reference pass needs diffusers' modular "
-                f"pipeline); Wan2.2-Animate-14B samples here"]
+        return [f"{', '.join(named)}: {variant} is not a Wan2.2-Animate model; these are for Animate / Animate-2"] \
+            if named else []
     problems = [f"{name} is required for Wan2.2-Animate" for name in ("reference_image", "pose_video", "face_video")
                 if not given[name]]
+    if given["driving_video"]:
+        problems.append("driving_video: Wan2.2-Animate takes a pose video and a face video; the driving video is "
+                        "for Wan2.2-Animate-2")
     if sample.animate_mode == "replace":
         problems += [f"{name} is required in replace mode" for name in ("background_video", "mask_video")
                      if not given[name]]
     problems += [f"{name} {value!r} does not exist (or is not a file)" for name, value in given.items()
-                 if value and not Path(value).is_file()]
+                 if value and name != "driving_video" and not Path(value).is_file()]
     return problems
-
-
-def _frames(path: str) -> list[Image.Image]:
-    from modules.util.video_io import UnreadableMediaError, read_media
-    try:
-        return [Image.fromarray(frame) for frame in read_media(path)]
-    except UnreadableMediaError as error:
-        raise SampleError(f"{path!r} cannot be read: {error.reason}") from error
-
-
-def _image(path: str) -> Image.Image:
-    from modules.util.video_io import UnreadableMediaError, read_image
-    try:
-        return Image.fromarray(read_image(path))
-    except UnreadableMediaError as error:
-        raise SampleError(f"reference_image {path!r} cannot be read: {error.reason}") from error
 
 
 @torch.no_grad()
@@ -132,10 +118,10 @@ def sample_animate(sampler, resolved: SampleConfig, on_step=None):
     problems = animate_problems(model.variant, resolved)
     if problems:
         raise SampleError(f"sample {resolved.prompt[:40]!r}: " + "; ".join(problems))
-    reference, pose, face = _image(resolved.reference_image), _frames(resolved.pose_video), \
-        _frames(resolved.face_video)
-    background = _frames(resolved.background_video) if resolved.animate_mode == "replace" else None
-    mask = _frames(resolved.mask_video) if resolved.animate_mode == "replace" else None
+    reference, pose, face = read_reference(resolved.reference_image), read_frames(resolved.pose_video), \
+        read_frames(resolved.face_video)
+    background = read_frames(resolved.background_video) if resolved.animate_mode == "replace" else None
+    mask = read_frames(resolved.mask_video) if resolved.animate_mode == "replace" else None
     short = [f"{name} has {len(frames)} frames, the pose video {len(pose)}"
              for name, frames in (("face_video", face), ("background_video", background), ("mask_video", mask))
              if frames is not None and len(frames) < len(pose)]

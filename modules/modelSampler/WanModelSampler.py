@@ -37,6 +37,7 @@ from modules.model.sampling_defaults import sample_updates
 from modules.modelSampler.Placement import Placement, _device_of
 from modules.modelSampler.preserved_state import preserved_state
 from modules.modelSampler.SampleResult import SampleError, SampleResult  # noqa: F401  (re-exported)
+from modules.modelSampler.WanAnimate2Sampler import animate_2_problems, sample_animate_2
 from modules.modelSampler.WanAnimateSampler import animate_problems, sample_animate
 from modules.util.config.E2VConfig import E2VDatasetConfig
 from modules.util.config.SampleConfig import SampleConfig
@@ -72,7 +73,7 @@ def check_sample_inputs(variant: WanVariant, sample: SampleConfig) -> None:
         check_vace_sample(variant, sample)
     except VaceInputError as error:
         raise SampleError(str(error)) from None
-    if problems := animate_problems(variant, sample):
+    if problems := (animate_2_problems if variant.takes_driving_video else animate_problems)(variant, sample):
         raise SampleError(f"sample {sample.prompt[:40]!r}: " + "; ".join(problems))
     if variant in (WanVariant.T2V, WanVariant.T2V_A14B) and (image or last_image):
         raise SampleError(f"sample {sample.prompt[:40]!r}: {variant} is a text-to-video model and takes no "
@@ -338,6 +339,8 @@ class WanModelSampler:
         model = self.model
         resolved, notes = self.resolve(sample)
         variant = model.variant
+        if variant.takes_driving_video:
+            return sample_animate_2(self, resolved, on_step)
         if variant.is_animate:
             return sample_animate(self, resolved, on_step)
         if variant.has_two_experts and (model.transformer is None or model.transformer_2 is None):

@@ -22,13 +22,14 @@ DTYPES = [KEEP, "FLOAT_32", "BFLOAT_16", "FLOAT_16", "FLOAT_8"]
 PICKERS = {"base model": "folder", "input": "file", "destination": "save", "e2v config": "file",
            "output dir": "folder", "samples file": "file", "loras": "add", "control video": "file",
            "mask video": "file", "pose video": "file", "face video": "file", "background video": "file",
-           "reference images": "add", "start image": "file"}
+           "driving video": "file", "reference images": "add", "start image": "file"}
 # the sample form's rows for control and character models (ToolsController.CONDITIONS), by the conditions menu
 CONDITION_ROWS = {"VACE": ("control video", "mask video", "reference images", "control scale"),
                   "Wan-Fun Control": ("control video", "start image"),
                   "Wan-Fun Control A14B": ("control video", "start image", "mask video"),
                   "Animate": ("reference images", "pose video", "face video", "background video", "mask video",
-                              "mode", "continuation frames")}
+                              "mode", "continuation frames"),
+                  "Animate-2": ("reference images", "driving video", "continuation frames")}
 SIZE_HINT = "empty: each sample's own (else 832 x 480 x 81: long on a CPU)"
 
 
@@ -57,11 +58,12 @@ class CtkToolsView:
                          ("control video", "VACE, Wan-Fun: a video or folder of frames, at least `frames` long"),
                          ("start image", "Wan-Fun Control: the first frame (a picture); empty: none"),
                          ("mask video", "white = generate (VACE, Fun A14B); the character's mask (Animate replace)"),
-                         ("reference images", "VACE: in order, comma separated; Animate: the character"),
+                         ("reference images", "VACE: in order, comma separated; Animate, Animate-2: the character"),
                          ("control scale", "VACE: empty: 1.0"),
                          ("pose video", "Animate: the output is as long as it"),
                          ("face video", "Animate: face crops, frame-aligned with the pose"),
                          ("background video", "Animate replace mode: the scene"),
+                         ("driving video", "Animate-2: the motion; the output is as long as it"),
                          ("mode", ["animate", "replace"]), ("continuation frames", ["1", "5"])], self.sample)
         self.values["sample.conditions"].trace_add("write", lambda *_a: self.show_conditions())
         self.show_conditions()
@@ -214,8 +216,10 @@ class CtkToolsView:
         shown = CONDITION_ROWS.get(kind, ())
         conditions = {name.replace(" ", "-"): self._get(f"sample.{name}") for name in shown
                       if name != "reference images"}
-        if kind == "Animate":   # the menus always hold a value: only one that is not sample.py's default is given
+        # the menus always hold a value: only one that is not sample.py's default is given
+        if kind == "Animate":
             conditions["mode"] = "" if conditions["mode"] == "animate" else conditions["mode"]
+        if kind in ("Animate", "Animate-2"):
             conditions["continuation-frames"] = "" if conditions["continuation-frames"] == "1" else "5"
         image = conditions.pop("start-image", "")   # sample.py's --image: Wan-Fun Control's start image
         self._driving = tools.driving_video(conditions)

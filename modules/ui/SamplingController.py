@@ -26,11 +26,13 @@ EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "fra
 CONDITION_FIELDS = {"vace": ("control_video", "mask_video", "reference_images", "control_scale"),
                     "fun": ("control_video", "mask_video"),   # image: the start image; a mask where it takes one
                     "animate": ("reference_image", "pose_video", "face_video", "background_video", "mask_video",
-                                "animate_mode")}
+                                "animate_mode"),
+                    "animate_2": ("reference_image", "driving_video")}
 
 
 def editor_fields(kind: str = "") -> tuple[str, ...]:
-    """The sample list's columns for a model kind ('vace', 'animate' or '': ItemCompanions.kind_of)."""
+    """The sample list's columns for a model kind ('vace', 'fun', 'animate' or '': ItemCompanions.kind_of; 'animate_2'
+    for Animate-2, whose samples take a driving video instead of Animate's pose and face videos)."""
     return EDITOR_FIELDS + CONDITION_FIELDS.get(kind, ())
 
 
@@ -38,7 +40,7 @@ def variant_editor_fields(variant) -> tuple[str, ...]:
     """The sample list's columns for a model's variant (None: not known): a control model's mask video column only
     where the variant takes one (`takes_control_mask`: not Wan2.1-Fun Control)."""
     from modules.ui.ItemCompanions import kind_of
-    kind = kind_of(variant)
+    kind = "animate_2" if variant is not None and variant.takes_driving_video else kind_of(variant)
     fields = editor_fields(kind)
     if kind in ("vace", "fun") and not variant.takes_control_mask:
         fields = tuple(name for name in fields if name != "mask_video")
@@ -231,8 +233,9 @@ class SamplingController:
         return {name: path for name, path in samples[series.index].elements.items() if Path(path).is_file()}
 
     def driving_video(self, series: PreviewSeries) -> str:
-        """The control (VACE) or pose (Animate) video of the sample that made these previews, from the samples
-        file, when it exists; "" otherwise. The player shows it beside the preview, frame by frame."""
+        """The control (VACE), pose (Animate) or driving (Animate-2) video of the sample that made these previews,
+        from the samples file, when it exists; "" otherwise. The player shows it beside the preview, frame by
+        frame."""
         try:
             samples = load_sample_definitions(self.samples_file())
         except SampleDefinitionError:
@@ -240,5 +243,5 @@ class SamplingController:
         if series.index >= len(samples):
             return ""
         sample = samples[series.index]
-        path = sample.control_video or sample.pose_video
+        path = sample.control_video or sample.pose_video or sample.driving_video
         return path if path and Path(path).exists() else ""

@@ -79,12 +79,13 @@ def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list
 # scripts/sample.py's options for control and character models (docs/vace.md, docs/animate.md), by model kind;
 # --reference-image is given apart (repeatable)
 CONDITION_OPTIONS = ("control-video", "mask-video", "control-scale", "pose-video", "face-video", "background-video",
-                     "mode", "continuation-frames")
+                     "driving-video", "mode", "continuation-frames")
 CONDITIONS = {"VACE": ("control-video", "mask-video", "control-scale"),
               "Wan-Fun Control": ("control-video",),   # --image: the start image
               "Wan-Fun Control A14B": ("control-video", "mask-video"),
               "Animate": ("pose-video", "face-video", "background-video", "mask-video", "mode",
-                          "continuation-frames")}
+                          "continuation-frames"),
+              "Animate-2": ("driving-video", "continuation-frames")}
 
 
 def condition_kind(variant) -> str:
@@ -94,12 +95,15 @@ def condition_kind(variant) -> str:
         return "none"
     if variant.is_fun_control:
         return "Wan-Fun Control A14B" if variant.takes_control_mask else "Wan-Fun Control"
+    if variant.takes_driving_video:
+        return "Animate-2"
     return "VACE" if variant.is_vace else "Animate" if variant.is_animate else "none"
 
 
 def driving_video(conditions: dict[str, str]) -> str:
-    """The video a result plays beside: the control video (VACE) or the pose video (Animate); "" for none."""
-    return conditions.get("control-video") or conditions.get("pose-video") or ""
+    """The video a result plays beside: the control video (VACE), the pose video (Animate) or the driving video
+    (Animate-2); "" for none."""
+    return conditions.get("control-video") or conditions.get("pose-video") or conditions.get("driving-video") or ""
 
 
 def compare_command(base_model: str, loras: list[str], strengths: list[float], output_dir: str, *,

@@ -52,7 +52,7 @@ PROMPT_LINE_OPTIONS: dict[str, tuple[str, type]] = {
 IGNORED_PROMPT_LINE_OPTIONS = frozenset({"ci", "cim", "of", "o", "cs", "fsa", "ofps", "skb", "rj", "ref"})
 # relative to the samples file; a control may be a folder of frames
 _PATH_FIELDS = ("image", "last_image", "control_video", "mask_video", "reference_image", "pose_video", "face_video",
-                "background_video")
+                "background_video", "driving_video")
 
 
 class SampleDefinitionError(ValueError):

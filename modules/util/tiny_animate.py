@@ -5,7 +5,9 @@ diffusers' modular `WanAnimate2ModularPipeline`) the same parts with `WanAnimate
 Animate puts a face adapter after every 5th block (the official `FaceAdapter(num_adapter_layers=num_layers // 5)`),
 so the tiny model has 5 blocks. Its motion encoder reads 16x16 face crops (512x512 in the release): the official
 `Generator` halves the side once per residual block down to 4x4, so 16 px gives two residual blocks.
-Animate-2's image projection is fixed at 1280 inputs (`MLPProj(1280, dim)`), so its CLIP is 1280 wide (one layer).
+Animate-2's image projection is fixed at 1280 inputs (`MLPProj(1280, dim)`), so its CLIP is 1280 wide (one layer),
+and its pipeline resizes every image to 224x224 for CLIP (`clip_visual_encode`), so the CLIP reads 224 px in 14 px
+patches (257 tokens, as ViT-H/14).
 """
 import json
 from pathlib import Path
@@ -25,6 +27,8 @@ FACE_HIDDEN = 16
 FACE_HEADS = 2
 FLOW_SHIFT_ANIMATE = 5.0           # sample_shift of the official wan/configs/wan_animate_14B.py
 ANIMATE_2_CLIP_HIDDEN = 1280
+ANIMATE_2_CLIP_IMAGE_SIZE = 224
+ANIMATE_2_CLIP_PATCH_SIZE = 14
 ANIMATE_2_PIPELINE = "WanAnimate2ModularPipeline"
 
 
@@ -67,7 +71,8 @@ def _animate_2_image_encoder(seed: int):
 
     config = CLIPVisionConfig(hidden_size=ANIMATE_2_CLIP_HIDDEN, intermediate_size=64, projection_dim=64,
                               num_hidden_layers=1, num_attention_heads=2, num_channels=3,
-                              image_size=tm.CLIP_IMAGE_SIZE, patch_size=tm.CLIP_PATCH_SIZE, hidden_act="gelu",
+                              image_size=ANIMATE_2_CLIP_IMAGE_SIZE, patch_size=ANIMATE_2_CLIP_PATCH_SIZE,
+                              hidden_act="gelu",
                               layer_norm_eps=1e-5)
     torch.manual_seed(tm.part_seed(seed, "image_encoder"))
     return CLIPVisionModel(config).eval()
@@ -103,3 +108,15 @@ def save_animate_2(parts: dict, folder: Path) -> None:
         library = "transformers" if type(part).__module__.startswith("transformers") else "diffusers"
         index[name] = [library, type(part).__name__]
     (folder / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+
+
+def animate_2_modular_pipeline(model, scheduler, distilled: bool = False):
+    """diffusers' `WanAnimate2ModularPipeline` (or the distilled one) over a loaded Animate-2 `WanModel`'s parts: the
+    reference our Animate-2 conditioning and sampler are tested against. `scheduler` must take `generator` in its
+    `step` (the pipeline passes one): FlowMatchEulerDiscreteScheduler."""
+    from diffusers.modular_pipelines import WanAnimate2Blocks, WanAnimate2DistilledBlocks
+
+    pipe = (WanAnimate2DistilledBlocks() if distilled else WanAnimate2Blocks()).init_pipeline()
+    pipe.update_components(tokenizer=model.tokenizer, text_encoder=model.text_encoder, vae=model.vae,
+                           image_encoder=model.image_encoder, transformer=model.transformer, scheduler=scheduler)
+    return pipe

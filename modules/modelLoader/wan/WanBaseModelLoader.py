@@ -9,6 +9,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, UMT5EncoderModel
 
+from modules.model.sampling_defaults import folder_defaults
 from modules.model.WanModel import WanModel
 from modules.model.transformer_classes import transformer_class
 from modules.modelLoader.wan.parts.model_plan import plan_model, uses_parts_loader
@@ -118,6 +119,7 @@ class WanBaseModelLoader:
         scheduler_class = getattr(diffusers, model_index["scheduler"][1])
         model.noise_scheduler = scheduler_class.from_pretrained(base, subfolder="scheduler",
                                                                 local_files_only=local_only)
+        model.sampling_defaults = folder_defaults(model_index, model.noise_scheduler.config)
         model.boundary_ratio = model_index.get("boundary_ratio")
         model.expand_timesteps = bool(model_index.get("expand_timesteps", False))
         for part in model.parts().values():

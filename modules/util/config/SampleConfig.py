@@ -47,9 +47,13 @@ class SampleConfig(BaseConfig):
     background_video: PathText = Field("", description="Animate replace mode: the scene the character goes into")
     mask_video: PathText = Field("", description="VACE: mask video, white = generate (binarised at 0.5); Animate "
                                  "replace mode: the character's mask (white = character)")
+    # Wan2.2-Animate-2: the reference_image's character moving as the driving video (as long as it)
+    driving_video: PathText = Field("", description="Animate-2: the driving video (its length is the output's)")
+    reference_prompt: str = Field("", description="Animate-2: the prompt of the driving video's reference pass; empty: "
+                                  "the release's own (人物动作的参考视频)")
     animate_mode: Literal["animate", "replace"] = "animate"
-    continuation_frames: Literal[1, 5] = Field(1, description="Animate: frames of the previous segment that "
-                                               "condition the next one")
+    continuation_frames: Literal[1, 5] = Field(1, description="Animate, Animate-2: frames of the "
+                                               "previous segment that condition the next one")
 
     @field_validator("scheduler", mode="before")
     @classmethod
