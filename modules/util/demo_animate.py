@@ -3,7 +3,8 @@ head) follows a drawn stick-figure skeleton along a path. Per clip the target `<
 black `<name>_pose.mp4` (what the official pose preprocessing renders), the head's crop `<name>_face.mp4`, the
 character on grey `<name>_ref.png`, and for replace mode the scene without the character `<name>_bg.mp4` and its
 mask `<name>_mask.mp4`: every video frame-aligned with the clip. The character's colour is the reference's, the
-motion the skeleton's: a model that learns the set follows the pose of held-out skeletons."""
+motion the skeleton's: a model that learns the set follows the pose of held-out skeletons. The captions name the
+colour only ("a red person"), so the path is the pose's to say and cannot be read from the caption."""
 from pathlib import Path
 
 import cv2
@@ -75,5 +76,33 @@ def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: i
                                      ("mask", "_mask")):
                     write_video(output / f"{stem}{suffix}.mp4", parts[name], fps)
                 Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
-                (output / f"{stem}.txt").write_text(f"a {colour_name} person moving {path}\n")
+                (output / f"{stem}.txt").write_text(f"a {colour_name} person\n")
     return output
+
+
+def make_demo_animate_model(output_dir: str | Path, seed: int = 0) -> Path:
+    """Writes the tiny Wan2.2-Animate model (`make_tiny_model --variant wan2.2-animate`) with the demo's VAE, which
+    encodes each 8 x 8 cell as its colour, and latent statistics measured on the demo's clips; the transformer stays
+    random. A random tiny VAE hardly encodes where anything is, so on it neither the pose latents a model sees nor
+    the target it must reach say where the character is (modules/util/demo_vace.py measures the same for VACE)."""
+    import torch
+
+    from modules.util.atomic import atomic_dir
+    from modules.util.demo_vae import set_cell_average_weights
+    from modules.util.demo_model import set_latent_stats
+    from modules.util.portable_folder import make_portable
+    from modules.util.tiny_animate import make_animate_pipeline
+
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
+        raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
+    pipeline = make_animate_pipeline("wan2.2-animate", seed)
+    set_cell_average_weights(pipeline.vae)
+    clips = [torch.from_numpy(animate_clip(colour, path, 5, 32, offset)[part]).permute(3, 0, 1, 2).float() / 127.5 - 1
+             for colour in COLOURS.values() for path in PATHS for offset in (0, 5, 10) for part in ("clip", "pose")]
+    with torch.no_grad():
+        set_latent_stats(pipeline.vae, torch.stack(clips))
+    with atomic_dir(output_dir) as tmp:
+        pipeline.save_pretrained(tmp, safe_serialization=True)
+        make_portable(tmp)
+    return output_dir
