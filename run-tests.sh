@@ -22,4 +22,9 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
             "${missing[@]}" >/dev/null; } || echo "run-tests.sh: apt-get failed: the GUI tests will skip" >&2
     fi
 fi
-exec .venv/bin/python -m pytest "$@"
+# Tests run in parallel worker processes (pytest-xdist), one per core up to 4, each file's tests on one worker so
+# module fixtures are built once; each test process keeps torch to one thread (tests/conftest.py).
+# WAN_TEST_WORKERS=0 runs them in this process; a -n in the arguments wins.
+workers="${WAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
+[ "$workers" -gt 4 ] && workers=4
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"

@@ -1,6 +1,7 @@
 """Writes a tiny random Wan model as a diffusers folder (for tests and the demo; no download needed).
 
   make_tiny_model.py --variant wan2.1-t2v --output workspace/tiny-t2v [--seed 0]
+  make_tiny_model.py --variant wan2.1-vace --squares-vae --output workspace/tiny-vace (for the VACE demo set)
 """
 import sys
 from pathlib import Path
@@ -18,9 +19,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, type=Path,
                         help="folder to write; an existing one is replaced only if empty or a diffusers folder")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--squares-vae", action="store_true",
+                        help="wan2.1-vace only: the demo's VAE, which encodes each 8x8 cell as its colour, so that a "
+                             "model trained on make_demo_dataset --kind vace can see where the square and its control "
+                             "are (a random tiny VAE hardly encodes positions)")
     args = parser.parse_args(argv)
+    if args.squares_vae and args.variant != "wan2.1-vace":
+        parser.error(f"--squares-vae is for --variant wan2.1-vace, not {args.variant}")
     try:
-        folder = make_tiny_model(args.variant, args.output, seed=args.seed)
+        if args.squares_vae:
+            from modules.util.demo_vace import make_demo_vace_model
+            folder = make_demo_vace_model(args.output, seed=args.seed)
+        else:
+            folder = make_tiny_model(args.variant, args.output, seed=args.seed)
     except FileExistsError as error:
         print(f"make_tiny_model.py: {error}", file=sys.stderr)
         return 2

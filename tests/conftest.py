@@ -49,8 +49,9 @@ def squares_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory) -> Path:
-    """The demo's trained tiny model (modules/util/demo_model.py), built once per session: it is what the demo's
-    first Start builds, and the tests that run the demo copy it into their workspace rather than train it again.
+    """The demo's tiny model (modules/util/demo_model.py: the VAE set to the squares, the shipped base), built once
+    per session: it is what the demo's first Start builds, and the tests that run the demo copy it into their
+    workspace.
     Treat the folder as read-only."""
     from modules.util.demo_model import make_demo_model
     return make_demo_model(tmp_path_factory.mktemp("demo-model") / "tiny-wan2.1-t2v")

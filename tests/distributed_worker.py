@@ -4,7 +4,8 @@
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
 base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak; "then":
-more runs in the same processes; with "context_check": a folder, also context_parallel_check's tensors);
+more runs in the same processes, one with "resume_from" (a workspace) resuming its backup; with "context_check": a
+folder, also context_parallel_check's tensors);
 {"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch (with
 "kill_at": N, killing itself with SIGKILL in its N-th batch); without "fail_rank" it just trains."""
 import json
@@ -37,8 +38,16 @@ def run_training(spec: dict) -> int:
 
 def train_once(spec: dict, run: dict) -> dict:
     from learning import train
+    overrides = list(run["overrides"])
+    if "resume_from" in run:   # a workspace of an earlier run: its backup of step BACKUP_AT, copied by rank 0
+        from multi_gpu_runs import BACKUP_AT
+        import shutil
+        backup = next(Path(run["resume_from"], "backup").glob(f"*/step-{BACKUP_AT:08d}"))
+        if os.environ["RANK"] == "0":   # the trainer's first barrier keeps the other ranks from reading it earlier
+            shutil.copytree(backup, Path(run["tmp"], "run", "backup", backup.parent.name, backup.name))
+        overrides += ["backup.continue_last_backup=true", f"run_name={backup.parent.name}"]
     trainer = train(Path(run["tmp"]), run.get("base", spec["base"]), spec["dataset"], method=spec["method"],
-                    steps=spec["steps"], overrides=run["overrides"])
+                    steps=spec["steps"], overrides=overrides)
     result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
             "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
             "base_bytes": base_bytes(trainer.model.transformer), "layout": trainer.parallel.layout,

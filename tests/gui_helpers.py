@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import time
-import itertools
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "training_presets" / "#demo tiny CPU.json"
 ARTEFACTS = ROOT / "workspace" / "test-artefacts" / "gui"
-
-
-_SERVERS = itertools.count()
 
 
 def _has(tool: str) -> bool:
@@ -39,14 +35,17 @@ def display():
     if not _has("Xvfb"):
         yield previous
         return
-    # one server per importing module, each with a number of its own
-    number = 90 + (os.getpid() + 37 * next(_SERVERS)) % 500
-    server = subprocess.Popen(["Xvfb", f":{number}", "-screen", "0", "1400x1000x24", "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Xvfb picks a free display number itself and writes it to the pipe: test processes running side by side
+    # (pytest-xdist workers) never share or fight over a server
+    read_end, write_end = os.pipe()
+    server = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", "1400x1000x24", "-nolisten",
+                               "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_end,))
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        number = answer.readline().strip()
+    if not number:
+        pytest.skip(f"Xvfb did not start (exit code {server.wait(10)})")
     os.environ["DISPLAY"] = f":{number}"
-    deadline = time.monotonic() + 10
-    while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
     try:
         yield os.environ["DISPLAY"]
     finally:

@@ -112,14 +112,14 @@ def test_run_cmd_called_through_a_link_finds_the_project(tmp_path):
 def test_shipped_demo_preset_works_from_another_folder(tmp_path, monkeypatch, demo_model):
     """The demo preset's project-relative paths (workspace/demo/...) resolve against the directory the command
     runs from, like every relative path in a config: from another folder the demo assets are made there. (The
-    session's demo model stands in for the one the first use trains: the model is found there, not made again.)"""
+    session's demo model stands in for the one the first use makes: the model is found there, not made again.)"""
     from modules.trainer.prepare import prepare_config
     monkeypatch.chdir(tmp_path)
     shutil.copytree(demo_model, tmp_path / "workspace" / "demo" / "tiny-wan2.1-t2v")
     config = load_config(preset_path=str(ROOT / "training_presets" / "#demo tiny CPU.json"))
     prepare_config(config)
     assert Path(config.model.base_model_name).resolve() == (tmp_path / "workspace" / "demo" / "tiny-wan2.1-t2v")
-    assert len(list((tmp_path / "workspace" / "demo" / "squares").glob("*.mp4"))) == 24
+    assert len(list((tmp_path / "workspace" / "demo" / "squares").glob("*.mp4"))) == 6   # one clip per caption
     assert (tmp_path / "workspace" / "demo" / "samples.json").is_file()
 
 

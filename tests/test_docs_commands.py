@@ -113,7 +113,7 @@ def test_readme_quick_start_runs_as_written(tmp_path, demo_model):
     commands = shell_commands(section((ROOT / "README.md").read_text(encoding="utf-8"), "Quick start"))
     assert any(c.startswith("./run-cmd.sh train") for c in commands), commands
     cwd = scratch_project(tmp_path / "project")
-    # the demo model its first use trains: the session's (tests/test_demo_model.py proves what it learned)
+    # the demo model its first use makes: the session's (tests/test_demo_model.py proves what it draws)
     shutil.copytree(demo_model, cwd / "workspace" / "demo" / "tiny-wan2.1-t2v")
     not_run = run_documented(commands, cwd)
     assert all(reason for _, reason in not_run)

@@ -1,6 +1,7 @@
-"""Wan-Fun Control (aigc-apps/VideoX-Fun, commit 804a425): the variants told by content, the condition built as
-VideoX-Fun's pipelines build it (checked against a line-by-line transcription of their tensor preparation), a LoRA
-trained with `<name>_control` companions that feeds exactly that condition, and sampling with a control video."""
+"""Wan-Fun Control and InP (aigc-apps/VideoX-Fun, commit 804a425): the variants told by content, the condition
+built as VideoX-Fun's pipelines build it (checked against a line-by-line transcription of their tensor preparation),
+a LoRA trained with `<name>_control` companions that feeds exactly that condition, and sampling with a control video
+(with a mask for the A14B model; with a start image for InP, equal to diffusers' I2V pipeline)."""
 import json
 
 import numpy as np
@@ -162,18 +163,25 @@ def _blocky(seed: int, frames: int = FRAMES) -> np.ndarray:
     return rng.integers(0, 256, (frames, SIZE // 8, SIZE // 8, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fun-train")
+def train_lora(folder, tmp, clips: int, controls: bool = True, overrides=()):
+    """A 2-step LoRA on `clips` random blocky clips (each with a control video when `controls`); (trainer, data)."""
     data = tmp / "data"
     data.mkdir()
-    for i in range(4):
+    for i in range(clips):
         write_video(data / f"clip_{i}.mp4", _blocky(i), 16)
         (data / f"clip_{i}.txt").write_text("a red square moving right\n")
-        write_video(data / f"clip_{i}_control.mp4", _blocky(100 + i), 16)
-    trainer = train(tmp, tiny_model("wan2.1-fun-control"), data, steps=2,
-                    overrides=["optimizer.learning_rate=0.01", "lora.rank=4", "lora.alpha=8"])
+        if controls:
+            write_video(data / f"clip_{i}_control.mp4", _blocky(100 + i), 16)
+    trainer = train(tmp, folder, data, steps=2, overrides=["optimizer.learning_rate=0.01", "lora.rank=4",
+                                                           "lora.alpha=8", *overrides])
+    for part in trainer.model.parts().values():
+        part.eval()
     return trainer, data
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model, tmp_path_factory):
+    return train_lora(tiny_model("wan2.1-fun-control"), tmp_path_factory.mktemp("fun-train"), 4)
 
 
 def test_training_feeds_videox_funs_condition_of_the_clips_control(trained):
@@ -253,10 +261,119 @@ def test_a_fun_control_lora_on_a_vace_model_and_the_reverse_are_refused_before_l
     assert "made for wan_2_1_vace (Wan 2.1 VACE), a VACE" in message and "the model is FUN_CONTROL" in message
 
 
-def test_sample_py_takes_a_control_video_for_a_fun_control_model(tiny_model, tmp_path):
+@pytest.mark.parametrize("variant", ["wan2.1-fun-control", "wan2.2-fun-control-a14b"])
+def test_sample_py_takes_a_control_video_for_a_fun_control_model(variant, tiny_model, tmp_path):
+    """And a mask video where the variant takes one (the A14B model)."""
     from tests.wan_file_layouts import sample_tiny_video
     write_video(tmp_path / "control.mp4", _blocky(9, 5), 16)
     Image.fromarray(_blocky(8, 1)[0]).save(tmp_path / "start.png")
-    assert sample_tiny_video(tiny_model("wan2.1-fun-control"), tmp_path / "out",
-                             ["--control-video", str(tmp_path / "control.mp4"), "--image",
-                              str(tmp_path / "start.png")]) == 5
+    extra = ["--control-video", str(tmp_path / "control.mp4"), "--image", str(tmp_path / "start.png")]
+    if "a14b" in variant:
+        mask = np.zeros((SIZE, SIZE, 3), np.uint8)
+        mask[:, SIZE // 2:] = 255
+        Image.fromarray(mask).save(tmp_path / "mask.png")
+        extra += ["--mask-video", str(tmp_path / "mask.png")]
+    assert sample_tiny_video(tiny_model(variant), tmp_path / "out", extra) == 5
+
+
+# --- Wan2.2-Fun Control A14B: two experts, control + mask + masked video ---------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_a14b(tiny_model, tmp_path_factory):
+    return train_lora(tiny_model("wan2.2-fun-control-a14b"), tmp_path_factory.mktemp("fun-a14b-train"), 2,
+                      overrides=["batch_size=2", "expert=high"])
+
+
+def test_a14b_trains_on_videox_funs_condition_with_the_first_frame_kept(trained_a14b):
+    from modules.model.fun_condition import first_frame_inputs
+    from modules.model.vace_condition import model_encoder
+    from modules.util.lora.apply import lora_weights_from_peft
+    from modules.util.video_frames import frames_to_tensor
+    from modules.util.video_io import read_media
+    trainer, data = trained_a14b
+    model = trainer.model
+    assert model.variant is WanVariant.FUN_CONTROL_A14B and model.transformer.config.in_channels == 52
+    batch = next(iter(trainer.data.batches(0)))
+    assert batch["condition"].shape[1:] == (36, 3, SIZE // 8, SIZE // 8)
+    assert "image_embeds" not in batch   # Wan 2.2: no CLIP
+    clip = frames_to_tensor(read_media(str(data / "clip_0.mp4")))
+    control = frames_to_tensor(read_media(str(data / "clip_0_control.mp4")))
+    with torch.no_grad():
+        expected = fun_control_a14b_condition(model_encoder(model), control, *first_frame_inputs(clip), FRAMES, SIZE,
+                                              SIZE)
+    assert any(torch.allclose(c, expected, atol=1e-5) for c in batch["condition"])
+    weights = lora_weights_from_peft(model.transformer)   # the high-noise expert's adapter
+    assert weights and all(module.up.abs().sum() > 0 for module in weights.values())   # every lora_B trained
+
+
+def test_a14b_samples_through_both_experts_with_the_control_and_mask(trained_a14b, tmp_path):
+    from modules.modelSampler.fun_sampling import fun_condition
+    trainer, data = trained_a14b
+    model = trainer.model
+    seen = {"transformer": [], "transformer_2": []}
+    hooks = [getattr(model, name).register_forward_pre_hook(
+        lambda module, args, kwargs, name=name: seen[name].append(kwargs["hidden_states"][:, 16:].clone()),
+        with_kwargs=True) for name in seen]
+    mask = np.zeros((SIZE, SIZE, 3), np.uint8)
+    mask[:, SIZE // 2:] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    Image.fromarray(_blocky(7, 1)[0]).save(tmp_path / "start.png")
+    # 2 steps: UniPC's timesteps 999 and 500 fall on each side of the boundary 0.9, one step for each expert
+    sample = SampleConfig(prompt="a red square moving right", width=SIZE, height=SIZE, frames=FRAMES, steps=2,
+                          guidance=1.0, seed=3, control_video=str(data / "clip_1_control.mp4"),
+                          mask_video=str(tmp_path / "mask.png"), image=str(tmp_path / "start.png"))
+    try:
+        with_control = WanModelSampler(model, "cpu").sample(sample).latents
+        other = WanModelSampler(model, "cpu").sample(
+            sample.model_copy(update={"control_video": str(data / "clip_0_control.mp4")})).latents
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        expected = fun_condition(model, sample, WanModelSampler._load_image(str(tmp_path / "start.png"), SIZE, SIZE))
+    assert expected.shape[0] == 36
+    assert len(seen["transformer"]) == len(seen["transformer_2"]) == 2
+    torch.testing.assert_close(seen["transformer"][0][0], expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(seen["transformer_2"][0][0], expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(with_control, other)   # the control steers the result
+
+
+# --- Wan2.1-Fun InP 1.3B: the I2V layout at the released 1.3B width -------------------------------------------
+# 16 noise + 4 mask + 16 masked-video channels and CLIP image tokens (VideoX-Fun `pipeline_wan_fun_inpaint.py`); the
+# width alone tells it from Wan 2.1 I2V, so its tiny model keeps 12 heads of 128
+
+@pytest.fixture(scope="module")
+def trained_inp(tiny_model, tmp_path_factory):
+    return train_lora(tiny_model("wan2.1-fun-inp"), tmp_path_factory.mktemp("fun-inp"), 2, controls=False,
+                      overrides=["batch_size=2"])
+
+
+def test_the_tiny_inp_model_is_told_as_fun_inp_by_its_width(tiny_model):
+    from modules.util.wan_detection import WIDTH_1_3B, read_json
+    folder = tiny_model("wan2.1-fun-inp")
+    config = read_json(folder / "transformer" / "config.json")
+    assert config["in_channels"] == 36
+    assert config["num_attention_heads"] * config["attention_head_dim"] == WIDTH_1_3B
+    assert detect_variant_from_folder(folder) is WanVariant.FUN_INP
+
+
+def test_an_inp_lora_trains_on_the_first_frame_condition_and_samples_as_diffusers(trained_inp, tmp_path):
+    from modules.util.lora.apply import lora_weights_from_peft
+    from test_sampler import reference_frames
+    trainer, _ = trained_inp
+    batch = next(iter(trainer.data.batches(0)))
+    assert batch["condition"].shape[1:] == (20, 3, SIZE // 8, SIZE // 8)   # mask 4 + masked-video latents 16
+    assert "image_embeds" in batch                                         # the start frame's CLIP tokens
+    weights = lora_weights_from_peft(trainer.model.transformer)
+    assert weights and all(module.up.abs().sum() > 0 for module in weights.values())   # every lora_B trained
+    Image.fromarray(_blocky(7, 1)[0]).save(tmp_path / "start.png")
+    sample = SampleConfig(prompt="a red square moving right", negative_prompt="blurry", width=SIZE, height=SIZE,
+                          frames=FRAMES, steps=2, guidance=3.0, seed=4, image=str(tmp_path / "start.png"))
+    ours = WanModelSampler(trainer.model, "cpu").sample(sample)
+    theirs = reference_frames(trainer.model.create_pipeline(image_mode=True), sample)
+    assert ours.frames.shape == theirs.shape == (FRAMES, SIZE, SIZE, 3)
+    np.testing.assert_allclose(ours.frames, theirs, atol=1e-5, rtol=0)
+    Image.fromarray(_blocky(8, 1)[0]).save(tmp_path / "other.png")
+    other = WanModelSampler(trainer.model, "cpu").sample(
+        sample.model_copy(update={"image": str(tmp_path / "other.png")}))
+    assert np.abs(other.frames - ours.frames).max() > 0.01   # the start image conditions the video

@@ -143,7 +143,7 @@ def test_loading_a_preset_fills_the_fields(app):
     assert app.fields["lora.rank"].variable.get() == "64"
     app.load_preset("#demo tiny CPU")
     settle(app)
-    assert app.fields["lora.rank"].variable.get() == "8"
+    assert app.fields["lora.rank"].variable.get() == "16"
     assert app.fields["epochs"].variable.get() == "100"
     assert app.fields["data.concepts.0.path"].variable.get() == "workspace/demo/squares"
 

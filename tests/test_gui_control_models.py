@@ -37,6 +37,9 @@ def test_the_control_tab_shows_an_item_beside_its_control_on_one_slider(app, vac
     app.tabview.set("control")
     assert run_until(app, lambda: view.loaded and view.strip.shown_index == 0, 60), view.note.cget("text")
     assert view.kind == "vace"
+    # the settings of a VACE model's control only: no Animate section
+    assert view.sections["data.control"][0].grid_info() and not view.sections["animate"][0].grid_info()
+    assert view.sections["data.control"][1].cget("text") == "VACE control (data.control)"
     view.item_menu.set("blue_left_00.mp4")
     view.choose("blue_left_00.mp4")
     view.strip.slider.set(6)

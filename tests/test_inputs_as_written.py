@@ -117,7 +117,7 @@ def test_seed_004_train_and_generate_commands_run_as_written(tmp_path, monkeypat
 
 def test_seed_004_num_epochs_alone_trains_that_many_epochs_whatever_the_preset_caps():
     """Seed 004's full training command gives --num_epochs 10 and no --max_steps: 10 epochs. A preset's max_steps
-    (the demo's 200) used to win silently, training hundreds of epochs; with --max_steps too, it caps as it says."""
+    (the demo's 400) used to win silently, training hundreds of epochs; with --max_steps too, it caps as it says."""
     from script_loader import load_script
     from modules.util.config.config_io import load_config
     from modules.util.presets import resolve_preset
@@ -126,7 +126,7 @@ def test_seed_004_num_epochs_alone_trains_that_many_epochs_whatever_the_preset_c
     def config(*flags):
         args = train.parse_args(["--preset-path", "demo tiny CPU", *flags])
         return load_config(None, resolve_preset(args.preset_path), train.seed_options_as_overrides(args))
-    assert load_config(None, resolve_preset("demo tiny CPU")).max_steps == 200
+    assert load_config(None, resolve_preset("demo tiny CPU")).max_steps == 400
     epochs_only = config("--num_epochs", "10", "--gradient_accumulation_steps", "8")
     assert (epochs_only.epochs, epochs_only.max_steps) == (10, 0)
     both = config("--num_epochs", "10", "--max_steps", "7")
@@ -309,8 +309,8 @@ def test_readme_gives_the_demo_time_on_a_2_core_machine():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert "under a minute" not in text
     assert "2 to 2.5 minutes" not in text
-    assert "31 s on first use (14 s of it for the base) and 13 s after, measured with `./run-cmd.sh` from a fresh " \
-           "workspace on 2\nCPU cores at load 2.5 to 3" in text
+    assert "It took 29 s on first use and 17 s after (measured with `./run-cmd.sh` from a fresh\nworkspace on 2 CPU " \
+           "cores at load 3)" in text
 
 
 def test_a_config_and_a_dataset_toml_saved_as_utf16_are_read(tmp_path, monkeypatch):

@@ -58,31 +58,42 @@ def preset_config(name: str, *overrides: str) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def plans_13b():
-    """1.3B LoRA r32 (the 16GB preset's setup) at 832x480, planned once per setting."""
+    """1.3B LoRA r32 (the 16GB preset's setup) at 832x480, planned once per setting; `blocks`: the transformer cut
+    to its first N blocks at the real width (as the memory guard plans presets): a trace takes time per block, and
+    a check of what each block holds needs a few of them, not 30."""
+    import dataclasses
+
     from modules.planner.memory_plan import predict
+    from modules.planner.plan_shapes import resolve_architecture
     cache = {}
 
-    def get(frames: int = 81, **values):
-        key = (frames, tuple(sorted(values.items())))
+    def get(frames: int = 81, blocks: int | None = None, **values):
+        key = (frames, blocks, tuple(sorted(values.items())))
         if key not in cache:
             overrides = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
             config = preset_config("wan 2.1 1.3B LoRA 16GB", *overrides)
-            cache[key] = predict(config, PlanShape(1, frames, 480, 832))
+            arch = resolve_architecture(config)
+            if blocks is not None:
+                arch = dataclasses.replace(arch, transformer={**arch.transformer, "num_layers": blocks})
+            cache[key] = predict(config, PlanShape(1, frames, 480, 832), arch)
         return cache[key]
     return get
 
 
 def test_more_checkpointing_never_predicts_more(plans_13b):
-    off = plans_13b(17, gradient_checkpointing=False)
-    every_2 = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 2})
-    every_1 = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    """Four real-width blocks: every 2nd block checkpointed keeps two blocks' activations, every block none (the
+    step's activations are per block, so four blocks show what thirty do)."""
+    off = plans_13b(17, 4, gradient_checkpointing=False)
+    every_2 = plans_13b(17, 4, **{"gradient_checkpointing": True, "performance.checkpoint_every": 2})
+    every_1 = plans_13b(17, 4, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
     assert off.traced_bytes > every_2.traced_bytes > every_1.traced_bytes
 
 
 def test_more_swapped_blocks_never_predict_more(plans_13b):
-    none = plans_13b(17, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
-    ten = plans_13b(17, **{"performance.block_swap": 10})
-    twenty = plans_13b(17, **{"performance.block_swap": 20})
+    """21 of the 1.3B's blocks: enough to swap 10 and 20 of them (a swapped block's weights are its own)."""
+    none = plans_13b(17, 21, **{"gradient_checkpointing": True, "performance.checkpoint_every": 1})
+    ten = plans_13b(17, 21, **{"performance.block_swap": 10})
+    twenty = plans_13b(17, 21, **{"performance.block_swap": 20})
     assert none.traced_bytes > ten.traced_bytes > twenty.traced_bytes
     assert twenty.host_pinned_bytes > ten.host_pinned_bytes > 0
     # each swapped 1.3B block holds about 1/30 of the 2.6 GiB bf16 weights: 10 blocks ~ 0.9 GiB off the device
@@ -91,9 +102,10 @@ def test_more_swapped_blocks_never_predict_more(plans_13b):
 
 def test_doubling_frames_roughly_doubles_activations(plans_13b):
     """41 -> 81 frames: 11 -> 21 latent frames (x1.9 tokens); without checkpointing the saved activations grow with
-    the tokens (attention's saved tensors are linear in them: flash-style kernels keep no L x L matrix)."""
-    short = plans_13b(41, gradient_checkpointing=False)
-    long = plans_13b(81, gradient_checkpointing=False)
+    the tokens (attention's saved tensors are linear in them: flash-style kernels keep no L x L matrix). Two
+    real-width blocks: the activations are per block (and the embeddings' and head's, which grow alike)."""
+    short = plans_13b(41, 2, gradient_checkpointing=False)
+    long = plans_13b(81, 2, gradient_checkpointing=False)
     ratio = long.parts["activations"] / short.parts["activations"]
     assert 1.6 < ratio < 2.3, ratio
 
@@ -355,17 +367,10 @@ def test_proof_needs_a_gpu_and_plans_its_runs(capsys):
     assert prediction.shape == "81x480x832 batch 1" and "checkpointing 30/30 blocks" in prediction.features
 
 
-@pytest.mark.parametrize("vram", [3.0, 6.0, 9.0, 14.0, 40.0])
-def test_auto_fit_search_against_the_whole_grid(vram):
-    """The search alone, over a memory model with the planner's shape (monotonic in swapped blocks, activations
-    per kept block), against every setting of the grid enumerated: the choice fits, nothing cheaper fits, and a
-    setting the run cannot use (a swap with `refuse_swap`) is passed over."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from modules.planner.auto_fit import Settings, StepCost, canonical, combinations, fit
-    from modules.planner.plan_shapes import PlanError
-    layers = 12
+def grid_model(layers: int):
+    """(a StepCost, GiB of Settings): a memory model with the planner's shape (monotonic in swapped blocks,
+    activations per kept block), for the search alone."""
+    from modules.planner.auto_fit import Settings, StepCost
     cost = StepCost(layers=layers, block_forward_seconds=0.01, block_copy_seconds=0.02, input_copy_seconds=0.015,
                     attention_inputs_seconds=0.003)
 
@@ -376,6 +381,21 @@ def test_auto_fit_search_against_the_whole_grid(vram):
         kept = (layers - len(checkpointed)) * 3.0 + len(checkpointed) * (0.1 if settings.activation_offload else 0.6)
         # the attention inputs in chunks lower the transient (3.0 GiB fits with them only)
         return 1.0 + (layers - settings.block_swap) * 0.5 + kept + (0.7 if settings.attention_inputs else 1.5)
+    return cost, memory
+
+
+@pytest.mark.parametrize("vram", [3.0, 6.0, 9.0, 14.0, 40.0])
+def test_auto_fit_search_against_the_whole_grid(vram):
+    """The search alone, over a memory model with the planner's shape (monotonic in swapped blocks, activations
+    per kept block), against every setting of the grid enumerated: the choice fits, nothing cheaper fits, and a
+    setting the run cannot use (a swap with `refuse_swap`) is passed over."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from modules.planner.auto_fit import Settings, canonical, combinations, fit
+    from modules.planner.plan_shapes import PlanError
+    layers = 12
+    cost, memory = grid_model(layers)
 
     for refuse_swap in (False, True):
         def predict_settings(settings: Settings):
@@ -401,6 +421,56 @@ def test_auto_fit_search_against_the_whole_grid(vram):
             assert memory(canonical(without, layers)) > vram, (vram, result.settings)
         if vram == 3.0 and not refuse_swap:   # nothing fits without them
             assert result.settings.attention_inputs
+
+
+def test_auto_fit_predicts_only_what_can_change_its_answer():
+    """Each prediction of a real-size fit is a trace of seconds to minutes. At 30 blocks and five card sizes the
+    search makes its choice (the grid's cheapest that fits) from 58 predictions: no setting whose floor (what its step
+    starts with) exceeds the card is predicted, nor a swap count that costs more than the best found. The search
+    before (every swap count bisected from an all-swap trace, no floors) made 113 for the same choices."""
+    from types import SimpleNamespace
+
+    from modules.planner.auto_fit import GIB, Settings, canonical, combinations, fit
+    layers = 30
+    cost, memory = grid_model(layers)
+    weights = lambda settings: 1.0 + (layers - canonical(settings, layers).block_swap) * 0.5  # noqa: E731
+    grid = [Settings(b.gradient_checkpointing, b.checkpoint_every, n, b.activation_offload, b.attention_inputs)
+            for b in combinations() for n in range(layers + 1)]
+    key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload, s.attention_inputs)  # noqa: E731
+    predictions = passed_over = 0
+    for vram in (5.0, 8.0, 12.0, 20.0, 40.0):
+        predicted, floored = set(), set()
+
+        def predict_settings(settings: Settings):
+            predicted.add(canonical(settings, layers))
+            gib = memory(canonical(settings, layers))
+            return SimpleNamespace(peak_gib=gib, fits=lambda v, g=gib: g <= v)
+
+        def floor_settings(settings: Settings):
+            floored.add(canonical(settings, layers))
+            return int(weights(settings) * GIB)
+
+        result = fit(None, vram, predict_settings, layers, cost, floor_settings=floor_settings)
+        fitting = [s for s in grid if memory(canonical(s, layers)) <= vram]
+        assert key(result.settings) == min(key(s) for s in fitting), (vram, result.settings)
+        frugal = canonical(Settings(True, 1, layers, True, True), layers)
+        assert not any(weights(s) > vram for s in predicted - {frugal}), vram
+        assert all(weights(s) > vram for s, _gib in result.passed_over), vram
+        predictions, passed_over = predictions + len(predicted), passed_over + len(result.passed_over)
+    assert predictions <= 58 and passed_over, (predictions, passed_over)
+
+
+def test_a_floor_is_under_the_predicted_peak(tiny_model):
+    """The floor a fit passes settings over by (the step's start: weights, adapters, optimizer state) is never
+    above the prediction of the same setting, and holds the weights it keeps on the device."""
+    from modules.planner.memory_plan import floor_bytes, predict
+    from modules.planner.plan_shapes import resolve_architecture
+    for switches in ("lora", "fine-tune", "block swap"):
+        config = tiny_config(tiny_model("wan2.1-t2v"), **SWITCHES[switches])
+        arch = resolve_architecture(config)
+        prediction = predict(config, TINY_SHAPE, arch)
+        floor = floor_bytes(config, TINY_SHAPE, arch)
+        assert prediction.parts["weights"] < floor <= prediction.peak_bytes, switches
 
 
 def test_auto_fit_in_the_config_sets_the_switches_at_train_start(tiny_model):

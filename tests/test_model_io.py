@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_VARIANT = {"wan2.1-t2v": WanVariant.T2V, "wan2.1-i2v": WanVariant.I2V, "wan2.1-flf2v": WanVariant.FLF2V,
                     "wan2.2-ti2v-5b": WanVariant.TI2V_5B, "wan2.2-t2v-a14b": WanVariant.T2V_A14B,
                     "wan2.2-i2v-a14b": WanVariant.I2V_A14B, "wan2.1-vace": WanVariant.VACE,
-                    "wan2.2-vace-fun-a14b": WanVariant.VACE_A14B, "wan2.1-fun-control": WanVariant.FUN_CONTROL}
+                    "wan2.2-vace-fun-a14b": WanVariant.VACE_A14B, "wan2.1-fun-control": WanVariant.FUN_CONTROL,
+                    "wan2.1-fun-inp": WanVariant.FUN_INP, "wan2.2-fun-control-a14b": WanVariant.FUN_CONTROL_A14B}
 
 
 def load(path, **parts) -> object:

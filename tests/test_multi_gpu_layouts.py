@@ -4,39 +4,46 @@ c10d rendezvous as two machines do (a killed rank stops both; the resume is bit-
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from learning import train
 from modules.trainer.backup_io import read_backup
-from modules.trainer.GenericTrainer import step_seed
 from modules.util.config.TrainConfig import TrainConfig
-from multi_gpu_runs import (A14B_VALUES, BACKUP_AT, COMMON, GIB, ROOT, STEPS, assert_same_tensors, cli_arguments,
-                            planned_trace, preview_strip, preview_values, run_ranks, start_agents,
-                            wait_for_all)
+from multi_gpu_runs import (BACKUP_AT, COMMON, EXPERT_VALUES, GIB, ROOT, STEPS, assert_same_tensors, cli_arguments,
+                            planned_trace, preview_strip, preview_values, run_ranks,
+                            start_agents, wait_for_all)
 
 
 @pytest.fixture(scope="module")
 def context_runs(lora_runs, squares_dataset, tiny_model):
     """In one pair of processes: the LoRA training of lora_runs' single process (batch 2) on 1 data-parallel group x
-    2 context-parallel ranks, then expert_runs' A14B training with one expert per rank, then the tiny transformer's
-    forward and backward with its tokens split over both ranks."""
+    2 context-parallel ranks, then expert_runs' A14B training with one expert per rank and its resume, then the tiny
+    transformer's forward and backward with its tokens split over both ranks."""
     tmp = lora_runs["tmp"]
     experts = tmp / "experts"
     a14b = tiny_model("wan2.2-t2v-a14b")
-    single = train(experts / "single", a14b, squares_dataset, steps=STEPS,
-                   overrides=COMMON + A14B_VALUES + ["batch_size=2"])
-    (experts / "ranks" / "results").mkdir(parents=True)
-    expert_run = {"tmp": str(experts / "ranks"), "results": str(experts / "ranks" / "results"), "base": str(a14b),
-                  "overrides": COMMON + A14B_VALUES + ["batch_size=2", f"cache_dir={experts / 'single' / 'cache'}"]}
+    cache = f"cache_dir={experts / 'high' / 'cache'}"
+    singles = {side: train(experts / side, a14b, squares_dataset, steps=STEPS,
+                           overrides=EXPERT_VALUES + [f"expert={side}", "batch_size=2", cache])
+               for side in ("high", "low")}
+    runs = {name: {"tmp": str(experts / name), "results": str(experts / name / "results"), "base": str(a14b),
+                   "overrides": EXPERT_VALUES + ["expert=both", "batch_size=2", cache]}
+            for name in ("ranks", "resumed")}
+    runs["ranks"]["overrides"] += preview_values(experts, at=STEPS)
+    runs["resumed"]["resume_from"] = str(experts / "ranks" / "run")
+    for run in runs.values():
+        Path(run["results"]).mkdir(parents=True)
     ranks = run_ranks(tmp / "context", lora_runs["base"], squares_dataset,
                       COMMON + ["batch_size=2", "distributed.context_parallel=2", f"cache_dir={tmp / 'single' / 'cache'}",
                                 *preview_values(tmp)],
-                      context_check=str(tmp / "context" / "check"), then=[expert_run])
+                      context_check=str(tmp / "context" / "check"), then=[runs["ranks"], runs["resumed"]])
     return {"ranks": ranks, "check": tmp / "context" / "check",
-            "experts": {"tmp": experts, "single": single,
+            "experts": {"tmp": experts, "singles": singles, "base": a14b,
                         "ranks": [json.loads((experts / "ranks" / "results" / f"rank{r}.json").read_text())
                                   for r in range(2)]}}
 
@@ -110,39 +117,101 @@ def test_auto_fit_chooses_context_parallel_when_only_split_tokens_fit(tiny_model
 
 @pytest.fixture(scope="module")
 def expert_runs(context_runs):
-    """A14B `both` LoRA training in one process (batch 2) and expert parallel on 2 ranks (in context_runs'
-    processes): rank 0 the high-noise expert, rank 1 the low-noise one, each taking the whole global batch of 2."""
+    """Wan 2.2 A14B LoRA in one process with `expert: high` and with `expert: low` (batch 2 each, the same seed and
+    data), and `expert: both` expert parallel on 2 ranks (in context_runs' processes): rank 0 the high-noise expert,
+    rank 1 the low-noise one, each taking the whole global batch of 2 in every step; then the same 2-rank run resumed
+    from its backup of step BACKUP_AT."""
     return context_runs["experts"]
 
 
-def test_expert_parallel_both_experts_equal_single_process_both(expert_runs):
-    single, ranks, tmp = expert_runs["single"], expert_runs["ranks"], expert_runs["tmp"]
-    routed = {single.setup.step_expert(torch.Generator().manual_seed(step_seed(single.config.seed, step)))
-              for step in range(STEPS)}
-    assert routed == {"transformer", "transformer_2"}   # both experts trained in these steps
+def test_expert_parallel_trains_both_experts_in_every_step_as_two_one_expert_runs(expert_runs):
+    singles, ranks, tmp = expert_runs["singles"], expert_runs["ranks"], expert_runs["tmp"]
     assert [rank["own_expert"] for rank in ranks] == ["transformer", "transformer_2"]
     assert ranks[0]["layout"].startswith("expert parallel")
-    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
-    assert ranks[1]["losses"] == pytest.approx(ranks[0]["losses"], abs=1e-12)
+    # every step trained both experts: its loss is the mean of the one-expert runs' losses of that step
+    assert len(ranks[0]["losses"]) == STEPS
+    both = [(high + low) / 2 for high, low in zip(singles["high"].step_losses, singles["low"].step_losses)]
+    assert ranks[0]["losses"] == pytest.approx(both, abs=1e-6)
+    assert ranks[1]["losses"] == ranks[0]["losses"]
+    # each expert's file is the one-expert run's, bit for bit (each half is that run, with a group of one rank)
+    for side, suffix in (("high", "_high_noise"), ("low", "_low_noise")):
+        saved, alone = (load_file(str(tmp / name / f"out{suffix}.safetensors")) for name in ("ranks", side))
+        assert saved.keys() == alone.keys()
+        assert all(torch.equal(saved[key], alone[key]) for key in saved), side
+    # the backup holds both experts' adapters, gathered from their ranks: each one-expert run's at that step
+    parallel = read_backup(next((tmp / "ranks" / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))
+    for side, expert in (("high", "transformer."), ("low", "transformer_2.")):
+        alone = read_backup(next((tmp / side / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))["trainable"]
+        assert {k for k in parallel["trainable"] if k.startswith(expert)} == alone.keys()
+        assert all(torch.equal(parallel["trainable"][key], alone[key]) for key in alone), side
+
+
+def test_expert_parallel_validation_is_that_of_both_trained_experts(expert_runs):
+    """The validation loss at the end: the whole schedule's sigmas, each evaluated by its expert on the rank that
+    holds it, equals one process evaluating with the high-noise expert of the `high` run and the low-noise expert of
+    the `low` run."""
+    from modules.trainer.ValidationEvaluator import ValidationEvaluator
+    ranks, high, low = expert_runs["ranks"], expert_runs["singles"]["high"], expert_runs["singles"]["low"]
+    high.model.transformer_2 = low.model.transformer_2
+    high.config.expert = "both"
+    expected = ValidationEvaluator(high).evaluate()
+    assert [step for step, _ in ranks[0]["validation"]] == [STEPS]
+    assert ranks[0]["validation"][0][1] == pytest.approx(expected.loss, abs=1e-6)
+    assert ranks[1]["validation"] == ranks[0]["validation"]
+
+
+def test_expert_parallel_resumes_bit_identically(expert_runs):
+    tmp = expert_runs["tmp"]
     for suffix in ("_high_noise", "_low_noise"):
-        assert_same_tensors(tmp / "ranks" / f"out{suffix}.safetensors", tmp / "single" / f"out{suffix}.safetensors",
-                            atol=1e-5)
-    # the backup holds both experts' adapters and optimizer state, gathered from their ranks: the single process's
-    parallel, one = (read_backup(next((tmp / name / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}")))
-                     for name in ("ranks", "single"))
-    assert parallel["trainable"].keys() == one["trainable"].keys()
-    for key in one["trainable"]:
-        torch.testing.assert_close(parallel["trainable"][key], one["trainable"][key], atol=1e-5, rtol=0, msg=key)
-    assert parallel["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
-    for position, entries in one["optimizer"]["state"].items():
-        for key, value in entries.items():
-            torch.testing.assert_close(parallel["optimizer"]["state"][position][key], value, atol=1e-5, rtol=1e-4)
+        resumed, uninterrupted = (load_file(str(tmp / name / f"out{suffix}.safetensors"))
+                                  for name in ("resumed", "ranks"))
+        assert resumed.keys() == uninterrupted.keys()
+        assert all(torch.equal(resumed[key], uninterrupted[key]) for key in resumed), suffix
+
+
+def test_expert_parallel_preview_samples_both_experts_trained_adapters(expert_runs):
+    """Rank 0 holds the high-noise expert; its preview at the last step is what the saved pair of files samples
+    (the low-noise expert's adapter came from rank 1), and not what the high-noise file alone samples."""
+    import numpy as np
+    from modules.modelSampler.sampling_io import apply_lora_files, load_model_for_sampling
+    from modules.modelSampler.TrainingSampler import frame_strip
+    from modules.modelSampler.WanModelSampler import WanModelSampler
+    from modules.util.enum.DataType import DataType
+    from modules.util.sample_definitions import load_sample_definitions
+    tmp = expert_runs["tmp"]
+    preview = np.asarray(Image.open(next((tmp / "ranks" / "run" / "samples").glob(f"*/0-a-red-square/{STEPS}-*.png"))))
+    sample = load_sample_definitions(str(tmp / "samples.json"))[0]
+
+    def sampled(*files):
+        model = load_model_for_sampling(str(expert_runs["base"]), DataType.FLOAT_32, torch.device("cpu"))
+        apply_lora_files(model, [(file, 1.0) for file in files])
+        return frame_strip(WanModelSampler(model, device=torch.device("cpu")).sample(sample).frames_uint8())
+
+    pair = sampled(tmp / "ranks" / "out.safetensors")
+    assert abs(preview.astype(int) - pair.astype(int)).max() <= 1
+    high_only = sampled(tmp / "ranks" / "out_high_noise.safetensors")
+    assert abs(preview.astype(int) - high_only.astype(int)).max() > 1
+
+
+def test_expert_parallel_refuses_a_sigma_range_that_leaves_an_expert_nothing(tiny_model, squares_dataset, tmp_path,
+                                                                             capsys):
+    """Each half draws every step's sigmas in its own expert's range: max_sigma under the boundary (0.875) leaves the
+    high-noise half none, said before any model loads (one process `both` would just route every step low)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train as train_script
+    argv = cli_arguments(tiny_model("wan2.2-t2v-a14b"), squares_dataset, tmp_path, tmp_path / "cache",
+                         ["multi_gpu=true", "distributed.processes=2", "expert=both", "timestep.max_sigma=0.5"])
+    assert train_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has no sigma in the high-noise expert's range" in err and "distributed.expert_parallel false" in err
+    assert not (tmp_path / "cache").exists()
 
 
 def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_model):
-    """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), and the plan the trainer
-    checks at the start is expert parallel unless distributed.expert_parallel is off."""
-    from modules.planner.parallel_plan import configured, plan_layouts
+    """A14B `both` on 2 GPUs: each GPU holds one expert (half of both experts' weights), a step makes two expert
+    updates in one expert step's time, and the plan the trainer checks at the start is expert parallel unless
+    distributed.expert_parallel is off."""
+    from modules.planner.parallel_plan import choose, configured, plan_layouts, report
     values = {**planned_trace(tiny_model("wan2.2-t2v-a14b"))["config"], "expert": "both",
               "distributed": {"shard_base": "auto"}, "data": {"resolution": 64, "frame_buckets": [9],
                                                               "aspect_ratios": [1.0]}}
@@ -153,6 +222,17 @@ def test_expert_parallel_is_planned_per_gpu_and_is_what_a14b_both_runs(tiny_mode
     assert configured(list(plans.values()), config, None) is experts
     assert experts.config_values()["distributed.expert_parallel"] is True
     assert whole.config_values() == {"distributed.expert_parallel": False, "distributed.shard_base": False}
+    # the step: each GPU computes one expert's step on its batch in either layout, but expert parallel updates both
+    # experts (DDP one, on twice the batch) and all-reduces within a half only: twice the expert updates per second
+    assert (experts.expert_updates, whole.expert_updates) == (2, 1)
+    assert experts.clips_per_step == whole.clips_per_step == 2
+    assert 0 < experts.step_seconds <= whole.step_seconds
+    gain = 2 * whole.step_seconds / experts.step_seconds
+    text = report(list(plans.values()), experts, None)
+    assert (f"expert parallel: 2 expert updates a step (1 clip(s) each) against DDP's 1 (2 clip(s)): x{gain:.2f} "
+            f"expert updates per second") in text
+    # so auto_fit takes it first whenever it fits, and DDP when only the whole pair fits
+    assert choose(list(plans.values()), whole.peak_gib + 1) is experts
     config.distributed.expert_parallel = False
     assert configured(list(plans.values()), config, None).layout == "DDP"
 

@@ -144,6 +144,27 @@ def test_the_control_tab_shows_the_control_settings_the_config_has():
     assert ("data.control" in sections) == ("control" in DataConfig.model_fields)
 
 
+def test_the_control_tab_shows_the_settings_of_the_models_kind_of_control_only():
+    assert [path for path, _ in control_sections()] == ["data.control", "animate"]   # no model known yet
+    assert control_sections(WanVariant.VACE) == [("data.control", "VACE control (data.control)")]
+    assert control_sections(WanVariant.FUN_CONTROL_A14B) == [("data.control", "Wan-Fun control (data.control)")]
+    assert control_sections(WanVariant.ANIMATE_14B) == [("animate", "Wan2.2-Animate (animate)")]
+    assert control_sections(WanVariant.T2V) == control_sections(WanVariant.FUN_INP) == []
+
+
+def test_a_mask_video_is_offered_only_where_the_variant_takes_one():
+    from modules.ui.SamplingController import variant_editor_fields
+    assert WanVariant.FUN_CONTROL_A14B.takes_control_mask and not WanVariant.FUN_CONTROL.takes_control_mask
+    assert variant_editor_fields(WanVariant.FUN_CONTROL)[-1] == "control_video"
+    assert variant_editor_fields(WanVariant.FUN_CONTROL_A14B)[-2:] == ("control_video", "mask_video")
+    assert "mask_video" in variant_editor_fields(WanVariant.VACE)
+    assert "mask_video" in variant_editor_fields(WanVariant.ANIMATE_14B)   # Animate's character mask
+    assert variant_editor_fields(None) == variant_editor_fields(WanVariant.T2V)
+    assert tools.condition_kind(WanVariant.FUN_CONTROL) == "Wan-Fun Control"
+    assert "mask-video" not in tools.CONDITIONS["Wan-Fun Control"]
+    assert "mask-video" in tools.CONDITIONS[tools.condition_kind(WanVariant.FUN_CONTROL_A14B)]
+
+
 def test_the_sample_form_gives_sample_py_the_conditions_it_reads():
     sys.path.insert(0, str(ROOT / "scripts"))
     import sample
@@ -161,7 +182,7 @@ def test_the_sample_form_gives_sample_py_the_conditions_it_reads():
             args.animate_mode, args.continuation_frames) == (["me.png"], "p.mp4", "f.mp4", "b.mp4", "m.mp4",
                                                              "replace", 5)
     assert tools.condition_kind(WanVariant.VACE_A14B) == "VACE" and tools.condition_kind(WanVariant.T2V) == "none"
-    assert tools.condition_kind(WanVariant.FUN_CONTROL_A14B) == "Wan-Fun Control"
+    assert tools.condition_kind(WanVariant.FUN_CONTROL_A14B) == "Wan-Fun Control A14B"
     fun = tools.sample_command("/m", "p", "/out", image="start.png",
                                conditions={"control-video": "c.mp4", "mask-video": "m.mp4"})
     args = sample.parse_args(fun[1:])

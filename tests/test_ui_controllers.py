@@ -86,7 +86,7 @@ def test_preset_load_fills_fields_and_save_as_reloads_equal(tmp_path):
     shown = {}
     controller.state.bind("lora.rank", lambda t: shown.__setitem__("rank", t))
     controller.load(DEMO)
-    assert shown["rank"] == "8"
+    assert shown["rank"] == "16"   # the demo preset's rank
     assert controller.state.get("data.concepts.0.caption_source") == "sidecar"  # sparse list items filled in
     controller.state.set_text("optimizer.learning_rate", "0.003")
     saved = tmp_path / "saved.json"

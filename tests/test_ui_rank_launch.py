@@ -65,6 +65,21 @@ def test_the_launch_is_train_py_on_the_saved_config_which_launches_the_ranks(tmp
     assert refused[-1].startswith("refused: distributed.processes: 3 processes but 2 GPU(s) visible")
 
 
+def test_the_section_says_how_expert_and_context_parallel_deal_the_global_batch(tiny_model):
+    """Expert parallel (A14B `both` on 2 ranks): every step trains both experts, each on a global batch of one
+    rank's batch; context parallel 2: one group of 2 ranks shares one batch."""
+    a14b = config(multi_gpu="true", device="cpu", expert="both", batch_size=3, **{
+        "distributed.processes": 2, "model.base_model_name": tiny_model("wan2.2-t2v-a14b")})
+    lines = ranks.section_lines(a14b, gpus=0)
+    assert lines[0].endswith("global batch 3 x 1 = 3")
+    assert lines[1].startswith("expert parallel: the high-noise expert on ranks 0-0, the low-noise expert on ranks 1-1")
+    split = config(multi_gpu="true", device="cpu", batch_size=3, **{"distributed.processes": 2,
+                                                                    "distributed.context_parallel": 2})
+    assert ranks.section_lines(split, gpus=0)[:2] == [
+        "0 GPU(s) visible; Start launches 2 ranks on 2 CPU processes (gloo): global batch 3 x 1 = 3",
+        "context parallel: 1 group(s) of 2 ranks, each clip's tokens split 2 ways"]
+
+
 def test_the_layout_menu_sets_the_distributed_fields_and_reads_them_back():
     state = UIState()
     assert ranks.layout_name(state) == "auto (by the memory plan)"

@@ -7,7 +7,7 @@ from PIL import Image
 
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
-from modules.modelSampler.vace_sampling import VaceInputError, check_vace_sample
+from modules.modelSampler.vace_sampling import VaceInputError, check_vace_sample, load_vace_inputs
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.WanVariant import WanVariant
@@ -77,3 +77,21 @@ def test_bad_inputs_are_named(vace_model, inputs, tmp_path):
         check_vace_sample(WanVariant.T2V, _sample(root, mask_video=""))
     with pytest.raises(SampleError, match="a VACE model takes no image"):
         sampler.resolve(_sample(root, image=str(root / "clip_ref.png")))
+
+
+def test_a_mask_of_another_aspect_than_the_control_is_named(inputs, tmp_path):
+    """Control and mask are each cropped to the sample's size: a mask of another aspect ratio would mark another
+    region than its pixels show, so it is refused naming both sizes; one of the same aspect at another size is
+    scaled as the control is."""
+    root, _, mask, _ = inputs
+    for name, size in (("square_mask", (HEIGHT, HEIGHT)), ("double_mask", (2 * HEIGHT, 2 * WIDTH))):
+        (tmp_path / name).mkdir()
+        for index, frame in enumerate(mask):
+            Image.fromarray(frame).resize(size[::-1], Image.NEAREST).save(tmp_path / name / f"{index:03d}.png")
+    with pytest.raises(VaceInputError, match=rf"mask video '.*square_mask' is {HEIGHT}x{HEIGHT}, the control video "
+                                             rf"{WIDTH}x{HEIGHT}; a mask must have the control's aspect ratio"):
+        load_vace_inputs(str(root / "clip_control"), str(tmp_path / "square_mask"), [], FRAMES, HEIGHT, WIDTH)
+    _, scaled, _ = load_vace_inputs(str(root / "clip_control"), str(tmp_path / "double_mask"), [], FRAMES, HEIGHT,
+                                    WIDTH)
+    _, own, _ = load_vace_inputs(str(root / "clip_control"), str(root / "clip_mask"), [], FRAMES, HEIGHT, WIDTH)
+    assert torch.equal(scaled, own)

@@ -245,6 +245,20 @@ def test_the_last_preview_is_the_highest_step_not_the_last_string_or_file(tmp_pa
         ["0-x/50-8.mp4", "0-x/200-33.mp4", "1-y/200-33.mp4"]
 
 
+
+def test_the_sample_line_names_an_a14b_pair_by_its_absolute_stem(tmp_path, monkeypatch):
+    """A relative output: the pair's stem (which sample.py reads as `_high_noise` / `_low_noise`) is absolute as a
+    single file's path is, so the printed command runs from any folder."""
+    from modules.trainer.run_report import lora_to_sample
+    (tmp_path / "out").mkdir()
+    names = ["l_high_noise.safetensors", "l_low_noise.safetensors", "l_high_noise.diffusers.safetensors"]
+    for name in names + ["one.safetensors", "one.diffusers.safetensors"]:
+        (tmp_path / "out" / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    assert lora_to_sample([Path("out") / name for name in names]) == str(tmp_path / "out" / "l.safetensors")
+    assert lora_to_sample([Path("out/one.safetensors"), Path("out/one.diffusers.safetensors")]) == \
+        str(tmp_path / "out" / "one.safetensors")
+
 # ---- a full cache folder -----------------------------------------------------------------------------------------
 
 def test_a_full_cache_folder_is_one_line_naming_the_folder_and_entry(tiny_model, six_clips, tmp_path):

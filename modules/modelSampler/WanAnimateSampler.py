@@ -23,9 +23,11 @@ def animate_problems(variant: WanVariant, sample: SampleConfig) -> list[str]:
                                                       "background_video", "mask_video")}
     if not variant.is_animate:
         named = [name for name, value in given.items() if value]
-        if variant.is_vace:   # VACE's own mask video; sample.py's one --reference-image fills its list too
-            named = [name for name in named if name != "mask_video"
-                     and not (name == "reference_image" and list(sample.reference_images) == [sample.reference_image])]
+        if variant.takes_control_mask:   # VACE's and Fun-Control A14B's own mask video
+            named = [name for name in named if name != "mask_video"]
+        if variant.is_vace:   # sample.py's one --reference-image fills VACE's list too
+            named = [name for name in named
+                     if not (name == "reference_image" and list(sample.reference_images) == [sample.reference_image])]
         return [f"{', '.join(named)}: {variant} is not a Wan2.2-Animate model; these are for Animate"] if named \
             else []
     if variant is not WanVariant.ANIMATE_14B:

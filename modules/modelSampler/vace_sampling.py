@@ -50,6 +50,19 @@ def _read_reference(path: str) -> torch.Tensor:
         raise VaceInputError(f"reference image {path!r} cannot be read: {error.reason}") from error
 
 
+def _check_same_aspect(control_video: str, mask_video: str) -> None:
+    """Each is covered and cropped to the sample's size on its own: of another aspect ratio, the mask would mark
+    another region of the control than the one its pixels show (training names such a mask too)."""
+    from modules.util.video_io import probe_media
+    try:
+        control, mask = probe_media(control_video), probe_media(mask_video)
+    except UnreadableMediaError as error:
+        raise VaceInputError(f"{error.path!r} cannot be read: {error.reason}") from error
+    if mask.width * control.height != mask.height * control.width:
+        raise VaceInputError(f"mask video {mask_video!r} is {mask.width}x{mask.height}, the control video "
+                             f"{control.width}x{control.height}; a mask must have the control's aspect ratio")
+
+
 def load_vace_inputs(control_video: str, mask_video: str, reference_images: list[str], frames: int, height: int,
                      width: int) -> tuple[torch.Tensor | None, torch.Tensor | None, list[torch.Tensor]]:
     """(3, F, H, W) control in [-1, 1] or None, (1, F, H, W) mask binarised at 0.5 (white = generate) or None,
@@ -58,6 +71,8 @@ def load_vace_inputs(control_video: str, mask_video: str, reference_images: list
         if control_video else None
     mask = None
     if mask_video:
+        if control_video:
+            _check_same_aspect(control_video, mask_video)
         pixels = _read_clip(mask_video, "mask video", frames, height, width)
         mask = torch.from_numpy((pixels.mean(axis=-1) / 255.0 > 0.5).astype(np.float32))[None]
     return video, mask, [_read_reference(path) for path in reference_images]
@@ -70,7 +85,7 @@ def check_vace_sample(variant, sample) -> None:
         given = [name for name in given if name == "control_video"
                  or (name == "reference_images" and list(sample.reference_images) != [sample.reference_image])]
     if variant.is_fun_control:   # Wan-Fun Control: a control video; the A14B model also a mask video
-        takes = ("control_video", "mask_video") if variant.fun_condition_channels == 36 else ("control_video",)
+        takes = ("control_video", "mask_video") if variant.takes_control_mask else ("control_video",)
         if extra := [name for name in given if name not in takes]:
             raise VaceInputError(f"sample {sample.prompt[:40]!r}: {variant} (Wan-Fun Control) takes "
                                  f"{' and '.join(takes)}, not {', '.join(extra)} (its start image is `image`)")

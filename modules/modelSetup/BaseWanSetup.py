@@ -37,6 +37,9 @@ class BaseWanSetup:
         self.config = config
         self.model = model
         self.device = torch.device("cpu")
+        # expert parallel (modules/trainer/expert_parallel.py): the expert every step of this rank trains, over its
+        # own sigma range, as `expert: high` / `low` does; None: the steps are routed over experts_in_training()
+        self.only_expert: str | None = None
 
     # ---- to be provided by each method ----------------------------------------------------------------------
 
@@ -112,11 +115,14 @@ class BaseWanSetup:
         low, high, include_high = 0.0, 1.0, True
         expert = "transformer"
         if boundary is not None and self.model.variant.has_two_experts:
-            experts = self.experts_in_training()
+            experts = self._step_experts()
             expert = self._route(generator) if len(experts) == 2 else experts[0]
             low, high, include_high = (boundary, 1.0, True) if expert == "transformer" else (0.0, boundary, False)
         return expert, torch.cat([sample_sigmas(timestep_config, 1, g, low=low, high=high, include_high=include_high)
                                   for g in item_generators])
+
+    def _step_experts(self) -> list[str]:
+        return [self.only_expert] if self.only_expert else self.experts_in_training()
 
     def _route(self, generator: torch.Generator) -> str:
         # route the step by a sigma drawn from the whole distribution, so each expert trains as often as the
@@ -127,7 +133,7 @@ class BaseWanSetup:
     def step_expert(self, generator: torch.Generator) -> str:
         """The expert `predict` routes a step to, from a copy of the step's generator (the generator is left as it
         is): what predict draws before routing, then the routing draw."""
-        experts = self.experts_in_training()
+        experts = self._step_experts()
         if len(experts) == 1 or self.model.boundary_ratio is None:
             return experts[0]
         copy = torch.Generator().set_state(generator.get_state())

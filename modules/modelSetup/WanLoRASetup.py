@@ -13,6 +13,7 @@ from peft import LoHaConfig, LoKrConfig
 from peft import LoraConfig as PeftLoraConfig
 from torch import Tensor
 
+from modules.dataLoader.pipeline.PipelineModule import derive_seed
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.ModelType import ModelType
@@ -64,7 +65,11 @@ class WanLoRASetup(BaseWanSetup):
             linear_names = [n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
             chosen = lora_target_names(linear_names, lora.targets, lora.custom_targets, lora.face_adapter)
             targets = [t for t in chosen if t not in fully_trained_modules]
-            transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
+            # each expert's initial adapter from its own seed: the same whichever experts train (`both`, `high`,
+            # `low`, expert parallel), so an expert trains alike in each
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.config.seed, 0, 0, f"adapter_init:{name}") >> 1)
+                transformer.add_adapter(peft_adapter_config(lora, targets), adapter_name=ADAPTER)
         for name, parameter in self.model.transformer.named_parameters():
             if name in self.full_names:
                 parameter.requires_grad_(True)
@@ -149,8 +154,10 @@ class WanLoRASetup(BaseWanSetup):
             else:
                 save_lora_file(weights, output_format, paths[expert], file_metadata)
             written.append(paths[expert])
-            if output_format is not ModelFormat.DIFFUSERS_LORA and any(n.startswith("vace_blocks.") for n in weights):
-                # diffusers reads original-name Wan LoRAs only for the base blocks: WanVACEPipeline gets its own file
+            if (output_format is not ModelFormat.DIFFUSERS_LORA and self.config.lora.type == "LORA"
+                    and any(n.startswith("vace_blocks.") for n in weights)):
+                # diffusers reads original-name Wan LoRAs only for the base blocks: WanVACEPipeline gets its own file.
+                # LoHa / LoKr have no diffusers names at all: their note says to merge instead
                 companion = diffusers_companion_path(paths[expert])
                 save_lora_file(weights, ModelFormat.DIFFUSERS_LORA, companion, file_metadata)
                 written.append(companion)

@@ -17,9 +17,14 @@ for a large shape a swap is nearly free and checkpointing is not; for a small on
 
 The search: the combinations of checkpointing (off, every 2nd block, every block) and offload (with
 checkpointing), cheapest first at no swap; for each, the fewest swapped blocks that fit (the prediction does not
-grow with more swapped blocks), by bisection over real traces; a combination whose cost without any swap already
-exceeds the best found is skipped. The objective "least" (least memory) takes every switch at its most instead, the
-smallest peak the switches can give.
+grow with more swapped blocks), searched over real traces (`_fewest_swapped`: a guess from the peaks on both sides,
+which fall nearly linearly, else bisection). Only swap counts that cost less than the best found are searched: a
+combination whose cost without any swap already exceeds it is skipped, and one that does not fit with the most
+swapped blocks still cheaper is left after that one trace. A setting whose step starts above the card (its
+weights, adapters and optimizer state: `floor_settings`, a trace of the setup alone) is passed over without
+tracing its step. Each trace of a real-size model takes seconds to minutes, so the traces saved are what a user
+waits for; the answer is the one a search of every swap count gives. The objective "least" (least memory) takes
+every switch at its most instead, the smallest peak the switches can give.
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ from modules.util.config.TrainConfig import TrainConfig
 COMPUTE_RATE = 400e12      # FLOP/s: an H100's dense bf16 peak (989 TFLOP/s) at about 40 % utilisation
 TRANSFER_RATE = 20e9       # bytes/s: pinned host <-> device over PCIe 4.0 x16, as measured copies reach
 TEXT_TOKENS = 512
+GIB = 1024 ** 3
+GUESSES = 2                # guessed swap counts (each traced with its neighbour) before the search bisects
 OBJECTIVES = ("fastest", "least")   # the fastest settings that fit, or the least memory the switches can give
 
 
@@ -122,8 +129,8 @@ def step_cost(arch, shape, block_weight_bytes: int) -> StepCost:
 
 def max_traces(layers: int) -> int:
     """The most traces a search makes (as configured, every switch at its most, then per combination its no-swap,
-    all-swap and bisection traces): a bound for a progress bar."""
-    return 2 + len(combinations()) * (2 + math.ceil(math.log2(max(2, layers))))
+    most-swap, guessed and bisection traces): a bound for a progress bar."""
+    return 2 + len(combinations()) * (2 + 2 * GUESSES + math.ceil(math.log2(max(2, layers))))
 
 
 @dataclass
@@ -133,6 +140,8 @@ class FitResult:
     prediction: object | None           # the chosen settings' Prediction
     cost_seconds: float | None
     tried: list[tuple[Settings, float]] = field(default_factory=list)   # (settings, predicted GiB), in order
+    # (settings, GiB before the step) of settings whose step was not traced: they could not fit from its start
+    passed_over: list[tuple[Settings, float]] = field(default_factory=list)
     cost: StepCost | None = None        # the cost model the choice was made with
     objective: str = "fastest"
 
@@ -198,25 +207,36 @@ def _time_change(seconds: float) -> str:
 
 
 def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost,
-        objective: str = "fastest") -> FitResult:
+        objective: str = "fastest", floor_settings=None) -> FitResult:
     """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search.
-    `objective`: "fastest" (the fastest settings that fit) or "least" (the least memory)."""
+    `objective`: "fastest" (the fastest settings that fit) or "least" (the least memory). `floor_settings(settings)
+    -> bytes | None`: a floor under the setting's predicted peak (cheaper than its prediction; None: none known); a
+    setting whose floor exceeds the card is not predicted (FitResult.passed_over)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
     result = FitResult(vram_gib, None, None, None, cost=cost, objective=objective)
 
-    def fits(settings: Settings):
+    traced: dict[Settings, tuple[float, bool]] = {}   # canonical settings -> (predicted GiB, fits)
+
+    def fits(settings: Settings, floored: bool = True):
         try:
+            floor = floor_settings(settings) if floored and floor_settings is not None else None
+            if floor is not None and floor > vram_gib * GIB:
+                result.passed_over.append((settings, floor / GIB))
+                traced[canonical(settings, layers)] = (floor / GIB, False)
+                return None
             prediction = predict_settings(settings)
         except PlanError:   # a setting this run cannot use (a fine-tune cannot swap the blocks it trains)
             result.tried.append((settings, math.inf))
+            traced[canonical(settings, layers)] = (math.inf, False)
             return None
         result.tried.append((settings, prediction.peak_gib))
+        traced[canonical(settings, layers)] = (prediction.peak_gib, prediction.fits(vram_gib))
         return prediction if prediction.fits(vram_gib) else None
 
     max_swap = layers
     frugal = _with_swap(combinations()[-1], max_swap)
-    least = fits(frugal)
+    least = fits(frugal, floored=False)
     if least is None and result.tried[-1][1] != math.inf:   # not even every switch at its most: nothing does
         return result
     if objective == "least":
@@ -225,31 +245,66 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
             # each switch's share of the saving, for explain(): the switches added one at a time
             for step in (Settings(False), Settings(True, 1), Settings(True, 1, 0, True),
                          Settings(True, 1, 0, True, True)):
-                fits(step)
+                fits(step, floored=False)
         return result
     def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload, then no attention chunks
         return cost.seconds(settings), settings.block_swap, settings.activation_offload, settings.attention_inputs
 
     for base in sorted(combinations(), key=key):
-        if result.settings is not None and key(base) >= key(result.settings):
+        # only swap counts that cost less than the best found can change the answer (the key grows with the count)
+        cap = max_swap if result.settings is None else \
+            max((n for n in range(max_swap + 1) if key(_with_swap(base, n)) < key(result.settings)), default=-1)
+        if cap < 0:
             continue
         prediction = fits(base)
         if prediction is None:
-            most = _with_swap(base, max_swap)
-            if fits(most) is None:
+            high = _fewest_swapped(base, cap, vram_gib, traced, fits, layers)
+            if high is None:
                 continue
-            low, high = 0, max_swap   # low does not fit, high does
-            while high - low > 1:
-                middle = (low + high) // 2
-                if fits(_with_swap(base, middle)) is not None:
-                    high = middle
-                else:
-                    low = middle
             base = _with_swap(base, high)
             prediction = predict_settings(base)
         if result.settings is None or key(base) < key(result.settings):
             result.settings, result.prediction, result.cost_seconds = base, prediction, cost.seconds(base)
     return result
+
+
+def _fewest_swapped(base: Settings, cap: int, vram_gib: float, traced: dict, fits, layers: int) -> int | None:
+    """The fewest swapped blocks (1..cap) with which `base` fits, or None; `base` itself (no swap) does not fit.
+    `traced`: canonical settings -> (predicted GiB, fits) of the traces made. More swapped blocks never predict
+    more, so the answer is where the peaks cross the card's size: the search guesses it where the line through the
+    peaks on both sides crosses it (they fall nearly linearly: each swapped block takes its weights and, unless
+    checkpointed already, its kept activations off the device), traces the guess and its neighbour on the other
+    side, and after GUESSES such pairs bisects; as a bisection, it ends with both sides of the answer traced."""
+    if cap == 0:
+        return None
+    everything = traced.get(canonical(_with_swap(base, layers), layers))
+    if everything is not None and not everything[1]:
+        return None   # not even every block swapped fits
+    if fits(_with_swap(base, cap)) is None:
+        return None
+    low, high = 0, cap   # low does not fit, high does
+
+    def probe(count: int) -> None:
+        nonlocal low, high
+        if fits(_with_swap(base, count)) is not None:
+            high = count
+        else:
+            low = count
+
+    for _ in range(GUESSES):
+        peak_low = traced[canonical(_with_swap(base, low), layers)][0]
+        peak_high = traced[canonical(_with_swap(base, high), layers)][0]
+        if high - low <= 1 or not math.isfinite(peak_low) or peak_low <= peak_high:
+            break
+        guess = low + math.ceil((peak_low - vram_gib) / (peak_low - peak_high) * (high - low) - 1e-9)
+        guess = min(high - 1, max(low + 1, guess))
+        probe(guess)
+        neighbour = guess - 1 if high == guess else guess + 1   # a right guess ends the search
+        if low < neighbour < high:
+            probe(neighbour)
+    while high - low > 1:
+        probe((low + high) // 2)
+    return high
 
 
 def _with_swap(settings: Settings, count: int) -> Settings:

@@ -17,7 +17,7 @@ from modules.planner.auto_fit import (FitResult, Settings, block_weight_bytes, c
                                       step_cost)
 from modules.planner.auto_fit import fit as fit_settings
 from modules.planner.plan_shapes import PlanError, PlanShape, largest_shape, resolve_architecture
-from modules.planner.Prediction import PARTS, Prediction
+from modules.planner.Prediction import GIB, PARTS, Prediction, allowance_bytes
 from modules.util.config.TrainConfig import TrainConfig
 
 __all__ = ["PlanError", "PlanCancelled", "Prediction", "FitResult", "Settings", "predict", "fit"]
@@ -48,6 +48,15 @@ def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None, deta
                       seconds=time.perf_counter() - started, largest=counter.largest_at_peak(None if detail else 10),
                       preview_shape=facts["preview"][0].text() if "preview" in facts else None,
                       preview_bytes=facts["preview"][1] if "preview" in facts else 0)
+
+
+def floor_bytes(config: TrainConfig, shape: PlanShape, arch) -> int:
+    """A floor under predict(config, shape, arch).peak_bytes, from the step's start alone (the weights, adapters,
+    optimizer state and inputs it holds before its forward pass; the allowance on top): a setting whose floor does
+    not fit the card is passed over without tracing its step (a few times faster)."""
+    from modules.planner.step_trace import trace_step
+    counter, _facts = trace_step(config, arch, shape, setup_only=True)
+    return counter.peak + allowance_bytes(counter.peak)
 
 
 def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,
@@ -82,9 +91,24 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
                 progress(traced[0], at_most, text)
         return cache[settings]
 
+    def floor_settings(settings: Settings) -> int | None:
+        """The floor of a setting not traced yet (None when it is traced: its prediction decides)."""
+        settings = canonical(settings, layers)
+        if settings in cache:
+            return None
+        if cancel is not None and cancel():
+            raise PlanCancelled("cancelled")
+        try:
+            floor = floor_bytes(settings.apply(config), shape, arch)
+        except PlanError as error:
+            raise PlanError(f"{settings.text()}: {error}") from None
+        if floor > vram_gib * GIB:
+            log(f"  {settings.text()}: at least {floor / GIB:.1f} GiB before its step (the step not traced)")
+        return floor
+
     first = predict_settings(settings_of(config))
     from modules.util.enum.DataType import DataType
     weight = config.model.transformer.weight_dtype
     bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
     cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
-    return fit_settings(config, vram_gib, predict_settings, layers, cost, objective)
+    return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings)

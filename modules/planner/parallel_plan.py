@@ -13,6 +13,9 @@ W frozen weights, T trainable weights + gradients + optimizer state, A activatio
   DDP's buckets for its adapter.
 - context parallel d (d dividing N; N / d data-parallel groups): one clip's tokens split d ways: A / d and X / d,
   weights whole, DDP's gradient buckets as DDP.
+Each plan also carries its predicted step time and the work a step does (parallel_time.py): expert parallel makes
+two expert updates a step (a high-noise and a low-noise step at once) where every other layout of A14B `both` makes
+one.
 
 Tolerance: the per-GPU figures inherit the single trace's (within 5 % of a real step) and count the gathered
 blocks in full on top of their shards (at most 2 blocks / N too many): they err on the safe side by that much.
@@ -25,8 +28,9 @@ from modules.planner.Prediction import GIB, Prediction, allowance_bytes
 from modules.util.config.TrainConfig import TrainConfig
 
 TOLERANCE = 0.05
-# fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit
-BUILT = ("DDP", "expert parallel", "sharded base", "context parallel", "sharded base + CPU offload")
+# fastest first: the order auto_fit and shard_base auto prefer among the layouts that fit (expert parallel first:
+# for A14B `both` it makes two expert updates in the time DDP makes one)
+BUILT = ("expert parallel", "DDP", "sharded base", "context parallel", "sharded base + CPU offload")
 
 
 @dataclass
@@ -39,6 +43,9 @@ class LayoutPlan:
     built: bool = True          # False: planned only, the trainer cannot run it yet
     problem: str = ""           # why the layout cannot run this config (heads that do not divide, one expert)
     expert_choice: bool = False  # an A14B `both` run that could be expert parallel: this layout turns it off
+    step_seconds: float = 0.0   # predicted time of one step (parallel_time.py)
+    clips_per_step: int = 0     # clips one step trains on, all ranks together
+    expert_updates: int = 1     # expert updates a step makes (expert parallel: 2, a high-noise and a low-noise step)
 
     @property
     def peak_bytes(self) -> int:
@@ -91,8 +98,10 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
     """Each layout's per-GPU peak for `gpus` GPUs (batch_size per GPU, as the trainer reads it); `prediction`:
     predict(config), when the caller has it."""
     from modules.planner.memory_plan import predict
-    from modules.planner.plan_shapes import resolve_architecture
+    from modules.planner.parallel_time import step_seconds
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
     arch = arch or resolve_architecture(config)
+    shape = shape or largest_shape(config, arch)
     prediction = prediction or predict(config, shape, arch)
     unswapped = prediction
     if config.performance.block_swap:
@@ -100,7 +109,8 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
         unswapped = predict(config.model_copy(update={"performance": config.performance.model_copy(
             update={"block_swap": 0})}), shape, arch)
     n = max(1, gpus)
-    plans = _sharded_layouts(config, arch, unswapped, n)
+    shares = block_shares(arch)
+    plans = _sharded_layouts(config, arch, unswapped, n, shares)
     plans[:0] = [LayoutPlan("DDP", n, prediction.counted_bytes + _ddp_buckets(config, prediction), 0,
                             "the whole base and the adapters; gradients averaged",
                             problem="a fine-tune is always sharded (FSDP2)"
@@ -112,7 +122,9 @@ def plan_layouts(config: TrainConfig, gpus: int, prediction: Prediction | None =
         # are chosen with it turned off
         for plan in plans:
             plan.expert_choice = True
-    return plans + experts
+    plans += experts
+    step_seconds(config, arch, shape, prediction, plans, shares)
+    return plans
 
 
 def _ddp_buckets(config: TrainConfig, prediction: Prediction) -> int:
@@ -121,32 +133,30 @@ def _ddp_buckets(config: TrainConfig, prediction: Prediction) -> int:
     return trained // 4 if config.training_method.value == "LORA" else 0
 
 
-def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
+def _sharded_layouts(config: TrainConfig, arch, prediction: Prediction, n: int,
+                     shares: BlockShares) -> list[LayoutPlan]:
     parts = prediction.parts
     traced = prediction.counted_bytes
     weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
     two = arch.variant.has_two_experts and config.expert == "both"
-    shares = block_shares(arch)
-    # one expert runs at a time; FSDP2 gathers a block's adapters (float32) with its frozen weights
-    expert_weights = (weights + 4 * prediction.trainable_parameters) / (2 if two else 1)
+    # one expert runs at a time; FSDP2 gathers a block's adapters (float32) with its frozen weights; FLOAT_8 shards
+    # are gathered as bfloat16 (ParallelLayout.fp8_sharding), twice their bytes
+    fp8 = config.training_method.value == "LORA" and any(
+        getattr(config.model, part).weight_dtype.value == "FLOAT_8" for part in ("transformer", "transformer_2"))
+    expert_weights = ((2 if fp8 else 1) * weights + 4 * prediction.trainable_parameters) / (2 if two else 1)
     gathered = int(expert_weights * (2 * shares.block + shares.outside))
     rest = traced - weights - trained
-    problem = "FLOAT_8 base weights cannot be sharded yet" if any(
-        getattr(config.model, part).weight_dtype.value == "FLOAT_8" for part in ("transformer", "transformer_2")) \
-        and config.training_method.value == "LORA" else ""
     return [
         LayoutPlan("sharded base", n, rest + weights // n + trained // n + gathered, 0,
-                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time",
-                   problem=problem),
+                   f"1/{n} of the base, adapters and optimizer state; one block gathered whole at a time"),
         LayoutPlan("sharded base + CPU offload", n, rest + gathered, (weights + trained) // n,
-                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory",
-                   problem=problem),
+                   f"the gathered blocks only; 1/{n} of the base and optimizer state in host memory"),
     ]
 
 
 def _expert_parallel(config: TrainConfig, arch, prediction: Prediction, n: int) -> list[LayoutPlan]:
     """A14B `both`: each half of the GPUs holds one expert and its adapter (half of both experts' weights and
-    trained state), with DDP's buckets for that adapter."""
+    trained state), with DDP's buckets for that adapter; each half trains its expert in every step."""
     parts = prediction.parts
     weights, trained = parts["weights"], parts["trainable + grads + optimizer"]
     two = arch.variant.has_two_experts and config.expert == "both"
@@ -157,7 +167,8 @@ def _expert_parallel(config: TrainConfig, arch, prediction: Prediction, n: int) 
         problem = "LoRA only (a fine-tune of both experts is sharded)"
     return [LayoutPlan("expert parallel", n, prediction.counted_bytes - weights // 2 - trained // 2
                        + _ddp_buckets(config, prediction) // 2, 0,
-                       f"one expert and its adapter per GPU ({n // 2} GPUs per expert)", problem=problem)]
+                       f"one expert and its adapter per GPU ({n // 2} GPUs per expert), both experts trained in "
+                       f"every step", problem=problem)]
 
 
 def _context_parallel(config: TrainConfig, prediction: Prediction, n: int) -> list[LayoutPlan]:
@@ -191,14 +202,33 @@ def choose(plans: list[LayoutPlan], vram_gib: float | None) -> LayoutPlan:
 
 
 def report(plans: list[LayoutPlan], chosen: LayoutPlan, vram_gib: float | None) -> str:
+    from modules.planner.parallel_time import compute_rate_note, work_text
     lines = [f"per GPU on {chosen.gpus} GPUs (batch_size per GPU; allowance included):"]
     for plan in plans:
         verdict = "" if vram_gib is None or plan.problem else (" fits" if plan.fits(vram_gib) else " does not fit")
         note = f" ({plan.problem})" if plan.problem else ("" if plan.built else " (planned only: not built yet)")
         host = f", host {plan.host_bytes / GIB:.1f} GiB" if plan.host_bytes else ""
-        lines.append(f"  {plan.layout:<28}{plan.peak_gib:7.1f} GiB{host}{verdict}{note}: {plan.holds}")
+        work = "" if plan.problem else f"; {work_text(plan)}"
+        lines.append(f"  {plan.layout:<28}{plan.peak_gib:7.1f} GiB{host}{verdict}{note}: {plan.holds}{work}")
+    lines.append(compute_rate_note())
+    gain = expert_parallel_gain(plans)
+    if gain:
+        lines.append(gain)
     lines.append(f"predicted peak per GPU: {chosen.peak_gib:.1f} GiB ({chosen.layout})")
     return "\n".join(lines)
+
+
+def expert_parallel_gain(plans: list[LayoutPlan]) -> str:
+    """A14B `both`: expert parallel's expert updates per second against DDP's (each of which updates one expert)."""
+    by_name = {p.layout: p for p in plans}
+    experts, ddp = by_name.get("expert parallel"), by_name.get("DDP")
+    if experts is None or experts.problem or ddp is None or not experts.step_seconds:
+        return ""
+    updates = (experts.expert_updates / experts.step_seconds) / (ddp.expert_updates / ddp.step_seconds)
+    clips = (experts.clips_per_step / experts.step_seconds) / (ddp.clips_per_step / ddp.step_seconds)
+    return (f"expert parallel: {experts.expert_updates} expert updates a step ({experts.clips_per_step // 2} clip(s) "
+            f"each) against DDP's 1 ({ddp.clips_per_step} clip(s)): x{updates:.2f} expert updates per second, "
+            f"x{clips:.2f} clips per second")
 
 
 def configured(plans: list[LayoutPlan], config: TrainConfig, vram_gib: float | None) -> LayoutPlan:

@@ -175,12 +175,15 @@ def _predict_fake(setup, batch: dict, expert: str):
 
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,
-               steps: int = 1, place=None, detail: bool = False) -> tuple[StorageCounter, dict]:
+               steps: int = 1, place=None, detail: bool = False,
+               setup_only: bool = False) -> tuple[StorageCounter, dict]:
     """Runs `steps` optimizer steps of the run under a StorageCounter, after an optimizer step on zero gradients
     that creates the optimizer's state (so the traced step is a later step: its forward pass holds that state);
     returns the counter and facts about the setup. `place(setup, model)`: puts the trained experts on the device
     instead of setup.move_experts_to_device() (a real multi-process run's layout: ParallelLayout.wrap). `detail`:
-    each storage also names the module it was made in (ModulePlaces; slower)."""
+    each storage also names the module it was made in (ModulePlaces; slower). `setup_only`: stops before the first
+    traced step, so the counter's peak is what the step starts with (weights, adapters, optimizer state, inputs): a
+    floor under the step's peak, in a fraction of a step's trace."""
     import modules.modelSetup.WanEmbeddingSetup  # noqa: F401  (registers)
     import modules.modelSetup.WanFineTuneSetup  # noqa: F401
     import modules.modelSetup.WanLoRASetup  # noqa: F401
@@ -258,6 +261,8 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         frozen = [p for e in setup.experts_in_training() for p in getattr(model, e).parameters()
                   if not p.requires_grad]
         counter.reset_peak()
+        if setup_only:
+            return counter, facts
         experts = setup.experts_in_training()
         if places is not None:
             for expert in experts:

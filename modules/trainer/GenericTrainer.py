@@ -310,8 +310,7 @@ class GenericTrainer:
                     self.parallel.sync_gradients((progress.micro_step + 1) % accumulation == 0)
                     with self.setup.training_step():
                         loss, prediction = self.parallel.forward(self.setup, batch, generator)
-                        if prediction is not None:   # expert parallel: None when the other expert's ranks ran it
-                            (loss / accumulation).backward()
+                        (loss / accumulation).backward()
                     # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
                     # global batch's loss, so every rank stops alike on a non-finite one
                     micro_losses.append(self.parallel.global_loss(loss))
@@ -324,7 +323,7 @@ class GenericTrainer:
                     kill_point("step")
                     grad_norm = self._optimizer_step(parameters)
                     progress.global_step += 1
-                    self.pending_losses.append((progress.global_step, torch.stack(micro_losses).mean(), grad_norm))
+                    self.pending_losses.append((progress.global_step, torch.stack(micro_losses).mean(0), grad_norm))
                     micro_losses.clear()
                     last = config.max_steps and progress.global_step >= config.max_steps
                     if progress.global_step % readback == 0 or last or self.stop_requested.is_set():
@@ -359,14 +358,16 @@ class GenericTrainer:
         if not self.pending_losses:
             return
         steps = [step for step, _, _ in self.pending_losses]
-        values = torch.stack([torch.stack([loss.float(), norm.float().to(loss.device)])
+        # a loss is one value, or one per expert with expert parallel (Parallel.global_loss): the step's is their mean
+        values = torch.stack([torch.cat([loss.float().reshape(-1), norm.float().to(loss.device).reshape(1)])
                               for _, loss, norm in self.pending_losses]).tolist()
         self.pending_losses.clear()
-        for step, (loss, grad_norm) in zip(steps, values):
+        for step, (*parts, grad_norm) in zip(steps, values):
+            loss = sum(parts) / len(parts)
             if not math.isfinite(loss):
                 raise TrainingError(self._nan_message(step, loss))
             self.step_losses.append(loss)
-            self.hooks.log_loss(step, loss, grad_norm)
+            self.hooks.log_loss(step, loss, grad_norm, parts if len(parts) > 1 else None)
 
     def _optimizer_step(self, parameters) -> torch.Tensor:
         """The gradient norm stays on the device (read back with the loss)."""

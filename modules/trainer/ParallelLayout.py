@@ -12,9 +12,10 @@ Layouts (the data loader deals the global batch out along the data-parallel rank
 - context parallel (`distributed.context_parallel` d, modules/trainer/context_parallel.py): a (dp, ring 1, ulysses d)
   mesh, each group of d ranks splitting one clip's tokens, DDP over every rank summing a group's partial gradients;
 - expert parallel (A14B `both`, modules/trainer/expert_parallel.py): one expert per half of the ranks, DDP within
-  each half; a micro-step routed to the other expert is not run here.
+  each half; every micro-step trains each half's own expert at once, over its own sigma range.
 """
 import contextlib
+import itertools
 
 import torch
 from torch import nn
@@ -52,7 +53,6 @@ class Parallel:
         self.base_sharded = False                   # adapters over a sharded frozen base
         self.context_parallel = config.distributed.context_parallel if self.world_size > 1 else 1
         self.experts = None                         # ExpertGroups: A14B `both` with one expert per half of the ranks
-        self._ran = True                            # expert parallel: whether this rank's expert ran the micro-step
 
     @property
     def enabled(self) -> bool:
@@ -103,9 +103,10 @@ class Parallel:
             self._shard(model, experts, device, param_dtype=self.config.train_dtype.torch_dtype())
         elif method is TrainingMethod.LORA and self._shards_base(device):
             self.mesh = init_device_mesh(device.type, (self.world_size,), mesh_dim_names=("dp",))
-            # adapters keep float32 and the base its own dtype, computed under autocast as in one process
+            # adapters keep float32 and the base its own dtype, computed under autocast as in one process; FLOAT_8
+            # shards are cast to bfloat16 as they are gathered (fp8_sharding)
             self.base_sharded = True
-            self._shard(model, experts, device, param_dtype=None)
+            self._shard(model, experts, device, param_dtype=fp8_sharding(model, experts), cast_inputs=False)
         else:
             setup.move_experts_to_device()
             parts = {name: getattr(model, name) for name in experts}
@@ -114,10 +115,15 @@ class Parallel:
             self._data_parallel(setup, parts, device, unused=len(experts) > 1)
         if self.is_main:
             batch, groups = self.config.batch_size, self.world_size // self.context_parallel
-            print(f"{groups} data-parallel groups x batch_size {batch}: global batch {groups * batch}; "
-                  f"layout: {self.layout}" if self.context_parallel > 1 else
-                  f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
-                  f"layout: {self.layout}", flush=True)
+            if self.experts is not None:
+                print(f"{self.experts.size} processes per expert x batch_size {batch}: each expert's global batch "
+                      f"{self.experts.size * batch}, both experts trained in every step; layout: {self.layout}",
+                      flush=True)
+            else:
+                print(f"{groups} data-parallel groups x batch_size {batch}: global batch {groups * batch}; "
+                      f"layout: {self.layout}" if self.context_parallel > 1 else
+                      f"{self.world_size} processes x batch_size {batch}: global batch {self.world_size * batch}; "
+                      f"layout: {self.layout}", flush=True)
 
     def _expert_parallel(self, setup, model, device: torch.device) -> None:
         """Each half of the ranks holds one expert on its device (the other stays in host memory, untrained here)
@@ -126,6 +132,7 @@ class Parallel:
         self.setup, self.device = setup, device   # for gathering the experts' trained tensors
         self.experts = ExpertGroups(self.rank, self.world_size)
         mine = self.experts.mine
+        setup.only_expert = mine   # every step of this rank trains its expert, as `expert: high` / `low` does
         performance = getattr(setup, "performance", {}).get(mine)
         if performance is not None:
             performance.move_to_device()
@@ -213,13 +220,15 @@ class Parallel:
         elif self.config.distributed.reduce_dtype == "BFLOAT_16":
             self.step_module.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
-    def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None) -> None:
+    def _shard(self, model, experts: list[str], device: torch.device, param_dtype: torch.dtype | None,
+               cast_inputs: bool = True) -> None:
         """fully_shard per block, then the transformer, from the host copy: FSDP2 moves only this rank's shard to
         the device (or keeps it in host memory with cpu_offload), so no rank ever holds the whole model there."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         reduce = torch.bfloat16 if self.config.distributed.reduce_dtype == "BFLOAT_16" else torch.float32
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce)
+        # cast_inputs False: the blocks' inputs keep their dtype, autocast decides each op's, as in one process
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce, cast_forward_inputs=cast_inputs)
         offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.config.distributed.cpu_offload \
             else OffloadPolicy()
         for name in experts:
@@ -231,12 +240,7 @@ class Parallel:
             self.sharded[name] = transformer
 
     def forward(self, setup, batch: dict, generator: torch.Generator):
-        """(loss, prediction) of this rank's share of the global batch. Expert parallel: a micro-step routed to the
-        other expert is not run here ((0, None); its ranks run it)."""
-        if self.experts is not None:
-            self._ran = setup.step_expert(generator) == self.experts.mine
-            if not self._ran:
-                return torch.zeros((), device=setup.device), None
+        """(loss, prediction) of this rank's share of the global batch (expert parallel: for this rank's expert)."""
         if self.step_module is not None:
             return self.step_module(batch, generator)
         prediction = setup.predict(batch, generator)
@@ -245,8 +249,7 @@ class Parallel:
     def sync_gradients(self, sync: bool) -> None:
         """Gradient accumulation: average across ranks only on the micro-step before an optimizer step."""
         if self.step_module is not None:
-            # expert parallel: the micro-step before an optimizer step may be the other expert's
-            self.step_module.require_backward_grad_sync = sync or self.experts is not None
+            self.step_module.require_backward_grad_sync = sync
         for transformer in self.sharded.values():
             transformer.set_requires_gradient_sync(sync)
 
@@ -307,29 +310,76 @@ class Parallel:
             for name, transformer in self.sharded.items():
                 setattr(model, name, transformer)
 
+    @contextlib.contextmanager
+    def previewing(self, model):
+        """Around previews (every rank enters). Expert parallel: every rank gets the other expert's trained tensors
+        from its ranks, and rank 0's own expert leaves its GPU meanwhile, so that the sampler moves each expert
+        there for its own denoising steps (Placement) and rank 0 never holds both experts."""
+        if self.experts is None:
+            yield
+            return
+        self.experts.gather(self.setup, None, self.device)
+        own = getattr(model, self.experts.mine)
+        move = self.is_main and self.device.type != "cpu" and all(
+            t.device == self.device for t in itertools.chain(own.parameters(), own.buffers()))
+        if move:
+            own.to("cpu")
+        try:
+            yield
+        finally:
+            if move:
+                own.to(self.device)
+
     def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
-        """The step's gradient norm on every rank: expert parallel, the norm of the ranks whose expert ran (the
-        others have no gradient)."""
+        """The step's gradient norm on every rank: expert parallel, the norm of both experts' gradients together
+        (each half clipped its own expert's, as a one-expert run does; the ranks of a half hold equal norms)."""
         if self.experts is None:
             return norm
         import torch.distributed as dist
-        norm = norm.float().to(self.device).clone()
-        dist.all_reduce(norm, op=dist.ReduceOp.MAX)
-        return norm
+        squared = norm.float().to(self.device).square()
+        dist.all_reduce(squared)
+        return (squared / self.experts.size).sqrt()
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The global batch's loss, detached and left on the device: the mean of the ranks' losses (each rank's is
-        weighted for padding)."""
+        weighted for padding). Expert parallel: (high-noise expert's, low-noise expert's), each the mean over its
+        half; the step's loss is their mean."""
         import torch.distributed as dist
 
         loss = loss.detach()
         if not self.enabled:
             return loss
+        if self.experts is not None:
+            from modules.trainer.expert_parallel import EXPERTS
+            parts = torch.zeros(len(EXPERTS), device=loss.device)
+            parts[EXPERTS.index(self.experts.mine)] = loss.float()
+            dist.all_reduce(parts)
+            return parts / self.experts.size
         total = loss.float().clone()
         dist.all_reduce(total)
-        if self.experts is not None:   # the ranks of the expert that ran the micro-step: the others add 0
-            return total / self.experts.size
         return total / self.world_size
+
+
+def fp8_sharding(model, experts: list[str]) -> torch.dtype | None:
+    """FLOAT_8 base weights over a sharded base: bfloat16, the dtype FSDP2 casts every shard to before gathering it
+    (None: no expert stores float8). In one process diffusers' layerwise casting upcasts each layer's float8 weights
+    to bfloat16 for its forward pass and back after; over a sharded base the layers' parameters are FSDP2's, so its
+    mixed-precision cast does that instead (the same bfloat16 values) and the casting hooks stand down. The shards
+    stay float8 (1 byte a weight); the adapters are cast to bfloat16 for the forward pass, which autocast does to
+    them in one process anyway, and their gradients are reduced in float32 into their float32 shards. The cast is
+    per block, not per parameter: the modulation tables diffusers keeps in float32 are rounded to bfloat16 too."""
+    from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
+
+    found = False
+    for name in experts:
+        for module in getattr(model, name).modules():
+            registry = getattr(module, "_diffusers_hook", None)
+            for hook in (registry.hooks.values() if registry is not None else ()):
+                if isinstance(hook, LayerwiseCastingHook) and hook.storage_dtype == torch.float8_e4m3fn:
+                    hook.pre_forward = lambda _module, *args, **kwargs: (args, kwargs)
+                    hook.post_forward = lambda _module, output: output
+                    found = True
+    return torch.bfloat16 if found else None
 
 
 @contextlib.contextmanager

@@ -66,8 +66,9 @@ class TrainingHooks:
             self.visualizer = E2VVisualizer(trainer, e2v.visualization)
 
     def _sample(self) -> None:
-        if self.sampler is not None:
-            self.sampler.sample_all()
+        with self.trainer.parallel.previewing(self.trainer.model):   # expert parallel: both experts' adapters
+            if self.sampler is not None:
+                self.sampler.sample_all()
         barrier()
 
     def before_training(self) -> None:
@@ -78,8 +79,9 @@ class TrainingHooks:
         if self.visualizer is not None and prediction is not None:
             self.visualizer.after_batch(batch, prediction)
 
-    def log_loss(self, step: int, loss: float, grad_norm: float) -> None:
-        """A step's loss and gradient norm, once read back from the device (GenericTrainer.read_losses)."""
+    def log_loss(self, step: int, loss: float, grad_norm: float, expert_losses: list[float] | None = None) -> None:
+        """A step's loss and gradient norm, once read back from the device (GenericTrainer.read_losses);
+        `expert_losses`: expert parallel, (high-noise, low-noise) expert's loss of the step, whose mean is `loss`."""
         self.last_loss = loss
         self.unsent_losses.append(loss)
         self.smoothed_loss = loss if self.smoothed_loss is None else 0.95 * self.smoothed_loss + 0.05 * loss
@@ -87,6 +89,8 @@ class TrainingHooks:
             self.writer.add_scalar("loss/step", loss, step)
             self.writer.add_scalar("loss/smoothed", self.smoothed_loss, step)
             self.writer.add_scalar("grad_norm", grad_norm, step)
+            for side, part in zip(("high_noise", "low_noise"), expert_losses or []):
+                self.writer.add_scalar(f"loss/step_{side}", part, step)
 
     def after_step(self, loss: float | None, step_time: float) -> None:
         """`loss`: the latest loss read back (None before the first read); the losses themselves are logged by

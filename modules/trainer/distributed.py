@@ -91,11 +91,6 @@ def config_problems(config: TrainConfig) -> list[str]:
             and config.distributed.shard_base is False:
         problems.append("distributed.cpu_offload: offloads the shards of a sharded run; with shard_base false every "
                         "GPU holds the whole base: set shard_base to true or auto, or turn cpu_offload off")
-    fp8 = [part for part in ("transformer", "transformer_2")
-           if getattr(config.model, part).weight_dtype.value == "FLOAT_8"]
-    if fp8 and sharded and config.training_method is TrainingMethod.LORA:
-        problems.append(f"model.{fp8[0]}.weight_dtype: FLOAT_8 base weights cannot be sharded yet; use BFLOAT_16 "
-                        f"base weights or distributed.shard_base false")
     return problems
 
 

@@ -1,17 +1,20 @@
 """Expert-parallel Wan 2.2 A14B (`expert: both` on an even number of processes, docs/multi-gpu.md): the high-noise
 expert lives on the first half of the ranks, the low-noise expert on the second half, each half data parallel (DDP
-over its own group).
+over its own group), and every step trains both experts at once.
 
-Exactly the single-process `both` run, with one expert per GPU. One process routes each micro-step to one expert (a
-sigma drawn from the step's generator, BaseWanSetup.step_expert) and trains that expert alone in it; the two experts
-share nothing trainable (their own adapters, their own optimizer state). So the ranks of an expert walk through the
-same sequence of micro-steps and run those routed to their expert: each expert makes the updates it makes in one
-process, in the same order, on the same batches, noise and sigmas, and the learning-rate schedule follows the shared
-step count. The ranks still meet at every step (loss, gradient norm, stop check), so the two experts' steps do not
-overlap yet: what this layout saves is memory (docs/multi-gpu.md).
+What it equals. Each half is the single-expert run of its expert: every micro-step of a high-noise rank draws its
+sigmas in [boundary, 1] (a low-noise rank in [0, boundary)) from the step's generator, on the batches, noise and
+learning-rate schedule of one process with `expert: high` (`low`) and the same seed; the two halves take the same
+batches (one data order), and the experts share nothing trainable (their own adapters, their own optimizer state).
+So the `_high_noise` file of an expert-parallel run of S steps is the file of an `expert: high` run of S steps, and
+the `_low_noise` file that of `expert: low`: a 2-process step does the work of one high-noise step and one low-noise
+step, in the time of one (the halves meet only for the step's loss, gradient norm and stop check). This is not the
+single-process `both` run, which routes each step to one expert (by a sigma from the whole schedule): there each
+expert gets its share of the steps, here each gets every step.
 
-The trained tensors (adapters and their optimizer state) of an expert are current on its own ranks; backups and saves
-first bring the other expert's from its first rank (`gather`); the validation loss splits its sigmas by expert.
+The trained tensors (adapters and their optimizer state) of an expert are current on its own ranks; backups, saves and
+previews first bring the other expert's from its first rank (`gather`); the validation loss splits its sigmas by
+expert.
 """
 from __future__ import annotations
 
@@ -40,12 +43,15 @@ def problems(config: TrainConfig, world: int) -> list[str]:
     if not applies(config, world):
         return []
     what = f"with expert-parallel A14B training (expert: both on {world} processes; distributed.expert_parallel)"
+    from pathlib import Path
+
+    from modules.planner.plan_shapes import resolve_architecture
+    from modules.trainer.prepare import expert_problems
     found = []
-    if config.gradient_accumulation_steps > 1:
-        found.append(f"gradient_accumulation_steps: 1 only {what}")
-    if config.sampling.samples_file:
-        found.append(f"sampling.samples_file: previews are not supported yet {what}; sample the saved files with "
-                     f"scripts/sample.py, or set distributed.expert_parallel false")
+    variant, base = resolve_architecture(config).variant, Path(config.model.base_model_name)
+    for side in ("high", "low"):   # each half draws every step's sigmas in its own expert's range
+        found += [f"{problem} {what}, or set distributed.expert_parallel false"
+                  for problem in expert_problems(config.model_copy(update={"expert": side}), variant, base)]
     if config.optimizer.ema:
         found.append(f"optimizer.ema: not supported yet {what}")
     if config.distributed.context_parallel > 1 or config.distributed.shard_base is True \

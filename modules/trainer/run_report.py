@@ -242,6 +242,15 @@ def _quote(path) -> str:
     return shlex.quote(str(Path(path).resolve()) if Path(path).exists() else str(path))
 
 
+def lora_to_sample(written: list[Path]) -> str:
+    """The --lora argument that samples the run's LoRA, absolute: an A14B pair is named by its stem (sample.py reads
+    `_high_noise` / `_low_noise`), a file that does not exist, so it is resolved through its folder."""
+    first = Path(written[0]).resolve()
+    if len(written) > 1:
+        first = first.with_name(first.name.replace("_high_noise", "").replace("_low_noise", ""))
+    return shlex.quote(str(first))
+
+
 def tensorboard_command(logdir: Path) -> str:
     executable = Path(sys.executable).parent / "tensorboard"
     return f"{_quote(executable) if executable.exists() else 'tensorboard'} --logdir {_quote(logdir)}"
@@ -284,10 +293,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
         optional = [f"--element {e.name}=IMAGE" for e in elements if not e.required]
         e2v_options += f"  # optional: {' '.join(optional)}" if optional else ""
     if method == "LORA" and written:
-        lora = written[0] if len(written) == 1 else Path(str(written[0]).replace("_high_noise", "")
-                                                          .replace("_low_noise", ""))
         lines.append(f"  sample with the LoRA:  {run_cmd} sample --base-model-name "
-                     f"{_quote(config.model.base_model_name)} --lora {_quote(lora)} --prompt \"...\" "
+                     f"{_quote(config.model.base_model_name)} --lora {lora_to_sample(written)} --prompt \"...\" "
                      f"--output-dir {inference}" + e2v_options)
     elif method == "FINE_TUNE" and written and config.output.format.value == "DIFFUSERS":
         lines.append(f"  sample the model:  {run_cmd} sample --base-model-name {_quote(written[0])} "

@@ -24,14 +24,19 @@ class CtkControlView:
         self.app, self.state = app, app.config_state
         settings = ctk.CTkFrame(frame, fg_color="transparent")
         settings.grid(row=0, column=0, sticky="nw")
-        row = 0
-        for path, title in control_sections():
-            row = render_section(settings, self.state, path, start_row=row, fields=app.fields, title=title,
-                                 width=200, error_width=300)
-        ctk.CTkLabel(settings, text="VACE LoRA: lora.targets vace trains the VACE blocks alone (LoRA tab); the "
-                                    "samples' control_scale sets the control's strength in previews",
-                     anchor="w", justify="left", wraplength=560).grid(row=row, column=0, columnspan=3, sticky="w",
-                                                                      padx=8, pady=(8, 0))
+        # each section in its own box: shown for the model's kind of control only (show_sections), all until known
+        self.sections: dict[str, tuple[ctk.CTkFrame, ctk.CTkLabel]] = {}
+        for row, (path, title) in enumerate(control_sections()):
+            box = ctk.CTkFrame(settings, fg_color="transparent")
+            box.grid(row=row, column=0, sticky="w")
+            label = ctk.CTkLabel(box, text=title, font=ctk.CTkFont(weight="bold"))
+            label.grid(row=0, column=0, columnspan=3, sticky="w", padx=8, pady=(10, 2))
+            render_section(box, self.state, path, start_row=1, fields=app.fields, width=200, error_width=300)
+            self.sections[path] = (box, label)
+        self.vace_note = ctk.CTkLabel(settings, text="VACE LoRA: lora.targets vace trains the VACE blocks alone (LoRA "
+                                                     "tab); the samples' control_scale sets the control's strength in "
+                                                     "previews", anchor="w", justify="left", wraplength=560)
+        self.vace_note.grid(row=len(self.sections), column=0, sticky="w", padx=8, pady=(8, 0))
         preview = ctk.CTkFrame(frame)
         preview.grid(row=1, column=0, columnspan=3, sticky="nw", padx=8, pady=10)
         bar = ctk.CTkFrame(preview, fg_color="transparent")
@@ -69,31 +74,42 @@ class CtkControlView:
             self.concept_menu.set(titles[0] if titles else "(no concept)")
         self.stale = True
 
+    def show_sections(self, variant) -> None:
+        """The settings of the model's kind of control only (ItemCompanions.control_sections; all while None)."""
+        shown = dict(control_sections(variant))
+        for path, (box, label) in self.sections.items():
+            if path in shown:
+                label.configure(text=shown[path])
+                box.grid()
+            else:
+                box.grid_remove()
+        self.vace_note.grid() if variant is None or variant.is_vace else self.vace_note.grid_remove()
+
     def load_items(self) -> None:
         self.loaded, self.stale = False, False
-        if not self.concept_menu.get()[:1].isdigit():
-            self.note.configure(text="add a concept on the concepts tab to preview its items")
-            return
-        index = int(self.concept_menu.get().split(":", 1)[0])
         try:
             config = self.state.config()   # on the main loop: the user may be typing
         except ConfigError as error:
             self.note.configure(text="fix the config first: " + "; ".join(error.problems[:3]))
             return
-        if not Path(config.data.concepts[index].path).exists():
-            self.note.configure(text=f"data.concepts.{index}.path: {config.data.concepts[index].path!r} does not exist")
-            return
-        self.note.configure(text="scanning…")
+        index = int(self.concept_menu.get().split(":", 1)[0]) if self.concept_menu.get()[:1].isdigit() else None
+        problem = "add a concept on the concepts tab to preview its items" if index is None else \
+            f"data.concepts.{index}.path: {config.data.concepts[index].path!r} does not exist" \
+            if not Path(config.data.concepts[index].path).exists() else ""
+        self.note.configure(text=problem or "scanning…")
 
         def work():   # no Tk call in this thread
             variant = viewer_variant(config)
-            return variant, browser.browse(config, index, variant)
+            return variant, [] if problem else browser.browse(config, index, variant)
 
         def show(result):
             if isinstance(result, Exception):
                 self.note.configure(text=f"cannot list the concept: {result}")
                 return
             variant, self.items = result
+            self.show_sections(variant)
+            if problem:
+                return
             self.kind = kind_of(variant)
             self.loaded = True
             names = [Path(item.path).name for item in self.items] or [NO_ITEMS]

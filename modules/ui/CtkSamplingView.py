@@ -13,7 +13,8 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
-from modules.ui.SamplingController import PreviewPlayer, PreviewSeries, PreviewVideo, editor_fields, epoch_text
+from modules.ui.SamplingController import (PreviewPlayer, PreviewSeries, PreviewVideo, epoch_text,
+                                          variant_editor_fields)
 
 PLAYER_SIZE = 256
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
@@ -64,12 +65,11 @@ class CtkSamplingView:
         self._render_table()
 
     def _render_table(self) -> None:
-        from modules.ui.ItemCompanions import kind_of
         from modules.ui.model_parts import detected_variant
         for child in self.table.winfo_children():
             child.destroy()
         # a VACE or Animate model's samples also take their conditions (control video, pose video, ...)
-        self.columns = editor_fields(kind_of(detected_variant(self.state)))
+        self.columns = variant_editor_fields(detected_variant(self.state))
         for column, name in enumerate(self.columns):
             ctk.CTkLabel(self.table, text=name.replace("_", " "), font=ctk.CTkFont(size=12, weight="bold"),
                          width=COLUMN_WIDTHS.get(name, 120), anchor="w").grid(row=0, column=column, padx=2)
@@ -87,9 +87,8 @@ class CtkSamplingView:
 
     def follow_model(self) -> None:
         """Another base model: the sample list gains or drops its condition columns."""
-        from modules.ui.ItemCompanions import kind_of
         from modules.ui.model_parts import detected_variant
-        if editor_fields(kind_of(detected_variant(self.state))) != getattr(self, "columns", None):
+        if variant_editor_fields(detected_variant(self.state)) != getattr(self, "columns", None):
             self._render_table()
 
     def _cell(self, index: int, column: int, name: str, value) -> None:

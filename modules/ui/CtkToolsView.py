@@ -25,7 +25,8 @@ PICKERS = {"base model": "folder", "input": "file", "destination": "save", "e2v 
            "reference images": "add", "start image": "file"}
 # the sample form's rows for control and character models (ToolsController.CONDITIONS), by the conditions menu
 CONDITION_ROWS = {"VACE": ("control video", "mask video", "reference images", "control scale"),
-                  "Wan-Fun Control": ("control video", "start image", "mask video"),
+                  "Wan-Fun Control": ("control video", "start image"),
+                  "Wan-Fun Control A14B": ("control video", "start image", "mask video"),
                   "Animate": ("reference images", "pose video", "face video", "background video", "mask video",
                               "mode", "continuation frames")}
 SIZE_HINT = "empty: each sample's own (else 832 x 480 x 81: long on a CPU)"
@@ -52,7 +53,7 @@ class CtkToolsView:
                          ("elements", "E2V: {\"name\": \"image path\"}"),
                          ("e2v config", "E2V: only for a model that records none"),
                          ("device", "auto"), ("output dir", "empty: <workspace dir>/tool-samples"),
-                         ("conditions", ["none", "VACE", "Wan-Fun Control", "Animate"]),
+                         ("conditions", ["none", *CONDITION_ROWS]),
                          ("control video", "VACE, Wan-Fun: a video or folder of frames, at least `frames` long"),
                          ("start image", "Wan-Fun Control: the first frame (a picture); empty: none"),
                          ("mask video", "white = generate (VACE, Fun A14B); the character's mask (Animate replace)"),

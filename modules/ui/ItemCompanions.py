@@ -124,18 +124,27 @@ def frames_at(target: str, companions: list[Companion], index: int) -> dict[str,
     return shown
 
 
-# the control tab's settings, by config section, shown where the config has them
-CONTROL_SECTIONS = (("data.control", "VACE control (data.control)"), ("animate", "Wan2.2-Animate (animate)"))
+# the control tab's settings, by config section, shown where the config has them: (path, the model kinds it is for)
+CONTROL_SECTIONS = (("data.control", ("vace", "fun")), ("animate", ("animate",)))
+SECTION_TITLES = {("data.control", "vace"): "VACE control (data.control)",
+                  ("data.control", "fun"): "Wan-Fun control (data.control)",
+                  ("data.control", None): "Control: VACE, Wan-Fun (data.control)",
+                  ("animate", "animate"): "Wan2.2-Animate (animate)", ("animate", None): "Wan2.2-Animate (animate)"}
 
 
-def control_sections() -> list[tuple[str, str]]:
-    """(section path, title) of the control settings this config schema holds."""
+def control_sections(variant=None) -> list[tuple[str, str]]:
+    """(section path, title) of the control settings this config schema holds, for the model's variant: the
+    control section for VACE and Wan-Fun Control, the animate section for Animate, none for a model that takes no
+    control. While no variant is known (None: no model chosen, none intended), every section, titled for all."""
     from modules.ui.config_fields import field_spec
+    kind = kind_of(variant) if variant is not None else None
     present = []
-    for path, title in CONTROL_SECTIONS:
+    for path, kinds in CONTROL_SECTIONS:
+        if kind is not None and kind not in kinds:
+            continue
         try:
             if field_spec(path).kind == "section":
-                present.append((path, title))
+                present.append((path, SECTION_TITLES[path, kind]))
         except KeyError:
             continue
     return present

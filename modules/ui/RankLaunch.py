@@ -215,6 +215,20 @@ class RankLaunchControl:
         return True
 
 
+def data_groups(config, count: int) -> tuple[int, str]:
+    """(the data-parallel groups a global batch is dealt to, the layout in words when it is not plain DDP)."""
+    from modules.trainer import expert_parallel
+    if count > 1 and expert_parallel.applies(config, count):
+        half = count // 2
+        return half, (f"expert parallel: the high-noise expert on ranks 0-{half - 1}, the low-noise expert on ranks "
+                      f"{half}-{count - 1}; every step trains both, each on the global batch")
+    size = config.distributed.context_parallel
+    if count > 1 and size > 1 and count % size == 0:
+        return count // size, (f"context parallel: {count // size} group(s) of {size} ranks, each clip's tokens split "
+                               f"{size} ways")
+    return count, ""
+
+
 def section_lines(config, gpus: int) -> list[str]:
     """The multi-GPU section's words for `config`: what Start will run, and what stops it."""
     from modules.util.enum.TrainingMethod import TrainingMethod
@@ -222,8 +236,9 @@ def section_lines(config, gpus: int) -> list[str]:
         return [f"off: Start trains in one process ({gpus} GPU(s) visible)"]
     count = process_count(config, gpus)
     where = f"{count} GPUs" if on_cuda(config, gpus) else f"{count} CPU processes (gloo)"
+    groups, layout = data_groups(config, count)
     lines = [f"{gpus} GPU(s) visible; Start launches {count} ranks on {where}: global batch {config.batch_size} x "
-             f"{count} = {config.batch_size * count}"]
+             f"{groups} = {config.batch_size * groups}"] + ([layout] if layout else [])
     if config.training_method is TrainingMethod.FINE_TUNE:
         lines.append("a full fine-tune always shards its weights over the ranks (FSDP2): the layout menu is for "
                      "adapters")

@@ -24,7 +24,7 @@ EDITOR_FIELDS = ("enabled", "prompt", "negative_prompt", "width", "height", "fra
                  "image", "elements")
 # the columns a control or character model's samples add (SampleConfig's fields; docs/vace.md, docs/animate.md)
 CONDITION_FIELDS = {"vace": ("control_video", "mask_video", "reference_images", "control_scale"),
-                    "fun": ("control_video", "mask_video"),   # image: the start image; a mask: the A14B model only
+                    "fun": ("control_video", "mask_video"),   # image: the start image; a mask where it takes one
                     "animate": ("reference_image", "pose_video", "face_video", "background_video", "mask_video",
                                 "animate_mode")}
 
@@ -32,6 +32,17 @@ CONDITION_FIELDS = {"vace": ("control_video", "mask_video", "reference_images", 
 def editor_fields(kind: str = "") -> tuple[str, ...]:
     """The sample list's columns for a model kind ('vace', 'animate' or '': ItemCompanions.kind_of)."""
     return EDITOR_FIELDS + CONDITION_FIELDS.get(kind, ())
+
+
+def variant_editor_fields(variant) -> tuple[str, ...]:
+    """The sample list's columns for a model's variant (None: not known): a control model's mask video column only
+    where the variant takes one (`takes_control_mask`: not Wan2.1-Fun Control)."""
+    from modules.ui.ItemCompanions import kind_of
+    kind = kind_of(variant)
+    fields = editor_fields(kind)
+    if kind in ("vace", "fun") and not variant.takes_control_mask:
+        fields = tuple(name for name in fields if name != "mask_video")
+    return fields
 
 
 def epoch_text(step: int, epoch: int) -> str:

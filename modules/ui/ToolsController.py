@@ -81,17 +81,20 @@ def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list
 CONDITION_OPTIONS = ("control-video", "mask-video", "control-scale", "pose-video", "face-video", "background-video",
                      "mode", "continuation-frames")
 CONDITIONS = {"VACE": ("control-video", "mask-video", "control-scale"),
-              "Wan-Fun Control": ("control-video", "mask-video"),   # --image: the start image; mask: A14B only
+              "Wan-Fun Control": ("control-video",),   # --image: the start image
+              "Wan-Fun Control A14B": ("control-video", "mask-video"),
               "Animate": ("pose-video", "face-video", "background-video", "mask-video", "mode",
                           "continuation-frames")}
 
 
 def condition_kind(variant) -> str:
-    """The sample form's conditions for a model's variant: 'VACE', 'Wan-Fun Control', 'Animate' or 'none'."""
+    """The sample form's conditions for a model's variant (a key of CONDITIONS, or 'none'); a mask video only where
+    the variant takes one (`takes_control_mask`)."""
     if variant is None:
         return "none"
-    return "VACE" if variant.is_vace else "Wan-Fun Control" if variant.is_fun_control \
-        else "Animate" if variant.is_animate else "none"
+    if variant.is_fun_control:
+        return "Wan-Fun Control A14B" if variant.takes_control_mask else "Wan-Fun Control"
+    return "VACE" if variant.is_vace else "Animate" if variant.is_animate else "none"
 
 
 def driving_video(conditions: dict[str, str]) -> str:

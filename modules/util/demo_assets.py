@@ -6,7 +6,8 @@ from pathlib import Path
 
 from modules.util.demo_model import make_demo_model
 from modules.util.demo_paths import DEMO_CONCEPT, DEMO_MODEL, DEMO_SAMPLES_FILE, same_path, uses_demo_data
-from modules.util.demo_squares import BACKGROUND, COLOURS, DIRECTIONS, square_clip  # noqa: F401 (re-exported)
+from modules.util.demo_squares import (BACKGROUND, COLOURS, DEMO_SIZE, DIRECTIONS,  # noqa: F401 (re-exported)
+                                       demo_clip, square_clip)
 from modules.util.video_frames import write_video
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,26 @@ def make_t2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int =
     return output
 
 
+def make_demo_t2v_dataset(output: str | Path, fps: int = 16) -> Path:
+    """The demo's own squares: one clip per caption at the demo's size (`demo_clip`), what its base was trained on."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    for colour_name, colour in COLOURS.items():
+        for direction in DIRECTIONS:
+            stem = f"{colour_name}_{direction}"
+            write_video(output / f"{stem}.mp4", demo_clip(colour, direction), fps)
+            (output / f"{stem}.txt").write_text(f"a {colour_name} square moving {direction}\n")
+    return output
+
+
 # the demo's preview prompts: two of the training captions, at the training size, so the previews show the
 # squares take the caption's direction as the LoRA learns. Guidance 1 (none): the demo trains without caption
 # dropout, so the model has no unconditional prediction to guide against.
-DEMO_SAMPLES = [{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9, "seed": 1,
+DEMO_SAMPLES = [{"prompt": "a red square moving left", "width": DEMO_SIZE, "height": DEMO_SIZE, "frames": 9,
+                 "seed": 1,
                  "guidance": 1.0},
-                {"prompt": "a blue square moving right", "width": 32, "height": 32, "frames": 9, "seed": 2,
+                {"prompt": "a blue square moving right", "width": DEMO_SIZE, "height": DEMO_SIZE, "frames": 9,
+                 "seed": 2,
                  "guidance": 1.0}]
 
 
@@ -42,13 +57,13 @@ def ensure_demo_assets(config) -> list[str]:
                 f"({DEMO_CONCEPT['path']}); this config trains on other data, so nothing was created"]
     base = Path(config.model.base_model_name)
     if same_path(base, DEMO_MODEL) and not (base / "model_index.json").is_file():
-        log.warning("creating the tiny demo model at %s: its VAE and base learn the squares first (about a minute "
-                    "on 2 CPU cores, once)", base)
+        log.warning("creating the tiny demo model at %s: its VAE is set to the squares and its base, "
+                    "pre-trained on them, is loaded (a few seconds, once)", base)
         make_demo_model(base, seed=0)
     folder = Path(config.data.concepts[0].path)
     if not folder.is_dir() or not any(folder.iterdir()):
         log.warning("creating the demo dataset at %s", folder)
-        make_t2v_dataset(folder)
+        make_demo_t2v_dataset(folder)
     samples_file = Path(config.sampling.samples_file) if config.sampling.samples_file else None
     if samples_file is not None and same_path(samples_file, DEMO_SAMPLES_FILE) and not samples_file.is_file():
         from modules.util.config.SampleConfig import SampleConfig

@@ -21,7 +21,8 @@ from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir
 
 VARIANTS = ("wan2.1-t2v", "wan2.1-i2v", "wan2.1-flf2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
-            "wan2.1-vace", "wan2.2-vace-fun-a14b", "wan2.1-fun-control")
+            "wan2.1-vace", "wan2.2-vace-fun-a14b", "wan2.1-fun-control", "wan2.1-fun-inp",
+            "wan2.2-fun-control-a14b")
 ANIMATE_VARIANTS = ("wan2.2-animate", "wan2.2-animate-2")   # modules/util/tiny_animate.py
 
 # --- sizes of the tiny parts -----------------------------------------------------------------------------------
@@ -43,6 +44,11 @@ NUM_LAYERS = 2
 VACE_NUM_LAYERS = 4
 VACE_LAYERS = [0, 2]
 VACE_IN_CHANNELS = 96
+# Wan-Fun InP 1.3B is the I2V layout (36 input channels) told from Wan 2.1 I2V by its width alone (no 1.3B I2V
+# exists; modules/util/wan_detection.fun_variant), so its tiny model keeps the released width: 12 heads of 128 =
+# 1536 (alibaba-pai/Wan2.1-Fun-1.3B-InP config.json: dim 1536, num_heads 12), with the other sizes tiny
+RELEASED_1_3B_HEADS = 12
+RELEASED_1_3B_HEAD_DIM = 128
 
 CLIP_IMAGE_SIZE = 32
 CLIP_PATCH_SIZE = 8
@@ -74,13 +80,15 @@ class TinyVariant:
     expand_timesteps: bool
     flow_shift: float
     vace: bool = False           # WanVACETransformer3DModel (VACE blocks fed a control context)
+    released_1_3b_width: bool = False   # 12 heads of 128 (the 1.3B's 1536) instead of the tiny width
 
 
 def _spec(name: str, pipeline_class: str, in_channels: int, z_dim: int = 16, image_branch: bool = False,
           flf2v: bool = False, boundary_ratio: float | None = None, expand_timesteps: bool = False,
-          flow_shift: float = FLOW_SHIFT_DEFAULT) -> TinyVariant:
+          flow_shift: float = FLOW_SHIFT_DEFAULT, released_1_3b_width: bool = False) -> TinyVariant:
     return TinyVariant(name, pipeline_class, in_channels, z_dim, image_branch, flf2v, boundary_ratio is not None,
-                       boundary_ratio, expand_timesteps, flow_shift, vace=pipeline_class == "WanVACEPipeline")
+                       boundary_ratio, expand_timesteps, flow_shift, vace=pipeline_class == "WanVACEPipeline",
+                       released_1_3b_width=released_1_3b_width)
 
 
 SPECS = {spec.name: spec for spec in (
@@ -101,6 +109,12 @@ SPECS = {spec.name: spec for spec in (
     # Wan2.1-Fun Control: the I2V model with control + start-image channels (48 = 3 x 16; VideoX-Fun model_type
     # "i2v", CLIP image tokens); diffusers has no pipeline of its own for it, the I2V pipeline's parts fit
     _spec("wan2.1-fun-control", "WanImageToVideoPipeline", in_channels=48, image_branch=True),
+    # Wan2.1-Fun InP 1.3B: the I2V channels (16 noise + 4 mask + 16 masked video; VideoX-Fun
+    # pipeline_wan_fun_inpaint.py) and CLIP image tokens (VideoX-Fun model_type "i2v") at the 1.3B width
+    _spec("wan2.1-fun-inp", "WanImageToVideoPipeline", in_channels=36, image_branch=True, released_1_3b_width=True),
+    # Wan2.2-Fun Control A14B: the I2V-A14B experts (no CLIP) with control 16 + mask 4 + masked video 16 (52 = 16 + 36;
+    # VideoX-Fun pipeline_wan2_2_fun_control.py), boundary 0.900 as its config/wan2.2/wan_civitai_i2v.yaml
+    _spec("wan2.2-fun-control-a14b", "WanImageToVideoPipeline", in_channels=52, boundary_ratio=0.9),
 )}
 assert tuple(SPECS) == VARIANTS
 
@@ -367,8 +381,12 @@ def transformer_config(spec: TinyVariant) -> dict:
         rope_max_seq_len=1024,
         pos_embed_seq_len=None,
     )
+    if spec.released_1_3b_width:
+        config.update(num_attention_heads=RELEASED_1_3B_HEADS, attention_head_dim=RELEASED_1_3B_HEAD_DIM)
     if spec.image_branch:
-        config.update(image_dim=CLIP_HIDDEN, added_kv_proj_dim=INNER_DIM)
+        # the image tokens' keys and values are projected from the transformer's width
+        config.update(image_dim=CLIP_HIDDEN,
+                      added_kv_proj_dim=config["num_attention_heads"] * config["attention_head_dim"])
         if spec.flf2v:
             config.update(pos_embed_seq_len=2 * CLIP_TOKENS)
     if spec.vace:
@@ -420,15 +438,22 @@ def make_tiny_pipeline(variant: str, seed: int = 0):
     return getattr(diffusers, spec.pipeline_class)(**parts)
 
 
+def replaceable_folder(output_dir: str | Path) -> Path:
+    """`output_dir` as a Path, when it is missing, empty or a diffusers folder (has model_index.json); anything else
+    raises FileExistsError rather than let a writer delete a folder that is not ours."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
+        raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
+    return output_dir
+
+
 def make_tiny_model(variant: str, output_dir: str | Path, seed: int = 0) -> Path:
     """Writes a complete tiny diffusers folder for `variant` to `output_dir` and returns its path.
 
     An existing `output_dir` is replaced only when it is empty or itself a diffusers folder (has model_index.json);
     anything else raises FileExistsError rather than delete a folder that is not ours.
     """
-    output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()) and not (output_dir / "model_index.json").is_file():
-        raise FileExistsError(f"{output_dir} exists, is not empty and holds no model_index.json; not replacing it")
+    output_dir = replaceable_folder(output_dir)
     pipeline = make_tiny_pipeline(variant, seed)
     with atomic_dir(output_dir) as tmp:
         if isinstance(pipeline, dict):   # Animate-2's parts (its diffusers pipeline is modular)

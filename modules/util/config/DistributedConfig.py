@@ -24,5 +24,6 @@ class DistributedConfig(BaseConfig):
                                                              "form data-parallel groups of this size")
     expert_parallel: bool = Field(True, description="Wan 2.2 A14B with expert: both (LoRA) on an even number of "
                                                     "processes: the high-noise expert on the first half, the "
-                                                    "low-noise expert on the second (each GPU holds one expert; "
-                                                    "false: DDP, every GPU holds both)")
+                                                    "low-noise expert on the second, both trained in every step "
+                                                    "(each GPU holds one expert; false: DDP, every GPU holds both "
+                                                    "and each step trains one)")

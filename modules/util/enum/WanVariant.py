@@ -79,7 +79,8 @@ class WanVariant(str, Enum):
 
     @property
     def takes_control_mask(self) -> bool:
-        return self.is_vace
+        """A mask video beside the control (white = generate): VACE's, and Wan2.2-Fun Control A14B's inpaint mask."""
+        return self.is_vace or self is WanVariant.FUN_CONTROL_A14B
 
     @property
     def takes_reference_images(self) -> bool:

@@ -22,7 +22,7 @@ def format_notes(training_method: str, output_format: str, lora_type: str = "LOR
         notes.append(f"{lora_type} in {output_format}: diffusers' load_lora_weights refuses LyCORIS keys (it reads "
                      f"lora_A / lora_B only); ComfyUI loads the file; for diffusers, merge it into the base "
                      f"(convert_model --merge-lora FILE --base-model-name BASE --output-model-format DIFFUSERS)")
-    if targets == "vace" and output_format in ("COMFY_LORA", "KOHYA_LORA"):
+    if targets == "vace" and lora_type == "LORA" and output_format in ("COMFY_LORA", "KOHYA_LORA"):
         notes.append(f"VACE blocks in {output_format}: ComfyUI loads the file; diffusers' load_lora_weights reads Wan "
                      f"LoRAs in the original names only for the base blocks (it finds no `blocks.N` and stops), so the "
                      f"same weights are also written beside it as <name>.diffusers.safetensors (DIFFUSERS_LORA) for "
