@@ -16,19 +16,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--clips-per-class", type=int, default=4)
     parser.add_argument("--frames", type=int, default=None,
-                        help="frames per clip; default 9 (t2v), 17 (e2v: the aligned references 1 + 4 + 4 and the "
-                             "clip's own frames fill a 17-frame bucket)")
+                        help="frames per clip; default 9 (t2v, vace), 17 (e2v: the aligned references 1 + 4 + 4 and "
+                             "the clip's own frames fill a 17-frame bucket; animate: the smallest frame bucket of the "
+                             "Animate presets)")
     parser.add_argument("--size", type=int, default=32)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.kind == "t2v":
         from modules.util.demo_assets import make_t2v_dataset
-        folder = make_t2v_dataset(args.output, args.clips_per_class, args.frames or 9, args.size)
+        folder = make_t2v_dataset(args.output, args.clips_per_class, args.frames or 17, args.size)
     elif args.kind == "vace":
         from modules.util.demo_vace import make_vace_dataset
-        folder = make_vace_dataset(args.output, args.clips_per_class, args.frames or 9, args.size)
+        folder = make_vace_dataset(args.output, args.clips_per_class, args.frames or 17, args.size)
     elif args.kind == "animate":
         from modules.util.demo_animate import make_animate_dataset
-        folder = make_animate_dataset(args.output, args.clips_per_class, args.frames or 9, args.size)
+        folder = make_animate_dataset(args.output, args.clips_per_class, args.frames or 17, args.size)
     else:
         from modules.util.demo_e2v import make_e2v_dataset
         folder = make_e2v_dataset(args.output, args.clips_per_class, args.frames or 17, args.size)

@@ -1,7 +1,6 @@
 """Wan2.2-Animate data: companions found beside each clip or in a manifest, frame-aligned through the clip's own frame
 extraction, encoded by the condition code the sampler uses; a missing, short or copied companion is named."""
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -131,9 +130,29 @@ def test_items_are_the_condition_of_the_clips_own_frames(tiny_model, demo, tmp_p
     assert loader.encode_calls() == calls
 
 
-def test_demo_dataset_script_writes_the_animate_set(tmp_path):
+@pytest.fixture(scope="module")
+def script_set(tmp_path_factory):
+    """`make_demo_dataset --kind animate` with its defaults (one clip per colour and path)."""
     from tests.script_loader import load_script
-    assert load_script("make_demo_dataset").main(["--kind", "animate", "--output", str(tmp_path / "d"),
+    folder = tmp_path_factory.mktemp("animate-script") / "d"
+    assert load_script("make_demo_dataset").main(["--kind", "animate", "--output", str(folder),
                                                   "--clips-per-class", "1"]) == 0
-    assert len(_loader(tmp_path / "d", mode="replace").scan_result.records) == 12
-    shutil.rmtree(tmp_path / "d")
+    return folder
+
+
+def test_demo_dataset_script_writes_the_animate_set(script_set):
+    assert len(_loader(script_set, mode="replace").scan_result.records) == 12
+
+
+@pytest.mark.parametrize("preset", ["wan 2.2 Animate 14B LoRA 24GB", "wan 2.2 Animate 14B LoRA 16GB"])
+def test_the_demo_set_trains_with_the_animate_presets_data_settings(script_set, preset):
+    """Each of the script's clips makes an item in the preset's frame buckets at its resolution (9-frame clips, the
+    script's old default, were all skipped: shorter than the presets' smallest bucket, 17)."""
+    from modules.util.presets import resolve_preset
+    config = load_config(preset_path=resolve_preset(preset), overrides=[
+        f"data.concepts=[{json.dumps({'path': str(script_set)})}]", "data.dataloader_threads=0"])
+    loader = WanBaseDataLoader(config, WanVariant.ANIMATE_14B)
+    loader.scan()
+    stats = loader.statistics()
+    assert stats.skipped == [] and sum(counts["clips"] for counts in stats.per_concept.values()) == 12
+    assert {frames for frames, _, _ in stats.buckets} <= set(config.data.frame_buckets)

@@ -76,7 +76,7 @@ def test_a_fine_tuned_vace_model_follows_held_out_controls(vace_learning):
     assert control_accuracy(trainer.model, held) >= 11 / 12
 
 
-def test_the_squares_vae_is_for_the_vace_model_only(tmp_path):
+def test_the_squares_vae_is_for_the_vace_and_animate_models_only(tmp_path):
     with pytest.raises(SystemExit):
         load_script("make_tiny_model").main(["--variant", "wan2.1-t2v", "--squares-vae", "--output",
                                              str(tmp_path / "m")])
