@@ -77,3 +77,26 @@ def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: i
                 Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
                 (output / f"{stem}.txt").write_text(f"a {colour_name} person moving {path}\n")
     return output
+
+
+PERFORMER = (235, 235, 235)   # the Animate-2 demo's driving performer: one look for every clip, unlike the characters
+
+
+def make_animate_2_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
+                           fps: int = 24, first_offset: int = 0, offset_step: int = 1) -> Path:
+    """The Animate-2 set: per clip the target `<name>.mp4` (the character of `<name>_ref.png` moving along its path)
+    and `<name>_driving.mp4`, another performer (always the same white one) doing the same motion, frame-aligned.
+    A model that learns the set moves the reference's character as the driving performer moves."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    for colour_name, colour in COLOURS.items():
+        for path in PATHS:
+            for i in range(first_offset, first_offset + clips_per_class * offset_step, offset_step):
+                stem = f"{colour_name}_{path}_{i:02d}"
+                parts = animate_clip(colour, path, frames, size, offset=i)
+                write_video(output / f"{stem}.mp4", parts["clip"], fps)
+                write_video(output / f"{stem}_driving.mp4", animate_clip(PERFORMER, path, frames, size, i)["clip"],
+                            fps)
+                Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+                (output / f"{stem}.txt").write_text(f"a {colour_name} person moving {path}\n")
+    return output

@@ -25,6 +25,9 @@ FACE_HIDDEN = 16
 FACE_HEADS = 2
 FLOW_SHIFT_ANIMATE = 5.0           # sample_shift of the official wan/configs/wan_animate_14B.py
 ANIMATE_2_CLIP_HIDDEN = 1280
+# the pipeline resizes every CLIP input to 224 x 224 itself (encoders.clip_visual_encode); 32 px patches: 50 tokens
+ANIMATE_2_CLIP_IMAGE_SIZE = 224
+ANIMATE_2_CLIP_PATCH_SIZE = 32
 ANIMATE_2_PIPELINE = "WanAnimate2ModularPipeline"
 
 
@@ -67,7 +70,8 @@ def _animate_2_image_encoder(seed: int):
 
     config = CLIPVisionConfig(hidden_size=ANIMATE_2_CLIP_HIDDEN, intermediate_size=64, projection_dim=64,
                               num_hidden_layers=1, num_attention_heads=2, num_channels=3,
-                              image_size=tm.CLIP_IMAGE_SIZE, patch_size=tm.CLIP_PATCH_SIZE, hidden_act="gelu",
+                              image_size=ANIMATE_2_CLIP_IMAGE_SIZE, patch_size=ANIMATE_2_CLIP_PATCH_SIZE,
+                              hidden_act="gelu",
                               layer_norm_eps=1e-5)
     torch.manual_seed(tm.part_seed(seed, "image_encoder"))
     return CLIPVisionModel(config).eval()
