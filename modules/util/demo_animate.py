@@ -3,7 +3,9 @@ head) follows a drawn stick-figure skeleton along a path. Per clip the target `<
 black `<name>_pose.mp4` (what the official pose preprocessing renders), the head's crop `<name>_face.mp4`, the
 character on grey `<name>_ref.png`, and for replace mode the scene without the character `<name>_bg.mp4` and its
 mask `<name>_mask.mp4`: every video frame-aligned with the clip. The character's colour is the reference's, the
-motion the skeleton's: a model that learns the set follows the pose of held-out skeletons."""
+motion the skeleton's: a model that learns the set follows the pose of held-out skeletons. The Animate-2 set
+(`--kind animate-2`, make_animate_2_dataset) has a driving video instead of pose and face: another performer doing
+the clip's motion."""
 from pathlib import Path
 
 import cv2
