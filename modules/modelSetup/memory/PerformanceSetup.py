@@ -75,7 +75,10 @@ class PerformanceSetup:
         # goes on before the norms' hooks, which then wrap it
         plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
         if performance.chunk_tokens:
-            self.chunked_blocks = chunk_feed_forward(plain, performance.chunk_tokens,
+            from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+            # the chunking follows WanTransformerBlock's forward line by line; other blocks (Animate-2's) run whole
+            chunkable = [block for block in plain if isinstance(block, WanTransformerBlock)]
+            self.chunked_blocks = chunk_feed_forward(chunkable, performance.chunk_tokens,
                                                      performance.chunk_attention_inputs)
         if performance.recompute_norms:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records

@@ -1,0 +1,50 @@
+"""A Wan2.2-Animate-2 model's training forward (DESIGN.md section 11), as diffusers' modular pipeline runs one
+segment (modular_pipelines/wan_animate_2/denoise.py: `WanAnimate2RefExtractStep`, `WanAnimate2SegmentDenoiseInner`):
+
+1. the extract pass over the clean driving-video latents (condition: an all-ones I2V mask and the same latents; the
+   reference prompt; CLIP of the driving video's first frame; timestep fixed by the model) fills each layer's KV
+   cache. It runs with gradients: what the adapters change in it reaches the loss through the cached K/V;
+2. the cached pass over the noisy [reference slot + target] latents (condition: the batch's `condition`, the
+   reference image's latent then the first segment's) attends to that cache and gives the prediction over all
+   T + 1 latent frames; the reference slot carries no loss (its `loss_mask` is 0).
+
+The self-attention runs through modules/model/animate_2_attention.py (diffusers' flex path has no backward on the
+CPU and needs compiling on a GPU).
+"""
+import torch
+from torch import Tensor
+
+
+def grid(latents: Tensor, patch: tuple) -> Tensor:
+    """(B, C, T, h, w) -> (B, 3): each sample's token grid after the patch embedding."""
+    batch, _, frames, height, width = latents.shape
+    return torch.tensor([[frames // patch[0], height // patch[1], width // patch[2]]] * batch, dtype=torch.long)
+
+
+def animate_2_prediction(transformer, batch: dict, noisy: Tensor, timestep: Tensor, text: Tensor, device,
+                         spatial_stride: int) -> Tensor:
+    """The cached pass's prediction (B, 16, T + 1, h, w) after the extract pass over the batch's driving video."""
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+    dtype = noisy.dtype
+    driving = batch["driving_latents"].to(device, dtype, non_blocking=True)
+    condition = batch["condition"].to(device, dtype, non_blocking=True)
+    patch = tuple(transformer.config.patch_size)
+    driving_grid, generation_grid = grid(driving, patch), grid(noisy, patch)
+    cache = WanAnimate2KVCache(transformer.config.num_layers)
+    driving_condition = torch.cat([torch.ones_like(driving[:, :4]), driving], dim=1)   # all frames are condition
+    transformer(hidden_states=list(driving), timestep=timestep, condition_latents=list(driving_condition),
+                encoder_hidden_states=list(batch["reference_text_embeds"].to(device, non_blocking=True)),
+                encoder_hidden_states_image=batch["driving_image_embeds"].to(device, non_blocking=True),
+                kv_cache=cache, kv_cache_mode="extract", seq_len=int(driving_grid[0].prod()),
+                offset_grid_sizes=driving_grid)
+    frames = driving.shape[2]
+    # the segment's geometry in pixels, from which the model derives its in-context layout
+    origin = dict(origin_len=(frames - 1) * 4 + 1,
+                  origin_area=[noisy.shape[3] * spatial_stride, noisy.shape[4] * spatial_stride])
+    output = transformer(hidden_states=list(noisy), timestep=timestep, condition_latents=list(condition),
+                         encoder_hidden_states=list(text),
+                         encoder_hidden_states_image=batch["image_embeds"].to(device, non_blocking=True),
+                         kv_cache=cache, kv_cache_mode="cached", seq_len=int(generation_grid[0].prod()),
+                         reference_grid_sizes=driving_grid, **origin).sample
+    cache.clear()
+    return torch.stack(output)
