@@ -41,10 +41,13 @@ def animate_2_prediction(transformer, batch: dict, noisy: Tensor, timestep: Tens
     # the segment's geometry in pixels, from which the model derives its in-context layout
     origin = dict(origin_len=(frames - 1) * 4 + 1,
                   origin_area=[noisy.shape[3] * spatial_stride, noisy.shape[4] * spatial_stride])
+    # the model would build (and compile) its flex block mask for this geometry; the training attention
+    # (animate_2_attention.py) makes its own, so an entry stands in for it
+    transformer.block_masks.setdefault((frames, int(driving_grid[0, 1:].prod())), None)
     output = transformer(hidden_states=list(noisy), timestep=timestep, condition_latents=list(condition),
                          encoder_hidden_states=list(text),
                          encoder_hidden_states_image=batch["image_embeds"].to(device, non_blocking=True),
                          kv_cache=cache, kv_cache_mode="cached", seq_len=int(generation_grid[0].prod()),
                          reference_grid_sizes=driving_grid, **origin).sample
-    cache.clear()
+    # the cache is not cleared: a checkpointed block's recomputation in the backward pass reads it again
     return torch.stack(output)

@@ -36,9 +36,10 @@ def reference_pixels(image: Image.Image, height: int, width: int) -> torch.Tenso
     return processor.preprocess(image, height=height, width=width, resize_mode="fill").float()
 
 
-def encode_item(model, video: torch.Tensor, driving: torch.Tensor, reference: Image.Image) -> dict:
+def encode_item(model, video: torch.Tensor, driving: torch.Tensor, reference: Image.Image,
+                black_latents: dict | None = None) -> dict:
     """The item's tensors from the clip (3, F, H, W), its driving video (1, 3, F, H, W), both in [-1, 1], and the
-    reference image (see the module's docstring)."""
+    reference image (see the module's docstring). `black_latents`: the black video's latents by size, reused."""
     from diffusers.modular_pipelines.wan_animate_2.encoders import clip_visual_encode, encode_vae, get_i2v_mask
     vae, clip = model.vae, model.image_encoder
     frames, height, width = video.shape[1], video.shape[2], video.shape[3]
@@ -49,7 +50,11 @@ def encode_item(model, video: torch.Tensor, driving: torch.Tensor, reference: Im
     reference_half = torch.cat([get_i2v_mask(1, h, w, 1, device=device).to(reference_latents.dtype),
                                 reference_latents])
     # the first segment: no previous frames, so a black video under a zero mask
-    black = encode_vae(vae, torch.zeros(1, 3, frames, height, width, device=device))[0]
+    black_latents = {} if black_latents is None else black_latents
+    size = (frames, height, width)
+    if size not in black_latents:
+        black_latents[size] = encode_vae(vae, torch.zeros(1, 3, *size, device=device))[0]
+    black = black_latents[size]
     segment_half = torch.cat([get_i2v_mask(black.shape[1], h, w, 0, device=device).to(black.dtype), black])
     target = encode_vae(vae, video[None].to(device))[0]
     latents = model.denormalize_latents(torch.cat([reference_latents, target], dim=1)[None])[0]
@@ -71,6 +76,7 @@ class EncodeAnimate2(PipelineModule):
         self.model, self.cache, self.identity = model, cache, identity
         self.lock = threading.Lock()
         self.encode_calls = 0
+        self.black_latents: dict = {}
 
     def needs(self) -> list[str]:
         return ["path", "frame_indices", "resolution_bucket", "video", "crop", "companions"]
@@ -98,7 +104,7 @@ class EncodeAnimate2(PipelineModule):
             driving = frames_to_tensor(as_clip(np.asarray(frames), crop, video.shape[2], video.shape[3]))[None]
             with self.lock, torch.no_grad():
                 self.encode_calls += 1
-                cached = encode_item(self.model, video, driving, reference)
+                cached = encode_item(self.model, video, driving, reference, self.black_latents)
             self.cache.put(key, cached)
         return {name: cached[name] for name in self.produces()}
 
