@@ -117,3 +117,10 @@ def test_items_are_the_first_segment_of_the_clips_own_frames(tiny_model, demo, t
                                    **close)
         torch.testing.assert_close(item["reference_text_embeds"], model.encode_text([REFERENCE_PROMPT])[0], **close)
     assert item["loss_mask"].flatten().tolist() == [0.0, 1.0, 1.0]   # never the reference slot
+
+
+def test_demo_dataset_script_writes_the_animate_2_set(tmp_path):
+    from tests.script_loader import load_script
+    assert load_script("make_demo_dataset").main(["--kind", "animate-2", "--output", str(tmp_path / "d"),
+                                                  "--clips-per-class", "1"]) == 0
+    assert len(_loader(tmp_path / "d").scan_result.records) == 12

@@ -47,6 +47,11 @@ def in_context_attention(query, key, value, query_frames: int, reference_frames:
     if query.device.type == "cuda":
         mask = _block_mask(query_frames, reference_frames, hw, str(query.device))
         return _compiled_flex()(query, key, value, block_mask=mask)
+    from torch._subclasses.fake_tensor import is_fake
+    if is_fake(query):
+        # the memory planner (modules/planner/step_trace.py): flex attention keeps what a fused attention over the
+        # same keys keeps (its inputs, output and log-sum-exp), never a mask or a score matrix
+        return F.scaled_dot_product_attention(query, key, value)
     allowed = in_context_allowed(query_frames, reference_frames, hw, query.device)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed)
 

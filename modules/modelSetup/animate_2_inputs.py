@@ -11,14 +11,20 @@ segment (modular_pipelines/wan_animate_2/denoise.py: `WanAnimate2RefExtractStep`
 The self-attention runs through modules/model/animate_2_attention.py (diffusers' flex path has no backward on the
 CPU and needs compiling on a GPU).
 """
+import math
+
 import torch
 from torch import Tensor
 
 
-def grid(latents: Tensor, patch: tuple) -> Tensor:
-    """(B, C, T, h, w) -> (B, 3): each sample's token grid after the patch embedding."""
-    batch, _, frames, height, width = latents.shape
-    return torch.tensor([[frames // patch[0], height // patch[1], width // patch[2]]] * batch, dtype=torch.long)
+def grid(latents: Tensor, patch: tuple) -> list[int]:
+    """(B, C, T, h, w) -> each sample's token grid (frames, height, width) after the patch embedding."""
+    _, _, frames, height, width = latents.shape
+    return [frames // patch[0], height // patch[1], width // patch[2]]
+
+
+def _grid_tensor(size: list[int], batch: int) -> Tensor:
+    return torch.tensor([size] * batch, dtype=torch.long)
 
 
 def animate_2_prediction(transformer, batch: dict, noisy: Tensor, timestep: Tensor, text: Tensor, device,
@@ -30,24 +36,25 @@ def animate_2_prediction(transformer, batch: dict, noisy: Tensor, timestep: Tens
     condition = batch["condition"].to(device, dtype, non_blocking=True)
     patch = tuple(transformer.config.patch_size)
     driving_grid, generation_grid = grid(driving, patch), grid(noisy, patch)
+    driving_grid_sizes = _grid_tensor(driving_grid, driving.shape[0])
     cache = WanAnimate2KVCache(transformer.config.num_layers)
     driving_condition = torch.cat([torch.ones_like(driving[:, :4]), driving], dim=1)   # all frames are condition
     transformer(hidden_states=list(driving), timestep=timestep, condition_latents=list(driving_condition),
                 encoder_hidden_states=list(batch["reference_text_embeds"].to(device, non_blocking=True)),
                 encoder_hidden_states_image=batch["driving_image_embeds"].to(device, non_blocking=True),
-                kv_cache=cache, kv_cache_mode="extract", seq_len=int(driving_grid[0].prod()),
-                offset_grid_sizes=driving_grid)
+                kv_cache=cache, kv_cache_mode="extract", seq_len=math.prod(driving_grid),
+                offset_grid_sizes=driving_grid_sizes)
     frames = driving.shape[2]
     # the segment's geometry in pixels, from which the model derives its in-context layout
     origin = dict(origin_len=(frames - 1) * 4 + 1,
                   origin_area=[noisy.shape[3] * spatial_stride, noisy.shape[4] * spatial_stride])
     # the model would build (and compile) its flex block mask for this geometry; the training attention
     # (animate_2_attention.py) makes its own, so an entry stands in for it
-    transformer.block_masks.setdefault((frames, int(driving_grid[0, 1:].prod())), None)
+    transformer.block_masks.setdefault((frames, driving_grid[1] * driving_grid[2]), None)
     output = transformer(hidden_states=list(noisy), timestep=timestep, condition_latents=list(condition),
                          encoder_hidden_states=list(text),
                          encoder_hidden_states_image=batch["image_embeds"].to(device, non_blocking=True),
-                         kv_cache=cache, kv_cache_mode="cached", seq_len=int(generation_grid[0].prod()),
-                         reference_grid_sizes=driving_grid, **origin).sample
+                         kv_cache=cache, kv_cache_mode="cached", seq_len=math.prod(generation_grid),
+                         reference_grid_sizes=driving_grid_sizes, **origin).sample
     # the cache is not cleared: a checkpointed block's recomputation in the backward pass reads it again
     return torch.stack(output)
