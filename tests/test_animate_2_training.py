@@ -208,3 +208,19 @@ def test_replace_mode_is_refused_for_animate_2_before_anything_loads(tiny_model,
                                     "train_dtype=FLOAT_32", "animate.mode=replace"])
     with pytest.raises(ConfigError, match="animate.mode: replace .* is ANIMATE_2_14B, which animates only"):
         prepare_config(config)
+
+
+def test_the_gpu_block_mask_allows_what_the_dense_mask_allows():
+    """The CUDA path (compiled flex attention over `_block_mask`) attends the keys the CPU path's dense mask does:
+    uncompiled flex attention (forward only on the CPU) with that block mask equals the dense path."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from modules.model.animate_2_attention import _block_mask, in_context_attention
+    generator = torch.Generator().manual_seed(0)
+    frames, reference_frames, hw = 3, 2, 6   # generation [reference slot + 2 frames], 2 driving frames
+    query = torch.randn(1, 2, frames * hw, 8, generator=generator)
+    key, value = (torch.randn(1, 2, (frames + reference_frames) * hw, 8, generator=generator) for _ in range(2))
+    mask = _block_mask(frames, reference_frames, hw, "cpu")
+    torch.testing.assert_close(flex_attention(query, key, value, block_mask=mask),
+                               in_context_attention(query, key, value, frames, reference_frames, hw),
+                               rtol=1e-5, atol=1e-6)
