@@ -10,7 +10,7 @@ from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2K
 from safetensors import safe_open
 
 from modules.util.demo_animate import make_animate_2_dataset
-from tests.learning import train
+from tests.learning import assert_resumed_identically, train
 
 COMMON = ["data.frame_buckets=[5]", "optimizer.learning_rate=0.01", "lora.rank=4", "lora.alpha=4", "batch_size=2"]
 
@@ -190,13 +190,7 @@ def test_an_animate_2_run_resumes_from_its_backup_identically(tiny_model, animat
     first = train(tmp_path / "split", base, animate_2_set, steps=3, overrides=common)
     resumed = train(tmp_path / "split", base, animate_2_set, steps=4,
                     overrides=common + ["backup.continue_last_backup=true"])
-    assert resumed.progress.global_step == 4
-    assert first.step_losses == full.step_losses[:3]
-    assert resumed.step_losses == full.step_losses[3:]
-    final_full, final_resumed = full.setup.trainable_state_dict(), resumed.setup.trainable_state_dict()
-    assert final_full.keys() == final_resumed.keys() and final_full
-    for name in final_full:
-        assert torch.equal(final_resumed[name], final_full[name]), name
+    assert_resumed_identically(full, first, resumed, 4)
 
 
 def test_replace_mode_is_refused_for_animate_2_before_anything_loads(tiny_model, tmp_path):

@@ -61,24 +61,30 @@ def animate_clip(colour, path: str, frames: int, size: int, offset: int = 0) -> 
             "reference": reference}
 
 
-def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
-                         fps: int = 30, first_offset: int = 0, offset_step: int = 1) -> Path:
-    """`clips_per_class` clips per colour and path, the skeleton starting `first_offset`, `first_offset` +
-    `offset_step`, ... pixels along its path (a held-out set: offsets the training set does not use)."""
+def _write_set(output: str | Path, clips_per_class: int, first_offset: int, offset_step: int, write_clip) -> Path:
+    """Per colour, path and offset: `write_clip(output, stem, colour, path, offset)`, then the caption."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     for colour_name, colour in COLOURS.items():
         for path in PATHS:
             for i in range(first_offset, first_offset + clips_per_class * offset_step, offset_step):
                 stem = f"{colour_name}_{path}_{i:02d}"
-                parts = animate_clip(colour, path, frames, size, offset=i)
-                write_video(output / f"{stem}.mp4", parts["clip"], fps)
-                for name, suffix in (("pose", "_pose"), ("face", "_face"), ("background", "_bg"),
-                                     ("mask", "_mask")):
-                    write_video(output / f"{stem}{suffix}.mp4", parts[name], fps)
-                Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+                write_clip(output, stem, colour, path, i)
                 (output / f"{stem}.txt").write_text(f"a {colour_name} person moving {path}\n")
     return output
+
+
+def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
+                         fps: int = 30, first_offset: int = 0, offset_step: int = 1) -> Path:
+    """`clips_per_class` clips per colour and path, the skeleton starting `first_offset`, `first_offset` +
+    `offset_step`, ... pixels along its path (a held-out set: offsets the training set does not use)."""
+    def write_clip(output, stem, colour, path, offset):
+        parts = animate_clip(colour, path, frames, size, offset=offset)
+        write_video(output / f"{stem}.mp4", parts["clip"], fps)
+        for name, suffix in (("pose", "_pose"), ("face", "_face"), ("background", "_bg"), ("mask", "_mask")):
+            write_video(output / f"{stem}{suffix}.mp4", parts[name], fps)
+        Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+    return _write_set(output, clips_per_class, first_offset, offset_step, write_clip)
 
 
 PERFORMER = (235, 235, 235)   # the Animate-2 demo's driving performer: one look for every clip, unlike the characters
@@ -89,16 +95,9 @@ def make_animate_2_dataset(output: str | Path, clips_per_class: int = 2, frames:
     """The Animate-2 set: per clip the target `<name>.mp4` (the character of `<name>_ref.png` moving along its path)
     and `<name>_driving.mp4`, another performer (always the same white one) doing the same motion, frame-aligned.
     A model that learns the set moves the reference's character as the driving performer moves."""
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    for colour_name, colour in COLOURS.items():
-        for path in PATHS:
-            for i in range(first_offset, first_offset + clips_per_class * offset_step, offset_step):
-                stem = f"{colour_name}_{path}_{i:02d}"
-                parts = animate_clip(colour, path, frames, size, offset=i)
-                write_video(output / f"{stem}.mp4", parts["clip"], fps)
-                write_video(output / f"{stem}_driving.mp4", animate_clip(PERFORMER, path, frames, size, i)["clip"],
-                            fps)
-                Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
-                (output / f"{stem}.txt").write_text(f"a {colour_name} person moving {path}\n")
-    return output
+    def write_clip(output, stem, colour, path, offset):
+        parts = animate_clip(colour, path, frames, size, offset=offset)
+        write_video(output / f"{stem}.mp4", parts["clip"], fps)
+        write_video(output / f"{stem}_driving.mp4", animate_clip(PERFORMER, path, frames, size, offset)["clip"], fps)
+        Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+    return _write_set(output, clips_per_class, first_offset, offset_step, write_clip)
