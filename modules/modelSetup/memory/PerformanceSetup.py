@@ -75,9 +75,9 @@ class PerformanceSetup:
         # goes on before the norms' hooks, which then wrap it
         plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
         if performance.chunk_tokens:
-            from diffusers.models.transformers.transformer_wan import WanTransformerBlock
-            # the chunking follows WanTransformerBlock's forward line by line; other blocks (Animate-2's) run whole
-            chunkable = [block for block in plain if isinstance(block, WanTransformerBlock)]
+            # the chunking follows diffusers' WanTransformerBlock forward line by line (Animate's blocks are copies
+            # of it); Animate-2's blocks (self_attn / cross_attn, another signature) run whole
+            chunkable = [block for block in plain if hasattr(block, "attn1")]
             self.chunked_blocks = chunk_feed_forward(chunkable, performance.chunk_tokens,
                                                      performance.chunk_attention_inputs)
         if performance.recompute_norms:
