@@ -218,3 +218,19 @@ def test_the_gpu_block_mask_allows_what_the_dense_mask_allows():
     torch.testing.assert_close(flex_attention(query, key, value, block_mask=mask),
                                in_context_attention(query, key, value, frames, reference_frames, hw),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_full_fine_tune_saves_in_the_official_layout_and_loads_back(tiny_model, animate_2_set, tmp_path):
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig, PartConfig
+    base = tiny_model("wan2.2-animate-2")
+    trainer = train(tmp_path, base, animate_2_set, "FINE_TUNE", 1, COMMON)
+    with safe_open(str(tmp_path / "out.safetensors"), framework="pt") as file:
+        assert "blocks.0.block.self_attn.q.weight" in set(file.keys())
+    loaded = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base),
+                                                   transformer=PartConfig(path=str(tmp_path / "out.safetensors"))))
+    untrained = WanBaseModelLoader().load(ModelConfig(base_model_name=str(base))).transformer
+    with torch.no_grad():
+        trained_output = _segment(trainer.model.transformer.eval())
+        torch.testing.assert_close(_segment(loaded.transformer), trained_output, rtol=0, atol=1e-5)
+        assert (_segment(untrained) - trained_output).abs().max() > 1e-4   # the step changed it
