@@ -9,11 +9,11 @@ from PIL import Image
 
 from modules.dataLoader.WanBaseDataLoader import DataError, WanBaseDataLoader
 from modules.dataLoader.pipeline.Pipeline import Pipeline
-from modules.util.config.config_io import load_config
 from modules.util.demo_animate import PERFORMER, animate_clip, make_animate_2_dataset
 from modules.util.enum.WanVariant import WanVariant
 from modules.util.video_frames import frames_to_tensor, resize_and_crop, write_video
 from modules.util.video_io import probe_media, read_frames
+from tests.test_animate_data import _loader as animate_loader
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,7 @@ def demo(tmp_path_factory):
 
 
 def _loader(concept, *values: str, cache=None) -> WanBaseDataLoader:
-    overrides = [f"data.concepts=[{json.dumps({'path': str(concept)})}]", "data.frame_buckets=[5]",
-                 "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0", *values]
-    if cache is not None:
-        overrides.append(f"cache_dir={cache}")
-    loader = WanBaseDataLoader(load_config(overrides=overrides), WanVariant.ANIMATE_2_14B)
-    loader.scan()
-    return loader
+    return animate_loader(concept, *values, cache=cache, variant=WanVariant.ANIMATE_2_14B)
 
 
 def test_driving_videos_and_references_are_found_and_are_not_clips(demo):

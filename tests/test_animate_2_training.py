@@ -1,7 +1,6 @@
 """Training a LoRA on a tiny Wan2.2-Animate-2 model: each step runs the extract pass over the driving video (with
 gradients) and the cached pass over [reference slot + target]; the loss falls, never counts the reference slot, runs
 resume identically, and the saved LoRA changes diffusers' `WanAnimate2Transformer3DModel` exactly as in training."""
-import shutil
 
 import pytest
 import torch
