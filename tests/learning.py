@@ -61,3 +61,16 @@ def nearest_class_accuracy(trainer, seeds=(1001, 1002), guidance: float = 1.0) -
             hits += nearest == caption
             total += 1
     return hits / total
+
+
+def assert_resumed_identically(full, first, resumed, steps: int) -> None:
+    """A run of `steps` steps (`full`) and the same run stopped after its backup (`first`) then resumed from it
+    (`resumed`): the same losses step for step and bit-identical trained weights."""
+    assert resumed.progress.global_step == steps
+    split = len(first.step_losses)
+    assert first.step_losses == full.step_losses[:split]
+    assert resumed.step_losses == full.step_losses[split:]
+    final_full, final_resumed = full.setup.trainable_state_dict(), resumed.setup.trainable_state_dict()
+    assert final_full.keys() == final_resumed.keys() and final_full
+    for name in final_full:
+        assert torch.equal(final_resumed[name], final_full[name]), name

@@ -24,13 +24,14 @@ def demo(tmp_path_factory):
     return make_animate_dataset(tmp_path_factory.mktemp("animate") / "set", clips_per_class=1, frames=9, size=32)
 
 
-def _loader(concept, *values: str, mode: str = "animate", cache=None) -> WanBaseDataLoader:
+def _loader(concept, *values: str, mode: str = "animate", cache=None,
+            variant: WanVariant = WanVariant.ANIMATE_14B) -> WanBaseDataLoader:
     overrides = [f"data.concepts=[{json.dumps({'path': str(concept)})}]", "data.frame_buckets=[5]",
                  "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0",
                  f"animate.mode={mode}", *values]
     if cache is not None:
         overrides.append(f"cache_dir={cache}")
-    loader = WanBaseDataLoader(load_config(overrides=overrides), WanVariant.ANIMATE_14B)
+    loader = WanBaseDataLoader(load_config(overrides=overrides), variant)
     loader.scan()
     return loader
 

@@ -101,17 +101,6 @@ def test_an_animate_lora_on_another_model_is_refused(trained, tiny_model):
         apply_lora_files(model, [(lora, 1.0)])
 
 
-def test_training_animate_2_is_refused_before_anything_loads(tiny_model, tmp_path):
-    from modules.util.config.ConfigError import ConfigError
-    from modules.util.config.config_io import load_config
-    from modules.trainer.prepare import prepare_config
-    config = load_config(overrides=[f"model.base_model_name={tiny_model('wan2.2-animate-2')}", "model_type=WAN_2_2",
-                                    f'data.concepts=[{{"path": "{tmp_path}"}}]', "device=cpu",
-                                    "train_dtype=FLOAT_32"])
-    with pytest.raises(ConfigError, match="Wan2.2-Animate-2, which trains only through its in-context"):
-        prepare_config(config)
-
-
 def test_fine_tune_leaves_the_motion_and_face_encoders_frozen(tiny_model):
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ModelConfig

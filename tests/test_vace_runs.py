@@ -3,9 +3,8 @@ held-out clips is computed with those clips' own controls."""
 import shutil
 
 import pytest
-import torch
 
-from learning import train
+from learning import assert_resumed_identically, train
 from test_vace_training import vace_dataset
 
 
@@ -18,13 +17,7 @@ def test_a_vace_lora_run_resumes_from_its_backup_identically(tiny_model, tmp_pat
     full = train(tmp_path / "full", base, data, steps=4, overrides=common)
     first = train(tmp_path / "split", base, data, steps=3, overrides=common)
     resumed = train(tmp_path / "split", base, data, steps=4, overrides=common + ["backup.continue_last_backup=true"])
-    assert resumed.progress.global_step == 4
-    assert first.step_losses == full.step_losses[:3]
-    assert resumed.step_losses == full.step_losses[3:]
-    final_full, final_resumed = full.setup.trainable_state_dict(), resumed.setup.trainable_state_dict()
-    assert final_full.keys() == final_resumed.keys() and final_full
-    for name in final_full:
-        assert torch.equal(final_resumed[name], final_full[name]), name
+    assert_resumed_identically(full, first, resumed, 4)
 
 
 def test_the_validation_loss_uses_each_held_out_clips_own_control(tiny_model, tmp_path):

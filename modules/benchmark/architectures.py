@@ -44,6 +44,8 @@ class Architecture:
 
     @property
     def dim(self) -> int:
+        if "dim" in self.transformer:   # WanAnimate2Transformer3DModel names its width
+            return self.transformer["dim"]
         return self.transformer["num_attention_heads"] * self.transformer["attention_head_dim"]
 
     @property

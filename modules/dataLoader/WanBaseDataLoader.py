@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from modules.dataLoader.animate_scan import scan_animate_concepts
+from modules.dataLoader.animate_scan import companion_set, scan_animate_concepts
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
 from modules.dataLoader.e2v_scan import elements_as_vace_references, scan_e2v_dataset
 from modules.dataLoader.validation_split import split_validation
@@ -88,12 +88,14 @@ class WanBaseDataLoader:
         self.fps = variant_hint.native_fps if variant_hint else 16
         # Wan2.2-Animate: every clip comes with its companions (modules/dataLoader/animate_scan.py)
         self.animate = bool(variant_hint and variant_hint.is_animate)
+        self.companion_set = companion_set(variant_hint)
 
     # ---- before the model -------------------------------------------------------------------------------------
 
     def scan(self) -> None:
         if self.animate:
-            self.scan_result = scan_animate_concepts(self.config.data.concepts, self.config.animate.mode)
+            self.scan_result = scan_animate_concepts(self.config.data.concepts, self.config.animate.mode,
+                                                     self.companion_set)
         elif self.elements_as_references:
             self.scan_result = ScanResult()
             for index, dataset in enumerate(self.e2v_datasets):
@@ -186,7 +188,11 @@ class WanBaseDataLoader:
         condition = "first_last" if variant is WanVariant.FLF2V else "first" if variant.takes_image_condition \
             else None
         augmented = config.data.crop_jitter or config.data.flip
-        if self.animate:
+        if self.animate and variant.takes_driving_video:
+            from modules.dataLoader.pipeline.EncodeAnimate2 import EncodeAnimate2
+            identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict())
+            modules = [EncodeAnimate2(model, DiskCache(cache_root, "animate-2"), identity)]
+        elif self.animate:
             identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict(),
                                  dict(model.transformer.config))
             modules = [EncodeAnimate(model, DiskCache(cache_root, "animate"), identity, config.animate.mode,
@@ -212,10 +218,13 @@ class WanBaseDataLoader:
         if self.has_masks and self.e2v is None and self.mask_is_loss_region:
             modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
                                       model.vae_temporal_stride))
+        text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
+                                  str(model.text_encoder.dtype))
         if config.training_method is not TrainingMethod.EMBEDDING:
-            text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
-                                      str(model.text_encoder.dtype))
             modules.append(EncodeText(model, DiskCache(cache_root, "text"), text_identity))
+        if self.animate and variant.takes_driving_video:
+            from modules.dataLoader.pipeline.EncodeAnimate2 import EncodeReferencePrompt
+            modules.append(EncodeReferencePrompt(model, DiskCache(cache_root, "text"), text_identity))
         return modules
 
     def rebuild(self) -> None:
@@ -242,7 +251,7 @@ class WanBaseDataLoader:
         if isinstance(encoder, EncodeText):
             return [self.model.text_encoder]
         if isinstance(encoder, (EncodeVideo, EncodeE2V, EncodeAnimate)) \
-                or type(encoder).__name__ in ("EncodeVACE", "EncodeFunControl"):
+                or type(encoder).__name__ in ("EncodeVACE", "EncodeFunControl", "EncodeAnimate2"):
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 

@@ -80,6 +80,9 @@ class BaseWanSetup:
         experts (config.performance); call at the end of setup_model, once what trains is decided."""
         from modules.modelSetup.memory.PerformanceSetup import PerformanceSetup
         self.performance = {}
+        if self.model.variant.takes_driving_video:
+            from modules.model.animate_2_attention import use_training_attention
+            use_training_attention(self.model.transformer)   # the in-context attention with a backward pass
         for name in self.experts_in_training():
             self.performance[name] = PerformanceSetup(
                 getattr(self.model, name), self.config.performance, self.config.gradient_checkpointing, self.device,
@@ -203,7 +206,7 @@ class BaseWanSetup:
             timestep = model.expanded_timesteps(timestep, tuple(x0.shape), clean_first)
 
         model_input = noisy
-        if "condition" in batch:
+        if "condition" in batch and not model.variant.takes_driving_video:
             model_input = torch.cat([noisy, batch["condition"].to(self.device, noisy.dtype, non_blocking=True)], dim=1)
         image_embeds = batch.get("image_embeds")
         text = self.text_embeddings(batch)
@@ -218,10 +221,17 @@ class BaseWanSetup:
             model_input, context, references = with_references(batch["vace_context"], model_input, sigmas,
                                                                item_generators, self.device)
             vace = control_kwargs(transformer, context)
-        if image_embeds is not None and transformer.config.pos_embed_seq_len:
+        if image_embeds is not None and transformer.config.get("pos_embed_seq_len"):
             # FLF2V: diffusers' image embedder takes (2B, tokens, dim), first and last image of each sample in turn,
             # and views it as (B, 2*tokens, dim) to add its position embedding
             image_embeds = image_embeds.reshape(-1, transformer.config.pos_embed_seq_len // 2, image_embeds.shape[-1])
+        if model.variant.takes_driving_video:
+            from modules.modelSetup.animate_2_inputs import animate_2_prediction
+            with self.autocast():
+                predicted = animate_2_prediction(transformer, batch, noisy, timestep, text, self.device,
+                                                 model.vae_spatial_stride)
+            return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
+                              expert=expert, loss_mask=loss_mask)
         with self.autocast():
             predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
                                     encoder_hidden_states_image=None if image_embeds is None

@@ -112,6 +112,8 @@ def _batch(arch: Architecture, shape: PlanShape, counter: StorageCounter, fake: 
         batch = {"latents": draw(b, z, frames, height, width, dtype=torch.bfloat16),
                  "text_embeds": draw(b, TEXT_SEQUENCE_LENGTH, arch.text_dim, dtype=torch.bfloat16),
                  "loss_weight": torch.ones(b)}
+        if arch.variant.takes_driving_video:
+            return _animate_2_batch(batch, arch, shape, draw)
         if arch.transformer["in_channels"] > z:
             # I2V / FLF2V: the mask (4 channels) and the image latents (z) concatenated to the noisy latents;
             # Wan-Fun Control: its control and start-image (or inpaint) channels
@@ -136,6 +138,20 @@ def _batch(arch: Architecture, shape: PlanShape, counter: StorageCounter, fake: 
     return batch
 
 
+def _animate_2_batch(batch: dict, arch: Architecture, shape: PlanShape, draw) -> dict:
+    """EncodeAnimate2's items: the reference slot before the clip's latents, its condition, the driving video's
+    latents, the CLIP tokens of the reference and of the driving video's first frame, the reference prompt."""
+    z, frames, height, width = arch.latent_shape(shape.frames, shape.height, shape.width)
+    b = shape.batch_size
+    batch["latents"] = draw(b, z, frames + 1, height, width, dtype=torch.bfloat16)
+    batch["condition"] = draw(b, z + 4, frames + 1, height, width, dtype=torch.bfloat16)
+    batch["driving_latents"] = draw(b, z, frames, height, width, dtype=torch.bfloat16)
+    for name in ("image_embeds", "driving_image_embeds"):
+        batch[name] = draw(b, IMAGE_TOKENS, 1280, dtype=torch.bfloat16)   # MLPProj(1280, dim)
+    batch["reference_text_embeds"] = draw(b, TEXT_SEQUENCE_LENGTH, arch.text_dim, dtype=torch.bfloat16)
+    return batch
+
+
 def _predict_fake(setup, batch: dict, expert: str):
     """BaseWanSetup.predict's tensors without its host-side random draws (a fake tensor has no value to seed a
     generator or route an expert with): the same inputs, timesteps, forward pass and loss."""
@@ -149,11 +165,19 @@ def _predict_fake(setup, batch: dict, expert: str):
     timestep = sigmas * 1000
     if model.expand_timesteps:
         timestep = model.expanded_timesteps(timestep, tuple(x0.shape), False)
+    transformer = getattr(model, expert)
+    if model.variant.takes_driving_video:   # Animate-2: the extract pass, then the cached pass
+        from modules.modelSetup.BaseWanSetup import Prediction
+        from modules.modelSetup.animate_2_inputs import animate_2_prediction
+        with setup.autocast():
+            predicted = animate_2_prediction(transformer, batch, noisy, timestep, batch["text_embeds"].to(DEVICE),
+                                             DEVICE, model.vae_spatial_stride)
+        return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
+                          expert=expert)
     model_input = noisy
     if "condition" in batch:
         model_input = torch.cat([noisy, batch["condition"].to(DEVICE, noisy.dtype)], dim=1)
     image_embeds = batch.get("image_embeds")
-    transformer = getattr(model, expert)
     if image_embeds is not None and transformer.config.pos_embed_seq_len:
         image_embeds = image_embeds.reshape(-1, transformer.config.pos_embed_seq_len // 2, image_embeds.shape[-1])
     vace, references = {}, 0
@@ -209,7 +233,11 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
     skeletons = [_skeleton(arch) for _ in range(2 if two else 1)]
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     resizes = contextlib.nullcontext() if fake else following_resizes(counter)
-    with mode, counter, resizes, _set_data_when_swap_fails(fake):
+    # Animate-2's model reads its token grids ((B, 3) integer tensors) back as numbers, also when the backward pass
+    # recomputes a block: fake tensors that small keep their values (by default only one-element ones do)
+    grids = mock.patch("torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT", 3 * shape.batch_size) \
+        if fake and arch.variant.takes_driving_video else contextlib.nullcontext()
+    with mode, counter, resizes, grids, _set_data_when_swap_fails(fake):
         counter.set_phase("weights")
         # an expert that does not train stays on the host (GenericTrainer moves only the trained ones)
         trained = {"high": ["transformer"], "low": ["transformer_2"],

@@ -9,7 +9,6 @@ from modules.util.config.ConfigError import ConfigError
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.config.validation import check_paths
 from modules.util.devices import resolve_device
-from modules.util.enum.WanVariant import WanVariant
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +59,10 @@ def prepare_config(config: TrainConfig) -> list:
             except ConfigError as error:
                 problems += error.problems
             problems += expert_problems(config, variant, base)
-            if variant is WanVariant.ANIMATE_2_14B:
-                problems.append(f"model.base_model_name: {str(base)!r} is Wan2.2-Animate-2, which trains only "
-                                f"through its in-context reference pass; training it is not supported yet "
-                                f"(Wan2.2-Animate-14B is: docs/animate.md)")
+            if variant.is_animate and not variant.takes_replacement and config.animate.mode == "replace":
+                problems.append(f"animate.mode: replace puts the character into the driving video's scene, which "
+                                f"Wan2.2-Animate-14B does; {str(base)!r} is {variant}, which animates only: set "
+                                f"animate.mode=animate")
             if variant.is_animate and config.e2v.enabled:
                 problems.append("e2v: Elements-to-Video trains T2V / I2V models, not Wan2.2-Animate")
     if not config.e2v.enabled and not any(concept.enabled for concept in config.data.concepts):

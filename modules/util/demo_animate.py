@@ -4,7 +4,9 @@ black `<name>_pose.mp4` (what the official pose preprocessing renders), the head
 character on grey `<name>_ref.png`, and for replace mode the scene without the character `<name>_bg.mp4` and its
 mask `<name>_mask.mp4`: every video frame-aligned with the clip. The character's colour is the reference's, the
 motion the skeleton's: a model that learns the set follows the pose of held-out skeletons. The captions name the
-colour only ("a red person"), so the path is the pose's to say and cannot be read from the caption."""
+colour only ("a red person"), so the path is the pose's (or the driving video's) to say and cannot be read from the
+caption. The Animate-2 set (`--kind animate-2`, make_animate_2_dataset) has a driving video instead of pose and face:
+another performer doing the clip's motion."""
 from pathlib import Path
 
 import cv2
@@ -67,24 +69,46 @@ def animate_clip(colour, path: str, frames: int, size: int, offset: int = 0) -> 
             "reference": reference}
 
 
-def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
-                         fps: int = 30, first_offset: int = 0, offset_step: int = 1) -> Path:
-    """`clips_per_class` clips per colour and path, the skeleton starting `first_offset`, `first_offset` +
-    `offset_step`, ... pixels along its path (a held-out set: offsets the training set does not use)."""
+def _write_set(output: str | Path, clips_per_class: int, first_offset: int, offset_step: int, write_clip) -> Path:
+    """Per colour, path and offset: `write_clip(output, stem, colour, path, offset)`, then the caption."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     for colour_name, colour in COLOURS.items():
         for path in PATHS:
             for i in range(first_offset, first_offset + clips_per_class * offset_step, offset_step):
                 stem = f"{colour_name}_{path}_{i:02d}"
-                parts = animate_clip(colour, path, frames, size, offset=i)
-                write_video(output / f"{stem}.mp4", parts["clip"], fps)
-                for name, suffix in (("pose", "_pose"), ("face", "_face"), ("background", "_bg"),
-                                     ("mask", "_mask")):
-                    write_video(output / f"{stem}{suffix}.mp4", parts[name], fps)
-                Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+                write_clip(output, stem, colour, path, i)
                 (output / f"{stem}.txt").write_text(f"a {colour_name} person\n")
     return output
+
+
+def make_animate_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
+                         fps: int = 30, first_offset: int = 0, offset_step: int = 1) -> Path:
+    """`clips_per_class` clips per colour and path, the skeleton starting `first_offset`, `first_offset` +
+    `offset_step`, ... pixels along its path (a held-out set: offsets the training set does not use)."""
+    def write_clip(output, stem, colour, path, offset):
+        parts = animate_clip(colour, path, frames, size, offset=offset)
+        write_video(output / f"{stem}.mp4", parts["clip"], fps)
+        for name, suffix in (("pose", "_pose"), ("face", "_face"), ("background", "_bg"), ("mask", "_mask")):
+            write_video(output / f"{stem}{suffix}.mp4", parts[name], fps)
+        Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+    return _write_set(output, clips_per_class, first_offset, offset_step, write_clip)
+
+
+PERFORMER = (235, 235, 235)   # the Animate-2 demo's driving performer: one look for every clip, unlike the characters
+
+
+def make_animate_2_dataset(output: str | Path, clips_per_class: int = 2, frames: int = 9, size: int = 32,
+                           fps: int = 24, first_offset: int = 0, offset_step: int = 1) -> Path:
+    """The Animate-2 set: per clip the target `<name>.mp4` (the character of `<name>_ref.png` moving along its path)
+    and `<name>_driving.mp4`, another performer (always the same white one) doing the same motion, frame-aligned.
+    A model that learns the set moves the reference's character as the driving performer moves."""
+    def write_clip(output, stem, colour, path, offset):
+        parts = animate_clip(colour, path, frames, size, offset=offset)
+        write_video(output / f"{stem}.mp4", parts["clip"], fps)
+        write_video(output / f"{stem}_driving.mp4", animate_clip(PERFORMER, path, frames, size, offset)["clip"], fps)
+        Image.fromarray(parts["reference"]).save(output / f"{stem}_ref.png")
+    return _write_set(output, clips_per_class, first_offset, offset_step, write_clip)
 
 
 def make_demo_animate_model(output_dir: str | Path, seed: int = 0, size: int = 32, frames: int = 9) -> Path:

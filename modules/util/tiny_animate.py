@@ -27,8 +27,9 @@ FACE_HIDDEN = 16
 FACE_HEADS = 2
 FLOW_SHIFT_ANIMATE = 5.0           # sample_shift of the official wan/configs/wan_animate_14B.py
 ANIMATE_2_CLIP_HIDDEN = 1280
+# the pipeline resizes every CLIP input to 224 x 224 itself (encoders.clip_visual_encode); 32 px patches: 50 tokens
 ANIMATE_2_CLIP_IMAGE_SIZE = 224
-ANIMATE_2_CLIP_PATCH_SIZE = 14
+ANIMATE_2_CLIP_PATCH_SIZE = 32
 ANIMATE_2_PIPELINE = "WanAnimate2ModularPipeline"
 
 

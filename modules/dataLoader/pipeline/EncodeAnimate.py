@@ -23,7 +23,7 @@ from modules.util.video_io import UnreadableMediaError, probe_media, read_frames
 ANIMATE_ENCODING_VERSION = 1   # raise when the encoding below changes: old cache entries are then not reused
 
 
-def _as_clip(frames: np.ndarray, crop: dict, height: int, width: int) -> np.ndarray:
+def as_clip(frames: np.ndarray, crop: dict, height: int, width: int) -> np.ndarray:
     """A companion video's frames scaled to the size the clip was scaled to and cut where the clip was cut."""
     scaled_h, scaled_w = crop["scaled_size"]
     if covering_size(frames.shape[1], frames.shape[2], height, width) != (scaled_h, scaled_w):
@@ -76,11 +76,11 @@ class EncodeAnimate(PipelineModule):
         face_size = self.model.transformer.config.motion_encoder_size
         face = frames("face")
         out = {"reference": Image.fromarray(read_image(companions["reference"])),
-               "pose": frames_to_tensor(_as_clip(frames("pose"), crop, height, width))[None],
+               "pose": frames_to_tensor(as_clip(frames("pose"), crop, height, width))[None],
                "face": ac.video_pixels([Image.fromarray(f) for f in face], face_size, face_size)}
         if self.mode == "replace":
-            out["background"] = frames_to_tensor(_as_clip(frames("background"), crop, height, width))[None]
-            mask = _as_clip(frames("mask"), crop, height, width)[..., 0].astype(np.float32) / 255.0
+            out["background"] = frames_to_tensor(as_clip(frames("background"), crop, height, width))[None]
+            mask = as_clip(frames("mask"), crop, height, width)[..., 0].astype(np.float32) / 255.0
             out["mask"] = torch.from_numpy(mask)[None, None]   # (1, 1, F, H, W), 1 = the character
         return out
 

@@ -28,7 +28,10 @@ class EncodeText(PipelineModule):
         return cache_key("text", prompt, self.identity)
 
     def get_item(self, ctx, index: int) -> dict[str, Any]:
-        prompt = ctx.get("prompt", index)
+        return {"text_embeds": self._embeds(ctx.get("prompt", index))}
+
+    def _embeds(self, prompt: str) -> torch.Tensor:
+        """(512, D): the prompt's cached embeddings, zero padded."""
         key = self.key(prompt)
         cached = self.cache.get(key, required=["text_embeds"])
         if cached is None:
@@ -41,4 +44,4 @@ class EncodeText(PipelineModule):
         embeds = cached["text_embeds"]
         padded = embeds.new_zeros(TEXT_SEQUENCE_LENGTH, embeds.shape[1])
         padded[:embeds.shape[0]] = embeds
-        return {"text_embeds": padded}
+        return padded

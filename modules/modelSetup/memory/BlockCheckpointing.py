@@ -56,14 +56,15 @@ class BlockCheckpointing:
     def checkpointed(self, index: int) -> bool:
         return index in self.always or (self.every > 0 and index % self.every == 0)
 
-    def __call__(self, block: nn.Module, *args):
+    def __call__(self, block: nn.Module, *args, **kwargs):
+        # keyword arguments: Animate-2's blocks take theirs so (the KV cache, the pass)
         index = self.position.get(id(block))
         if index is None:   # a block outside the main list (VACE's blocks, never swapped): always checkpointed
-            return checkpoint(block, *args, use_reentrant=False)
+            return checkpoint(block, *args, use_reentrant=False, **kwargs)
         if not self.checkpointed(index):
-            return block(*args)
+            return block(*args, **kwargs)
         saving = self.offload.saving(args[0]) if self.offload is not None else contextlib.nullcontext()
         # torch stops a recomputation as soon as it has what the backward pass needs (a swapped block stays on the
         # device until its backward pass is done: BlockSwap)
         with saving:
-            return checkpoint(block, *args, use_reentrant=False, context_fn=_contexts)
+            return checkpoint(block, *args, use_reentrant=False, context_fn=_contexts, **kwargs)

@@ -75,7 +75,10 @@ class PerformanceSetup:
         # goes on before the norms' hooks, which then wrap it
         plain = [b for i, b in enumerate(blocks) if i in swapped or not performance.compile_blocks]
         if performance.chunk_tokens:
-            self.chunked_blocks = chunk_feed_forward(plain, performance.chunk_tokens,
+            # the chunking follows diffusers' WanTransformerBlock forward line by line (Animate's blocks are copies
+            # of it); Animate-2's blocks (self_attn / cross_attn, another signature) run whole
+            chunkable = [block for block in plain if hasattr(block, "attn1")]
+            self.chunked_blocks = chunk_feed_forward(chunkable, performance.chunk_tokens,
                                                      performance.chunk_attention_inputs)
         if performance.recompute_norms:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records

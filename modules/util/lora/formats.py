@@ -53,7 +53,8 @@ from modules.util.lora.lycoris import (LYCORIS_SUFFIXES, LohaModule, LokrModule,
                                           lycoris_from_roles, lycoris_state_items)
 from modules.util.lora.face_adapter import fuse_face_key_value, split_face_key_value
 from modules.util.lora.LoraModule import LoraModule
-from modules.util.lora.keys import (KEY_TABLE, diffusers_module_to_original, is_original_format,
+from modules.util.lora.keys import (KEY_TABLE, animate_2_to_original, diffusers_module_to_original,
+                                   is_animate_2_modules, is_original_format, names_animate_2_attention,
                                    original_module_to_diffusers)
 
 logger = logging.getLogger(__name__)
@@ -125,11 +126,13 @@ def lora_to_state_dict(weights: LoraWeights, fmt: ModelFormat, dtype: torch.dtyp
     def cast(t: Tensor) -> Tensor:
         return t if dtype is None else t.to(dtype)
 
+    # Animate-2's modules have their own official names (blocks.N.block.*)
+    to_original = animate_2_to_original if is_animate_2_modules(weights) else diffusers_module_to_original
     for name, module in weights.items():
         if isinstance(module, (LohaModule, LokrModule)):
-            out.update(_lycoris_to_state_dict(name, module, fmt, cast))
+            out.update(_lycoris_to_state_dict(name, module, fmt, cast, to_original))
         elif fmt in (ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA):
-            original = diffusers_module_to_original(name)
+            original = to_original(name)
             if fmt == ModelFormat.COMFY_LORA:
                 stem, a, b = COMFY_PREFIX + original, ".lora_A.weight", ".lora_B.weight"
             else:
@@ -155,14 +158,15 @@ def lora_to_state_dict(weights: LoraWeights, fmt: ModelFormat, dtype: torch.dtyp
     return out
 
 
-def _lycoris_to_state_dict(name: str, module: LycorisModule, fmt: ModelFormat, cast) -> dict[str, Tensor]:
+def _lycoris_to_state_dict(name: str, module: LycorisModule, fmt: ModelFormat, cast,
+                           to_original=diffusers_module_to_original) -> dict[str, Tensor]:
     kind = "LoHa" if isinstance(module, LohaModule) else "LoKr"
     if fmt == ModelFormat.DIFFUSERS_LORA:
         raise ValueError(f"DIFFUSERS_LORA cannot hold {kind} modules ({name}): diffusers has no standard key names "
                          f"for LoHa / LoKr. Use COMFY_LORA (LyCORIS names, read by ComfyUI) or KOHYA_LORA")
     if fmt not in (ModelFormat.COMFY_LORA, ModelFormat.KOHYA_LORA):
         raise ValueError(f"{fmt} is not a LoRA file format (COMFY_LORA, KOHYA_LORA, DIFFUSERS_LORA)")
-    original = diffusers_module_to_original(name)
+    original = to_original(name)
     stem = COMFY_PREFIX + original if fmt == ModelFormat.COMFY_LORA else KOHYA_PREFIX + original.replace(".", "_")
     out = {stem + suffix: cast(tensor) for suffix, tensor in lycoris_state_items(module).items()}
     out[stem + ".alpha"] = _alpha_tensor(module.alpha)
@@ -294,7 +298,8 @@ def _resolve_names(stems: list[str], module_names: Iterable[str] | None) -> tupl
                 resolved[stem] = table.get(rest, stem)
             kinds.append(kind)
             continue
-        original = is_original_format(group.values())
+        # diffusers' Animate-2 names keep the official self_attn / cross_attn: its to_q ... tell them apart
+        original = is_original_format(group.values()) and not names_animate_2_attention(group.values())
         for stem, rest in group.items():
             if original:
                 try:

@@ -89,9 +89,57 @@ KEY_TABLE += (
 ORIGINAL_PREFIXES: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
 
 _ORIGINAL_MARKER = re.compile(
-    r"^((vace_)?blocks\.\d+\.(self_attn|cross_attn|modulation|ffn\.[02]\b|before_proj|after_proj)|head\."
+    r"^((vace_)?blocks\.\d+\.(block\.|self_attn|cross_attn|modulation|ffn\.[02]\b|before_proj|after_proj)|head\."
     r"|text_embedding\.|time_embedding\.|time_projection\.|img_emb\.|face_adapter\.fuser_blocks\.)"
 )
+
+
+# Wan2.2-Animate-2: the official code wraps each block (`blocks.N.block.self_attn.q`); diffusers'
+# `WanAnimate2Transformer3DModel` keeps the official names but for the attention projections
+# (`blocks.N.self_attn.to_q`) and drops the wrapper. Its other names are the same on both sides.
+ANIMATE_2_ATTENTION = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "k_img": "add_k_proj",
+                       "v_img": "add_v_proj", "norm_k_img": "norm_added_k"}
+_ANIMATE_2_OFFICIAL = re.compile(r"^blocks\.(\d+)\.block\.(.+)$")
+_ANIMATE_2_DIFFUSERS = re.compile(r"^blocks\.(\d+)\.(self_attn|cross_attn)\.(to_q|to_k|to_v|to_out\.0|add_k_proj|"
+                                  r"add_v_proj|norm_added_k)(\..+)?$")
+# diffusers' names of an Animate-2 block that no WanTransformer3DModel name has (attn1 / attn2 / ffn.net there)
+_ANIMATE_2_BLOCK = re.compile(r"^blocks\.\d+\.(self_attn|cross_attn|ffn\.[02])(\.|$)")
+
+
+def animate_2_to_diffusers(name: str) -> str:
+    """`blocks.N.block.self_attn.q...` -> `blocks.N.self_attn.to_q...`; names outside the blocks are kept."""
+    match = _ANIMATE_2_OFFICIAL.match(name)
+    if match is None:
+        return name
+    rest = match.group(2)
+    attention = re.match(r"^(self_attn|cross_attn)\.([a-z_]+)(\..+)?$", rest)
+    if attention is not None and attention.group(2) in ANIMATE_2_ATTENTION:
+        rest = f"{attention.group(1)}.{ANIMATE_2_ATTENTION[attention.group(2)]}{attention.group(3) or ''}"
+    return f"blocks.{match.group(1)}.{rest}"
+
+
+def animate_2_to_original(name: str) -> str:
+    """The inverse of animate_2_to_diffusers."""
+    match = _ANIMATE_2_DIFFUSERS.match(name)
+    if match is not None:
+        official = {v: k for k, v in ANIMATE_2_ATTENTION.items()}[match.group(3)]
+        return f"blocks.{match.group(1)}.block.{match.group(2)}.{official}{match.group(4) or ''}"
+    if name.startswith("blocks."):
+        index, rest = name.removeprefix("blocks.").split(".", 1)
+        return f"blocks.{index}.block.{rest}"
+    return name
+
+
+def is_animate_2_modules(names: Iterable[str]) -> bool:
+    """diffusers module names of a `WanAnimate2Transformer3DModel` (self_attn / cross_attn / ffn.0 in its blocks,
+    which WanTransformer3DModel names attn1 / attn2 / ffn.net)."""
+    return any(_ANIMATE_2_BLOCK.match(name) for name in names)
+
+
+def names_animate_2_attention(names: Iterable[str]) -> bool:
+    """Some name is one of diffusers' Animate-2 attention projections (`blocks.N.self_attn.to_q`): in a file, what
+    tells its diffusers names from the official names of the other Wan models (`blocks.N.self_attn.q`)."""
+    return any(_ANIMATE_2_DIFFUSERS.match(name) for name in names)
 
 
 def _compile(template: str) -> re.Pattern[str]:
@@ -185,6 +233,8 @@ def original_module_to_diffusers(name: str) -> str:
         if name.startswith(prefix):
             name = name[len(prefix):]
             break
+    if _ANIMATE_2_OFFICIAL.match(name):
+        return animate_2_to_diffusers(name)
     renamed = _rename(name, _TO_DIFFUSERS)
     if renamed is None:
         raise KeyError(f"original Wan module {name!r} has no diffusers name (modules/util/lora/keys.py KEY_TABLE)")

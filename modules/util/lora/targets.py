@@ -3,8 +3,9 @@
 it on a transformer built on the meta device, before any weight loads, and training on the loaded one."""
 import re
 
-_ATTENTION = r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
-_MLP = r"blocks\.\d+\.ffn\.(net\.0\.proj|net\.2)"
+# Animate-2's blocks name their layers as the official code: self_attn / cross_attn, ffn.0 / ffn.2
+_ATTENTION = r"blocks\.\d+\.(attn[12]|self_attn|cross_attn)\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+_MLP = r"blocks\.\d+\.ffn\.(net\.0\.proj|net\.2|0|2)"
 TARGET_PRESETS = {
     "attn-only": f"{_ATTENTION}",
     "attn-mlp": f"({_ATTENTION}|{_MLP})",

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from modules.modelLoader.wan.parts.tensor_files import ModelFileError, TensorInfo
+from modules.util.lora.keys import animate_2_to_diffusers, animate_2_to_original
 
 ANIMATE_CLASS = "WanAnimateTransformer3DModel"
 ANIMATE_2_CLASS = "WanAnimate2Transformer3DModel"
@@ -65,8 +66,6 @@ _ANIMATE_RULES: tuple[tuple[str, str], ...] = (
     ("face_adapter.fuser_blocks.{N}.q_norm", "face_adapter.{N}.norm_q"),
     ("face_adapter.fuser_blocks.{N}.k_norm", "face_adapter.{N}.norm_k"),
 )
-_ANIMATE_2_ATTENTION = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "k_img": "add_k_proj",
-                        "v_img": "add_v_proj", "norm_k_img": "norm_added_k"}
 
 
 def _compile(template: str) -> re.Pattern[str]:
@@ -114,14 +113,7 @@ def animate_name_to_diffusers(name: str) -> str | None:
 
 def animate_2_name_to_diffusers(name: str) -> str:
     """`blocks.N.block.self_attn.q.weight` -> `blocks.N.self_attn.to_q.weight`; other names are kept."""
-    match = re.match(r"^blocks\.(\d+)\.block\.(.+)$", name)
-    if match is None:
-        return name
-    rest = match.group(2)
-    attention = re.match(r"^(self_attn|cross_attn)\.([a-z_]+)(\..+)$", rest)
-    if attention is not None and attention.group(2) in _ANIMATE_2_ATTENTION:
-        rest = f"{attention.group(1)}.{_ANIMATE_2_ATTENTION[attention.group(2)]}{attention.group(3)}"
-    return f"blocks.{match.group(1)}.{rest}"
+    return animate_2_to_diffusers(name)
 
 
 def _half(which: int) -> Callable[[torch.Tensor, object], torch.Tensor]:
@@ -247,18 +239,7 @@ def diffusers_to_official(state: dict[str, torch.Tensor], animate_2: bool = Fals
     """A diffusers Animate (or Animate-2) state dict in the official names, with the official layout's extra
     tensors (stacked `linear1_kv`, (1, C, 1, 1) biases, the blur kernels)."""
     if animate_2:
-        inverse = {v: k for k, v in _ANIMATE_2_ATTENTION.items()}
-        out = {}
-        for name, value in state.items():
-            match = re.match(r"^blocks\.(\d+)\.(self_attn|cross_attn)\.(to_q|to_k|to_v|to_out\.0|add_k_proj|"
-                             r"add_v_proj|norm_added_k)(\..+)$", name)
-            if match is not None:
-                name = f"blocks.{match.group(1)}.block.{match.group(2)}.{inverse[match.group(3)]}{match.group(4)}"
-            elif name.startswith("blocks."):
-                index, rest = name.removeprefix("blocks.").split(".", 1)
-                name = f"blocks.{index}.block.{rest}"
-            out[name] = value
-        return out
+        return {animate_2_to_original(name): value for name, value in state.items()}
     from modules.util.lora.keys import diffusers_to_original_state_dict
     common = {k: v for k, v in state.items() if not k.startswith(("motion_encoder.", "face_encoder.",
                                                                   "face_adapter.", "pose_patch_embedding."))}
