@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from modules.model import animate_2_condition as a2
+from modules.model.animate_2_attention import use_training_attention
 from modules.model.animate_condition import condition_latent_frames
 from modules.model.WanModel import TEXT_SEQUENCE_LENGTH
 from modules.modelSampler.character_media import read_frames, read_reference
@@ -144,6 +145,11 @@ def sample_animate_2(sampler, resolved: SampleConfig, on_step=None) -> SampleRes
             with placement.using("text_encoder"):
                 prompts = encode_animate_2_prompts(model, resolved, use_cfg, sampler.device)
             placement.materialize("image_encoder", "vae", "transformer")
+            if sampler.device.type == "cuda":
+                # diffusers' processor runs flex attention uncompiled unless the caller compiles the blocks, and
+                # uncompiled flex attention holds the whole score matrix (hundreds of GiB at 81 frames of 480p);
+                # the training processor computes the same attention through compiled flex attention
+                use_training_attention(model.transformer)
             scheduler = sampler.make_scheduler(resolved.scheduler, resolved.flow_shift)
             with sampler._transformer_autocast():
                 segments, latents = denoise_animate_2(model, scheduler, resolved, inputs, *prompts,
