@@ -14,7 +14,7 @@ from modules.ui.ItemCompanions import companions_of, control_sections, frames_at
 from modules.ui.model_parts import detected_variant, variant_description
 from modules.ui.UIState import UIState
 from modules.util.config.config_io import load_config
-from modules.util.demo_animate import make_animate_dataset
+from modules.util.demo_animate import make_animate_2_dataset, make_animate_dataset
 from modules.util.demo_vace import make_vace_dataset, outline
 from modules.util.demo_assets import COLOURS, square_clip
 from modules.util.enum.WanVariant import WanVariant
@@ -109,6 +109,21 @@ def test_animate_items_carry_pose_face_reference_and_replace_mode_adds_backgroun
                                                                         "mask"]
     shown = frames_at(kept.path, kept.companions, 8)
     assert set(shown) == {"target", "pose", "face", "reference"}
+    assert all(isinstance(frame, np.ndarray) for frame in shown.values())
+
+
+def test_animate_2_items_carry_their_driving_video_and_reference(tmp_path):
+    data = make_animate_2_dataset(tmp_path / "data", clips_per_class=1)
+    (data / "red_left_00_driving.mp4").unlink()
+    items = by_name(browser.browse(config_for(tmp_path, data), 0, WanVariant.ANIMATE_2_14B))
+    # the driving videos and references are not items of their own: one item per captioned clip
+    assert sorted(items) == sorted(f"{p.stem}.mp4" for p in data.glob("*.txt"))
+    kept = items["blue_left_00.mp4"]
+    assert [c.text for c in kept.companions] == ["driving: blue_left_00_driving.mp4", "reference: blue_left_00_ref.png"]
+    broken = items["red_left_00.mp4"]
+    assert broken.skipped and broken.companions[0].text == "driving: missing (needed)"
+    shown = frames_at(kept.path, kept.companions, 3)
+    assert set(shown) == {"target", "driving", "reference"}
     assert all(isinstance(frame, np.ndarray) for frame in shown.values())
 
 

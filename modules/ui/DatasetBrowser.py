@@ -61,7 +61,7 @@ def browse(config, index: int, variant=None) -> list[DatasetItem]:
                                   caption_file=str(Path(path).with_suffix(concept.caption_extension)) if sidecar
                                   else "",
                                   companions=companions_of(path, kind, record, concept, config.animate.mode,
-                                                             config.data.control.derive))
+                                                             config.data.control.derive, variant))
     names = ["path", "media_info", "frame_bucket", "resolution_bucket"]
     pipeline = Pipeline(loader._item_modules(), config.seed, outputs=names)
     pipeline.start_epoch(0)
@@ -76,7 +76,8 @@ def browse(config, index: int, variant=None) -> list[DatasetItem]:
         item.bucket = f"{row['frame_bucket']} x {width}x{height}"
     for path, reason in list(loader.scan_result.skipped) + list(pipeline.skipped):
         item = items.setdefault(str(path), DatasetItem(
-            str(path), companions=companions_of(str(path), kind, None, concept, config.animate.mode)))
+            str(path), companions=companions_of(str(path), kind, None, concept, config.animate.mode,
+                                     variant=variant)))
         item.skip_reason = reason
     return sorted(items.values(), key=lambda item: item.path)
 

@@ -1,6 +1,6 @@
 """The companions of a dataset item that a control model trains with, for the dataset viewer and the control tab:
 VACE's control video, mask and reference images (modules/dataLoader/vace_scan.py), Wan2.2-Animate's pose, face,
-reference, background and mask (modules/dataLoader/animate_scan.py). Found by the data loader's own finders, so the
+reference, background and mask, Animate-2's driving video and reference (modules/dataLoader/animate_scan.py). Found by the data loader's own finders, so the
 viewer shows what training reads. Imports no toolkit.
 
 Every companion video is frame-aligned with its clip (the scans refuse another frame count), so one frame index
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-ANIMATE_ROLES = ("pose", "face", "reference", "background", "mask")
 
 
 @dataclass
@@ -60,10 +59,11 @@ def viewer_variant(config):
 
 
 def companions_of(path: str, kind: str, record: dict | None, concept=None, mode: str = "animate",
-                  derive: str = "none") -> list[Companion]:
+                  derive: str = "none", variant=None) -> list[Companion]:
     """What item `path` has beside it. `record`: its scan record when it was kept (manifests name companions
     there), else the finders look beside the file. `mode`: Animate's (replace needs background and mask).
-    `derive`: data.control.derive; a clip without a control file of its own shows the control derived from it."""
+    `derive`: data.control.derive; a clip without a control file of its own shows the control derived from it.
+    `variant`: which character model's companions (Animate-2's driving video and reference, else Animate's)."""
     media = Path(path)
     if kind == "fun":   # the start image is the clip's own first frame: nothing beside it
         from modules.dataLoader.vace_scan import find_control
@@ -82,11 +82,12 @@ def companions_of(path: str, kind: str, record: dict | None, concept=None, mode:
         found += [Companion(f"reference {i + 1}", str(r)) for i, r in enumerate(references)]
         return found + ([] if references else [Companion("reference", None)])
     if kind == "animate":
-        from modules.dataLoader.animate_scan import find_companions, needed
+        from modules.dataLoader.animate_scan import companion_set, find_companions, needed
+        companions = companion_set(variant)
         listed = (record or {}).get("companions") or {}
-        beside = find_companions(media)
-        roles = ANIMATE_ROLES if mode == "replace" else ANIMATE_ROLES[:3]
-        return [Companion(role, _text(listed.get(role) or beside.get(role)), role in needed(mode)) for role in roles]
+        beside = find_companions(media, companions=companions)
+        roles = needed(mode, companions)   # every role is needed; the replace roles only in replace mode
+        return [Companion(role, _text(listed.get(role) or beside.get(role)), True) for role in roles]
     return []
 
 
