@@ -11,50 +11,27 @@ segment (modular_pipelines/wan_animate_2/denoise.py: `WanAnimate2RefExtractStep`
 The self-attention runs through modules/model/animate_2_attention.py (diffusers' flex path has no backward on the
 CPU and needs compiling on a GPU).
 """
-import math
-
 import torch
 from torch import Tensor
 
-
-def grid(latents: Tensor, patch: tuple) -> list[int]:
-    """(B, C, T, h, w) -> each sample's token grid (frames, height, width) after the patch embedding."""
-    _, _, frames, height, width = latents.shape
-    return [frames // patch[0], height // patch[1], width // patch[2]]
-
-
-def _grid_tensor(size: list[int], batch: int) -> Tensor:
-    return torch.tensor([size] * batch, dtype=torch.long)
+from modules.model.animate_2_condition import cached_pass, extract_pass, segment_geometry
 
 
 def animate_2_prediction(transformer, batch: dict, noisy: Tensor, timestep: Tensor, text: Tensor, device,
                          spatial_stride: int) -> Tensor:
-    """The cached pass's prediction (B, 16, T + 1, h, w) after the extract pass over the batch's driving video."""
-    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+    """The cached pass's prediction (B, 16, T + 1, h, w) after the extract pass over the batch's driving video,
+    through the sampler's own passes (modules/model/animate_2_condition.py)."""
     dtype = noisy.dtype
     driving = batch["driving_latents"].to(device, dtype, non_blocking=True)
-    condition = batch["condition"].to(device, dtype, non_blocking=True)
-    patch = tuple(transformer.config.patch_size)
-    driving_grid, generation_grid = grid(driving, patch), grid(noisy, patch)
-    driving_grid_sizes = _grid_tensor(driving_grid, driving.shape[0])
-    cache = WanAnimate2KVCache(transformer.config.num_layers)
+    frames, height, width = driving.shape[2], driving.shape[3], driving.shape[4]
+    geometry = segment_geometry((frames - 1) * 4 + 1, height * spatial_stride, width * spatial_stride,
+                                spatial=spatial_stride)
     driving_condition = torch.cat([torch.ones_like(driving[:, :4]), driving], dim=1)   # all frames are condition
-    transformer(hidden_states=list(driving), timestep=timestep, condition_latents=list(driving_condition),
-                encoder_hidden_states=list(batch["reference_text_embeds"].to(device, non_blocking=True)),
-                encoder_hidden_states_image=batch["driving_image_embeds"].to(device, non_blocking=True),
-                kv_cache=cache, kv_cache_mode="extract", seq_len=math.prod(driving_grid),
-                offset_grid_sizes=driving_grid_sizes)
-    frames = driving.shape[2]
-    # the segment's geometry in pixels, from which the model derives its in-context layout
-    origin = dict(origin_len=(frames - 1) * 4 + 1,
-                  origin_area=[noisy.shape[3] * spatial_stride, noisy.shape[4] * spatial_stride])
+    cache = extract_pass(transformer, driving, driving_condition, batch["reference_text_embeds"].to(device),
+                         batch["driving_image_embeds"].to(device, non_blocking=True), geometry, timestep)
     # the model would build (and compile) its flex block mask for this geometry; the training attention
     # (animate_2_attention.py) makes its own, so an entry stands in for it
-    transformer.block_masks.setdefault((frames, driving_grid[1] * driving_grid[2]), None)
-    output = transformer(hidden_states=list(noisy), timestep=timestep, condition_latents=list(condition),
-                         encoder_hidden_states=list(text),
-                         encoder_hidden_states_image=batch["image_embeds"].to(device, non_blocking=True),
-                         kv_cache=cache, kv_cache_mode="cached", seq_len=math.prod(generation_grid),
-                         reference_grid_sizes=driving_grid_sizes, **origin).sample
+    transformer.block_masks.setdefault((frames, height * width // 4), None)
     # the cache is not cleared: a checkpointed block's recomputation in the backward pass reads it again
-    return torch.stack(output)
+    return cached_pass(transformer, noisy, batch["condition"].to(device, dtype, non_blocking=True), text,
+                       batch["image_embeds"].to(device, non_blocking=True), cache, timestep, geometry)
