@@ -55,17 +55,22 @@ def test_the_loss_falls(trained):
     assert after < 0.8 * before, (before, after)
 
 
+def _assert_loss_counts_from(trainer, batch, first: int):
+    """Anything predicted on the latent frames before `first` changes nothing; on a later frame it does."""
+    with torch.no_grad():
+        prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(0))
+    loss = trainer.setup.calculate_loss(batch, prediction)
+    prediction.predicted[:, :, :first] += 100.0
+    assert trainer.setup.calculate_loss(batch, prediction) == loss
+    prediction.predicted[:, :, first:] += 1.0
+    assert trainer.setup.calculate_loss(batch, prediction) != loss
+
+
 def test_the_loss_never_counts_the_reference_slot(trained):
     trainer, _ = trained
     batch = next(trainer.data.batches(0))
     assert batch["loss_mask"][0].flatten().tolist() == [0.0, 1.0, 1.0]
-    with torch.no_grad():
-        prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(0))
-    loss = trainer.setup.calculate_loss(batch, prediction)
-    prediction.predicted[:, :, :1] += 100.0
-    assert trainer.setup.calculate_loss(batch, prediction) == loss
-    prediction.predicted[:, :, 1:] += 1.0
-    assert trainer.setup.calculate_loss(batch, prediction) != loss
+    _assert_loss_counts_from(trainer, batch, 1)
 
 
 def test_a_continuation_run_leaves_the_continuation_frames_out_of_the_loss(tiny_model, tmp_path):
@@ -80,13 +85,7 @@ def test_a_continuation_run_leaves_the_continuation_frames_out_of_the_loss(tiny_
     batch = next(trainer.data.batches(0))
     assert batch["loss_mask"][0].flatten().tolist() == [0.0, 0.0, 0.0, 1.0]
     assert batch["condition"][:, :4, :3].eq(1).all() and batch["condition"][:, :4, 3:].eq(0).all()
-    with torch.no_grad():
-        prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(0))
-    loss = trainer.setup.calculate_loss(batch, prediction)
-    prediction.predicted[:, :, :3] += 100.0
-    assert trainer.setup.calculate_loss(batch, prediction) == loss
-    prediction.predicted[:, :, 3:] += 1.0
-    assert trainer.setup.calculate_loss(batch, prediction) != loss
+    _assert_loss_counts_from(trainer, batch, 3)
 
 
 def _gradients(base, batch, checkpointing: bool) -> tuple[dict, torch.Tensor]:
