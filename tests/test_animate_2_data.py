@@ -113,6 +113,34 @@ def test_items_are_the_first_segment_of_the_clips_own_frames(tiny_model, demo, t
     assert item["loss_mask"].flatten().tolist() == [0.0, 1.0, 1.0]   # never the reference slot
 
 
+def test_continuation_items_are_conditioned_as_the_sampler_continues_a_segment(tiny_model, demo, tmp_path):
+    """With animate.continuation_frames=5 the clip's own first 5 frames stand for the previous segment's last 5
+    generated frames: the condition is the sampler's for a later segment, and the loss leaves out the reference slot
+    and the two latent frames those 5 frames occupy, nothing else."""
+    from modules.dataLoader.pipeline.EncodeAnimate2 import reference_pixels
+    from modules.model.animate_2_condition import reference_image_latents, reference_latents
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.ModelConfig import ModelConfig
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate-2"))))
+    loader = _loader(demo, "data.frame_buckets=[9]", "animate.continuation_frames=5", cache=tmp_path / "cache")
+    loader.attach_model(model, torch.device("cpu"))
+    names = ["path", "frame_indices", "crop", "companions", "condition", "loss_mask"]
+    items = Pipeline(loader._item_modules() + list(loader.encoders.values()), loader.config.seed, outputs=names)
+    items.start_epoch(0)
+    item = items.get_item(0)
+    indices, crop = list(item["frame_indices"]), item["crop"]
+    assert len(indices) == 9 and item["condition"].shape == (20, 4, 4, 4)
+    clip = frames_to_tensor(resize_and_crop(read_frames(item["path"], indices, probe_media(item["path"])), 32, 32,
+                                            crop["top"], crop["left"], crop["flip"]))[None]
+    image = reference_pixels(Image.open(item["companions"]["reference"]).convert("RGB"), 32, 32)
+    with torch.no_grad():
+        expected = reference_latents(model.vae, reference_image_latents(model.vae, image), 9,
+                                     previous=clip[:, :, :5])[0]
+    torch.testing.assert_close(item["condition"], expected, rtol=0, atol=1e-5)
+    assert item["condition"][:4, :3].eq(1).all() and item["condition"][:4, 3:].eq(0).all()
+    assert item["loss_mask"].flatten().tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
 def test_demo_dataset_script_writes_the_animate_2_set(tmp_path):
     from tests.script_loader import load_script
     assert load_script("make_demo_dataset").main(["--kind", "animate-2", "--output", str(tmp_path / "d"),

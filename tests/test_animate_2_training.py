@@ -1,6 +1,7 @@
 """Training a LoRA on a tiny Wan2.2-Animate-2 model: each step runs the extract pass over the driving video (with
-gradients) and the cached pass over [reference slot + target]; the loss falls, never counts the reference slot, runs
-resume identically, and the saved LoRA changes diffusers' `WanAnimate2Transformer3DModel` exactly as in training."""
+gradients) and the cached pass over [reference slot + target]; the loss falls, never counts the reference slot (nor,
+in a continuation run, the continuation frames), runs resume identically, and the saved LoRA changes diffusers'
+`WanAnimate2Transformer3DModel` exactly as in training."""
 
 import pytest
 import torch
@@ -54,17 +55,37 @@ def test_the_loss_falls(trained):
     assert after < 0.8 * before, (before, after)
 
 
+def _assert_loss_counts_from(trainer, batch, first: int):
+    """Anything predicted on the latent frames before `first` changes nothing; on a later frame it does."""
+    with torch.no_grad():
+        prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(0))
+    loss = trainer.setup.calculate_loss(batch, prediction)
+    prediction.predicted[:, :, :first] += 100.0
+    assert trainer.setup.calculate_loss(batch, prediction) == loss
+    prediction.predicted[:, :, first:] += 1.0
+    assert trainer.setup.calculate_loss(batch, prediction) != loss
+
+
 def test_the_loss_never_counts_the_reference_slot(trained):
     trainer, _ = trained
     batch = next(trainer.data.batches(0))
     assert batch["loss_mask"][0].flatten().tolist() == [0.0, 1.0, 1.0]
-    with torch.no_grad():
-        prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(0))
-    loss = trainer.setup.calculate_loss(batch, prediction)
-    prediction.predicted[:, :, :1] += 100.0
-    assert trainer.setup.calculate_loss(batch, prediction) == loss
-    prediction.predicted[:, :, 1:] += 1.0
-    assert trainer.setup.calculate_loss(batch, prediction) != loss
+    _assert_loss_counts_from(trainer, batch, 1)
+
+
+def test_a_continuation_run_leaves_the_continuation_frames_out_of_the_loss(tiny_model, tmp_path):
+    """animate.continuation_frames=5 on 9-frame clips: each clip trains as a later segment continued from its own
+    first 5 frames (latent frames 1 and 2 after the reference slot), which carry no loss; the last latent frame does."""
+    data = make_animate_2_dataset(tmp_path / "data", clips_per_class=1, frames=9, size=32)
+    for path in data.iterdir():
+        if not path.name.startswith(("red_left", "green_right")):
+            path.unlink()
+    trainer = train(tmp_path, tiny_model("wan2.2-animate-2"), data, steps=1,
+                    overrides=COMMON + ["data.frame_buckets=[9]", "animate.continuation_frames=5"])
+    batch = next(trainer.data.batches(0))
+    assert batch["loss_mask"][0].flatten().tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert batch["condition"][:, :4, :3].eq(1).all() and batch["condition"][:, :4, 3:].eq(0).all()
+    _assert_loss_counts_from(trainer, batch, 3)
 
 
 def _gradients(base, batch, checkpointing: bool) -> tuple[dict, torch.Tensor]:

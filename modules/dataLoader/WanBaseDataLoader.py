@@ -191,7 +191,8 @@ class WanBaseDataLoader:
         if self.animate and variant.takes_driving_video:
             from modules.dataLoader.pipeline.EncodeAnimate2 import EncodeAnimate2
             identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict())
-            modules = [EncodeAnimate2(model, DiskCache(cache_root, "animate-2"), identity)]
+            modules = [EncodeAnimate2(model, DiskCache(cache_root, "animate-2"), identity,
+                                      config.animate.continuation_frames)]
         elif self.animate:
             identity = cache_key(vae_identity, model.source, model.image_encoder.config.to_dict(),
                                  dict(model.transformer.config))

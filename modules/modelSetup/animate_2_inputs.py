@@ -5,8 +5,9 @@ segment (modular_pipelines/wan_animate_2/denoise.py: `WanAnimate2RefExtractStep`
    reference prompt; CLIP of the driving video's first frame; timestep fixed by the model) fills each layer's KV
    cache. It runs with gradients: what the adapters change in it reaches the loss through the cached K/V;
 2. the cached pass over the noisy [reference slot + target] latents (condition: the batch's `condition`, the
-   reference image's latent then the first segment's) attends to that cache and gives the prediction over all
-   T + 1 latent frames; the reference slot carries no loss (its `loss_mask` is 0).
+   reference image's latent then the segment's: a first segment's, or with `animate.continuation_frames` a later
+   one's, continued from the clip's own first frames) attends to that cache and gives the prediction over all
+   T + 1 latent frames; the reference slot and the continuation frames carry no loss (their `loss_mask` is 0).
 
 The self-attention runs through modules/model/animate_2_attention.py (diffusers' flex path has no backward on the
 CPU and needs compiling on a GPU).
