@@ -57,6 +57,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.control_video = args.mask_video = args.control_scale = None                       # VACE
     args.pose_video = args.face_video = args.background_video = args.animate_mode = None    # Animate
     args.continuation_frames, args.reference_image = None, []
+    args.driving_video = args.reference_prompt = None                                      # Animate-2
     return args
 
 
