@@ -88,9 +88,15 @@ class WanAnimate2TrainingAttnProcessor(WanAnimate2AttnProcessor):
         return attn.to_out[1](attn.to_out[0](out))
 
 
+def _no_block_mask(*_args):
+    return None
+
+
 def use_training_attention(transformer) -> int:
-    """Sets the training processor on every block's self-attention; returns how many."""
+    """Sets the training processor on every block's self-attention; returns how many. The processor masks by its own
+    `in_context_attention`, so the model no longer builds (and compiles) the flex `BlockMask` it would pass it."""
     blocks = [block for block in transformer.blocks if hasattr(block, "self_attn")]
     for block in blocks:
         block.self_attn.set_processor(WanAnimate2TrainingAttnProcessor())
+    transformer.create_mask = _no_block_mask
     return len(blocks)

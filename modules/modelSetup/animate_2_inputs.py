@@ -30,9 +30,6 @@ def animate_2_prediction(transformer, batch: dict, noisy: Tensor, timestep: Tens
     driving_condition = torch.cat([torch.ones_like(driving[:, :4]), driving], dim=1)   # all frames are condition
     cache = extract_pass(transformer, driving, driving_condition, batch["reference_text_embeds"].to(device),
                          batch["driving_image_embeds"].to(device, non_blocking=True), geometry, timestep)
-    # the model would build (and compile) its flex block mask for this geometry; the training attention
-    # (animate_2_attention.py) makes its own, so an entry stands in for it
-    transformer.block_masks.setdefault((frames, height * width // 4), None)
     # the cache is not cleared: a checkpointed block's recomputation in the backward pass reads it again
     return cached_pass(transformer, noisy, batch["condition"].to(device, dtype, non_blocking=True), text,
                        batch["image_embeds"].to(device, non_blocking=True), cache, timestep, geometry)
