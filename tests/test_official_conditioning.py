@@ -192,6 +192,18 @@ def test_without_a_control_video_the_mask_is_all_ones(vace):
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
 
 
+def test_a_sample_mask_without_a_control_video_is_noted_as_ignored(vace, vace_clip):
+    _, model = vace
+    sampler = WanModelSampler(model, device="cpu")
+    _, notes = sampler.resolve(SampleConfig(prompt="x", width=SIZE, height=SIZE, frames=FRAMES,
+                                            mask_video=str(vace_clip / "clip_mask.png")), log=False)
+    assert any(note.startswith("mask_video ignored: without a control video") for note in notes)
+    _, notes = sampler.resolve(SampleConfig(prompt="x", width=SIZE, height=SIZE, frames=FRAMES,
+                                            control_video=str(vace_clip / "clip_control"),
+                                            mask_video=str(vace_clip / "clip_mask.png")), log=False)
+    assert notes == []
+
+
 # --- Animate --------------------------------------------------------------------------------------------------
 
 REFERENCE_SIZES = {"taller": (50, 20), "wider": (18, 44), "smaller": (12, 20), "larger, same aspect": (48, 72),
