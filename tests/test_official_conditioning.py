@@ -2,13 +2,14 @@
 
 VACE: a mask file keeps its grey values in the 64 mask channels (its first, red, channel mapped to [0, 1]); only the
 split of the control into kept and generated parts thresholds it at 0.5; without a control video the mask is all
-ones. Animate: the reference image is fitted into the video's size with OpenCV's INTER_LINEAR between black bars.
+ones. Animate: the reference image is fitted into the video's size with OpenCV's INTER_LINEAR between black bars;
+the replace mask is its red channel / 255.
 
 The official functions are transcribed below (their arithmetic only) as the reference:
 - Wan-Video/Wan2.1 at 9737cba9c1c3c4d04b33fcad41c111989865d315: wan/vace.py (WanVace.prepare_source,
   vace_encode_frames, vace_encode_masks, vace_latent), wan/utils/vace_processor.py (VaceVideoProcessor.resize_crop);
-- Wan-Video/Wan2.2 at 42bf4cfaa384bc21833865abc2f9e6c0e67233dc: wan/animate.py (WanAnimate.padding_resize and the
-  reference's `refer_images / 127.5 - 1` in generate).
+- Wan-Video/Wan2.2 at 42bf4cfaa384bc21833865abc2f9e6c0e67233dc: wan/animate.py (WanAnimate.padding_resize, the
+  reference's `refer_images / 127.5 - 1` in generate, prepare_source_for_replace's mask).
 """
 import cv2
 import numpy as np
@@ -26,6 +27,8 @@ from modules.modelSampler.vace_sampling import load_vace_inputs, sample_context
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.video_frames import write_video
+from tests.test_animate_data import _loader as animate_loader
+from tests.test_vace_data import _loader as vace_loader
 
 FRAMES, SIZE = 9, 32
 
@@ -92,6 +95,11 @@ def official_padding_resize(img_ori, height=512, width=512, padding_color=(0, 0,
     return np.uint8(img_pad)
 
 
+def official_replace_mask(mask_images: np.ndarray) -> np.ndarray:
+    """prepare_source_for_replace's mask from decord's uint8 (T, H, W, C) frames."""
+    return mask_images[:, :, :, 0] / 255
+
+
 def official_reference_pixels(image: np.ndarray, height: int, width: int) -> torch.Tensor:
     """generate's refer_pixel_values (1, 3, H, W) of the padding_resize'd reference."""
     return torch.tensor(official_padding_resize(image, height, width) / 127.5 - 1).permute(2, 0, 1)[None].float()
@@ -149,18 +157,8 @@ def test_a_mask_keeps_its_grey_values_and_reads_its_red_channel():
 
 
 def test_training_and_sampling_build_the_official_context_from_the_same_files(vace, vace_clip, tmp_path):
-    import json
-    from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
-    from modules.util.config.config_io import load_config
-    from modules.util.enum.WanVariant import WanVariant
-
     folder, model = vace
-    config = load_config(overrides=[
-        f"model.base_model_name={folder}", f"cache_dir={tmp_path / 'cache'}", "device=cpu",
-        f"data.concepts=[{json.dumps({'path': str(vace_clip)})}]", "data.frame_buckets=[9]", "data.resolution=32",
-        "data.aspect_ratios=[1.0]", "data.dataloader_threads=0"])
-    loader = WanBaseDataLoader(config, WanVariant.VACE)
-    loader.scan()
+    loader = vace_loader(tmp_path, vace_clip, folder)   # 9 frames of 32 x 32: the clip's own size
     loader.attach_model(model, torch.device("cpu"))
     loader.cache()
     trained = next(loader.batches(0))["vace_context"][0]
@@ -218,6 +216,15 @@ def test_the_animate_reference_is_fitted_as_padding_resize(shape):
     torch.testing.assert_close(ac.reference_pixels(image, 32, 48), expected, rtol=0, atol=1e-6)
 
 
+def test_the_animate_sampler_reads_a_replace_mask_as_the_official_code_and_training_do():
+    frames = np.repeat(_grey_and_coloured_mask()[None], 3, axis=0)
+    ours = ac.mask_pixels([Image.fromarray(frame) for frame in frames], SIZE, SIZE)
+    expected = torch.from_numpy(official_replace_mask(frames)).float()[None, None]   # (1, 1, F, H, W)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-7)
+    # the data loader's reading (EncodeAnimate.companion_pixels), of frames of the clip's size
+    torch.testing.assert_close(ours[0, 0], torch.from_numpy(frames[..., 0].astype(np.float32) / 255.0), rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def animate(tiny_model):
     return WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate"))))
@@ -226,11 +233,7 @@ def animate(tiny_model):
 def test_animate_training_and_sampling_encode_the_official_reference(animate, tmp_path):
     """A reference of another aspect than the clip's: the training item's reference frame and the sampler's are the
     latents of the official padding_resize."""
-    import json
-    from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
-    from modules.util.config.config_io import load_config
     from modules.util.demo_animate import animate_clip
-    from modules.util.enum.WanVariant import WanVariant
 
     parts = animate_clip((220, 40, 40), "left", 9, SIZE)
     folder = tmp_path / "set"
@@ -244,11 +247,7 @@ def test_animate_training_and_sampling_encode_the_official_reference(animate, tm
     with torch.no_grad():
         expected = ac.reference_image_latents(animate.vae, official_reference_pixels(reference, SIZE, SIZE))[0]
 
-    loader = WanBaseDataLoader(load_config(overrides=[
-        f"data.concepts=[{json.dumps({'path': str(folder)})}]", "data.frame_buckets=[5]", "data.resolution=32",
-        "data.aspect_ratios=[1.0]", "data.dataloader_threads=0", f"cache_dir={tmp_path / 'cache'}"]),
-        WanVariant.ANIMATE_14B)
-    loader.scan()
+    loader = animate_loader(folder, cache=tmp_path / "cache")   # 5 frames of 32 x 32
     loader.attach_model(animate, torch.device("cpu"))
     items = Pipeline(loader._item_modules() + list(loader.encoders.values()), loader.config.seed,
                      outputs=["condition"])
