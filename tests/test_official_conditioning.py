@@ -163,8 +163,8 @@ def test_training_and_sampling_build_the_official_context_from_the_same_files(va
     loader.cache()
     trained = next(loader.batches(0))["vace_context"][0]
 
-    sample = SampleConfig(prompt="x", width=SIZE, height=SIZE, frames=FRAMES, control_video=str(vace_clip / "clip_control"),
-                          mask_video=str(vace_clip / "clip_mask.png"))
+    sample = SampleConfig(prompt="x", width=SIZE, height=SIZE, frames=FRAMES,
+                          control_video=str(vace_clip / "clip_control"), mask_video=str(vace_clip / "clip_mask.png"))
     sampled, references = sample_context(model, sample)
 
     control = torch.from_numpy(_blocky(1)).permute(3, 0, 1, 2).float() / 127.5 - 1

@@ -150,7 +150,7 @@ def transformer_condition(batch: dict, device) -> dict:
     return {argument: batch[name].to(device, non_blocking=True) for name, argument in names.items() if name in batch}
 
 
-# --- pixels, as the pipeline's processors make them ------------------------------------------------------------
+# --- pixels: the reference as the official code fits it, videos as the pipeline's processors make them ---------
 
 def processors(spatial: int = 8):
     """The pipeline's own processors: (video, mask video)."""
