@@ -44,7 +44,9 @@ def _clip(path, seed: int, frames: int, size: int, mask: bool = False) -> list[I
 @pytest.mark.parametrize("mode,frames,guidance", [("animate", 9, 1.0), ("replace", 5, 2.0)])
 def test_sampler_equals_the_pipeline(animate, tmp_path, mode, frames, guidance):
     model, pipe = animate
-    reference = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    # the video's size: of another size the pipeline resizes it with PIL's bilinear filter, our sampler as the
+    # official code does, with OpenCV's INTER_LINEAR (test_official_conditioning.py); here neither resizes
+    reference = Image.fromarray(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
     reference.save(tmp_path / "ref.png")
     pose = _clip(tmp_path / "pose.mp4", 1, frames, SIZE)
     face = _clip(tmp_path / "face.mp4", 2, frames, 16)

@@ -20,7 +20,7 @@ from modules.model import animate_condition as ac
 from modules.util.video_frames import covering_size, frames_to_tensor, resize_and_crop
 from modules.util.video_io import UnreadableMediaError, probe_media, read_frames, read_image
 
-ANIMATE_ENCODING_VERSION = 1   # raise when the encoding below changes: old cache entries are then not reused
+ANIMATE_ENCODING_VERSION = 2   # raise when the encoding below changes: old cache entries are then not reused
 
 
 def as_clip(frames: np.ndarray, crop: dict, height: int, width: int) -> np.ndarray:
