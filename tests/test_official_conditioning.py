@@ -3,13 +3,14 @@
 VACE: a mask file keeps its grey values in the 64 mask channels (its first, red, channel mapped to [0, 1]); only the
 split of the control into kept and generated parts thresholds it at 0.5; without a control video the mask is all
 ones. Animate: the reference image is fitted into the video's size with OpenCV's INTER_LINEAR between black bars;
-the replace mask is its red channel / 255.
+CLIP sees that fitted reference squashed to its size (torch bicubic); the replace mask is its red channel / 255.
 
 The official functions are transcribed below (their arithmetic only) as the reference:
 - Wan-Video/Wan2.1 at 9737cba9c1c3c4d04b33fcad41c111989865d315: wan/vace.py (WanVace.prepare_source,
   vace_encode_frames, vace_encode_masks, vace_latent), wan/utils/vace_processor.py (VaceVideoProcessor.resize_crop);
 - Wan-Video/Wan2.2 at 42bf4cfaa384bc21833865abc2f9e6c0e67233dc: wan/animate.py (WanAnimate.padding_resize, the
-  reference's `refer_images / 127.5 - 1` in generate, prepare_source_for_replace's mask).
+  reference's `refer_images / 127.5 - 1` in generate, the `clip.visual` call on it, prepare_source_for_replace's
+  mask), wan/modules/animate/clip.py (CLIPModel.visual's preprocessing, use_31_block).
 """
 import cv2
 import numpy as np
@@ -103,6 +104,18 @@ def official_replace_mask(mask_images: np.ndarray) -> np.ndarray:
 def official_reference_pixels(image: np.ndarray, height: int, width: int) -> torch.Tensor:
     """generate's refer_pixel_values (1, 3, H, W) of the padding_resize'd reference."""
     return torch.tensor(official_padding_resize(image, height, width) / 127.5 - 1).permute(2, 0, 1)[None].float()
+
+
+def official_clip_tokens(image_encoder, image: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """generate's clip_context: clip.visual([refer_pixel_values[0, :, None]]): bicubic to the encoder's size,
+    x * 0.5 + 0.5, Normalize(CLIP mean, std), then the first 31 of 32 blocks (hidden_states[-2] of HF's CLIP)."""
+    img = official_reference_pixels(image, height, width)[0]
+    size = (image_encoder.config.image_size,) * 2
+    videos = F.interpolate(img[:, None].transpose(0, 1), size=size, mode="bicubic", align_corners=False)
+    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
+    std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
+    videos = (videos.mul_(0.5).add_(0.5) - mean) / std
+    return image_encoder(pixel_values=videos, output_hidden_states=True).hidden_states[-2]
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------
@@ -257,6 +270,44 @@ def test_animate_training_and_sampling_encode_the_official_reference(animate, tm
     seen = []
     handle = animate.transformer.register_forward_pre_hook(
         lambda _module, _args, kwargs: seen.append(kwargs["hidden_states"][:, 16:, :1].clone()), with_kwargs=True)
+    try:
+        WanModelSampler(animate, device="cpu").sample(SampleConfig(
+            prompt="a person", width=SIZE, height=SIZE, frames=5, steps=1, guidance=1.0, seed=1,
+            reference_image=str(folder / "c_ref.png"), pose_video=str(folder / "c_pose.mp4"),
+            face_video=str(folder / "c_face.mp4"), continuation_frames=1))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(seen[0][0].float(), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(50, 20), (18, 44)], ids=["taller", "wider"])
+def test_animate_training_and_sampling_give_clip_the_official_reference(animate, tmp_path, shape):
+    """CLIP's tokens of a reference not of the clip's aspect: the training item's and the sampler's equal the official
+    clip.visual of the fitted reference (diffusers' pipeline crops the original image instead)."""
+    from modules.util.demo_animate import animate_clip
+
+    parts = animate_clip((220, 40, 40), "left", 9, SIZE)
+    folder = tmp_path / "set"
+    folder.mkdir()
+    write_video(folder / "c.mp4", parts["clip"], 30)
+    write_video(folder / "c_pose.mp4", parts["pose"], 30)
+    write_video(folder / "c_face.mp4", parts["face"], 30)
+    reference = np.random.default_rng(5).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    Image.fromarray(reference).save(folder / "c_ref.png")
+    (folder / "c.txt").write_text("a person")
+    with torch.no_grad():
+        expected = official_clip_tokens(animate.image_encoder, reference, SIZE, SIZE)[0]
+
+    loader = animate_loader(folder, cache=tmp_path / "cache")   # 5 frames of 32 x 32
+    loader.attach_model(animate, torch.device("cpu"))
+    items = Pipeline(loader._item_modules() + list(loader.encoders.values()), loader.config.seed,
+                     outputs=["image_embeds"])
+    items.start_epoch(0)
+    torch.testing.assert_close(items.get_item(0)["image_embeds"], expected, rtol=0, atol=1e-5)
+
+    seen = []
+    handle = animate.transformer.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.append(kwargs["encoder_hidden_states_image"].clone()), with_kwargs=True)
     try:
         WanModelSampler(animate, device="cpu").sample(SampleConfig(
             prompt="a person", width=SIZE, height=SIZE, frames=5, steps=1, guidance=1.0, seed=1,
