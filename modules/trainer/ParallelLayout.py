@@ -183,8 +183,7 @@ class Parallel:
         config = self.config
         if config.distributed.cpu_offload:
             return "distributed.cpu_offload is set"
-        if device.type != "cuda" or config.sampling.samples_file or config.optimizer.ema \
-                or config.performance.block_swap:
+        if device.type != "cuda" or config.optimizer.ema or config.performance.block_swap:
             return None  # no card to overflow, or a setting that needs the whole base on every rank
         from modules.planner.parallel_plan import base_layouts, choose, plan_layouts
         from modules.planner.plan_shapes import PlanError
