@@ -18,7 +18,7 @@ from learning import train
 from modules.trainer.backup_io import read_backup
 from modules.util.config.TrainConfig import TrainConfig
 from multi_gpu_runs import (BACKUP_AT, COMMON, GIB, ROOT, STEPS, assert_same_tensors, cli_arguments, copy_backup,
-                            planned_trace, preview_values, run_ranks, start_ranks, wait_for_all)
+                            planned_trace, preview_strip, preview_values, run_ranks, start_ranks, wait_for_all)
 
 
 def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
@@ -264,7 +264,8 @@ def test_one_process_backup_resumes_on_two_ranks(lora_runs, squares_dataset):
 
 def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squares_dataset, tmp_path):
     base = tiny_model("wan2.1-t2v")
-    overrides = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}"]
+    overrides = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}",
+                 *preview_values(tmp_path)]
     single = train(tmp_path / "single", base, squares_dataset, method="FINE_TUNE", steps=STEPS,
                    overrides=overrides + ["batch_size=2"])
     # the user's way: one command with multi_gpu, re-launched through torchrun's launcher as 2 CPU processes
@@ -287,6 +288,10 @@ def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squ
     backup = load_file(str(next((workspace / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
                            / "trainable.safetensors"))
     assert backup.keys() == single.setup.trainable_state_dict().keys()
+    # the preview at the backup's step, every rank sampling the sharded transformer in step and rank 0 writing: the
+    # one process's frames (the weights agree to 1e-5)
+    sharded, alone = preview_strip(workspace).astype(int), preview_strip(tmp_path / "single").astype(int)
+    assert abs(sharded - alone).max() <= 1
 
 
 def test_a_failing_rank_stops_every_rank(lora_runs, squares_dataset, tmp_path):
@@ -310,7 +315,7 @@ def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model,
     # no GPU here: multi_gpu needs distributed.processes
     assert train_script.main(common + ["--config-value", "multi_gpu=true"]) == 2
     assert "multi_gpu: no GPU is visible; set distributed.processes" in capsys.readouterr().err
-    # a sharded fine-tune: EMA, block swap and previews are refused together
+    # a sharded fine-tune: EMA and block swap are refused together; previews are not (every rank samples in step)
     samples = tmp_path / "samples.json"
     samples.write_text('[{"prompt": "a red square"}]')
     code = train_script.main(common + [argument for value in (
@@ -319,7 +324,7 @@ def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model,
     err = capsys.readouterr().err
     assert code == 2
     assert "optimizer.ema: not supported" in err and "performance.block_swap:" in err
-    assert "sampling.samples_file: previews during a sharded (FSDP2)" in err
+    assert "sampling.samples_file" not in err
 
 
 def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
@@ -333,8 +338,9 @@ def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, 
               f"sampling.samples_file={samples}"]
     assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
     err = capsys.readouterr().err
-    for field in ("optimizer.ema", "performance.block_swap", "sampling.samples_file"):
+    for field in ("optimizer.ema", "performance.block_swap"):
         assert f"{field}: " in err and "multi-GPU run (distributed.shard_base)" in err, err
+    assert "sampling.samples_file" not in err   # previews run on every rank in step
     # offloading shards where every GPU holds the whole base
     values = ["distributed.shard_base=false", "distributed.cpu_offload=true"]
     assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
