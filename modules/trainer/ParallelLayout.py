@@ -65,7 +65,7 @@ class Parallel:
     @property
     def forward_needs_every_rank(self) -> bool:
         """A sharded model's forward gathers weights from every rank: all ranks must run each forward pass (a
-        validation batch one rank lacks is run and its loss dropped)."""
+        validation batch one rank lacks is run and its loss dropped; every rank computes each preview)."""
         return bool(self.sharded)
 
     @property
