@@ -4,10 +4,12 @@
 SPEC: {"tmp", "base", "dataset", "method", "steps", "overrides", "results"} runs tests/learning.py's `train` and
 writes results/rank<R>.json (per-step losses, encode calls, [step, validation loss] pairs, and the bytes of the frozen
 base this rank holds against the whole base's; with a "trace" entry also "traced_peak", see traced_peak; "then":
-more runs in the same processes, one with "resume_from" (a workspace) resuming its backup; with "context_check": a
-folder, also context_parallel_check's tensors);
+more runs in the same processes, one with "resume_from" (a workspace) resuming its backup, each with its own "steps"
+if given, and with "record_previews" writing every preview's latents (the sampler's output, before the lossy video)
+to results/previews_rank<R>.safetensors; with "context_check": a folder, also context_parallel_check's tensors);
 {"argv", "fail_rank"} runs scripts/train.py with `argv`, rank `fail_rank` raising in its second batch (with
 "kill_at": N, killing itself with SIGKILL in its N-th batch); without "fail_rank" it just trains."""
+import contextlib
 import json
 import os
 import signal
@@ -46,8 +48,9 @@ def train_once(spec: dict, run: dict) -> dict:
         if os.environ["RANK"] == "0":   # the trainer's first barrier keeps the other ranks from reading it earlier
             shutil.copytree(backup, Path(run["tmp"], "run", "backup", backup.parent.name, backup.name))
         overrides += ["backup.continue_last_backup=true", f"run_name={backup.parent.name}"]
-    trainer = train(Path(run["tmp"]), run.get("base", spec["base"]), spec["dataset"], method=spec["method"],
-                    steps=spec["steps"], overrides=overrides)
+    with recorded_previews(Path(run["results"]) if run.get("record_previews") else None):
+        trainer = train(Path(run["tmp"]), run.get("base", spec["base"]), spec["dataset"], method=spec["method"],
+                        steps=run.get("steps", spec["steps"]), overrides=overrides)
     result = {"losses": trainer.step_losses, "encode_calls": trainer.data.encode_calls(),
             "validation": [[r.step, r.loss] for r in trainer.validation.history] if trainer.validation else [],
             "base_bytes": base_bytes(trainer.model.transformer), "layout": trainer.parallel.layout,
@@ -55,6 +58,32 @@ def train_once(spec: dict, run: dict) -> dict:
     if trainer.parallel.context_parallel > 1:
         result["block_tokens"] = block_tokens(trainer)
     return result
+
+
+@contextlib.contextmanager
+def recorded_previews(results: Path | None):
+    """Every latent video this rank's sampler returns, in order, written to results/previews_rank<R>.safetensors
+    (None: nothing recorded). The sampler runs unchanged; only its results are kept."""
+    if results is None:
+        yield
+        return
+    from safetensors.torch import save_file
+
+    from modules.modelSampler.WanModelSampler import WanModelSampler
+    original, latents = WanModelSampler.sample, []
+
+    def recording(self, sample, on_step=None):
+        result = original(self, sample, on_step)
+        latents.append(result.latents.contiguous())
+        return result
+
+    WanModelSampler.sample = recording
+    try:
+        yield
+    finally:
+        WanModelSampler.sample = original
+    save_file({str(index): tensor for index, tensor in enumerate(latents)},
+              str(results / f"previews_rank{os.environ['RANK']}.safetensors"))
 
 
 def block_tokens(trainer) -> list[int]:

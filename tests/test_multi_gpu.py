@@ -18,7 +18,7 @@ from learning import train
 from modules.trainer.backup_io import read_backup
 from modules.util.config.TrainConfig import TrainConfig
 from multi_gpu_runs import (BACKUP_AT, COMMON, GIB, ROOT, STEPS, assert_same_tensors, cli_arguments, copy_backup,
-                            planned_trace, run_ranks, start_ranks, wait_for_all)
+                            planned_trace, preview_strip, preview_values, run_ranks, start_ranks, wait_for_all)
 
 
 def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
@@ -34,10 +34,18 @@ def test_ddp_lora_equals_single_process_on_the_global_batch(lora_runs):
     assert json.loads((backup / "ranks.json").read_text()) == {"world_size": 2, "batch_size": 1}
 
 
+# a short LoRA run over a sharded base that holds items out (3 validation batches of 2: a rank short of one runs a
+# copy, as the sharded forward needs every rank) and previews at its last step, and its one-process counterpart
+PREVIEW_STEPS = 2
+PREVIEWED = [value for value in COMMON if not value.startswith("backup.")] + [
+    "data.validation_split=0.25", "validation.batch_size=2"]
+
+
 @pytest.fixture(scope="module")
 def sharded_runs(lora_runs, squares_dataset):
     """In one pair of processes: the LoRA training of lora_runs on 2 ranks over a sharded base (with the counted
-    step of planned_trace), then the single process's backup resumed there with the shards offloaded."""
+    step of planned_trace), then the single process's backup resumed there with the shards offloaded, then FLOAT_8
+    weights, then the PREVIEWED run."""
     tmp = lora_runs["tmp"]
     cache = f"cache_dir={tmp / 'single' / 'cache'}"  # filled: the ranks go straight to training
     run = copy_backup(tmp / "single" / "run", tmp / "one_to_sharded")   # another output: the resume names the run
@@ -50,12 +58,62 @@ def sharded_runs(lora_runs, squares_dataset):
     fp8 = {"tmp": str(tmp / "fp8_sharded"), "results": str(tmp / "fp8_sharded" / "results"),
            "overrides": COMMON + FP8 + ["batch_size=1", "distributed.shard_base=true", cache]}
     (tmp / "fp8_sharded" / "results").mkdir(parents=True)
+    (tmp / "previewed_sharded" / "results").mkdir(parents=True)
+    previewed = {"tmp": str(tmp / "previewed_sharded"), "results": str(tmp / "previewed_sharded" / "results"),
+                 "steps": PREVIEW_STEPS, "record_previews": True,
+                 "overrides": PREVIEWED + preview_values(tmp / "previewed_sharded", at=PREVIEW_STEPS)
+                 + ["batch_size=1", "distributed.shard_base=true", cache]}
     ranks = run_ranks(tmp / "sharded", lora_runs["base"], squares_dataset,
                       COMMON + ["batch_size=1", "distributed.shard_base=true", cache],
-                      trace=planned_trace(lora_runs["base"]), then=[resume, fp8])
+                      trace=planned_trace(lora_runs["base"]), then=[resume, fp8, previewed])
     return {"ranks": ranks, "resumed": [json.loads((tmp / "one_to_sharded" / "results" / f"rank{r}.json").read_text())
                                         for r in range(2)],
-            "fp8": [json.loads((tmp / "fp8_sharded" / "results" / f"rank{r}.json").read_text()) for r in range(2)]}
+            "fp8": [json.loads((tmp / "fp8_sharded" / "results" / f"rank{r}.json").read_text()) for r in range(2)],
+            "previewed": [json.loads((tmp / "previewed_sharded" / "results" / f"rank{r}.json").read_text())
+                          for r in range(2)]}
+
+
+def test_a_sharded_base_previews_and_validates_as_one_process(lora_runs, sharded_runs, squares_dataset):
+    """Every rank runs the sampler in step over the sharded transformer (FSDP2 gathers each block from all ranks,
+    as in training) and rank 0 writes the preview: the sampler's latents equal one process sampling the same
+    weights (the run's saved LoRA at the previewed step) with the same seed. The validation loss, each rank
+    evaluating its share of the batches, equals one process's."""
+    import numpy as np
+    from PIL import Image
+
+    from modules.modelSampler.sampling_io import apply_lora_files, load_model_for_sampling
+    from modules.modelSampler.TrainingSampler import frame_strip
+    from modules.modelSampler.WanModelSampler import WanModelSampler
+    from modules.util.enum.DataType import DataType
+    from modules.util.sample_definitions import load_sample_definitions
+    tmp, ranks = lora_runs["tmp"] / "previewed_sharded", sharded_runs["previewed"]
+    assert ranks[0]["layout"] == "sharded base (FSDP2)" and len(ranks[0]["losses"]) == PREVIEW_STEPS
+    # one preview, computed on both ranks alike
+    latents = [load_file(str(tmp / "results" / f"previews_rank{r}.safetensors")) for r in range(2)]
+    assert list(latents[0]) == ["0"] and list(latents[1]) == ["0"]
+    assert torch.equal(latents[0]["0"], latents[1]["0"])
+    model = load_model_for_sampling(str(lora_runs["base"]), DataType.FLOAT_32, torch.device("cpu"))
+    apply_lora_files(model, [(tmp / "out.safetensors", 1.0)])
+    sample = load_sample_definitions(str(tmp / "samples.json"))[0]
+    alone = WanModelSampler(model, device=torch.device("cpu")).sample(sample)
+    torch.testing.assert_close(latents[0]["0"], alone.latents, atol=1e-5, rtol=0)
+    # the trained adapters took part: the base alone samples something else
+    base = load_model_for_sampling(str(lora_runs["base"]), DataType.FLOAT_32, torch.device("cpu"))
+    assert (WanModelSampler(base, device=torch.device("cpu")).sample(sample).latents - alone.latents).abs().max() > 1e-3
+    # rank 0 wrote it, once: its frames are the one process's
+    strips = list((tmp / "run" / "samples").glob(f"*/0-a-red-square/{PREVIEW_STEPS}-*.png"))
+    assert len(strips) == 1, strips
+    written = np.asarray(Image.open(strips[0])).astype(int)
+    assert abs(written - frame_strip(alone.frames_uint8()).astype(int)).max() <= 1
+    # the validation loss before training (the same weights as one process) and at the end
+    single = train(lora_runs["tmp"] / "previewed_single", lora_runs["base"], squares_dataset, steps=PREVIEW_STEPS,
+                   overrides=PREVIEWED + ["batch_size=2", f"cache_dir={lora_runs['tmp'] / 'single' / 'cache'}"])
+    expected = [[result.step, result.loss] for result in single.validation.history]
+    assert [step for step, _ in expected] == [0, PREVIEW_STEPS]
+    assert ranks[0]["losses"] == pytest.approx(single.step_losses, abs=1e-6)
+    for rank in ranks:
+        assert [step for step, _ in rank["validation"]] == [0, PREVIEW_STEPS]
+        assert [loss for _, loss in rank["validation"]] == pytest.approx([loss for _, loss in expected], abs=1e-6)
 
 
 FP8 = ["model.transformer.weight_dtype=FLOAT_8", "train_dtype=BFLOAT_16"]
@@ -206,7 +264,8 @@ def test_one_process_backup_resumes_on_two_ranks(lora_runs, squares_dataset):
 
 def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squares_dataset, tmp_path):
     base = tiny_model("wan2.1-t2v")
-    overrides = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}"]
+    overrides = ["optimizer.learning_rate=0.0001", "data.concepts.0.seed=3", f"backup.every_n_steps={BACKUP_AT}",
+                 *preview_values(tmp_path)]
     single = train(tmp_path / "single", base, squares_dataset, method="FINE_TUNE", steps=STEPS,
                    overrides=overrides + ["batch_size=2"])
     # the user's way: one command with multi_gpu, re-launched through torchrun's launcher as 2 CPU processes
@@ -229,6 +288,10 @@ def test_fsdp2_fine_tune_through_multi_gpu_equals_single_process(tiny_model, squ
     backup = load_file(str(next((workspace / "run" / "backup").glob(f"*/step-{BACKUP_AT:08d}"))
                            / "trainable.safetensors"))
     assert backup.keys() == single.setup.trainable_state_dict().keys()
+    # the preview at the backup's step, every rank sampling the sharded transformer in step and rank 0 writing: the
+    # one process's frames (the weights agree to 1e-5)
+    sharded, alone = preview_strip(workspace).astype(int), preview_strip(tmp_path / "single").astype(int)
+    assert abs(sharded - alone).max() <= 1
 
 
 def test_a_failing_rank_stops_every_rank(lora_runs, squares_dataset, tmp_path):
@@ -252,7 +315,7 @@ def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model,
     # no GPU here: multi_gpu needs distributed.processes
     assert train_script.main(common + ["--config-value", "multi_gpu=true"]) == 2
     assert "multi_gpu: no GPU is visible; set distributed.processes" in capsys.readouterr().err
-    # a sharded fine-tune: EMA, block swap and previews are refused together
+    # a sharded fine-tune: EMA and block swap are refused together; previews are not (every rank samples in step)
     samples = tmp_path / "samples.json"
     samples.write_text('[{"prompt": "a red square"}]')
     code = train_script.main(common + [argument for value in (
@@ -261,7 +324,7 @@ def test_multi_process_settings_that_cannot_work_stop_before_loading(tiny_model,
     err = capsys.readouterr().err
     assert code == 2
     assert "optimizer.ema: not supported" in err and "performance.block_swap:" in err
-    assert "sampling.samples_file: previews during a sharded (FSDP2)" in err
+    assert "sampling.samples_file" not in err
 
 
 def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, squares_dataset, tmp_path, capsys):
@@ -275,8 +338,9 @@ def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, 
               f"sampling.samples_file={samples}"]
     assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
     err = capsys.readouterr().err
-    for field in ("optimizer.ema", "performance.block_swap", "sampling.samples_file"):
+    for field in ("optimizer.ema", "performance.block_swap"):
         assert f"{field}: " in err and "multi-GPU run (distributed.shard_base)" in err, err
+    assert "sampling.samples_file" not in err   # previews run on every rank in step
     # offloading shards where every GPU holds the whole base
     values = ["distributed.shard_base=false", "distributed.cpu_offload=true"]
     assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2

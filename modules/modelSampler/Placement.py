@@ -17,6 +17,13 @@ def _device_of(module: torch.nn.Module) -> torch.device | None:
     return devices.pop() if len(devices) == 1 else None
 
 
+def _sharded(module: torch.nn.Module) -> bool:
+    """An FSDP2 module (a sharded training run) gathers its blocks onto the device itself as each computes; moving
+    it would break its shards (with CPU offload they live in host memory on purpose)."""
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(module, FSDPModule)
+
+
 class Placement:
     """OneTrainer-style materialise / evict: a part away from the sampling device moves there only while used and
     goes back to where it was (its home) afterwards. Parts already on the sampling device never move."""
@@ -28,7 +35,8 @@ class Placement:
         self.location = dict(self.home)
 
     def _movable(self, name: str) -> bool:
-        return name in self.parts and self.home[name] is not None and self.home[name] != self.device
+        return name in self.parts and self.home[name] is not None and self.home[name] != self.device \
+            and not _sharded(self.parts[name])
 
     def _move(self, name: str, device: torch.device) -> None:
         self.parts[name].to(device)

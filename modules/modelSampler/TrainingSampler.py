@@ -99,6 +99,10 @@ class PreviewOutput:
     notes: list[str] = field(default_factory=list)
 
 
+class PreviewOutOfStep(RuntimeError):
+    """A preview failed on one rank while every rank computed it over a sharded model: the run cannot go on."""
+
+
 class TrainingSampler:
     def __init__(self, trainer):
         from modules.util.ranks import is_main
@@ -106,6 +110,10 @@ class TrainingSampler:
         self.failures = 0  # previews skipped because they failed
         # context parallel: the other ranks of rank 0's group compute each preview with it and write nothing
         self.writes = is_main()
+        # over a sharded (FSDP2) transformer every rank computes each preview with rank 0, in step: every forward
+        # pass gathers each block from all ranks, so they must make the same passes in the same order
+        parallel = getattr(trainer, "parallel", None)
+        self.in_step = bool(parallel is not None and parallel.forward_needs_every_rank)
 
     @property
     def samples_dir(self) -> Path:
@@ -167,8 +175,10 @@ class TrainingSampler:
 
     def sample_all(self) -> list[PreviewOutput]:
         """Generates and writes every enabled sample; returns what was written. A preview that fails (out of memory,
-        an element file gone since the start) is logged and skipped: training goes on."""
-        items = self.load_samples_or_warn()
+        an element file gone since the start) is logged and skipped: training goes on. In step over a sharded
+        model, a preview that cannot run on one rank is skipped on all; one that fails while the ranks compute it
+        stops the run (their collectives can no longer be matched)."""
+        items = self._rank_0s() if self.in_step else self.load_samples_or_warn()
         if not items:
             return []
         writer = getattr(getattr(self.trainer, "hooks", None), "writer", None)
@@ -176,16 +186,52 @@ class TrainingSampler:
         outputs = []
         with phase("sample"):
             for item in items:
+                if self.in_step and not self._runs_on_every_rank(sampler, item):
+                    continue
+                started = time.perf_counter()
                 try:
-                    outputs.append(self._sample_one(sampler, item, writer))
+                    results = self._generate(sampler, item)
                 except Exception as error:  # noqa: BLE001  (any failure of a preview must not end the run)
-                    self._forget_failed_preview()
-                    logger.warning("preview %s at step %d failed and is skipped (training goes on): %s: %s",
-                                   item.folder_name, self.trainer.progress.global_step, type(error).__name__, error)
-                    self.failures += 1
+                    if self.in_step:
+                        raise PreviewOutOfStep(
+                            f"preview {item.folder_name} failed on this rank while every rank computed it over the "
+                            f"sharded model ({type(error).__name__}: {error}); the ranks' collectives can no longer "
+                            f"be matched, so the run stops (resume from the last backup)") from error
+                    self._skip_failed(item, error)
+                    continue
+                if not self.writes:
+                    continue
+                try:
+                    outputs.append(self._write(item, results, writer, started))
+                except Exception as error:  # noqa: BLE001  (a preview that cannot be written must not end the run)
+                    self._skip_failed(item, error)
         if writer is not None:
             writer.flush()
         return outputs
+
+    def _rank_0s(self) -> list[TrainingSample]:
+        """Rank 0's reading of the samples file for every rank: the file may be edited while the ranks read it."""
+        from modules.util.ranks import broadcast_json
+        rows = broadcast_json([[item.index, item.sample.model_dump(mode="json")]
+                               for item in self.load_samples_or_warn()] if self.writes else None)
+        return [TrainingSample(index, SampleConfig(**sample)) for index, sample in rows]
+
+    def _runs_on_every_rank(self, sampler: WanModelSampler, item: TrainingSample) -> bool:
+        """Whether every rank can start this preview (its files are there, its inputs fit the model); else all
+        skip it, before any of them enters a forward pass."""
+        from modules.util.ranks import all_gather_json
+        try:
+            sampler.resolve(item.sample, log=False)
+            problem = None
+        except Exception as error:  # noqa: BLE001  (any reason this rank cannot start it: skipped on all)
+            problem = f"{type(error).__name__}: {error}"
+        problems = [(rank, p) for rank, p in enumerate(all_gather_json(problem)) if p is not None]
+        if problems and self.writes:
+            logger.warning("preview %s at step %d is skipped on every rank (training goes on): rank %d: %s",
+                           item.folder_name, self.trainer.progress.global_step, *problems[0])
+        if problems:
+            self.failures += 1
+        return not problems
 
     def load_samples_or_warn(self) -> list[TrainingSample]:
         """The samples file is read again at every preview (it may be edited while training runs): a file that no
@@ -198,37 +244,40 @@ class TrainingSampler:
             self.failures += 1
             return []
 
+    def _skip_failed(self, item: TrainingSample, error: Exception) -> None:
+        self._forget_failed_preview()
+        logger.warning("preview %s at step %d failed and is skipped (training goes on): %s: %s",
+                       item.folder_name, self.trainer.progress.global_step, type(error).__name__, error)
+        self.failures += 1
+
     def _forget_failed_preview(self) -> None:
         """Frees what a failed preview (typically out of memory) left on the accelerator before training goes on."""
         import torch
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _other_strengths(self, sampler: WanModelSampler, sample, folder: Path, name: str, writer, tag: str,
-                         step: int) -> None:
-        """sampling.compare_strengths: the same sample with the LoRA being trained at each strength (the adapters'
-        scaling, put back after), written as <step>-<epoch>-x<strength>.mp4."""
+    def _generate(self, sampler: WanModelSampler, item: TrainingSample) -> dict[str, SampleResult]:
+        """{file name suffix: result}: the preview ("") and, with sampling.compare_strengths, the same sample with
+        the LoRA being trained at each other strength (the adapters' scaling, put back after), "-x<strength>". Every
+        rank that computes previews makes the same forward passes here, whether it writes or not."""
         from modules.util.lora.strength import adapter_strength
-        from modules.util.video_frames import write_video
 
+        sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
+        results = {"": sampler.sample(sample)}
         config = self.trainer.config
         if config.training_method is not TrainingMethod.LORA:
-            return
+            return results
         parts = [getattr(self.trainer.model, expert) for expert in ("transformer", "transformer_2")
                  if getattr(self.trainer.model, expert, None) is not None]
         for strength in config.sampling.compare_strengths:
             if strength == 1:
                 continue  # the preview itself
             with adapter_strength(parts, strength):
-                result = sampler.sample(sample)
-            if not self.writes:
-                continue
-            frames = result.frames_uint8()
-            write_video(folder / f"{name}-x{strength:g}.mp4", frames, result.fps)
-            if writer is not None:
-                add_gif_summary(writer, f"samples/{tag}/x{strength:g}", frames, result.fps, step)
+                results[f"-x{strength:g}"] = sampler.sample(sample)
+        return results
 
-    def _sample_one(self, sampler: WanModelSampler, item: TrainingSample, writer) -> PreviewOutput:
+    def _write(self, item: TrainingSample, results: dict[str, SampleResult], writer,
+               started: float) -> PreviewOutput:
         from PIL import Image
 
         from modules.util.atomic import atomic_path, atomic_write_text
@@ -236,15 +285,10 @@ class TrainingSampler:
 
         progress = self.trainer.progress
         step, epoch = int(progress.global_step), int(progress.epoch)
-        started = time.perf_counter()
-        sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
-        result: SampleResult = sampler.sample(sample)
+        result = results[""]
         folder = self.samples_dir / item.folder_name
         video_path = folder / f"{step}-{epoch}.mp4"
         strip_path = folder / f"{step}-{epoch}.png"
-        if not self.writes:
-            self._other_strengths(sampler, sample, folder, f"{step}-{epoch}", writer, item.folder_name, step)
-            return PreviewOutput(item.index, video_path, strip_path, time.perf_counter() - started, result.notes)
         frames = result.frames_uint8()
         folder.mkdir(parents=True, exist_ok=True)
         write_video(video_path, frames, result.fps)
@@ -255,7 +299,13 @@ class TrainingSampler:
             {"step": step, "epoch": epoch, **result.sample.model_dump(mode="json")}, indent=1) + "\n")
         if writer is not None:
             add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
-        self._other_strengths(sampler, sample, folder, f"{step}-{epoch}", writer, item.folder_name, step)
+        for suffix, other in results.items():
+            if suffix:
+                other_frames = other.frames_uint8()
+                write_video(folder / f"{step}-{epoch}{suffix}.mp4", other_frames, other.fps)
+                if writer is not None:
+                    add_gif_summary(writer, f"samples/{item.folder_name}/{suffix[1:]}", other_frames, other.fps,
+                                    step)
         seconds = time.perf_counter() - started
         print(f"preview {item.folder_name} at step {step}: {video_path} ({seconds:.1f} s)", flush=True)
         return PreviewOutput(item.index, video_path, strip_path, seconds, result.notes)

@@ -65,7 +65,7 @@ class Parallel:
     @property
     def forward_needs_every_rank(self) -> bool:
         """A sharded model's forward gathers weights from every rank: all ranks must run each forward pass (a
-        validation batch one rank lacks is run and its loss dropped)."""
+        validation batch one rank lacks is run and its loss dropped; every rank computes each preview)."""
         return bool(self.sharded)
 
     @property
@@ -183,8 +183,7 @@ class Parallel:
         config = self.config
         if config.distributed.cpu_offload:
             return "distributed.cpu_offload is set"
-        if device.type != "cuda" or config.sampling.samples_file or config.optimizer.ema \
-                or config.performance.block_swap:
+        if device.type != "cuda" or config.optimizer.ema or config.performance.block_swap:
             return None  # no card to overflow, or a setting that needs the whole base on every rank
         from modules.planner.parallel_plan import base_layouts, choose, plan_layouts
         from modules.planner.plan_shapes import PlanError

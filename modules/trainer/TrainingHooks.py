@@ -49,14 +49,15 @@ class TrainingHooks:
         self.last_loss = None   # the latest loss read back from the device
         self.unsent_losses: list[float] = []   # read back since the last on_update
         # several ranks: rank 0 alone writes TensorBoard and samples (with context parallel its group computes
-        # them with it); the others wait for it at a barrier
+        # them with it, over a sharded model every rank does, in step); the others wait for it at a barrier
         self.writer = None
         if config.tensorboard and is_main():
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(trainer.tensorboard_dir))
         self.sampling = bool(config.sampling.samples_file)
         self.sampler = None
-        if self.sampling and in_main_group():   # context parallel: the ranks of rank 0's group sample together
+        # a sharded (FSDP2) transformer's forward gathers each block from every rank: all of them run the sampler
+        if self.sampling and (in_main_group() or trainer.parallel.forward_needs_every_rank):
             from modules.modelSampler.TrainingSampler import TrainingSampler
             self.sampler = TrainingSampler(trainer)
         self.visualizer = None

@@ -80,10 +80,6 @@ def config_problems(config: TrainConfig) -> list[str]:
         problems.append(f"performance.block_swap: a sharded (FSDP2) multi-GPU {what} already splits the weights "
                         f"across the GPUs; block swap cannot move sharded blocks: set it to 0 (distributed.cpu_offload "
                         f"keeps the shards in host memory instead)")
-    if sharded and config.sampling.samples_file:
-        # rank 0 alone would run the sharded transformer, whose forward needs every rank: a deadlock
-        problems.append(f"sampling.samples_file: previews during a sharded (FSDP2) multi-GPU {what} are not "
-                        f"supported yet; sample the saved model with scripts/sample.py, or train on one GPU")
     if config.training_method is TrainingMethod.EMBEDDING and config.distributed.shard_base is True:
         problems.append("distributed.shard_base: embeddings train in the text encoder, not the transformer; set it "
                         "to false or auto")
