@@ -163,7 +163,8 @@ def test_the_control_tab_shows_the_control_settings_the_config_has():
 def test_the_control_tab_shows_the_settings_of_the_models_kind_of_control_only():
     assert [path for path, _ in control_sections()] == ["data.control", "animate"]   # no model known yet
     assert control_sections(WanVariant.VACE) == [("data.control", "Wan 2.1 VACE (data.control)")]
-    assert control_sections(WanVariant.FUN_CONTROL_A14B) == [("data.control", "Wan 2.2 Fun Control A14B (data.control)")]
+    assert control_sections(WanVariant.FUN_CONTROL_A14B) == [("data.control",
+                                                              "Wan 2.2 Fun Control A14B (data.control)")]
     assert control_sections(WanVariant.ANIMATE_14B) == [("animate", "Wan 2.2 Animate 14B (animate)")]
     assert control_sections(WanVariant.T2V) == control_sections(WanVariant.FUN_INP) == []
 

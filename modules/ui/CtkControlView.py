@@ -90,7 +90,7 @@ class CtkControlView:
             else:
                 box.grid_remove()
         self.vace_note.grid() if variant is None or variant.is_vace else self.vace_note.grid_remove()
-        if "animate.mode" in self.app.fields:   # the modes the model trains (ItemCompanions' variant_text)
+        if "animate.mode" in self.app.fields:   # only the modes the model trains, and why not the others
             modes, note = animate_mode_choices(variant)
             self.app.fields["animate.mode"].widget.configure(values=modes)
             self.mode_note.configure(text=note)

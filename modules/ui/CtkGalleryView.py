@@ -20,7 +20,7 @@ from modules.ui.SamplingController import PreviewPlayer
 
 THUMB = 96
 HEADER_HEIGHT = 28   # the step labels' row; the row headers' corner has the same height, so the rows line up
-ROW_LABEL_WIDTH = 160
+ROW_LABEL_WIDTH = 190   # a prompt folder name cut to 28 characters fits
 THUMB_FRAMES = 12
 TICK_MS = 120
 FOLLOW_MS = 500     # the followed run's new previews are looked for every SCAN_S, shown within FOLLOW_MS

@@ -50,7 +50,7 @@ class CtkLossView:
         self.canvas.bind("<Button-3>", lambda _e: self.reset_range())
         self._frame = plot_area(1180, 520)   # left, top, right, bottom of the plot area
         # the graph takes the tab's space: an end-of-run panel under the bar makes it shorter, never hides its foot
-        app.tabview.tab("loss").bind("<Configure>", lambda e: self.fit(e.width - 40, e.height - 84), add="+")
+        app.tabview.tab("loss").bind("<Configure>", lambda e: self.fit(e.width - 40, e.height - 96), add="+")
         self._span = (0, 1)
         self.follower = LossFollower()
         controller = app.controller   # not the view: the follower's thread must hold no Tk object
