@@ -156,6 +156,7 @@ class CtkGalleryView:
             self.cells, self._labels = {}, {}
             self._generation += 1
             self._drawn_run = run.name if run is not None else None
+            self.scroll.canvas.yview_moveto(0)   # another run: from its first sample
         if run is None or not run.rows:
             if not self._labels:
                 text = ("previews appear here: set a samples file on the sampling tab and train" if run is None else
