@@ -21,7 +21,7 @@ class CtkTwoWayScroll:
         self.colors = colors   # (light, dark): the canvases are plain Tk and follow the appearance through this
         self.canvas = tk.Canvas(self.outer, width=width, height=height, highlightthickness=0)
         self.x_bar = ctk.CTkScrollbar(self.outer, orientation="horizontal", command=self.canvas.xview)
-        self.y_bar = ctk.CTkScrollbar(self.outer, orientation="vertical", command=self._yview)
+        self.y_bar = ctk.CTkScrollbar(self.outer, orientation="vertical", command=self.canvas.yview)
         self.canvas.configure(xscrollcommand=self.x_bar.set, yscrollcommand=self._y_moved)
         self.header_canvas = tk.Canvas(self.outer, width=row_headers, height=height, highlightthickness=0)
         if row_headers:
@@ -50,10 +50,8 @@ class CtkTwoWayScroll:
         self.canvas.configure(scrollregion=(0, 0, self.inner.winfo_reqwidth(), height))
         self.header_canvas.configure(scrollregion=(0, 0, self.headers.winfo_reqwidth(), height))
 
-    def _yview(self, *args) -> None:
-        self.canvas.yview(*args)
-
     def _y_moved(self, first, last) -> None:
+        """The grid moved up or down (scrollbar, wheel, code): the row headers follow."""
         self.y_bar.set(first, last)
         self.header_canvas.yview_moveto(first)
 
