@@ -39,7 +39,7 @@ def test_the_control_tab_shows_an_item_beside_its_control_on_one_slider(app, vac
     assert view.kind == "vace"
     # the settings of a VACE model's control only: no Animate section
     assert view.sections["data.control"][0].grid_info() and not view.sections["animate"][0].grid_info()
-    assert view.sections["data.control"][1].cget("text") == "VACE control (data.control)"
+    assert view.sections["data.control"][1].cget("text") == "Wan 2.1 VACE (data.control)"
     view.item_menu.set("blue_left_00.mp4")
     view.choose("blue_left_00.mp4")
     view.strip.slider.set(6)
@@ -48,6 +48,9 @@ def test_the_control_tab_shows_an_item_beside_its_control_on_one_slider(app, vac
     control = vace_setup / "blue_left_00_control"
     assert np.array_equal(view.strip.shown["control"], read_frames(control, [6])[0])
     assert view.strip.shown["mask"] == "mask: missing (none: optional)"
+    # and the panel on screen says so (it said "missing" alone, as if the item could not train)
+    columns = ["target"] + [companion.role for companion in view.strip.companions]
+    assert view.strip.boxes[columns.index("mask")].cget("text") == "missing (none: optional)"
     assert view.strip.frame_label.cget("text") == "7 / 9"
     settle(app, 0.5)
     assert_not_empty(screenshot(app, "tab-control"))
@@ -59,7 +62,25 @@ def test_the_control_tab_shows_an_item_beside_its_control_on_one_slider(app, vac
 def test_the_model_tab_names_the_detected_vace_model(app, vace_setup):
     app._update_variant()
     assert app.variant_label.cget("text") == "variant: VACE (WAN_2_1)"
-    assert app.variant_detail.cget("text").startswith("detected VACE: Wan 2.1 VACE: a control video")
+    assert app.variant_detail.cget("text").startswith("detected VACE: Wan 2.1 VACE: takes a control video")
+    assert "<name>_control.mp4" in app.variant_detail.cget("text")
+
+
+def test_the_model_tab_says_why_a_presets_intended_variant_differs_from_the_model_and_follows_it(app, vace_setup):
+    app.tabview.set("model")
+    assert not app.intended_box.winfo_ismapped()        # intended: any model
+    app.fields["model.intended_variant"].set_text("T2V")   # as a T2V preset leaves it
+    settle(app, 0.3)
+    assert app.intended_box.winfo_ismapped()
+    note = app.intended_note.cget("text")
+    assert note.startswith("the config (preset) is made for T2V") and "the chosen model is VACE" in note
+    assert "Start refuses" in note
+    app.follow_button.invoke()
+    settle(app, 0.3)
+    assert app.config_state.get("model.intended_variant") == "VACE" and app.config_state.problems == []
+    assert app.fields["model.intended_variant"].variable.get() == "VACE"
+    assert not app.intended_box.winfo_ismapped()
+    app.fields["model.intended_variant"].set_text("")
 
 
 def test_the_sample_list_gains_the_vace_condition_columns_with_the_model(app, vace_setup):
@@ -156,3 +177,29 @@ def test_a_vace_preview_plays_beside_its_samples_control_video(app, vace_setup, 
     settle(app, 0.3)
     screenshot(app, "tab-sampling-vace")
     app.fields["sampling.samples_file"].set_text("")
+
+
+def test_the_control_and_model_tabs_follow_an_animate_2_model(app, vace_setup, tiny_model, tmp_path):
+    """Animate-2 reads <clip>_driving and <clip>_ref: the model tab names those files (not Animate's pose and face
+    videos), the control tab names the model and offers animate alone, saying why not replace."""
+    from modules.util.demo_animate import make_animate_2_dataset
+    data = make_animate_2_dataset(tmp_path / "animate-2", 1, 9, 32)
+    vace = {path: app.config_state.get(path) for path in ("model.base_model_name", "data.concepts.0.path")}
+    app.fields["model.base_model_name"].set_text(str(tiny_model("wan2.2-animate-2")))
+    app.fields["data.concepts.0.path"].set_text(str(data))
+    try:
+        app._update_variant()
+        detail = app.variant_detail.cget("text")
+        assert "<name>_driving.mp4" in detail and "<name>_ref.png" in detail and "_pose" not in detail
+        view = app.control_view
+        view.refresh()
+        app.tabview.set("control")
+        assert run_until(app, lambda: view.loaded and view.strip.shown_index == 0, 60), view.note.cget("text")
+        assert view.sections["animate"][1].cget("text") == "Wan 2.2 Animate-2 14B (animate)"
+        assert app.fields["animate.mode"].widget.cget("values") == ["animate"]
+        assert view.mode_note.cget("text").startswith("replace does not apply to Wan 2.2 Animate-2 14B")
+        assert [companion.role for companion in view.strip.companions] == ["driving", "reference"]
+        screenshot(app, "tab-control-animate-2")
+    finally:
+        for path, value in vace.items():
+            app.fields[path].set_text(str(value))

@@ -214,6 +214,93 @@ def test_the_gallery_follows_the_run_being_trained_newest_first_and_scrolls_both
         app.controller.poll_events()
 
 
+def test_the_gallery_scrolls_sideways_with_shift_and_the_wheel_and_keeps_its_prompts_in_view(app, tmp_path):
+    """Real X input (xdotool): Shift+wheel over the grid scrolls it sideways, the wheel alone down; the prompt
+    labels stay at the left, each beside its row, wherever the grid is scrolled."""
+    from gui_helpers import xdotool
+
+    workspace = tmp_path / "ws"
+    rows = [f"{index}-sample_{index}" for index in range(6)]
+    for step in range(0, 160, 10):
+        for row in rows:
+            _write_preview(workspace / "samples" / "2026-01-03_08-00-00", row, step, 0)
+    app.fields["workspace_dir"].set_text(str(workspace))
+    app.tabview.set("gallery")
+    gallery = app.gallery_view
+    gallery.refresh()
+    gallery.run_menu.set("2026-01-03_08-00-00")
+    gallery.show_run()
+    assert run_until(app, lambda: gallery.thumbnails_shown == len(gallery.cells) == 96, 60)
+    settle(app, 0.3)
+    canvas = gallery.scroll.canvas
+    assert canvas.xview()[0] == 0 and canvas.yview()[0] == 0
+    cell = gallery.cells[(rows[1], 150)]["label"]
+    xdotool("mousemove", "--sync", str(cell.winfo_rootx() + 20), str(cell.winfo_rooty() + 20))
+    xdotool("keydown", "shift", "click", "--repeat", "3", "5", "keyup", "shift")
+    assert run_until(app, lambda: canvas.xview()[0] > 0, 5), canvas.xview()
+    assert canvas.yview()[0] == 0                                          # sideways only
+    xdotool("click", "--repeat", "2", "5")
+    assert run_until(app, lambda: canvas.yview()[0] > 0, 5), canvas.yview()
+
+    def in_view_beside_its_row(row: str) -> bool:
+        label, cell = gallery._labels[("row", row)], gallery.cells[(row, 0)]["label"]
+        left = gallery.scroll.outer.winfo_rootx()
+        right = canvas.winfo_rootx() + canvas.winfo_width()
+        return left <= label.winfo_rootx() and label.winfo_rootx() + label.winfo_width() <= right and \
+            abs(label.winfo_rooty() - cell.winfo_rooty()) <= 1
+
+    canvas.xview_moveto(1.0)   # the oldest steps: the prompts stay at the left, beside their rows
+    canvas.yview_moveto(1.0)
+    settle(app, 0.3)
+    assert all(in_view_beside_its_row(row) for row in rows[-3:])
+    screenshot(app, "gallery-scrolled")
+
+
+def test_the_end_of_run_panel_leaves_the_whole_loss_graph_in_view(app, tmp_path):
+    """The end-of-run panel takes room from the tabs: the loss graph shrinks to the space left (its step axis
+    in view), and a validation point added above every training loss is drawn inside the plot."""
+    from modules.ui.CtkLossView import COLORS, CURRENT
+
+    workspace = tmp_path / "ws"
+    name = "2026-01-04_10-00-00"
+    folder = workspace / "tensorboard" / name
+    _write_steps(folder, 1, 99)
+    app.fields["workspace_dir"].set_text(str(workspace))
+    app.controller.last_run_name = name
+    view = app.loss_view
+    app.tabview.set("loss")
+    view.run_menu.set(CURRENT)
+    view.reload()
+    assert run_until(app, lambda: view.run is not None and view.run.steps() == (1, 99)
+                     and view.drawn_version == view.follower.version, 30)
+    app.end_panel.show({"written": [], "report": "wrote nothing"}, app.controller.run)
+    try:
+        tab = app.tabview.tab("loss")
+        assert run_until(app, lambda: view.canvas.winfo_rooty() + view.canvas.winfo_height()
+                         <= tab.winfo_rooty() + tab.winfo_height(), 5), \
+            (view.canvas.winfo_height(), tab.winfo_height())
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(str(folder))
+        writer.add_scalar("validation/loss", 0.9, 100)   # far above the training loss (0.2 .. 0.3)
+        writer.close()
+        assert run_until(app, lambda: "validation" in view.run.curves and view.drawn_version == view.follower.version,
+                         30)
+        settle(app, 0.3)
+        canvas = view.canvas
+        step_label = next(item for item in canvas.find_all() if canvas.type(item) == "text"
+                          and canvas.itemcget(item, "text") == "step")
+        assert canvas.bbox(step_label)[3] <= canvas.winfo_height()     # the step axis is on screen
+        _, top, _, bottom = view._frame
+        validation = [item for item in canvas.find_all() if canvas.itemcget(item, "fill") == COLORS["validation"]]
+        assert validation
+        for item in validation:
+            ys = canvas.coords(item)[1::2]
+            assert top - 2 <= min(ys) and max(ys) <= bottom + 2, (ys, top, bottom)
+        screenshot(app, "loss-with-end-panel")
+    finally:
+        app.end_panel.hide()
+
+
 def test_open_output_folder_without_a_file_manager_shows_the_path_to_copy(app, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))
     monkeypatch.chdir(tmp_path)

@@ -11,7 +11,8 @@ import pytest
 from modules.ui import DatasetBrowser as browser
 from modules.ui import ToolsController as tools
 from modules.ui.ItemCompanions import companions_of, control_sections, frames_at, kind_of, viewer_variant
-from modules.ui.model_parts import detected_variant, variant_description
+from modules.ui.model_parts import detected_variant, intended_variant
+from modules.ui.variant_text import animate_mode_choices, intended_variant_note, variant_description
 from modules.ui.UIState import UIState
 from modules.util.config.config_io import load_config
 from modules.util.demo_animate import make_animate_2_dataset, make_animate_dataset
@@ -139,9 +140,9 @@ def test_the_model_tab_names_control_and_character_variants(tiny_model, tmp_path
     assert detected_variant(UIState({"model": {"base_model_name": str(tiny_model("wan2.1-vace"))}})) is \
         WanVariant.VACE
     assert detected_variant(UIState({"model": {"base_model_name": str(tmp_path / "none")}})) is None
-    assert variant_description(WanVariant.VACE).startswith("Wan 2.1 VACE: a control video, a mask")
-    assert variant_description(WanVariant.VACE_A14B).startswith("Wan 2.2 VACE-Fun A14B")
-    assert variant_description(WanVariant.ANIMATE_14B).startswith("Wan2.2-Animate-14B")
+    assert variant_description(WanVariant.VACE).startswith("Wan 2.1 VACE: takes a control video; a mask video")
+    assert variant_description(WanVariant.VACE_A14B).startswith("Wan 2.2 VACE-Fun A14B, two experts")
+    assert variant_description(WanVariant.ANIMATE_14B).startswith("Wan 2.2 Animate 14B: takes a pose video")
     assert variant_description(WanVariant.T2V) == "" and variant_description(None) == ""
     # the viewer looks for companions by the model's variant, else the config's intended variant
     intended = load_config(overrides=["model.intended_variant=VACE", f"model.base_model_name={tmp_path / 'none'}"])
@@ -161,9 +162,10 @@ def test_the_control_tab_shows_the_control_settings_the_config_has():
 
 def test_the_control_tab_shows_the_settings_of_the_models_kind_of_control_only():
     assert [path for path, _ in control_sections()] == ["data.control", "animate"]   # no model known yet
-    assert control_sections(WanVariant.VACE) == [("data.control", "VACE control (data.control)")]
-    assert control_sections(WanVariant.FUN_CONTROL_A14B) == [("data.control", "Wan-Fun control (data.control)")]
-    assert control_sections(WanVariant.ANIMATE_14B) == [("animate", "Wan2.2-Animate (animate)")]
+    assert control_sections(WanVariant.VACE) == [("data.control", "Wan 2.1 VACE (data.control)")]
+    assert control_sections(WanVariant.FUN_CONTROL_A14B) == [("data.control",
+                                                              "Wan 2.2 Fun Control A14B (data.control)")]
+    assert control_sections(WanVariant.ANIMATE_14B) == [("animate", "Wan 2.2 Animate 14B (animate)")]
     assert control_sections(WanVariant.T2V) == control_sections(WanVariant.FUN_INP) == []
 
 
@@ -233,3 +235,73 @@ def test_a_preview_is_shown_beside_its_samples_control_or_pose_video(tmp_path, v
     controller = SamplingController(UIState({"sampling": {"samples_file": str(tmp_path / "samples.json")}}))
     assert [controller.driving_video(PreviewSeries(tmp_path, index)) for index in range(4)] == [str(control), "", "",
                                                                                                 ""]
+
+
+def test_the_files_the_model_tab_lists_per_clip_are_the_ones_training_reads(tmp_path):
+    """Every variant (base, VACE, Wan-Fun Control, Animate, Animate-2, ...): a user who makes exactly the files the
+    model tab names beside a clip gets every companion the data loader's finders look for, and no file of theirs
+    goes unread (Animate-2 was told to make _pose and _face videos; it reads _driving)."""
+    import re
+
+    from modules.util.config.DataConfig import ConceptConfig
+    for variant in WanVariant:
+        folder = tmp_path / variant.value
+        folder.mkdir()
+        clip = folder / "clip.mp4"
+        clip.write_bytes(b"")
+        # "<name>_driving.mp4", "<name>_ref2.png" (a "<name>_control/" folder is the other form of the control)
+        made = set()
+        for suffix, extension in re.findall(r"<name>(_[a-z0-9]+)(\.[a-z0-9]+)", variant_description(variant)):
+            made.add(folder / f"clip{suffix}{extension}")
+            (folder / f"clip{suffix}{extension}").write_bytes(b"")
+        mode = "replace" if variant.takes_replacement else "animate"   # every companion the variant can take
+        found = companions_of(str(clip), kind_of(variant), None, ConceptConfig(path=str(folder)), mode,
+                              variant=variant)
+        assert [c.role for c in found if c.missing] == [], variant
+        assert {Path(c.path) for c in found} == made, variant
+        assert bool(made) == bool(variant.clip_companions), variant
+
+
+def test_the_companion_roles_of_a_character_model_are_the_ones_its_scan_needs():
+    from modules.dataLoader.animate_scan import companion_set
+    for variant in (WanVariant.ANIMATE_14B, WanVariant.ANIMATE_2_14B):
+        kind = companion_set(variant)
+        assert variant.clip_companions == kind.always + kind.replace
+        assert ("replace" in variant.animate_modes) == bool(kind.replace)
+
+
+def test_the_control_tab_names_animate_2_and_offers_only_the_modes_it_trains():
+    assert control_sections(WanVariant.ANIMATE_2_14B) == [("animate", "Wan 2.2 Animate-2 14B (animate)")]
+    modes, note = animate_mode_choices(WanVariant.ANIMATE_2_14B)
+    assert modes == ["animate"] and note.startswith("replace does not apply to Wan 2.2 Animate-2 14B")
+    assert animate_mode_choices(WanVariant.ANIMATE_14B) == (["animate", "replace"], "")
+    assert animate_mode_choices(None) == (["animate", "replace"], "")   # no model says which yet: both
+
+
+@pytest.mark.parametrize("intended, detected", [(None, WanVariant.VACE), (WanVariant.T2V, WanVariant.T2V),
+                                                (WanVariant.T2V, WanVariant.VACE),
+                                                (WanVariant.T2V, WanVariant.ANIMATE_2_14B),
+                                                (WanVariant.ANIMATE_14B, WanVariant.ANIMATE_2_14B)])
+def test_the_model_tab_says_when_the_intended_variant_is_not_the_models_and_start_would_refuse(intended, detected):
+    from modules.trainer.prepare import check_model_variant
+    from modules.util.config.config_io import ConfigError
+    config = load_config(overrides=[f"model.intended_variant={intended.value if intended else 'null'}"])
+    assert intended_variant(UIState({"model": {"intended_variant": intended.value if intended else None}})) is \
+        intended
+    note = intended_variant_note(intended, detected)
+    try:
+        check_model_variant(config, detected, "/models/x")
+        refused = False
+    except ConfigError:
+        refused = True
+    assert bool(note) == refused   # said on the model tab exactly where Start refuses
+    if note:
+        assert f"made for {intended.value}" in note and f"the chosen model is {detected.value}" in note
+        assert "Start refuses" in note and f"set intended variant to {detected.value}" in note
+
+
+def test_a_missing_optional_companion_says_it_is_optional_and_a_needed_one_that_it_is_needed():
+    from modules.ui.ItemCompanions import Companion
+    assert Companion("mask", None).missing_text == "missing (none: optional)"
+    assert Companion("driving", None, needed=True).missing_text == "missing (needed)"
+    assert Companion("mask", None).text == "mask: missing (none: optional)"

@@ -366,3 +366,31 @@ def test_without_a_file_manager_the_folder_is_named_by_its_absolute_path(tmp_pat
     problem = open_folder("workspace/output")
     assert problem is not None and "Errno" not in problem
     assert problem.endswith(f"\n\n{tmp_path / 'workspace' / 'output'}") and "is not installed" in problem
+
+
+def test_a_validation_point_is_inside_the_loss_axis_as_it_is_added():
+    """A validation loss above every training loss widens the axis in the drawing that adds it: its y is inside
+    the plot, at the top, not above it; a NaN point is left out rather than taking the range with it."""
+    from modules.ui.plot_data import loss_axis, plot_area, y_of
+    left, top, right, bottom = plot_area(1180, 300)   # a short tab (the end-of-run panel is shown)
+    assert bottom <= 300 - 30 and right <= 1180 - 60   # the step labels and the lr labels fit the canvas
+    training = {"loss": [(s, 0.3 - 0.001 * s) for s in range(1, 101)]}
+    training["smoothed"] = [(s, v + 0.01) for s, v in training["loss"]]
+    with_validation = dict(training, validation=[(100, 0.9)])
+    axis = loss_axis(with_validation)
+    for name, points in with_validation.items():
+        for _, value in points:
+            assert top <= y_of(value, axis, top, bottom) <= bottom, (name, value)
+    assert y_of(0.9, axis, top, bottom) == pytest.approx(top)
+    assert loss_axis(dict(training, validation=[(50, float("nan"))])) == loss_axis(training)
+    low, high = loss_axis({"validation": [(10, 0.5)]})   # one point: a range around it, not a zero span
+    assert low < 0.5 < high
+
+
+def test_shift_and_the_wheel_scroll_sideways():
+    from modules.ui.scrolling import SHIFT, wheel_scroll
+    assert wheel_scroll(5, 0, 0, "linux") == ("y", 1) and wheel_scroll(4, 0, 0, "linux") == ("y", -1)
+    assert wheel_scroll(5, 0, SHIFT, "linux") == ("x", 1) and wheel_scroll(4, 0, SHIFT | 0x4, "linux") == ("x", -1)
+    assert wheel_scroll(0, 120, SHIFT, "win32") == ("x", -1) and wheel_scroll(0, -240, 0, "win32") == ("y", 2)
+    assert wheel_scroll(0, 2, SHIFT, "darwin") == ("x", -2)
+    assert wheel_scroll(1, 0, 0, "linux") is None

@@ -32,6 +32,7 @@ class CtkCompanionStrip:
         self.index = 0
         self.shown: dict[str, object] = {}      # role -> the frame (ndarray) or message on screen (tests read it)
         self.shown_index = -1
+        self.boxes: dict = {}   # column -> the panel written in place of a frame (its text: tests read it)
         self._images = []
         self._wanted: tuple | None = None
         self._busy = False
@@ -78,6 +79,7 @@ class CtkCompanionStrip:
         for child in self.panels.winfo_children():
             child.destroy()
         self._images = []
+        self.boxes = {}
         self.shown = dict(frames)
         roles = [("target", self.target)] + [(c.role, c) for c in self.companions] if self.target else []
         for column, (role, companion) in enumerate(roles):
@@ -85,7 +87,7 @@ class CtkCompanionStrip:
             shown = frames.get(role)
             if isinstance(companion, Companion) and companion.missing:
                 self.shown[role] = companion.text
-                self._box(column, "missing" + (" (needed)" if companion.needed else ""), "#555555")
+                self._box(column, companion.missing_text, "#555555")
             elif shown is None:
                 self._box(column, "…", "#333333")
             elif isinstance(shown, str):
@@ -96,5 +98,7 @@ class CtkCompanionStrip:
                 ctk.CTkLabel(self.panels, image=picture, text="").grid(row=1, column=column, padx=3)
 
     def _box(self, column: int, text: str, colour: str) -> None:
-        ctk.CTkLabel(self.panels, text=text, width=self.panel, height=self.panel, fg_color=colour,
-                     text_color="#eeeeee", wraplength=self.panel - 10).grid(row=1, column=column, padx=3)
+        box = ctk.CTkLabel(self.panels, text=text, width=self.panel, height=self.panel, fg_color=colour,
+                           text_color="#eeeeee", wraplength=self.panel - 10)
+        box.grid(row=1, column=column, padx=3)
+        self.boxes[column] = box

@@ -1,6 +1,7 @@
 """The control tab: the settings of control and character models (`data.control`: derive, loss region;
 Wan2.2-Animate's `animate`) and a live preview: a chosen item of a concept beside its control, mask and references
-(VACE), its control (Wan-Fun Control) or pose, face and reference (Animate), on one frame slider (CtkCompanionStrip);
+(VACE), its control (Wan-Fun Control), pose, face and reference (Animate) or driving video and reference
+(Animate-2), on one frame slider (CtkCompanionStrip); the mode menu offers the modes the model trains;
 a clip without a control file shows the control data.control.derive computes from it, with the cache's own
 function. The concept's items are listed by the data loader's own scan in a worker thread (DatasetBrowser.browse),
 as the dataset viewer does."""
@@ -14,6 +15,7 @@ from modules.ui import DatasetBrowser as browser
 from modules.ui.ctk_components import button, in_worker, render_section
 from modules.ui.CtkCompanionStrip import CtkCompanionStrip
 from modules.ui.ItemCompanions import control_sections, kind_of, viewer_variant
+from modules.ui.variant_text import animate_mode_choices
 from modules.util.config.config_io import ConfigError
 
 NO_ITEMS = "(no items)"
@@ -31,8 +33,12 @@ class CtkControlView:
             box.grid(row=row, column=0, sticky="w")
             label = ctk.CTkLabel(box, text=title, font=ctk.CTkFont(weight="bold"))
             label.grid(row=0, column=0, columnspan=3, sticky="w", padx=8, pady=(10, 2))
-            render_section(box, self.state, path, start_row=1, fields=app.fields, width=200, error_width=300)
+            end = render_section(box, self.state, path, start_row=1, fields=app.fields, width=200, error_width=300)
             self.sections[path] = (box, label)
+            if path == "animate":   # what the model's modes leave out (Animate-2: replace), said under the menu
+                self.mode_note = ctk.CTkLabel(box, text="", anchor="w", justify="left", wraplength=560,
+                                              text_color=("#a85a00", "#ffb74d"))
+                self.mode_note.grid(row=end, column=0, columnspan=3, sticky="w", padx=8)
         self.vace_note = ctk.CTkLabel(settings, text="VACE LoRA: lora.targets vace trains the VACE blocks alone (LoRA "
                                                      "tab); the samples' control_scale sets the control's strength in "
                                                      "previews", anchor="w", justify="left", wraplength=560)
@@ -84,6 +90,10 @@ class CtkControlView:
             else:
                 box.grid_remove()
         self.vace_note.grid() if variant is None or variant.is_vace else self.vace_note.grid_remove()
+        if "animate.mode" in self.app.fields:   # only the modes the model trains, and why not the others
+            modes, note = animate_mode_choices(variant)
+            self.app.fields["animate.mode"].widget.configure(values=modes)
+            self.mode_note.configure(text=note)
 
     def load_items(self) -> None:
         self.loaded, self.stale = False, False

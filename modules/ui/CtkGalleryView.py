@@ -1,6 +1,7 @@
 """The gallery tab: every preview of the workspace's runs as a grid (modules/ui/SampleGallery.py): rows are samples,
 columns are steps, newest first, each cell a playing thumbnail; hover shows step, prompt and seed; a click opens the
-preview in the sampling tab's player. The grid scrolls both ways. The run being trained is shown as soon as it
+preview in the sampling tab's player. The grid scrolls both ways (Shift+wheel sideways); the prompts stay at the
+left. The run being trained is shown as soon as it
 starts, and its new previews are added as they are made (its folder read in a thread, only the new cells decoded).
 Thumbnails are decoded in a thread; one timer plays them all."""
 from __future__ import annotations
@@ -13,10 +14,13 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui import SampleGallery as gallery
-from modules.ui.ctk_components import ToolTip, TwoWayScroll, button
+from modules.ui.ctk_components import ToolTip, button
+from modules.ui.CtkTwoWayScroll import CtkTwoWayScroll
 from modules.ui.SamplingController import PreviewPlayer
 
 THUMB = 96
+HEADER_HEIGHT = 28   # the step labels' row; the row headers' corner has the same height, so the rows line up
+ROW_LABEL_WIDTH = 190   # a prompt folder name cut to 28 characters fits
 THUMB_FRAMES = 12
 TICK_MS = 120
 FOLLOW_MS = 500     # the followed run's new previews are looked for every SCAN_S, shown within FOLLOW_MS
@@ -52,8 +56,10 @@ class CtkGalleryView:
                                            command=lambda _v: self.open_grid())
         self.grid_menu.grid(row=0, column=3, padx=4)
         self.comparison_grids: dict = {}   # menu entry (path under compare/) -> grid video
-        # the grid scrolls both ways: a long run's columns (newest step first) run off the window's width
-        self.scroll = TwoWayScroll(frame, 900, 420, tuple(app.tabview.cget("fg_color")))
+        # the grid scrolls both ways: a long run's columns (newest step first) run off the window's width; the
+        # prompts stay in view at the left, beside their rows
+        self.scroll = CtkTwoWayScroll(frame, 900, 420, tuple(app.tabview.cget("fg_color")),
+                                      row_headers=ROW_LABEL_WIDTH + 8)
         self.scroll.outer.grid(row=1, column=0, sticky="nw", padx=8)
         self.grid = self.scroll.inner
         # the visible part follows the tab's size (the tab's own frame, around its vertical scrolling one)
@@ -145,11 +151,12 @@ class CtkGalleryView:
         thumbnails): only new previews are added and decoded."""
         run = next((r for r in self.runs if r.name == self.run_menu.get()), None)
         if run is None or run.name != self._drawn_run:
-            for child in self.grid.winfo_children():
+            for child in self.grid.winfo_children() + self.scroll.headers.winfo_children():
                 child.destroy()
             self.cells, self._labels = {}, {}
             self._generation += 1
             self._drawn_run = run.name if run is not None else None
+            self.scroll.canvas.yview_moveto(0)   # another run: from its first sample
         if run is None or not run.rows:
             if not self._labels:
                 text = ("previews appear here: set a samples file on the sampling tab and train" if run is None else
@@ -161,19 +168,21 @@ class CtkGalleryView:
             self._labels.pop("empty").destroy()
         self.info.configure(text=f"{len(run.rows)} sample(s) x {len(run.steps)} step(s), newest first")
 
-        def label(key, **options):
+        def label(key, master=None, **options):
             if key not in self._labels:
-                self._labels[key] = ctk.CTkLabel(self.grid, **options)
+                self._labels[key] = ctk.CTkLabel(master or self.grid, **options)
             return self._labels[key]
 
-        label(("corner",), text="sample \\ step", anchor="w").grid(row=0, column=0, sticky="w", padx=4)
+        headers = self.scroll.headers   # the prompts' column: scrolls up and down with the grid, never sideways
+        label(("corner",), headers, text="sample \\ step", anchor="w", height=HEADER_HEIGHT).grid(
+            row=0, column=0, sticky="w", padx=4)
         steps = sorted(run.steps, reverse=True)   # newest first: the latest previews in view without scrolling
         for column, step in enumerate(steps, 1):
-            label(("step", step), text=str(step)).grid(row=0, column=column, padx=2)
+            label(("step", step), text=str(step), height=HEADER_HEIGHT).grid(row=0, column=column, padx=2)
         new = []
         for row_index, row in enumerate(run.rows, 1):
-            label(("row", row), text=row[:28], anchor="w", width=160).grid(row=row_index, column=0, sticky="w",
-                                                                         padx=4)
+            label(("row", row), headers, text=row[:28], anchor="w", width=ROW_LABEL_WIDTH, height=THUMB).grid(
+                row=row_index, column=0, sticky="w", padx=4, pady=2)
             for column, step in enumerate(steps, 1):
                 cell = run.cells.get((row, step))
                 if cell is None:

@@ -6,6 +6,7 @@ The events are read off the UI thread (modules/ui/LossFollower.py, only what was
 the graph is drawn from the follower's snapshot, and only while this tab is shown."""
 from __future__ import annotations
 
+import math
 import tkinter as tk
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import customtkinter as ctk
 from modules.ui import LossHistory as history
 from modules.ui.LossFollower import COLUMNS, LossFollower, Source
 from modules.ui.ctk_components import EntryText, button
+from modules.ui.plot_data import LOSS_SCALE, loss_axis, plot_area, y_of
 
 COLORS = {"loss": "#335f7f", "smoothed": "#4aa3df", "lr": "#ffb74d", "validation": "#e57373"}
 CURRENT = "(this window's run)"
@@ -46,7 +48,9 @@ class CtkLossView:
         self.canvas.bind("<ButtonPress-1>", self._drag_start)
         self.canvas.bind("<ButtonRelease-1>", self._drag_end)
         self.canvas.bind("<Button-3>", lambda _e: self.reset_range())
-        self._frame = (60, 12, 60 + COLUMNS, 490)   # left, top, right, bottom of the plot area
+        self._frame = plot_area(1180, 520)   # left, top, right, bottom of the plot area
+        # the graph takes the tab's space: an end-of-run panel under the bar makes it shorter, never hides its foot
+        app.tabview.tab("loss").bind("<Configure>", lambda e: self.fit(e.width - 40, e.height - 96), add="+")
         self._span = (0, 1)
         self.follower = LossFollower()
         controller = app.controller   # not the view: the follower's thread must hold no Tk object
@@ -158,7 +162,7 @@ class CtkLossView:
         steps = [s for points in curves.values() for s, _ in points]
         low_step, high_step = min(steps), max(steps)
         self._span = (low_step, max(high_step, low_step + 1))
-        losses = [v for name in ("loss", "smoothed", "validation") for _, v in curves.get(name, [])]
+        axis = loss_axis(curves)
 
         def x_of(step):
             return left + (right - left) * (step - self._span[0]) / (self._span[1] - self._span[0])
@@ -167,18 +171,16 @@ class CtkLossView:
             x = x_of(tick)
             canvas.create_line(x, bottom, x, bottom + 4, fill="#888888")
             canvas.create_text(x, bottom + 6, text=f"{tick:g}", anchor="n", fill="#aaaaaa")
-        canvas.create_text((left + right) / 2, bottom + 22, text="step", fill="#aaaaaa")
-        if losses:
-            low, high = min(losses), max(losses)
-            span = (high - low) or 1.0
-            for tick in history.nice_ticks(low, high, 5):
-                y = bottom - (bottom - top) * (tick - low) / span
+        canvas.create_text((left + right) / 2, bottom + 26, text="step", anchor="n", fill="#aaaaaa")
+        if axis is not None:
+            for tick in history.nice_ticks(*axis, 5):
+                y = y_of(tick, axis, top, bottom)
                 canvas.create_text(left - 4, y, text=f"{tick:.3g}", anchor="e", fill="#aaaaaa")
                 canvas.create_line(left, y, right, y, fill="#2a2a2a")
-            for name in ("loss", "smoothed", "validation"):
-                points = curves.get(name)
+            for name in LOSS_SCALE:
+                points = [(s, v) for s, v in curves.get(name, []) if math.isfinite(v)]
                 if points:
-                    self._line(points, x_of, lambda v: bottom - (bottom - top) * (v - low) / span, COLORS[name],
+                    self._line(points, x_of, lambda v: y_of(v, axis, top, bottom), COLORS[name],
                                2 if name != "loss" else 1)
         if "lr" in curves:   # its own scale, labelled on the right
             values = [v for _, v in curves["lr"]]
@@ -190,6 +192,16 @@ class CtkLossView:
             canvas.create_text(right + 4, bottom, text=f"{lr_low:.3g}", anchor="sw", fill=COLORS["lr"])
         canvas.create_text(left + 6, top + 4, anchor="nw", fill="#cccccc",
                            text=f"{run.name}: steps {low_step}-{high_step}")
+
+    def fit(self, width: int, height: int) -> None:
+        """The canvas and its plot area sized to the tab's space (drawn again when the size changed)."""
+        width, height = max(400, width), max(200, height)
+        if (width, height) == (int(self.canvas.cget("width")), int(self.canvas.cget("height"))):
+            return
+        self.canvas.configure(width=width, height=height)
+        self._frame = plot_area(width, height)
+        if self.shown():
+            self.draw()
 
     def _line(self, points, x_of, y_of, color: str, width: int) -> None:
         if len(points) == 1:

@@ -151,12 +151,22 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
                                     f" (with {len(self.config_state.problems)} problem(s) still to fix)"))
 
     def _update_variant(self) -> None:
-        from modules.ui.model_parts import detected_variant, variant_description
+        from modules.ui.model_parts import detected_variant, intended_variant
+        from modules.ui.variant_text import intended_variant_note, variant_description
         self.variant_label.configure(text=f"variant: {self.controller.detect_variant()}")
         if hasattr(self, "variant_detail"):
             variant = detected_variant(self.config_state)
             described = variant_description(variant)
             self.variant_detail.configure(text=f"detected {variant.value}: {described}" if described else "")
+            note = intended_variant_note(intended_variant(self.config_state), variant)
+            self.intended_note.configure(text=note)
+            if note:
+                self.intended_box.grid()
+                self.follow_button.configure(text=f"set intended variant to {variant.value}",
+                                             command=lambda: self.fields["model.intended_variant"].set_text(
+                                                 variant.value))
+            else:
+                self.intended_box.grid_remove()
 
     # ---- tabs ---------------------------------------------------------------------------------------------------
 
@@ -190,7 +200,15 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         # the detected variant in words: what a VACE / VACE-Fun / Animate model takes and which files give it
         self.variant_detail = ctk.CTkLabel(model, text="", anchor="w", justify="left", wraplength=900)
         self.variant_detail.grid(row=row + 1, column=0, columnspan=3, sticky="w", padx=8)
-        row += 2
+        # where the config's intended variant is not the chosen model's: why Start refuses, and a way to follow it
+        self.intended_box = ctk.CTkFrame(model, fg_color="transparent")
+        self.intended_box.grid(row=row + 2, column=0, columnspan=3, sticky="w", padx=4)
+        self.intended_note = ctk.CTkLabel(self.intended_box, text="", anchor="w", justify="left", wraplength=760,
+                                          text_color=("#a85a00", "#ffb74d"))
+        self.intended_note.grid(row=0, column=0, sticky="w", padx=4)
+        self.follow_button = button(self.intended_box, "", lambda: None, width=200)
+        self.follow_button.grid(row=0, column=1, sticky="w", padx=4)
+        row += 3
         for part in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder", "tokenizer"):
             row = render_section(model, self.config_state, f"model.{part}", start_row=row, fields=self.fields,
                                  title=part.replace("_", " "))

@@ -27,12 +27,18 @@ class Companion:
         return self.path is None
 
     @property
+    def missing_text(self) -> str:
+        """What a missing companion's panel says: training skips the item without a needed one and trains without
+        an optional one (a VACE clip without control: a zero control)."""
+        return "missing (needed)" if self.needed else "missing (none: optional)"
+
+    @property
     def text(self) -> str:
         if self.derive:
             return f"{self.role}: derived ({self.derive}) from the clip's frames"
         if self.path is not None:
             return f"{self.role}: {Path(self.path).name}"
-        return f"{self.role}: missing" + (" (needed)" if self.needed else " (none: optional)")
+        return f"{self.role}: {self.missing_text}"
 
 
 def kind_of(variant) -> str:
@@ -127,10 +133,9 @@ def frames_at(target: str, companions: list[Companion], index: int) -> dict[str,
 
 # the control tab's settings, by config section, shown where the config has them: (path, the model kinds it is for)
 CONTROL_SECTIONS = (("data.control", ("vace", "fun")), ("animate", ("animate",)))
-SECTION_TITLES = {("data.control", "vace"): "VACE control (data.control)",
-                  ("data.control", "fun"): "Wan-Fun control (data.control)",
-                  ("data.control", None): "Control: VACE, Wan-Fun (data.control)",
-                  ("animate", "animate"): "Wan2.2-Animate (animate)", ("animate", None): "Wan2.2-Animate (animate)"}
+# while no model (nor model.intended_variant) says which kind of control, each section is titled for all its kinds
+GENERAL_TITLES = {"data.control": "Control: VACE, Wan-Fun (data.control)",
+                  "animate": "Character: Wan 2.2 Animate, Animate-2 (animate)"}
 
 
 def control_sections(variant=None) -> list[tuple[str, str]]:
@@ -144,8 +149,9 @@ def control_sections(variant=None) -> list[tuple[str, str]]:
         if kind is not None and kind not in kinds:
             continue
         try:
-            if field_spec(path).kind == "section":
-                present.append((path, SECTION_TITLES[path, kind]))
+            if field_spec(path).kind == "section":   # titled by the model's own name where it is known
+                present.append((path, GENERAL_TITLES[path] if variant is None else
+                                f"{variant.display_name} ({path})"))
         except KeyError:
             continue
     return present

@@ -306,32 +306,3 @@ def thumbnail_image(frame: np.ndarray, longest: int) -> ctk.CTkImage:
     scale = longest / max(image.size)
     size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
     return ctk.CTkImage(light_image=image, dark_image=image, size=size)
-
-
-class TwoWayScroll:
-    """A frame that scrolls both ways (a canvas with a scrollbar on each side; CTkScrollableFrame scrolls one way
-    only): `inner` holds the content, `resize` fits the visible part to the space the window gives it."""
-
-    def __init__(self, parent, width: int, height: int, colors: tuple[str, str]):
-        self.outer = ctk.CTkFrame(parent, fg_color="transparent")
-        self.colors = colors   # (light, dark): the canvas is plain Tk and follows the appearance through this
-        self.canvas = tk.Canvas(self.outer, width=width, height=height, highlightthickness=0)
-        self.x_bar = ctk.CTkScrollbar(self.outer, orientation="horizontal", command=self.canvas.xview)
-        self.y_bar = ctk.CTkScrollbar(self.outer, orientation="vertical", command=self.canvas.yview)
-        self.canvas.configure(xscrollcommand=self.x_bar.set, yscrollcommand=self.y_bar.set)
-        self.canvas.grid(row=0, column=0, sticky="nw")
-        self.y_bar.grid(row=0, column=1, sticky="ns")
-        self.x_bar.grid(row=1, column=0, sticky="ew")
-        self.inner = ctk.CTkFrame(self.canvas, fg_color=colors, corner_radius=0)
-        self.canvas.create_window(0, 0, window=self.inner, anchor="nw")
-        self.inner.bind("<Configure>", lambda _e: self.canvas.configure(scrollregion=self.canvas.bbox("all")))
-        self._follow_appearance(ctk.get_appearance_mode())
-        ctk.AppearanceModeTracker.add(self._follow_appearance, self.canvas)
-        self.canvas.bind("<Destroy>", lambda _e: ctk.AppearanceModeTracker.remove(self._follow_appearance),
-                         add="+")
-
-    def _follow_appearance(self, mode: str) -> None:
-        self.canvas.configure(background=self.colors[0 if mode.lower() == "light" else 1])
-
-    def resize(self, width: int, height: int) -> None:
-        self.canvas.configure(width=max(200, width), height=max(120, height))

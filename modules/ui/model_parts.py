@@ -79,26 +79,6 @@ def detect_variant_text(state: UIState) -> str | None:
     return f"{plan.variant.value} ({plan.variant.model_type.value}), from files"
 
 
-# what a control or character model takes, for the model tab (the other variants need no words beyond their name)
-VARIANT_DESCRIPTIONS = {
-    "VACE": "Wan 2.1 VACE: a control video, a mask (white = generate) and reference images through its VACE blocks; "
-            "per clip <name>_control.mp4 (or <name>_control/), <name>_mask, <name>_ref.png, <name>_ref2.png, ...",
-    "VACE_A14B": "Wan 2.2 VACE-Fun A14B: two experts, each with its VACE blocks; a control video, a mask and "
-                 "reference images (per clip <name>_control.mp4, <name>_mask, <name>_ref.png, ...)",
-    "FUN_CONTROL": "Wan2.1-Fun Control: a control video (per clip <name>_control.mp4, or data.control.derive) and a "
-                   "start image (in training the clip's first frame; in samples `image`)",
-    "FUN_CONTROL_A14B": "Wan2.2-Fun Control A14B: two experts; a control video (per clip <name>_control.mp4, or "
-                        "data.control.derive), a start image (the clip's first frame; in samples `image`) and, in "
-                        "samples, an optional mask video",
-    "FUN_INP": "Wan2.1-Fun InP: the I2V layout (a start image, optionally a last one); no control video",
-    "ANIMATE_14B": "Wan2.2-Animate-14B: a reference character driven by a pose video and a face video; replace mode "
-                   "also puts it into a background video under a mask (per clip <name>_pose.mp4, <name>_face.mp4, "
-                   "<name>_ref.png, <name>_bg.mp4, <name>_mask.mp4)",
-    "ANIMATE_2_14B": "Wan2.2-Animate-2-14B: a reference character driven by the driving video in context (per clip "
-                     "<name>_pose.mp4, <name>_face.mp4, <name>_ref.png)",
-}
-
-
 def detected_variant(state: UIState):
     """The chosen model's WanVariant (configs and tensor headers, no weights), or None when it cannot be told."""
     from modules.modelLoader.wan.parts.model_plan import detect_model_variant, uses_parts_loader
@@ -112,6 +92,11 @@ def detected_variant(state: UIState):
         return None
 
 
-def variant_description(variant) -> str:
-    """What the model takes, in words, for VACE / VACE-Fun / Animate; "" for the others and for None."""
-    return VARIANT_DESCRIPTIONS.get(getattr(variant, "value", ""), "")
+def intended_variant(state: UIState):
+    """The config's `model.intended_variant` as a WanVariant (None: any model, or not a variant's name)."""
+    from modules.util.enum.WanVariant import WanVariant
+    value = state.get("model.intended_variant")
+    try:
+        return WanVariant(value) if value else None
+    except ValueError:
+        return None

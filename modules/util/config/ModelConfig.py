@@ -34,8 +34,9 @@ class ModelConfig(BaseConfig):
                                                       "ComfyUI single files, or a hub id when allow_download is true")
     allow_download: bool = False
     intended_variant: WanVariant | None = Field(
-        None, description="the Wan variant this config (preset) is made for: T2V, I2V, FLF2V, TI2V_5B, T2V_A14B, "
-                          "I2V_A14B; training refuses a model of another variant; null: any")
+        None, description="the Wan variant this config (preset) is made for: "
+                          + ", ".join(variant.value for variant in WanVariant)
+                          + "; training refuses a model of another variant; null: any")
     transformer: PartConfig = PartConfig()
     transformer_2: PartConfig = PartConfig()
     vae: PartConfig = PartConfig()

@@ -135,3 +135,35 @@ class WanVariant(str, Enum):
         return {WanVariant.VACE: "WanVACETransformer3DModel", WanVariant.VACE_A14B: "WanVACETransformer3DModel",
                 WanVariant.ANIMATE_14B: "WanAnimateTransformer3DModel",
                 WanVariant.ANIMATE_2_14B: "WanAnimate2Transformer3DModel"}.get(self, "WanTransformer3DModel")
+
+    # --- words and files for people (the GUI's model and control tabs, the docs) -----------------------------------
+
+    @property
+    def display_name(self) -> str:
+        return {WanVariant.T2V: "Wan 2.1 T2V", WanVariant.I2V: "Wan 2.1 I2V", WanVariant.FLF2V: "Wan 2.1 FLF2V",
+                WanVariant.TI2V_5B: "Wan 2.2 TI2V-5B", WanVariant.T2V_A14B: "Wan 2.2 T2V-A14B",
+                WanVariant.I2V_A14B: "Wan 2.2 I2V-A14B", WanVariant.VACE: "Wan 2.1 VACE",
+                WanVariant.VACE_A14B: "Wan 2.2 VACE-Fun A14B", WanVariant.FUN_CONTROL: "Wan 2.1 Fun Control",
+                WanVariant.FUN_CONTROL_A14B: "Wan 2.2 Fun Control A14B", WanVariant.FUN_INP: "Wan 2.1 Fun InP",
+                WanVariant.ANIMATE_14B: "Wan 2.2 Animate 14B", WanVariant.ANIMATE_2_14B: "Wan 2.2 Animate-2 14B"}[self]
+
+    @property
+    def animate_modes(self) -> tuple[str, ...]:
+        """The `animate.mode` values the variant trains: replace only where it takes a background and a mask."""
+        if not self.is_animate:
+            return ()
+        return ("animate", "replace") if self.takes_replacement else ("animate",)
+
+    @property
+    def clip_companions(self) -> tuple[str, ...]:
+        """What training reads beside each clip, by role, from the capabilities above (the data loader's finders
+        give each role its file: modules/dataLoader/vace_scan.py, mask_scan.py, animate_scan.py). A Wan-Fun
+        model's start image is the clip's own first frame and its mask video is for samples only: its clips carry
+        the control alone. "background" and "mask" of a character model are needed in replace mode only."""
+        roles = ["control"] if self.takes_control_video else []
+        if self.is_vace:
+            roles += ["mask", "references"] if self.takes_reference_images else ["mask"]
+        roles += [role for role, takes in (("pose", self.takes_pose_video), ("face", self.takes_face_video),
+                                           ("driving", self.takes_driving_video),
+                                           ("reference", self.takes_reference_image)) if takes]
+        return tuple(roles + (["background", "mask"] if self.takes_replacement else []))
