@@ -1,0 +1,144 @@
+"""A job owns its workspace while it lives, and its ranks do not outlive their launcher (docs/multi-gpu.md,
+"Failures"; docs/reliability.md): a launcher killed with SIGKILL (multi_gpu's own, or torchrun) takes its ranks with
+it, and a second job on a workspace a live job holds is refused naming that job's process. Each test failed before
+the change: the orphaned ranks trained on (the rerun beside them resumed from their backups), and the second job
+ran."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from learning import train
+from multi_gpu_runs import cli_arguments
+from modules.trainer.workspace_lock import LOCK_FILE, check_workspace_free
+from modules.util.config.ConfigError import ConfigError
+from modules.util.demo_assets import make_t2v_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = str(ROOT / "scripts" / "train.py")
+# rank 0's step bar: the ranks are past their start and train
+STEP_BAR = re.compile(r"steps:\s+\d+%\|")
+# the bound the ranks of a killed launcher must stop within
+ORPHAN_LIMIT_S = 30
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model, tmp_path_factory):
+    """(tiny model, six clips, a cache the tests share: the second job starts training sooner)."""
+    root = tmp_path_factory.mktemp("guards")
+    return tiny_model("wan2.1-t2v"), make_t2v_dataset(root / "squares", clips_per_class=1), root / "cache"
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+
+
+def wait_until(predicate, limit: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {limit} s" + (f":\n{log.read_text()[-3000:]}" if log else ""))
+        time.sleep(0.2)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has ended: only its exit status waits to be collected)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def train_children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` and that run train.py: its ranks."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid and b"train.py" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("launcher", ["multi_gpu", "torchrun"])
+def test_ranks_die_with_their_sigkilled_launcher_and_a_rerun_meanwhile_is_refused(launcher, setup, tmp_path):
+    base, dataset, cache = setup
+    argv = cli_arguments(base, dataset, tmp_path, cache, ["max_steps=1000", "batch_size=1", "device=cpu"])
+    if launcher == "multi_gpu":
+        command = [sys.executable, TRAIN, *argv, "--config-value", "multi_gpu=true",
+                   "--config-value", "distributed.processes=2"]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", TRAIN,
+                   *argv]
+    log = tmp_path / "launcher.log"
+    process = start(command, log)
+    ranks = []
+    try:
+        wait_until(lambda: STEP_BAR.search(log.read_text()), 240, "training", log)
+        ranks = train_children(process.pid)
+        assert len(ranks) == 2, ranks
+        if launcher == "multi_gpu":
+            # the same command resumed while the job trains: refused naming the job's rank 0, which holds the
+            # workspace (before: it resumed from the live job's newest backup, and both trained the same steps)
+            rerun = subprocess.run(command + ["--config-value", "backup.continue_last_backup=true"],
+                                   capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+            assert rerun.returncode == 2, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+            holder = re.search(r"in use by another training job: process (\d+)", rerun.stderr)
+            assert holder and int(holder[1]) in ranks, rerun.stderr
+            assert f"kill {holder[1]}" in rerun.stderr
+        os.kill(process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        process.wait()
+        wait_until(lambda: not any(alive(pid) for pid in ranks), ORPHAN_LIMIT_S,
+                   f"the ranks {ranks} stopping after their launcher was killed")
+        print(f"{launcher}: both ranks ended {time.monotonic() - killed:.1f} s after the launcher was killed")
+    finally:
+        kill_all([process.pid, *ranks])
+    # the workspace is free again: the next job takes over the dead job's lock, saying so
+    check_workspace_free(tmp_path / "run")
+
+
+def test_a_second_job_on_a_workspace_a_live_job_holds_is_refused_naming_it(setup, tmp_path, capsys):
+    base, dataset, cache = setup
+    argv = cli_arguments(base, dataset, tmp_path, cache, ["max_steps=1000", "batch_size=4", "device=cpu",
+                                                          "backup.every_n_steps=1"])
+    log = tmp_path / "first.log"
+    first = start([sys.executable, TRAIN, *argv], log)
+    try:
+        wait_until(lambda: STEP_BAR.search(log.read_text()), 240, "training", log)
+        wait_until(lambda: list((tmp_path / "run" / "backup").glob("*/step-*")), 120, "a backup", log)
+        for extra in (["backup.continue_last_backup=true"], []):   # a resume (it would take the live job's backup)
+            with pytest.raises(ConfigError) as refused:           # and a new run alike
+                train(tmp_path, base, dataset, steps=2, overrides=extra)
+            message = str(refused.value)
+            assert f"is in use by another training job: process {first.pid} " in message, message
+            assert f"kill {first.pid}" in message and "set another workspace_dir" in message
+        assert first.poll() is None   # the refusals left the live job alone
+    finally:
+        first.kill()
+        first.wait()
+    capsys.readouterr()
+    check_workspace_free(tmp_path / "run")   # its holder was killed: taken over with a line saying so
+    out = capsys.readouterr().out
+    assert f"took over the workspace lock {tmp_path / 'run' / LOCK_FILE} of process {first.pid} " in out, out
