@@ -51,11 +51,19 @@ def wait_until(predicate, limit: float, what: str, log: Path | None = None) -> N
 
 
 def alive(pid: int) -> bool:
-    """Running (a zombie has ended: only its exit status waits to be collected)."""
+    """Any of its threads still runs. A zombie has ended (only its exit status waits to be collected), but the first
+    thread of a killed process turns zombie while the others still end, holding its files (its lock) open."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
         return False
+    for task in tasks:
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def train_children(pid: int) -> list[int]:
