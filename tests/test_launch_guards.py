@@ -150,3 +150,52 @@ def test_a_second_job_on_a_workspace_a_live_job_holds_is_refused_naming_it(setup
     check_workspace_free(tmp_path / "run")   # its holder was killed: taken over with a line saying so
     out = capsys.readouterr().out
     assert f"took over the workspace lock {tmp_path / 'run' / LOCK_FILE} of process {first.pid} " in out, out
+    check_workspace_free(tmp_path / "run")   # released by the check before: free, and not a killed holder's
+    assert "took over" not in capsys.readouterr().out
+
+
+# a rank in miniature: the guards of modules/util/launcher_watch.py, then a long wait
+RANK = """import sys, time
+sys.path.insert(0, sys.argv[1])
+from modules.util import launcher_watch
+if sys.argv[2] == "watchdog only":
+    launcher_watch._set_parent_death_signal = lambda: None
+    launcher_watch.INTERVAL_S = 0.2
+launcher_watch.die_with_launcher()
+print("armed", flush=True)
+time.sleep(120)
+"""
+# a launcher in miniature: starts the rank in a session of its own, as torch's agent does, and waits
+LAUNCHER = """import subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:4]], start_new_session=True,
+                        stdout=open(sys.argv[4], "w"), stderr=subprocess.STDOUT)
+print(rank.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_watchdog_alone_stops_a_rank_whose_launcher_was_killed(tmp_path):
+    # the portable guard, without Linux's parent-death signal: the rank sees its parent's pid change
+    log = tmp_path / "rank.log"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, RANK, str(ROOT), "watchdog only", str(log)],
+                                stdout=subprocess.PIPE, text=True, env=dict(os.environ, RANK="1"))
+    rank = int(launcher.stdout.readline())
+    try:
+        wait_until(lambda: log.exists() and "armed" in log.read_text(), 60, "the rank's guards", log)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        wait_until(lambda: not alive(rank), 10, "the rank stopping", log)
+    finally:
+        kill_all([rank])
+    assert f"train: rank 1: its launcher (process {launcher.pid}) is gone; stopping" in log.read_text()
+
+
+def test_a_rank_whose_launcher_died_before_it_armed_its_guards_stops_at_once(tmp_path):
+    # multi_gpu's launcher records its pid for its ranks: a rank whose parent is another process already (the
+    # launcher died, the rank was re-parented) stops as it arms the guards
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    done = subprocess.run([sys.executable, "-c", RANK, str(ROOT), "both"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, RANK="0", WAN_TRAINER_LAUNCHER_PID=str(gone.pid)))
+    assert done.returncode == 1 and "armed" not in done.stdout, done.stdout + done.stderr
+    assert f"train: rank 0: its launcher (process {gone.pid}) is gone" in done.stderr

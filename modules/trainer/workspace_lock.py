@@ -40,8 +40,12 @@ def _take(workspace_dir: str | Path) -> tuple[ProcessLock | None, list[str]]:
                       f"same backups and resume from each other's. Wait for it to end, {stop}or set another "
                       f"workspace_dir"]
     except OSError as error:
-        return None, [f"workspace_dir {str(workspace_dir)!r}: its lock {path} cannot be taken: "
-                      f"{error.strerror or error}"]
+        # a file system without flock (Lustre mounted without it): the job runs, unguarded, as it did before locks
+        message = (f"warning: the workspace lock {path} cannot be taken ({error.strerror or error}): nothing keeps "
+                   f"another job off this workspace while this one runs")
+        print(message, flush=True)
+        log.warning("%s", message)
+        return None, []
     if stale:
         message = (f"note: took over the workspace lock {path} of {describe_holder(stale)}, which ended without "
                    f"releasing it (it was killed)")

@@ -66,7 +66,8 @@ class ProcessLock:
 
     def acquire(self, record: dict | None = None) -> dict:
         """Takes the lock and writes `record` (own_record() when None) into it. Returns the record of a holder that
-        ended without releasing it ({} when there was none). Raises LockHeld when a live process holds it."""
+        ended without releasing it ({} when there was none). Raises LockHeld when a live process holds it, OSError
+        when the file cannot be opened or its file system has no flock (Lustre mounted without it)."""
         try:
             import fcntl
         except ImportError:
@@ -79,6 +80,9 @@ class ProcessLock:
             holder = _read_record(handle)
             handle.close()
             raise LockHeld(self.path, holder) from None
+        except OSError:
+            handle.close()
+            raise
         stale = _read_record(handle)
         handle.seek(0)
         handle.truncate()
@@ -92,6 +96,7 @@ class ProcessLock:
         if self._handle is not None:
             self._handle.seek(0)
             self._handle.truncate()
+            self._handle.write("{}\n")
             self._handle.flush()
             self._handle.close()   # closing the file drops the flock
             self._handle = None
