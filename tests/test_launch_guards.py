@@ -199,3 +199,32 @@ def test_a_rank_whose_launcher_died_before_it_armed_its_guards_stops_at_once(tmp
                           env=dict(os.environ, RANK="0", WAN_TRAINER_LAUNCHER_PID=str(gone.pid)))
     assert done.returncode == 1 and "armed" not in done.stdout, done.stdout + done.stderr
     assert f"train: rank 0: its launcher (process {gone.pid}) is gone" in done.stderr
+
+
+def test_the_window_refuses_a_start_on_a_held_workspace_marking_the_field(setup, tmp_path):
+    # before: the run's ConfigError reached the window as "failed: ConfigError: invalid configuration:", the holder
+    # only in a traceback in the log pane
+    from modules.trainer.workspace_lock import lock_path
+    from modules.ui.TrainController import TrainController
+    from modules.ui.UIState import UIState
+    from modules.util.config.config_io import config_to_dict, load_config
+    from modules.util.process_lock import ProcessLock, own_record
+    base, dataset, cache = setup
+    config = load_config(overrides=[
+        f"model.base_model_name={base}", f'data.concepts=[{{"path": "{dataset}"}}]',
+        f"workspace_dir={tmp_path / 'run'}", f"cache_dir={cache}", f"output.destination={tmp_path / 'out.safetensors'}",
+        "device=cpu", "max_steps=1", "tensorboard=false"])
+    holder = ProcessLock(lock_path(tmp_path / "run"))
+    holder.acquire(own_record(pid=4242, command="train.py --config-path other.json"))
+    try:
+        controller = TrainController(UIState(config_to_dict(config)), last_used=tmp_path / "last.json")
+        assert controller.start() == [] and controller.wait(120)
+        controller.poll_events()
+    finally:
+        holder.release()
+    assert controller.run.status == "refused: the config has problems"
+    # the problem names its field, so the window marks workspace_dir where it is shown
+    marked = [problem for problem in controller.state.problems if problem.startswith("workspace_dir: ")]
+    assert len(marked) == 1 and "in use by another training job: process 4242 " in marked[0], controller.state.problems
+    assert "train.py --config-path other.json" in marked[0]
+    assert not (tmp_path / "out.safetensors").exists()

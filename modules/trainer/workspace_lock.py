@@ -35,7 +35,7 @@ def _take(workspace_dir: str | Path) -> tuple[ProcessLock | None, list[str]]:
     except LockHeld as held:
         pid = held.holder.get("pid")
         stop = f"stop it (kill {pid}), " if pid else ""
-        return None, [f"workspace_dir {str(workspace_dir)!r} is in use by another training job: "
+        return None, [f"workspace_dir: {str(workspace_dir)!r} is in use by another training job: "
                       f"{describe_holder(held.holder)} holds {path.name}. Two jobs on one workspace would write the "
                       f"same backups and resume from each other's. Wait for it to end, {stop}or set another "
                       f"workspace_dir"]
