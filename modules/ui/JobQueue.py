@@ -74,7 +74,7 @@ class RunnerLock:
             self._lock.acquire()
         except LockHeld as held:
             holder = held.holder
-            who = f"{holder['host']}:{holder['pid']}" if holder.get("pid") else "another process"
+            who = f"{holder.get('host', '?')}:{holder['pid']}" if holder.get("pid") else "another process"
             raise QueueBusy(f"the queue {self.queue_path} is already being run by "
                             f"{who} (host:pid): one runner at a time, or two would train at once. Wait for it, "
                             f"or stop it") from None
