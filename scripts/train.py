@@ -126,6 +126,8 @@ def apply_output_dir(config, output_dir: str, overrides: list[str]) -> None:
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = (parser or build_parser()).parse_args(argv)
+    from modules.util.launcher_watch import die_with_launcher_if_rank
+    die_with_launcher_if_rank()   # first: a launcher killed while this rank loads its config takes it too
     if args.list_presets:
         from modules.util.presets import presets_table
         print(presets_table())
@@ -161,6 +163,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             print(f"train: {e}", file=sys.stderr)
             return 2
     if config.multi_gpu and not launched_by_torchrun() and process_count(config) > 1:
+        from modules.trainer.workspace_lock import check_workspace_free
+        try:  # refused here at once, rather than by rank 0 once every rank has started
+            check_workspace_free(config.workspace_dir)
+        except ConfigError as e:
+            print(f"train: {e}", file=sys.stderr)
+            return 2
         # every process runs the same script (train.py or cache.py) with the same arguments; under torchrun's
         # environment they join one job
         return relaunch(config, getattr(sys.modules["__main__"], "__file__", None) or __file__, argv)

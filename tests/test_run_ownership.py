@@ -120,3 +120,33 @@ def test_two_runs_started_in_the_same_second_get_their_own_names(tmp_path, monke
     # before: the name was picked before any folder existed, so runs starting together all got the first one
     assert names == ["2026-01-01_00-00-00", "2026-01-01_00-00-00-2", "2026-01-01_00-00-00-3"]
     assert all((tmp_path / "backup" / name).is_dir() for name in names)
+
+
+def test_a_finished_run_resumed_to_train_on_keeps_its_finished_output(tiny_model, six_clips, tmp_path, capsys):
+    # run 1 trains 6 steps and saves; the same command with max_steps=10 is killed before its first backup and
+    # resumed: the resume continues run 1 (the newest run of these settings), and before it replaced run 1's
+    # finished output with no copy kept
+    import os
+    import subprocess
+    import sys
+
+    from multi_gpu_runs import cli_arguments
+    base = tiny_model("wan2.1-t2v")
+    first = train(tmp_path, base, six_clips, steps=6)
+    finished = (tmp_path / "out.safetensors").read_bytes()
+    root = Path(__file__).resolve().parent.parent
+    killed = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), *cli_arguments(
+        base, six_clips, tmp_path, tmp_path / "cache", ["max_steps=10", "batch_size=4", "output.format=COMFY_LORA"])],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, WAN_TRAINER_KILL_AT="step:1", OMP_NUM_THREADS="1"))
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert (tmp_path / "out.safetensors").read_bytes() == finished
+    capsys.readouterr()
+    resumed = train(tmp_path, base, six_clips, steps=10, overrides=["backup.continue_last_backup=true"])
+    out = capsys.readouterr().out
+    assert resumed.run_name == first.run_name and resumed.resumed_step == 6 and len(resumed.step_losses) == 4
+    kept = list(tmp_path.glob(f"out.previous-{first.run_name}-*.safetensors"))
+    assert len(kept) == 1 and kept[0].read_bytes() == finished, kept
+    assert f"note: {tmp_path / 'out.safetensors'} was written by run {first.run_name} itself before this start" in out
+    assert f"kept as {kept[0]}" in out
+    assert (tmp_path / "out.safetensors").read_bytes() != finished

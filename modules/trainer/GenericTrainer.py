@@ -23,6 +23,7 @@ from modules.trainer.output_files import keep_previous_outputs, undo_kept_output
 from modules.trainer.parameter_groups import parameter_groups
 from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
+from modules.trainer.workspace_lock import workspace_locked
 from modules.util.config.config_io import ConfigError, config_to_dict, save_config
 from modules.util.config.TrainConfig import TrainConfig
 from modules.trainer.prepare import check_model_variant
@@ -120,9 +121,10 @@ class GenericTrainer:
         self.data.attach_model(self.model, self.device)
 
     def cache_only(self) -> None:
-        self._remove_leftovers()
-        self._load()
-        self._cache()
+        with workspace_locked(self.config.workspace_dir):
+            self._remove_leftovers()
+            self._load()
+            self._cache()
 
     def _remove_leftovers(self) -> None:
         """Temporaries of writes a killed run left; one rank removes them before any rank writes (a concurrent
@@ -189,6 +191,11 @@ class GenericTrainer:
             self.hooks._intermediate_save(f"step-{self.progress.global_step:08d}")
 
     def train(self) -> list[Path]:
+        # held from before the leftovers are removed and a backup is chosen: another live job's would be taken
+        with workspace_locked(self.config.workspace_dir):
+            return self._train()
+
+    def _train(self) -> list[Path]:
         config = self.config
         torch.manual_seed(config.seed)
         self._remove_leftovers()

@@ -20,6 +20,7 @@ from torch import nn
 from modules.trainer import context_parallel, expert_parallel
 from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
+from modules.util.launcher_watch import ENVIRONMENT_VARIABLE as LAUNCHER_PID, die_with_launcher
 from modules.util.ranks import set_context_parallel, set_expert_parallel
 
 
@@ -37,6 +38,7 @@ def join_process_group(config: TrainConfig) -> torch.device | None:
     None when the process runs alone."""
     if not launched_by_torchrun():
         return None
+    die_with_launcher()   # an orphaned rank would train on beside a rerun of the command
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     wants_gpu = config.device == "auto" or config.device.startswith("cuda")
     if wants_gpu and torch.cuda.is_available():
@@ -111,17 +113,24 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=f"wan-train-{os.getpid()}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
     print(f"multi_gpu: launching {count} processes (global batch = {config.batch_size} x {count})", flush=True)
+    # the ranks watch this process (modules/util/launcher_watch.py): killed, it takes them with it
+    previous_pid, os.environ[LAUNCHER_PID] = os.environ.get(LAUNCHER_PID), str(os.getpid())
     try:
         elastic_launch(launch, entrypoint=sys.executable)(script, *argv)
     except ChildFailedError as error:
         rank, first = min(error.failures.items(), key=lambda item: item[1].timestamp)  # {global rank: failure}
         print(f"train: rank {rank} failed with exit code {first.exitcode}; the job was stopped", file=sys.stderr)
-        return 1
+        return 2 if first.exitcode == 2 else 1   # a configuration error a rank found (a workspace in use) stays one
     except SignalException as signal_received:
         # Ctrl-C: the launcher passed the signal on; the ranks stop after their step and rank 0 writes a backup,
         # within the 30 s the launcher grants before it kills them
         print(f"train: stopped by {signal_received.sigval.name}", file=sys.stderr)
         return 1
+    finally:
+        if previous_pid is None:
+            os.environ.pop(LAUNCHER_PID, None)
+        else:
+            os.environ[LAUNCHER_PID] = previous_pid
     return 0
 
 

@@ -1,7 +1,9 @@
 """The files a run's final save writes, and what happens to files already there: an output that another run (or
 anything else) wrote is kept beside the new one as `<name>.previous-<that run>.safetensors` (a folder:
 `<name>.previous-<that run>`; a file that records no run: named by its modification time), and the run plan and
-the save say so. A resumed run saving its own output again replaces it: the new weights continue that file's."""
+the save say so. So is the run's own output from an earlier start when the resume trains on (a finished run given a
+larger max_steps): `<name>.previous-<run>-<its time>.safetensors`. Only a resume at the run's last step, which trains
+nothing and saves the same weights, replaces its own output."""
 from __future__ import annotations
 
 import json
@@ -57,18 +59,33 @@ def previous_path(path: Path, label: str) -> Path:
     return target
 
 
+def saves_its_own_weights_again(trainer) -> bool:
+    """A resume at the run's last step trains nothing: its save writes the weights the run's own output holds."""
+    resumed = trainer.resumed_step
+    if resumed is None:
+        return False
+    total = getattr(trainer, "total_steps", 0)
+    return resumed >= total if total else trainer.progress.global_step == resumed
+
+
 def outputs_to_keep(trainer) -> list[tuple[Path, Path, str]]:
     """(existing output, the name it is kept under, who wrote it) for each file the final save would replace that
-    this run did not write."""
+    this run did not write, or wrote at an earlier start: a finished run resumed to train on (a larger max_steps)
+    replaces its finished output with other weights."""
     kept = []
     for path in final_output_paths(trainer):
         if not path.exists():
             continue
         run = recorded_run(path)
+        written_at = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
         if run == trainer.run_name:
+            if saves_its_own_weights_again(trainer):
+                continue
+            kept.append((path, previous_path(path, f"{run}-{written_at}"),
+                         f"run {run} itself before this start (its output of {written_at})"))
             continue
-        label = run or time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
-        kept.append((path, previous_path(path, label), f"run {run}" if run else "an earlier run or another program (it records no run)"))
+        kept.append((path, previous_path(path, run or written_at),
+                     f"run {run}" if run else "an earlier run or another program (it records no run)"))
     return kept
 
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from modules.util.atomic import atomic_write_text
+from modules.util.process_lock import LockHeld, ProcessLock
 
 DEFAULT_QUEUE = Path("workspace") / "queue" / "queue.json"
 STATES = ("waiting", "paused", "running", "done", "failed", "stopped", "interrupted")
@@ -60,42 +61,27 @@ class QueueBusy(RuntimeError):
 
 
 class RunnerLock:
-    """The queue's runner lock: an exclusive, non-blocking flock on `<queue>.runner.lock`, whose content names the
-    holder (host:pid) for the runner that is refused. The kernel drops it when the process dies. No lock where fcntl
-    is missing (Windows)."""
+    """The queue's runner lock on `<queue>.runner.lock` (modules/util/process_lock.py: dropped by the kernel when
+    its holder dies), naming its holder for the runner that is refused."""
 
     def __init__(self, queue_path: Path):
         self.queue_path = queue_path
         self.path = queue_path.with_suffix(".runner.lock")
-        self._handle = None
+        self._lock = ProcessLock(self.path)
 
     def acquire(self) -> "RunnerLock":
         try:
-            import fcntl
-        except ImportError:
-            return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
+            self._lock.acquire()
+        except LockHeld as held:
+            holder = held.holder
+            who = f"{holder.get('host', '?')}:{holder['pid']}" if holder.get("pid") else "another process"
             raise QueueBusy(f"the queue {self.queue_path} is already being run by "
-                            f"{holder} (host:pid): one runner at a time, or two would train at once. Wait for it, "
+                            f"{who} (host:pid): one runner at a time, or two would train at once. Wait for it, "
                             f"or stop it") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{socket.gethostname()}:{os.getpid()}\n")
-        handle.flush()
-        self._handle = handle
         return self
 
     def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()   # closing the file drops the flock
-            self._handle = None
+        self._lock.release()
 
 
 def check_job_config(config: dict) -> list[str]:

@@ -287,6 +287,8 @@ class TrainController(QueueControl, RankLaunchControl):
                               "report": self._end_report(written) if not stopped else "",
                               "output_dir": str(Path(config.output.destination).parent),
                               "workspace": str(config.workspace_dir)}))
+        except ConfigError as error:   # found as the run starts: its workspace held by another job, no run to resume
+            put(("refused", list(error.problems)))
         except TrainingError as error:
             put(("failed", str(error)))
         except Exception as error:  # the window must survive any failure and a new run must be able to start
