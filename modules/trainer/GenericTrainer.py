@@ -107,6 +107,8 @@ class GenericTrainer:
             self.data = WanBaseDataLoader(config, detect_model_variant(config.model) if base.is_dir() else None,
                                           e2v_datasets)
             self.data.scan()
+            if problems := self.data.companion_problems():
+                raise ConfigError(problems)
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
         except (DataError, ModelLoadError, NotAWanModelError) as error:
             raise TrainingError(str(error)) from None

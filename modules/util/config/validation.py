@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from modules.util.config.companion_paths import concept_companion_problems
 from modules.util.config.ConfigError import ConfigError
 from modules.util.config.image_encoder_source import looks_like_hub_id
 from modules.util.config.path_kinds import path_problem
@@ -104,6 +105,8 @@ def path_problems(config: TrainConfig) -> list[str]:
         elif concept.enabled and not Path(concept.path).is_dir() and Path(concept.path).suffix.lower() != ".jsonl":
             problems.append(f"{field}: {concept.path!r} is a file; a concept is a folder or a .jsonl manifest (put "
                             f"the file in a folder and name the folder)")
+        if concept.enabled:
+            problems += concept_companion_problems(index, concept)
         if concept.caption_source == "prompt_file":
             field = f"data.concepts.{index}.prompt_path"
             kind = path_problem(field, concept.prompt_path, "file") if concept.prompt_path else f"{field}: empty"
