@@ -171,7 +171,8 @@ class WanBaseDataLoader:
         return [
             ListSource(self._records(validation), record_names),
             self.probe,
-            FrameWindow(data.frame_buckets, self.fps, warned=self.warned),
+            FrameWindow(data.frame_buckets, self.fps, warned=self.warned,
+                        condition_frames=self.config.animate.continuation_frames if self.animate else 0),
             *([] if validation else [RepeatConcepts()]),
             ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale,
                              warned=self.warned),

@@ -63,6 +63,8 @@ def prepare_config(config: TrainConfig) -> list:
                 problems.append(f"animate.mode: replace puts the character into the driving video's scene, which "
                                 f"Wan2.2-Animate-14B does; {str(base)!r} is {variant}, which animates only: set "
                                 f"animate.mode=animate")
+            if variant.is_animate:
+                problems += continuation_problems(config)
             if variant.is_animate and config.e2v.enabled:
                 problems.append("e2v: Elements-to-Video trains T2V / I2V models, not Wan2.2-Animate")
     if not config.e2v.enabled and not any(concept.enabled for concept in config.data.concepts):
@@ -144,6 +146,32 @@ def expert_problems(config: TrainConfig, variant, base: Path) -> list[str]:
                 f"the {config.expert}-noise expert's range [{low:g}, {high:g}] (boundary {boundary:g}): widen it, "
                 f"or train the other expert"]
     return []
+
+
+def continuation_problems(config: TrainConfig) -> list[str]:
+    """Animate, Animate-2: `animate.continuation_frames` k leaves the latent frames of the clip's first k frames out
+    of the loss, so a clip cut at k frames or fewer carries no loss at all (a run of zero losses that saves a LoRA
+    as if trained). A concept whose every frame count is that short is refused; in a concept with longer counts too,
+    the clips cut that short are skipped and counted (FrameWindow)."""
+    carry = config.animate.continuation_frames
+    found: dict[str, str] = {}
+    for index, concept in enumerate(config.data.concepts):
+        if not carry or not concept.enabled or concept.extraction == "full":
+            continue
+        if concept.target_frames:
+            field, counts = f"data.concepts.{index}.target_frames", concept.target_frames
+        elif concept.frame_buckets:
+            field, counts = f"data.concepts.{index}.frame_buckets", concept.frame_buckets
+        else:
+            field, counts = "data.frame_buckets", config.data.frame_buckets
+        if max(counts) > carry and concept.max_frames > carry:
+            continue
+        what = f"{field} {counts}" if max(counts) <= carry else f"data.concepts.{index}.max_frames {concept.max_frames}"
+        found.setdefault(what, f"animate.continuation_frames: {carry} frames condition each clip and carry no loss, "
+                               f"but {what} cuts no clip longer than {carry} frames: no frame would carry loss and the "
+                               f"run would train nothing; give a frame count of {carry + 4} or more, or set "
+                               f"animate.continuation_frames=0")
+    return list(found.values())
 
 
 def fp8_problems(config: TrainConfig) -> list[str]:
