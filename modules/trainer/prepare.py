@@ -59,6 +59,7 @@ def prepare_config(config: TrainConfig) -> list:
             except ConfigError as error:
                 problems += error.problems
             problems += expert_problems(config, variant, base)
+            note_inapplicable_control(config, variant, base)
             if variant.is_animate and not variant.takes_replacement and config.animate.mode == "replace":
                 problems.append(f"animate.mode: replace puts the character into the driving video's scene, which "
                                 f"Wan2.2-Animate-14B does; {str(base)!r} is {variant}, which animates only: set "
@@ -125,6 +126,20 @@ def check_model_variant(config: TrainConfig, variant, source: str) -> None:
         mismatch = lora_model_mismatch(config.lora.init_from, variant)
         if mismatch:
             raise ConfigError([f"lora.init_from: {mismatch}"])
+
+
+def note_inapplicable_control(config: TrainConfig, variant, base: Path) -> None:
+    """Control settings on a model that takes no control video are ignored: said, as `expert` is."""
+    if variant.takes_control_video:
+        return
+    if config.data.control.derive != "none":
+        log.warning("data.control.derive=%s is set, but %s is a %s model, which takes no control video: derived "
+                    "controls apply to control models (VACE, Wan-Fun Control) only and are ignored",
+                    config.data.control.derive, base, variant)
+    for index, concept in enumerate(config.data.concepts):
+        if concept.enabled and concept.control_path:
+            log.warning("data.concepts.%d.control_path is set, but %s is a %s model, which takes no control video: "
+                        "it is ignored", index, base, variant)
 
 
 def expert_problems(config: TrainConfig, variant, base: Path) -> list[str]:
