@@ -2,19 +2,16 @@
 impossible folder exits 2 naming the field and what is allowed, as does a control model whose clips have no control
 at all (they would train with a blank control). Each test ran scripts/train.py to exit 0 (or a later error) before
 the change: the run trained every clip without its control or mask."""
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.util.video_frames import write_video
+from tests.script_loader import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import train as train_script  # noqa: E402
+train_script = load_script("train")
 
 FRAMES, SIZE = 9, 32
 
@@ -36,13 +33,6 @@ def clips_with_controls(root: Path, count: int = 2, controls: str | None = "cont
     return clips
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model load fails the test: the refusals must come before one."""
-    def refuse(self, config):
-        raise AssertionError("a model was loaded")
-    monkeypatch.setattr(WanBaseModelLoader, "load", refuse)
-
 
 def run_train(tmp_path: Path, base: Path, concept: str, *values: str) -> int:
     argv = ["--config-value", f"model.base_model_name={base}", "--config-value", f"data.concepts=[{concept}]",
@@ -58,7 +48,8 @@ def run_train(tmp_path: Path, base: Path, concept: str, *values: str) -> int:
 
 def test_a_typod_control_path_exits_2_naming_field_and_path(tiny_model, tmp_path, capsys, no_model_loads):
     clips = clips_with_controls(tmp_path)
-    code = run_train(tmp_path, tiny_model("wan2.1-vace"), f'{{"path": "{clips}", "control_path": "{tmp_path}/controlz"}}')
+    concept = f'{{"path": "{clips}", "control_path": "{tmp_path}/controlz"}}'
+    code = run_train(tmp_path, tiny_model("wan2.1-vace"), concept)
     error = capsys.readouterr().err
     assert code == 2, error
     assert f"data.concepts.0.control_path: '{tmp_path}/controlz' does not exist; allowed: an existing, readable " \

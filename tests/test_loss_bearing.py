@@ -2,29 +2,17 @@
 every frame bucket exits 2 before any model loads; clips cut no longer than the continuation frames are skipped and
 counted by name; a run whose every step has no loss-bearing element stops before its final save. Before the change
 each of these trained with `loss=0.0000` on every step, exit 0, and saved a LoRA as if trained."""
-import sys
-from pathlib import Path
-
 import pytest
 
 from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
-from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.trainer.errors import TrainingError
 from modules.util.config.config_io import load_config
 from modules.util.demo_animate import make_animate_2_dataset, make_animate_dataset
 from modules.util.enum.WanVariant import WanVariant
 from tests.learning import train
+from tests.script_loader import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import train as train_script  # noqa: E402
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def refuse(self, config):
-        raise AssertionError("a model was loaded")
-    monkeypatch.setattr(WanBaseModelLoader, "load", refuse)
+train_script = load_script("train")
 
 
 @pytest.mark.parametrize("variant, make", [("wan2.2-animate-2", make_animate_2_dataset),

@@ -4,23 +4,13 @@
 `distributed.shard_base=true` on one process, `data.control.derive` and a concept's `control_path` on a model without
 control input are named as ignored. Each test failed before the change."""
 import logging
-import sys
 from pathlib import Path
 
 import pytest
 
-from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+from tests.script_loader import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import train as train_script  # noqa: E402
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def refuse(self, config):
-        raise AssertionError("a model was loaded")
-    monkeypatch.setattr(WanBaseModelLoader, "load", refuse)
+train_script = load_script("train")
 
 
 def run_train(tmp_path: Path, base: Path, data: Path, *values: str, plan: bool = False) -> int:
