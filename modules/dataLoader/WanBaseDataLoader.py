@@ -124,6 +124,8 @@ class WanBaseDataLoader:
         records = self.scan_result.records + self.validation_records
         concepts = self.config.data.concepts
         takes_control = bool(self.variant and self.variant.takes_control_video)
+        if self.e2v is not None:   # E2V's own items: conditioned by their elements, not by concepts' companions
+            return []
         return unused_folder_problems(records, concepts, takes_control) + \
             blank_control_problems(records, concepts, self.variant, self.config.data.control.derive)
 

@@ -11,7 +11,8 @@ from modules.util.video_io import MEDIA_EXTENSIONS
 # pseudo file systems: their "files" are the kernel's, never a user's controls or masks
 SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
 FOLDER_FIELDS = {"control_path": "control videos (or folders of frames)", "mask_path": "masks"}
-ALLOWED_FOLDER = "an existing, readable folder holding the {what} named as the concept's clips, not the clips' own folder"
+ALLOWED_FOLDER = ("an existing, readable folder holding the {what} named as the concept's clips, not the clips' own "
+                  "folder")
 
 
 def companion_folder_problem(field: str, path: str, what: str, clips: str) -> str | None:
