@@ -123,3 +123,26 @@ def test_the_data_report_counts_clips_without_a_control(tiny_model, tmp_path):
     loader.scan()
     assert loader.companion_problems() == []
     assert "controls: 1 of 3 files have their own; the others train with a zero control" in loader.report()
+
+
+def test_a_manifest_control_that_is_no_control_skips_its_line_and_is_counted(tmp_path):
+    """A manifest line's control is media: `/`, a device, a text file or a folder without frames skips that line
+    with its reason (before: accepted, read while caching or trained as a control)."""
+    import json
+    from modules.dataLoader.concept_scan import scan_concepts
+    from modules.util.config.DataConfig import ConceptConfig
+    clips = clips_with_controls(tmp_path, count=5)
+    (tmp_path / "notes.txt").write_text("not a control")
+    (tmp_path / "empty").mkdir()
+    controls = ["/", "/dev/zero", str(tmp_path / "notes.txt"), str(tmp_path / "empty"),
+                str(tmp_path / "controls" / "clip_4.mp4")]
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps({"path": str(clips / f"clip_{i}.mp4"), "caption": "x",
+                                            "control_path": control}) + "\n" for i, control in enumerate(controls)))
+    result = scan_concepts([ConceptConfig(path=str(manifest))])
+    reasons = dict(result.skipped)
+    assert [Path(r["path"]).name for r in result.records] == ["clip_4.mp4"]
+    assert reasons[str(clips / "clip_0.mp4")].startswith("its control / is a folder without frames")
+    assert "is not a regular file" in reasons[str(clips / "clip_1.mp4")]
+    assert "is no video or image" in reasons[str(clips / "clip_2.mp4")]
+    assert "is a folder without frames" in reasons[str(clips / "clip_3.mp4")]
