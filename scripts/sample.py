@@ -79,7 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "to edit); a Wan-Fun Control model takes --image as its start image")
     parser.add_argument("--mask-video", default=None, metavar="PATH",
                         help="VACE (and Wan2.2-Fun Control A14B): mask video, white = generate, black = keep the "
-                             "control video (binarised at 0.5); "
+                             "control video (VACE: its red channel, grey values kept, as the official code; "
+                             "Wan-Fun: binarised at 0.5); "
                              "Animate replace mode: the character's mask (white = character)")
     parser.add_argument("--reference-image", action="append", default=[], metavar="PATH",
                         help="VACE: a reference image (repeatable; the order is kept); Animate: the character to "

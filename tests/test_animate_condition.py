@@ -1,6 +1,9 @@
 """Our Animate conditions (modules/model/animate_condition.py) equal what diffusers' WanAnimatePipeline passes to its
 transformer, to 1e-6 in fp32: animate and replace modes, the reference latent and its CLIP tokens, pose latents, face
-pixels, and the continuation frames of a later segment (1 or 5)."""
+pixels, and the continuation frames of a later segment (1 or 5). The reference image has the video's size: of another
+size, the pipeline resizes it with PIL, the official code (followed here) with OpenCV. The pipeline's CLIP tokens are
+the official ones (official_clip below): its own encode_image crops the original image where the official code
+squashes the fitted reference (tests/test_official_conditioning.py checks ours against the official code)."""
 import numpy as np
 import pytest
 import torch
@@ -25,6 +28,12 @@ def _frames(seed: int, count: int, size: int, grey: bool = False) -> list[Image.
     return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(count)]
 
 
+def official_clip(pipe):
+    """The pipeline's encode_image made to give CLIP what the official code gives it (the fitted reference, squashed
+    to the encoder's size): without it the pipeline's tokens differ from the official ones for any image."""
+    return lambda image, device=None: ac.clip_image_tokens(pipe.image_encoder, ac.reference_pixels(image, SIZE, SIZE))
+
+
 def _captured(pipe, **inputs) -> dict:
     seen = {}
 
@@ -32,17 +41,22 @@ def _captured(pipe, **inputs) -> dict:
         if not seen:
             seen.update({k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
     handle = pipe.transformer.register_forward_pre_hook(hook, with_kwargs=True)
+    pipe.encode_image = official_clip(pipe)
     try:
         pipe(prompt="a person", height=SIZE, width=SIZE, segment_frame_length=FRAMES, num_inference_steps=1,
              guidance_scale=1.0, output_type="latent", generator=torch.Generator().manual_seed(0), **inputs)
     finally:
         handle.remove()
+        del pipe.encode_image
     return seen
 
 
 @pytest.mark.parametrize("mode", ["animate", "replace"])
 def test_condition_equals_the_pipeline_transformer_inputs(pipe, mode):
-    reference = _frames(1, 1, 40)[0]   # another size: letterboxed into 32 x 32 as the pipeline does
+    # the video's size: the pipeline fits a reference of another size with PIL's bilinear filter, the official code
+    # (which ours follows: test_official_conditioning.py) with OpenCV's INTER_LINEAR; at the video's size neither
+    # resizes, so the two agree and every other condition is compared here
+    reference = _frames(1, 1, SIZE)[0]
     pose, face = _frames(2, FRAMES, SIZE), _frames(3, FRAMES, 16)
     extra = dict(background_video=_frames(4, FRAMES, SIZE), mask_video=_frames(5, FRAMES, SIZE, grey=True)) \
         if mode == "replace" else {}
@@ -54,9 +68,11 @@ def test_condition_equals_the_pipeline_transformer_inputs(pipe, mode):
             ac.video_pixels(face, 16, 16), continuation_frames=1, mode=mode,
             background=ac.video_pixels(extra["background_video"], SIZE, SIZE) if extra else None,
             mask=ac.mask_pixels(extra["mask_video"], SIZE, SIZE) if extra else None,
-            image_embeds=ac.clip_image_tokens(pipe.image_encoder, pipe.image_processor, reference))
+            image_embeds=ac.clip_image_tokens(pipe.image_encoder, ac.reference_pixels(reference, SIZE, SIZE)))
     close = dict(rtol=0, atol=1e-6)
-    torch.testing.assert_close(condition.reference_latents, seen["hidden_states"][:, 16:], **close)
+    # the reference's pixels are x / 127.5 - 1 in float64 as the official code maps them, the pipeline's
+    # 2 * (x / 255) - 1 in float32: one float32 step apart, a few 1e-6 in the latents
+    torch.testing.assert_close(condition.reference_latents, seen["hidden_states"][:, 16:], rtol=0, atol=1e-5)
     torch.testing.assert_close(condition.pose_latents, seen["pose_hidden_states"], **close)
     torch.testing.assert_close(condition.face_pixels, seen["face_pixel_values"], **close)
     torch.testing.assert_close(condition.image_embeds, seen["encoder_hidden_states_image"], **close)

@@ -7,6 +7,7 @@ import torch
 from diffusers import WanAnimatePipeline
 from PIL import Image
 
+from modules.model import animate_condition as ac
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
 from modules.modelSampler.WanModelSampler import SampleError, WanModelSampler
 from modules.util.config.ModelConfig import ModelConfig
@@ -42,9 +43,11 @@ def _clip(path, seed: int, frames: int, size: int, mask: bool = False) -> list[I
 
 
 @pytest.mark.parametrize("mode,frames,guidance", [("animate", 9, 1.0), ("replace", 5, 2.0)])
-def test_sampler_equals_the_pipeline(animate, tmp_path, mode, frames, guidance):
+def test_sampler_equals_the_pipeline(animate, tmp_path, monkeypatch, mode, frames, guidance):
     model, pipe = animate
-    reference = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    # the video's size: of another size the pipeline resizes it with PIL's bilinear filter, our sampler as the
+    # official code does, with OpenCV's INTER_LINEAR (test_official_conditioning.py); here neither resizes
+    reference = Image.fromarray(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
     reference.save(tmp_path / "ref.png")
     pose = _clip(tmp_path / "pose.mp4", 1, frames, SIZE)
     face = _clip(tmp_path / "face.mp4", 2, frames, 16)
@@ -54,6 +57,9 @@ def test_sampler_equals_the_pipeline(animate, tmp_path, mode, frames, guidance):
                      mask_video=_clip(tmp_path / "mask.mp4", 4, frames, SIZE, mask=True))
         fields = dict(background_video=str(tmp_path / "bg.mp4"), mask_video=str(tmp_path / "mask.mp4"))
     segment = 5   # animate: 9 frames = two segments of 5 overlapping by 1
+    # the pipeline's CLIP tokens as the official code makes them (its own encode_image crops the original image)
+    monkeypatch.setattr(pipe, "encode_image", lambda image, device=None: ac.clip_image_tokens(
+        pipe.image_encoder, ac.reference_pixels(image, SIZE, SIZE)), raising=False)
     expected = pipe(image=reference, pose_video=pose, face_video=face, prompt="a person dancing",
                     negative_prompt="blurry", height=SIZE, width=SIZE, segment_frame_length=segment,
                     num_inference_steps=2, guidance_scale=guidance, mode=mode, prev_segment_conditioning_frames=1,

@@ -25,12 +25,17 @@ def vace_model(tiny_model):
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    """A control frames folder (lossless PNGs), a mask frames folder, one reference image."""
+    """A control frames folder (lossless PNGs), a mask frames folder (white, black and greys), one reference image."""
     root = tmp_path_factory.mktemp("vace-inputs")
     rng = np.random.default_rng(0)
     control = rng.integers(0, 256, (FRAMES, HEIGHT // 8, WIDTH // 8, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)
     mask = np.zeros((FRAMES, HEIGHT, WIDTH, 3), np.uint8)
     mask[:, 8:24, 8:32] = 255
+    # grey, as a soft edge or compression leaves it: kept in the mask channels by the official code and by diffusers.
+    # Only grey (R = G = B): on a coloured mask diffusers splits the control by each colour channel, the official
+    # code (which ours follows: test_official_conditioning.py) by the red one
+    mask[:, :8] = np.linspace(0, 255, WIDTH).round().astype(np.uint8)[None, None, :, None]
+    mask[:, 24:, :8], mask[:, 24:, 32:] = 77, 178
     for name, frames in (("clip_control", control), ("clip_mask", mask)):
         (root / name).mkdir()
         for index, frame in enumerate(frames):

@@ -4,8 +4,8 @@ found before any model loads (docs/vace.md, docs/data.md).
 - A concept's `control_path` or `mask_path` folder that holds nothing named as any of its clips is named (a typo
   such as `controlz` beside `controls`, or the wrong folder), while some clip found none beside it either: otherwise
   the run would train every clip without it.
-- A control model (VACE, Wan-Fun Control) whose clips have no condition at all (no control, and for VACE no mask
-  and no reference; `data.control.derive` none) is refused: every clip would train with a zero control. Clips
+- A control model (VACE, Wan-Fun Control) whose clips have no condition at all (no control, and for VACE no
+  reference; `data.control.derive` none) is refused: every clip would train with a zero control. Clips
   without a control among clips with one train with a zero control, as the official code does without a video;
   the data report counts them (`control_report_line`)."""
 from pathlib import Path
@@ -49,18 +49,20 @@ def unused_folder_problems(records: list[dict], concepts, takes_control: bool) -
 
 
 def has_condition(record: dict, variant) -> bool:
-    """The record gives the control model something to condition on (not a zero control alone)."""
-    return bool(record.get("control")) or (variant.takes_control_mask and bool(record.get("mask"))) \
-        or (variant.takes_reference_images and bool(record.get("references")))
+    """The record gives the control model something to condition on (not a zero control alone). A VACE mask counts
+    only with a control (without one the context holds the all-ones mask, as the official code's); Wan2.2-Fun
+    Control's inpaint mask conditions on its own."""
+    return bool(record.get("control")) or (variant.takes_reference_images and bool(record.get("references"))) \
+        or (variant.takes_control_mask and not variant.is_vace and bool(record.get("mask")))
 
 
 def blank_control_problems(records: list[dict], concepts, variant, derive: str) -> list[str]:
-    """A control model none of whose clips has a control (nor, for VACE, a mask or reference) and no derived one."""
+    """A control model none of whose clips has a control (nor, for VACE, a reference image) and no derived one."""
     if variant is None or not variant.takes_control_video or derive != "none" or not records \
             or any(has_condition(r, variant) for r in records):
         return []
     datasets = ", ".join(repr(c.path) for c in concepts if c.enabled)
-    extra = ", a mask (<name>_mask) or reference images (<name>_ref.png)" if variant.is_vace else ""
+    extra = " or reference images (<name>_ref.png)" if variant.is_vace else ""
     return [f"data.concepts: {variant} is a control model, but no clip of {datasets} has a control{extra}: every "
             f"clip would train with a blank (zero) control. Looked for {CONTROL_LOOKED_FOR}. Add the controls, or "
             f"set data.control.derive (canny, gray) to compute them from the clips (docs/vace.md)"]

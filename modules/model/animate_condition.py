@@ -1,6 +1,8 @@
 """Wan2.2-Animate's conditions, prepared exactly as diffusers' `WanAnimatePipeline` prepares them (diffusers 0.42
 pipelines/wan/pipeline_wan_animate.py; the official code is Wan-Video/Wan2.2 wan/animate.py), one set of functions
-for the data loader (training items), the trainer and the sampler (DESIGN.md sections 4 and 11).
+for the data loader (training items), the trainer and the sampler (DESIGN.md sections 4 and 11). Where the two
+differ the official code is followed: the reference image is fitted with the official `padding_resize` (OpenCV),
+not diffusers' PIL resize.
 
 Per segment of F pixel frames (T = (F - 1) / 4 + 1 latent frames, h = H / 8, w = W / 8):
 - the model input is cat(noisy latents (16, T + 1), reference latents (20, T + 1)) on channels: latent frame 0 is the
@@ -17,6 +19,8 @@ Latents are the posterior mode ("argmax"), normalised (z - mean) / std per chann
 """
 from dataclasses import dataclass
 
+import cv2
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -146,38 +150,74 @@ def transformer_condition(batch: dict, device) -> dict:
     return {argument: batch[name].to(device, non_blocking=True) for name, argument in names.items() if name in batch}
 
 
-# --- pixels, as the pipeline's processors make them ------------------------------------------------------------
+# --- pixels: the reference as the official code fits it, videos as the pipeline's processors make them ---------
 
-def processors(spatial: int = 8, patch: tuple[int, int] = (2, 2)):
-    """The pipeline's own processors: (reference image, video, mask video)."""
-    from diffusers.pipelines.wan.image_processor import WanAnimateImageProcessor
+def processors(spatial: int = 8):
+    """The pipeline's own processors: (video, mask video)."""
     from diffusers.video_processor import VideoProcessor
 
-    return (WanAnimateImageProcessor(vae_scale_factor=spatial, spatial_patch_size=patch, resample="bilinear",
-                                     fill_color=0),
-            VideoProcessor(vae_scale_factor=spatial),
-            VideoProcessor(vae_scale_factor=spatial, do_normalize=False, do_convert_grayscale=True))
+    return VideoProcessor(vae_scale_factor=spatial), VideoProcessor(vae_scale_factor=spatial, do_normalize=False)
 
 
-def reference_pixels(image, height: int, width: int, spatial: int = 8) -> torch.Tensor:
-    """A PIL reference image -> (1, 3, H, W) in [-1, 1]: fitted inside H x W, black bars (the pipeline's "fill")."""
-    return processors(spatial)[0].preprocess(image, height=height, width=width, resize_mode="fill").float()
+def padding_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 (h, w, 3) -> uint8 (height, width, 3): scaled with OpenCV's INTER_LINEAR to fit inside (aspect kept,
+    sides truncated), centred between black bars, as the official `padding_resize` (Wan-Video/Wan2.2 wan/animate.py)
+    fits the reference to the pose video's size. diffusers' WanAnimateImageProcessor places it alike but resizes
+    with PIL's bilinear filter (other pixel values)."""
+    ori_height, ori_width = image.shape[:2]
+    padded = np.zeros((height, width, image.shape[2]), np.uint8)
+    if ori_height / ori_width > height / width:   # taller than the target: bars left and right
+        new_width = int(height / ori_height * ori_width)
+        left = int((width - new_width) / 2)
+        padded[:, left:left + new_width] = cv2.resize(image, (new_width, height), interpolation=cv2.INTER_LINEAR)
+    else:   # wider (or the target's aspect): bars above and below
+        new_height = int(width / ori_width * ori_height)
+        top = int((height - new_height) / 2)
+        padded[top:top + new_height] = cv2.resize(image, (width, new_height), interpolation=cv2.INTER_LINEAR)
+    return padded
+
+
+def reference_pixels(image, height: int, width: int) -> torch.Tensor:
+    """A reference image (PIL or uint8 (h, w, 3) RGB) -> (1, 3, H, W) in [-1, 1]: padding_resize'd into H x W, then
+    mapped as the official code maps it (x / 127.5 - 1), for training and sampling alike."""
+    array = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.uint8)
+    fitted = padding_resize(array, height, width)
+    # (H, W, 3) -> (1, 3, H, W)
+    return torch.from_numpy(fitted / 127.5 - 1).permute(2, 0, 1)[None].float()
 
 
 def video_pixels(frames, height: int, width: int, spatial: int = 8) -> torch.Tensor:
     """PIL frames -> (1, 3, F, H, W) in [-1, 1] (pose, background; face crops at S x S)."""
-    return processors(spatial)[1].preprocess_video(frames, height=height, width=width).float()
+    return processors(spatial)[0].preprocess_video(frames, height=height, width=width).float()
 
 
 def mask_pixels(frames, height: int, width: int, spatial: int = 8) -> torch.Tensor:
-    """PIL mask frames -> (1, 1, F, H, W) in [0, 1] (grey level; 1 = the character)."""
-    return processors(spatial)[2].preprocess_video(frames, height=height, width=width).float()
+    """PIL mask frames -> (1, 1, F, H, W) in [0, 1] (1 = the character): the first (red) channel / 255, grey values
+    kept, as the official prepare_source_for_replace and the data loader read it (diffusers' processor converts to
+    grey levels instead: the same on grey masks)."""
+    # (1, 3, F, H, W) -> (1, 1, F, H, W)
+    return processors(spatial)[1].preprocess_video(frames, height=height, width=width)[:, :1].float()
 
 
-def clip_image_tokens(image_encoder, image_processor, image) -> torch.Tensor:
-    """CLIP tokens of the reference image: hidden_states[-2], as the pipeline's encode_image."""
-    inputs = image_processor(images=image, return_tensors="pt").to(image_encoder.device)
-    return image_encoder(**inputs, output_hidden_states=True).hidden_states[-2]
+# CLIP ViT-H/14's normalisation, as the official CLIPModel's transforms apply it
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def clip_image_tokens(image_encoder, reference: torch.Tensor) -> torch.Tensor:
+    """CLIP tokens of the fitted reference (1, 3, H, W) in [-1, 1] (reference_pixels) as the official code makes them
+    (Wan-Video/Wan2.2 wan/animate.py gives `clip.visual` the padding_resize'd reference; wan/modules/animate/clip.py
+    `visual` squashes it to the encoder's size with torch's bicubic interpolation, maps it to [0, 1] and normalises):
+    hidden_states[-2] (the official use_31_block). diffusers' pipeline gives CLIP the original image through its
+    processor instead (shortest side resized, centre crop: other tokens for any reference not square)."""
+    size = image_encoder.config.image_size
+    parameter = next(image_encoder.parameters())
+    pixels = F.interpolate(reference.float(), size=(size, size), mode="bicubic", align_corners=False)
+    mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+    pixels = (pixels.mul(0.5).add(0.5) - mean) / std
+    pixels = pixels.to(parameter.device, parameter.dtype)
+    return image_encoder(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
 
 
 def pad_frames(frames: list, count: int) -> list:

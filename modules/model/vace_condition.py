@@ -2,16 +2,21 @@
 
 Reference: Wan-Video/Wan2.1 `wan/vace.py` (`WanVace.vace_encode_frames`, `vace_encode_masks`, `vace_latent`, and
 `prepare_source`'s fit of reference images onto a white canvas). diffusers' `WanVACEPipeline` prepares the same
-tensors (`preprocess_conditions`, `prepare_video_latents`, `prepare_masks`) with one difference: it prepends each
+tensors (`preprocess_conditions`, `prepare_video_latents`, `prepare_masks`) with two differences: it prepends each
 reference in turn, so several references end up in reverse order ([ref1, ref0, video] where the official code gives
-[ref0, ref1, video]). The official order is followed here; a diffusers user gets the same tensors by passing the
-references to `WanVACEPipeline` reversed.
+[ref0, ref1, video]); and it splits the control by each colour channel of the mask, where the official code splits
+all three by the mask's first channel (the two agree on grey masks, R = G = B). The official code is followed here; a
+diffusers user gets the same tensors by passing the references to `WanVACEPipeline` reversed and a grey mask.
+
+A mask file is read once, for training and sampling alike (`mask_from_frames`): its first (red) channel mapped to
+[0, 1] as `prepare_source` maps it, never binarised; only the kept / generated split thresholds it.
 
 The context (B, 96, n + T, h, w) for n references and T latent frames of the video:
 - channels 0-15: normalised latents of the control video where the mask is 0 ("inactive": kept), zeros elsewhere;
 - channels 16-31: latents of the control video where the mask is 1 ("reactive": to generate); the split uses the mask
   binarised at 0.5;
-- channels 32-95: the (unbinarised) pixel mask folded 8x8 into 64 channels, resampled to T frames (nearest-exact);
+- channels 32-95: the pixel mask, grey values kept, folded 8x8 into 64 channels, resampled to T frames
+  (nearest-exact);
 - the first n latent frames: each reference image's latent (its reactive half and its mask zero).
 """
 from collections.abc import Callable, Sequence
@@ -29,6 +34,14 @@ def image_to_tensor(image) -> Tensor:
     (torchvision's to_tensor, then (x - 0.5) / 0.5)."""
     array = np.array(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.uint8)
     return torch.from_numpy(array).permute(2, 0, 1).float().div(255).sub(0.5).div(0.5)
+
+
+def mask_from_frames(frames: np.ndarray) -> Tensor:
+    """uint8 (F, H, W, 3) mask frames -> (1, F, H, W) float32 in [0, 1], 1 = generate: the first (red) channel, grey
+    values kept, as prepare_source reads a mask video ([-1, 1] as every video, then clamp((m + 1) / 2, 0, 1))."""
+    # (F, H, W, 3) -> (1, F, H, W), in [-1, 1] as video_frames.frames_to_tensor maps every video
+    first = torch.from_numpy(np.ascontiguousarray(frames[..., :1])).permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0)
+    return torch.clamp((first + 1) / 2, min=0, max=1)
 
 
 def fit_reference(image: Tensor, height: int, width: int) -> Tensor:
@@ -94,11 +107,12 @@ def vace_context(encode: Callable[[Tensor], Tensor], video: Tensor | None, mask:
                  width: int | None = None) -> Tensor:
     """The control context (96, n + T, h, w) of one clip (vace_latent of the two above).
 
-    `video` (3, F, H, W) in [-1, 1] or None (then zeros of `num_frames` x `height` x `width`: generate everything);
-    `mask` (1, F, H, W) in [0, 1], 1 = generate, or None (all ones); `references` (3, h', w') in [-1, 1] each, fitted
+    `video` (3, F, H, W) in [-1, 1] or None (then zeros of `num_frames` x `height` x `width` and an all-ones mask,
+    whatever `mask` is, as prepare_source does without a video: generate everything); `mask` (1, F, H, W) in [0, 1]
+    (mask_from_frames), 1 = generate, or None (all ones); `references` (3, h', w') in [-1, 1] each, fitted
     onto the video's size here. Order as the official code: references first, in the order given."""
     if video is None:
-        video = torch.zeros(3, num_frames, height, width)
+        video, mask = torch.zeros(3, num_frames, height, width), None
     if mask is None:
         mask = torch.ones_like(video[:1])
     if mask.shape[1:] != video.shape[1:]:

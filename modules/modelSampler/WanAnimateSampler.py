@@ -66,8 +66,9 @@ def denoise_animate(model, scheduler, sample: SampleConfig, reference: Image.Ima
         background_pixels = ac.video_pixels(ac.pad_frames(background, padded), height, width).to(device)
         mask_pixels = ac.mask_pixels(ac.pad_frames(mask, padded), height, width).to(device)
     dtype = transformer.dtype
-    image_embeds = ac.clip_image_tokens(model.image_encoder, model.image_processor, reference).to(device, dtype)
-    reference_latents = ac.reference_image_latents(vae, ac.reference_pixels(reference, height, width).to(device))
+    fitted = ac.reference_pixels(reference, height, width).to(device)
+    image_embeds = ac.clip_image_tokens(model.image_encoder, fitted).to(device, dtype)
+    reference_latents = ac.reference_image_latents(vae, fitted)
     generator = torch.Generator(device="cpu").manual_seed(sample.seed)
     use_cfg = negative_embeds is not None
     latent_frames = (segment - 1) // vae.config.scale_factor_temporal + 1

@@ -136,6 +136,9 @@ class WanModelSampler:
             if sample.drop_reference_frames:
                 notes.append("drop_reference_frames ignored: not an E2V sample")
             check_sample_inputs(variant, sample)
+            if variant.is_vace and sample.mask_video and not sample.control_video:
+                notes.append("mask_video ignored: without a control video everything is generated (the official "
+                             "VACE code then uses an all-ones mask)")
         for label, path in (("image", image), ("last_image", last_image)):
             if path and not Path(path).is_file():
                 raise SampleError(f"sample {label} {path!r} does not exist (or is not a file)")

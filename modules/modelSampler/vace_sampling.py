@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from modules.model.vace_condition import image_to_tensor, model_encoder, vace_context
+from modules.model.vace_condition import image_to_tensor, mask_from_frames, model_encoder, vace_context
 from modules.util.media_errors import UnreadableMediaError
 from modules.util.video_frames import frames_to_tensor, resize_and_crop
 
@@ -93,16 +93,15 @@ def _read_reference(path: str) -> torch.Tensor:
 
 def load_vace_inputs(control_video: str, mask_video: str, reference_images: list[str], frames: int, height: int,
                      width: int) -> tuple[torch.Tensor | None, torch.Tensor | None, list[torch.Tensor]]:
-    """(3, F, H, W) control in [-1, 1] or None, (1, F, H, W) mask binarised at 0.5 (white = generate) or None,
-    references (3, h, w) in [-1, 1] in the order given (fitted onto the video's size later); VaceInputError naming
-    every problem of control_file_problems."""
+    """(3, F, H, W) control in [-1, 1] or None, (1, F, H, W) mask in [0, 1] (mask_from_frames, as training reads
+    it; white = generate) or None, references (3, h, w) in [-1, 1] in the order given (fitted onto the video's size
+    later); VaceInputError naming every problem of control_file_problems."""
     if problems := control_file_problems(control_video, mask_video, reference_images, frames):
         raise VaceInputError("; ".join(problems))
     video = frames_to_tensor(_read_clip(control_video, frames, height, width)) if control_video else None
     mask = None
     if mask_video:
-        pixels = _read_clip(mask_video, frames, height, width)
-        mask = torch.from_numpy((pixels.mean(axis=-1) / 255.0 > 0.5).astype(np.float32))[None]
+        mask = mask_from_frames(_read_clip(mask_video, frames, height, width))
     return video, mask, [_read_reference(path) for path in reference_images]
 
 

@@ -20,7 +20,7 @@ from modules.model import animate_condition as ac
 from modules.util.video_frames import covering_size, frames_to_tensor, resize_and_crop
 from modules.util.video_io import UnreadableMediaError, probe_media, read_frames, read_image
 
-ANIMATE_ENCODING_VERSION = 1   # raise when the encoding below changes: old cache entries are then not reused
+ANIMATE_ENCODING_VERSION = 2   # raise when the encoding below changes: old cache entries are then not reused
 
 
 def as_clip(frames: np.ndarray, crop: dict, height: int, width: int) -> np.ndarray:
@@ -92,7 +92,8 @@ class EncodeAnimate(PipelineModule):
         with self.lock, torch.no_grad():
             self.encode_calls += 1
             vae = model.vae
-            reference = ac.reference_image_latents(vae, ac.reference_pixels(pixels["reference"], height, width))
+            fitted = ac.reference_pixels(pixels["reference"], height, width)
+            reference = ac.reference_image_latents(vae, fitted)
             previous = video[None, :, :carry] if carry else None
             segment = ac.segment_condition_latents(vae, frames, height, width, max(carry, 1), self.mode, previous,
                                                    pixels.get("background"), pixels.get("mask"),
@@ -102,7 +103,7 @@ class EncodeAnimate(PipelineModule):
             latents = ac.denormalise(vae, torch.cat([reference[:, 4:], target], dim=2))[0]
             loss_mask = torch.ones(1, latents.shape[1], 1, 1)
             loss_mask[:, :ac.condition_latent_frames(carry, carry > 0, vae.config.scale_factor_temporal)] = 0
-            tokens = ac.clip_image_tokens(model.image_encoder, model.image_processor, pixels["reference"])
+            tokens = ac.clip_image_tokens(model.image_encoder, fitted)
             return {"latents": latents.float().cpu(),
                     "condition": torch.cat([reference, segment], dim=2)[0].float().cpu(),
                     "pose_latents": ac.pose_latents(vae, pixels["pose"])[0].float().cpu(),

@@ -11,11 +11,11 @@ import torch
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
 from modules.model.control_derive import derive_control
-from modules.model.vace_condition import image_to_tensor, model_encoder, vace_context
+from modules.model.vace_condition import image_to_tensor, mask_from_frames, model_encoder, vace_context
 from modules.util.video_frames import frames_to_tensor, resize_and_crop, tensor_to_frames
 from modules.util.video_io import UnreadableMediaError, probe_media, read_frames, read_image
 
-VACE_PREPROCESS_VERSION = 1   # raise when the context computed from the same files changes
+VACE_PREPROCESS_VERSION = 2   # raise when the context computed from the same files changes
 DERIVE_VERSION = 1            # raise when a derived control (control_derive.py) changes for the same frames
 
 
@@ -45,7 +45,8 @@ def _companion_frames(path: str, what: str, clip_info, indices: list[int], crop:
 class EncodeVACE(PipelineModule):
     """'vace_context' (96, n + T, h, w) float32 for n references and the clip's T latent frames. An item without a control gets a zero
     video (everything generated), or with `derive` ('canny' / 'gray': data.control.derive) one computed from its own
-    frames; without a mask all ones; the mask is the red channel binarised at 0.5 (white = generate). Cached by the
+    frames; without a mask, or without a control, all ones; the mask is read as the sampler reads it
+    (vace_condition.mask_from_frames: the red channel, grey values kept; white = generate). Cached by the
     identities of every file involved, the frames, the bucket, the crop, the derivation and the VAE."""
 
     def __init__(self, model, cache: DiskCache, identity: str, name: str | None = None, derive: str = "none"):
@@ -93,8 +94,7 @@ class EncodeVACE(PipelineModule):
             if control else None if derived is None else frames_to_tensor(derived)
         pixel_mask = None
         if mask:
-            red = _companion_frames(mask, "mask", clip_info, indices, crop, height, width)[..., 0]
-            pixel_mask = torch.from_numpy((red / 255.0 > 0.5).astype(np.float32))[None]
+            pixel_mask = mask_from_frames(_companion_frames(mask, "mask", clip_info, indices, crop, height, width))
         images = [image_to_tensor(read_image(path)) for path in references]
         with self.lock, torch.no_grad():
             self.encode_calls += 1

@@ -45,7 +45,7 @@ class SampleConfig(BaseConfig):
     pose_video: PathText = Field("", description="Animate: the driving pose video (its length is the output's)")
     face_video: PathText = Field("", description="Animate: the driving face crops, frame-aligned with the pose")
     background_video: PathText = Field("", description="Animate replace mode: the scene the character goes into")
-    mask_video: PathText = Field("", description="VACE: mask video, white = generate (binarised at 0.5); Animate "
+    mask_video: PathText = Field("", description="VACE: mask video, white = generate (red channel, greys kept); Animate "
                                  "replace mode: the character's mask (white = character)")
     # Wan2.2-Animate-2: the reference_image's character moving as the driving video (as long as it)
     driving_video: PathText = Field("", description="Animate-2: the driving video (its length is the output's)")
