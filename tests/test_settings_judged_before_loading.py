@@ -32,6 +32,16 @@ def test_a_layer_filter_matching_nothing_exits_2_before_loading(tiny_model, squa
     assert "Traceback" not in error
 
 
+def test_a_two_expert_fine_tune_of_both_experts_exits_2_before_loading(tiny_model, squares_dataset, tmp_path, capsys,
+                                                                      no_model_loads):
+    code = run_train(tmp_path, tiny_model("wan2.2-t2v-a14b"), squares_dataset, "model_type=WAN_2_2",
+                     "training_method=FINE_TUNE", "output.format=ORIGINAL", "expert=both")
+    error = capsys.readouterr().err
+    assert code == 2, error
+    assert "expert: a fine-tune trains one expert of a two-expert model; set expert to high or low" in error, error
+    assert "Traceback" not in error
+
+
 def test_a_layer_filter_that_matches_is_accepted(tiny_model, squares_dataset, tmp_path):
     from modules.trainer.prepare import prepare_config
     from modules.util.config.config_io import load_config
