@@ -8,8 +8,10 @@ from pathlib import Path
 from modules.util.config.path_kinds import path_problem
 from modules.util.video_io import MEDIA_EXTENSIONS
 
-# pseudo file systems: their "files" are the kernel's, never a user's controls or masks
+# pseudo file systems: their "files" are the kernel's, never a user's controls or masks (/dev/shm is a RAM disk
+# that may hold data)
 SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
+USER_FOLDERS_IN_SYSTEM = (Path("/dev/shm"),)
 FOLDER_FIELDS = {"control_path": "control videos (or folders of frames)", "mask_path": "masks"}
 ALLOWED_FOLDER = ("an existing, readable folder holding the {what} named as the concept's clips, not the clips' own "
                   "folder")
@@ -24,7 +26,10 @@ def companion_folder_problem(field: str, path: str, what: str, clips: str) -> st
     resolved = Path(path).resolve()
     if resolved == Path(resolved.anchor):
         return f"{field}: {path!r} is the file system's root; allowed: {allowed}"
-    if any(resolved == system or system in resolved.parents for system in SYSTEM_FOLDERS):
+    def under(folder: Path) -> bool:
+        return resolved == folder or folder in resolved.parents
+
+    if any(map(under, SYSTEM_FOLDERS)) and not any(map(under, USER_FOLDERS_IN_SYSTEM)):
         return f"{field}: {path!r} is a system folder (under /proc, /sys or /dev); allowed: {allowed}"
     if Path(clips).is_dir() and resolved == Path(clips).resolve():
         # a file named as a clip in the clips' own folder is the clip itself: each clip would be its own control
