@@ -72,6 +72,11 @@ def prepare_config(config: TrainConfig) -> list:
         # found here, not after the data scan as "no usable training item in (no enabled concept)"
         problems.append("data.concepts: no enabled concept: add your dataset folder as a concept (the window's "
                         "concepts tab, or --config-value 'data.concepts=[{\"path\": \"DIR\"}]')")
+    training = [index for index, concept in enumerate(config.data.concepts)
+                if concept.enabled and not concept.validation]
+    if not config.e2v.enabled and training and all(config.data.concepts[i].loss_weight == 0 for i in training):
+        problems.append(f"data.concepts.{training[0]}.loss_weight: every training concept has loss_weight 0: no item "
+                        f"would carry loss and the run would train nothing; give a concept a loss_weight above 0")
     datasets = []
     if config.e2v.enabled:
         from modules.util.config.E2VConfig import check_against_frames
