@@ -63,3 +63,13 @@ def lora_runs(tiny_model, squares_dataset, tmp_path_factory) -> dict:
     the multi-process test files."""
     from multi_gpu_runs import make_lora_runs
     return make_lora_runs(tiny_model, squares_dataset, tmp_path_factory)
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model load fails the test: for refusals that must come before one."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+
+    def refuse(self, config):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(WanBaseModelLoader, "load", refuse)

@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from modules.dataLoader.animate_scan import companion_set, scan_animate_concepts
+from modules.dataLoader.companion_checks import blank_control_problems, control_report_line, unused_folder_problems
 from modules.dataLoader.concept_scan import ScanResult, scan_concepts
 from modules.dataLoader.e2v_scan import elements_as_vace_references, scan_e2v_dataset
 from modules.dataLoader.validation_split import split_validation
@@ -89,6 +90,7 @@ class WanBaseDataLoader:
         # Wan2.2-Animate: every clip comes with its companions (modules/dataLoader/animate_scan.py)
         self.animate = bool(variant_hint and variant_hint.is_animate)
         self.companion_set = companion_set(variant_hint)
+        self.variant = variant_hint
 
     # ---- before the model -------------------------------------------------------------------------------------
 
@@ -115,6 +117,17 @@ class WanBaseDataLoader:
         pipeline.start_epoch(0)
         if len(pipeline) == 0:
             raise DataError(self._nothing_usable_message(pipeline))
+
+    def companion_problems(self) -> list[str]:
+        """Config problems the scan found (companion_checks.py): a concept's control or mask folder that gives no clip
+        its companion, a control model whose clips have no control at all. Needs `scan()` first; no model."""
+        records = self.scan_result.records + self.validation_records
+        concepts = self.config.data.concepts
+        takes_control = bool(self.variant and self.variant.takes_control_video)
+        if self.e2v is not None:   # E2V's own items: conditioned by their elements, not by concepts' companions
+            return []
+        return unused_folder_problems(records, concepts, takes_control) + \
+            blank_control_problems(records, concepts, self.variant, self.config.data.control.derive)
 
     def _nothing_usable_message(self, pipeline: Pipeline) -> str:
         concepts = [c.path for c in self.config.data.concepts if c.enabled] or ["(no enabled concept)"]
@@ -160,7 +173,8 @@ class WanBaseDataLoader:
         return [
             ListSource(self._records(validation), record_names),
             self.probe,
-            FrameWindow(data.frame_buckets, self.fps, warned=self.warned),
+            FrameWindow(data.frame_buckets, self.fps, warned=self.warned,
+                        condition_frames=self.config.animate.continuation_frames if self.animate else 0),
             *([] if validation else [RepeatConcepts()]),
             ResolutionBucket(data.resolution, data.aspect_ratios, unit=self.spatial_unit, no_upscale=data.no_upscale,
                              warned=self.warned),
@@ -364,6 +378,10 @@ class WanBaseDataLoader:
             masked = len({r["path"] for r in records if r.get("mask")})
             what = "loss masks" if self.mask_is_loss_region else "control masks (data.control.loss_region all: no loss weight)"
             lines.append(f"  {what}: {masked} of {len({r['path'] for r in records})} files (docs/masks.md)")
+        controls = control_report_line(self._records() + self._records(validation=True), self.variant,
+                                       self.config.data.control.derive)
+        if controls:
+            lines.append(controls)
         if self.validation_records:
             files = len({r["path"] for r in self._records(validation=True)})
             lines.append(f"  validation: {files} held-out files (never trained on)")

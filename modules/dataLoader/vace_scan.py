@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from modules.util.video_io import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+from modules.util.video_io import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, VIDEO_EXTENSIONS, frame_files
 
 CONTROL_SUFFIX = "_control"
 REFERENCE_SUFFIX = "_ref"
@@ -26,6 +26,13 @@ def _video_or_frames(folder: Path, stem: str) -> Path | None:
             if candidate.is_file():
                 return candidate
     return None
+
+
+def _holds_frames(folder: Path) -> bool:
+    try:
+        return bool(frame_files(folder))
+    except OSError:   # a folder that cannot be listed holds no frames this run can read
+        return False
 
 
 def find_control(media: Path, control_folder: str | Path = "") -> Path | None:
@@ -78,6 +85,12 @@ def companion_problem(control: Path | None, references: list[Path]) -> str | Non
     """Why the item cannot train with these companions (a missing file, a reference that is no image), or None."""
     if control is not None and not control.exists():
         return f"its control {control} does not exist"
+    if control is not None and control.is_dir() and not _holds_frames(control):
+        return f"its control {control} is a folder without frames ({', '.join(sorted(IMAGE_EXTENSIONS))})"
+    if control is not None and not control.is_dir() and not control.is_file():
+        return f"its control {control} is not a regular file (a FIFO, device or socket, or a link to one)"
+    if control is not None and control.is_file() and control.suffix.lower() not in MEDIA_EXTENSIONS:
+        return f"its control {control} is no video or image ({', '.join(sorted(VIDEO_EXTENSIONS))}, or frames)"
     for reference in references:
         if not reference.is_file():
             return f"its reference image {reference} does not exist"

@@ -241,6 +241,20 @@ class BaseWanSetup:
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
                           expert=expert, loss_mask=loss_mask)
 
+    def loss_bearing_elements(self, batch: dict, prediction: Prediction) -> Tensor:
+        """How many elements of the batch's loss carry weight, left on the device: 0 when the loss mask is 0
+        everywhere (loss masks, Animate's reference and continuation frames) or every item's concept weighs 0. Such a
+        batch trains nothing, whatever its loss reads."""
+        predicted = prediction.predicted
+        if prediction.loss_mask is None:
+            per_sample = torch.full((predicted.shape[0],), predicted[0].numel(), device=predicted.device)
+        else:
+            per_sample = (prediction.loss_mask > 0).expand(predicted.shape).flatten(1).sum(1)
+        weights = batch.get("loss_weight")
+        if weights is not None:
+            per_sample = per_sample * (weights.to(per_sample.device) > 0)
+        return per_sample.sum()
+
     def calculate_loss(self, batch: dict, prediction: Prediction) -> Tensor:
         error = (prediction.predicted - prediction.target) ** 2
         if prediction.loss_mask is not None:

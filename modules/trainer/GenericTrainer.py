@@ -18,6 +18,7 @@ from modules.trainer.distributed import gradient_norm, join_process_group
 from modules.trainer.ParallelLayout import Parallel
 from modules.trainer.distributed_checkpoint import RANKS_FILE, gather_backup_state, keep_global_batch
 from modules.trainer.errors import BackupWriteError, TrainingError
+from modules.trainer.loss_bearing import check_something_trained, count_loss_bearing
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.trainer.output_files import keep_previous_outputs, undo_kept_outputs
 from modules.trainer.parameter_groups import parameter_groups
@@ -63,6 +64,9 @@ class GenericTrainer:
         self.step_losses: list[float] = []
         # (step, loss, grad norm) still on the device: read back every performance.loss_readback_steps steps
         self.pending_losses: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        # per pending step, this rank's loss elements that carry weight (BaseWanSetup.loss_bearing_elements)
+        self.pending_bearing: list[torch.Tensor] = []
+        self.loss_bearing_steps = self.empty_steps = 0   # this session's steps with / without one
         self.progress = TrainProgress()
         self.backed_up_step: int | None = None  # the step this run last wrote (or resumed from) a backup of
         # under torchrun: this rank's device, in the process group
@@ -108,6 +112,8 @@ class GenericTrainer:
             self.data = WanBaseDataLoader(config, detect_model_variant(config.model) if base.is_dir() else None,
                                           e2v_datasets)
             self.data.scan()
+            if problems := self.data.companion_problems():
+                raise ConfigError(problems)
             self.model = lookup("model_loader", config.model_type, config.training_method)().load(config.model)
         except (DataError, ModelLoadError, NotAWanModelError) as error:
             raise TrainingError(str(error)) from None
@@ -254,6 +260,7 @@ class GenericTrainer:
                 self.hooks.close()
             if self.stop_requested.is_set():
                 return []
+            check_something_trained(self)
             if config.backup.backup_before_save and self.backed_up_step != self.progress.global_step:
                 self._writing = "the backup before the final save"
                 try:
@@ -297,6 +304,7 @@ class GenericTrainer:
         step_bar = tqdm(total=self.total_steps, initial=progress.global_step, desc="steps", unit="step",
                         disable=not self.parallel.is_main)
         micro_losses: list[torch.Tensor] = []
+        micro_bearing: list[torch.Tensor] = []
         readback = config.performance.loss_readback_steps
         step_started = time.perf_counter()
         if self.total_steps and progress.global_step >= self.total_steps:
@@ -321,6 +329,7 @@ class GenericTrainer:
                     # no .item() here: reading a value waits for the device (see read_losses); several ranks: the
                     # global batch's loss, so every rank stops alike on a non-finite one
                     micro_losses.append(self.parallel.global_loss(loss))
+                    micro_bearing.append(self.setup.loss_bearing_elements(batch, prediction))
                     progress.micro_step += 1
                     progress.epoch_batch += 1
                     self.hooks.after_batch(batch, prediction)
@@ -331,7 +340,9 @@ class GenericTrainer:
                     grad_norm = self._optimizer_step(parameters)
                     progress.global_step += 1
                     self.pending_losses.append((progress.global_step, torch.stack(micro_losses).mean(0), grad_norm))
+                    self.pending_bearing.append(torch.stack(micro_bearing).sum())
                     micro_losses.clear()
+                    micro_bearing.clear()
                     last = config.max_steps and progress.global_step >= config.max_steps
                     if progress.global_step % readback == 0 or last or self.stop_requested.is_set():
                         self.read_losses()
@@ -366,10 +377,13 @@ class GenericTrainer:
             return
         steps = [step for step, _, _ in self.pending_losses]
         # a loss is one value, or one per expert with expert parallel (Parallel.global_loss): the step's is their mean
-        values = torch.stack([torch.cat([loss.float().reshape(-1), norm.float().to(loss.device).reshape(1)])
-                              for _, loss, norm in self.pending_losses]).tolist()
+        values = torch.stack([torch.cat([loss.float().reshape(-1), norm.float().to(loss.device).reshape(1),
+                                         bearing.float().to(loss.device).reshape(1)])
+                              for (_, loss, norm), bearing in zip(self.pending_losses, self.pending_bearing)]).tolist()
         self.pending_losses.clear()
-        for step, (*parts, grad_norm) in zip(steps, values):
+        self.pending_bearing.clear()
+        for step, (*parts, grad_norm, bearing) in zip(steps, values):
+            count_loss_bearing(self, step, bearing)
             loss = sum(parts) / len(parts)
             if not math.isfinite(loss):
                 raise TrainingError(self._nan_message(step, loss))

@@ -10,6 +10,7 @@ single-process path. Communication is torch.distributed's own: NCCL on NVIDIA, R
 "nccl" too), gloo on CPU; every collective has the configured timeout, so a lost rank stops the job.
 """
 import datetime
+import logging
 import os
 import sys
 
@@ -22,6 +23,8 @@ from modules.util.config.TrainConfig import TrainConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
 from modules.util.launcher_watch import ENVIRONMENT_VARIABLE as LAUNCHER_PID, die_with_launcher
 from modules.util.ranks import set_context_parallel, set_expert_parallel
+
+log = logging.getLogger(__name__)
 
 
 def launched_by_torchrun() -> bool:
@@ -89,6 +92,10 @@ def config_problems(config: TrainConfig) -> list[str]:
             and config.distributed.shard_base is False:
         problems.append("distributed.cpu_offload: offloads the shards of a sharded run; with shard_base false every "
                         "GPU holds the whole base: set shard_base to true or auto, or turn cpu_offload off")
+    if config.distributed.shard_base is True and not several \
+            and config.training_method is not TrainingMethod.EMBEDDING:
+        log.warning("distributed.shard_base: true splits the frozen base over several processes, but this run has "
+                    "one process (multi_gpu off, or one process to launch): it is ignored")
     return problems
 
 

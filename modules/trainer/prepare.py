@@ -59,16 +59,24 @@ def prepare_config(config: TrainConfig) -> list:
             except ConfigError as error:
                 problems += error.problems
             problems += expert_problems(config, variant, base)
+            note_inapplicable_control(config, variant, base)
             if variant.is_animate and not variant.takes_replacement and config.animate.mode == "replace":
                 problems.append(f"animate.mode: replace puts the character into the driving video's scene, which "
                                 f"Wan2.2-Animate-14B does; {str(base)!r} is {variant}, which animates only: set "
                                 f"animate.mode=animate")
+            if variant.is_animate:
+                problems += continuation_problems(config)
             if variant.is_animate and config.e2v.enabled:
                 problems.append("e2v: Elements-to-Video trains T2V / I2V models, not Wan2.2-Animate")
     if not config.e2v.enabled and not any(concept.enabled for concept in config.data.concepts):
         # found here, not after the data scan as "no usable training item in (no enabled concept)"
         problems.append("data.concepts: no enabled concept: add your dataset folder as a concept (the window's "
                         "concepts tab, or --config-value 'data.concepts=[{\"path\": \"DIR\"}]')")
+    training = [index for index, concept in enumerate(config.data.concepts)
+                if concept.enabled and not concept.validation]
+    if not config.e2v.enabled and training and all(config.data.concepts[i].loss_weight == 0 for i in training):
+        problems.append(f"data.concepts.{training[0]}.loss_weight: every training concept has loss_weight 0: no item "
+                        f"would carry loss and the run would train nothing; give a concept a loss_weight above 0")
     datasets = []
     if config.e2v.enabled:
         from modules.util.config.E2VConfig import check_against_frames
@@ -125,6 +133,20 @@ def check_model_variant(config: TrainConfig, variant, source: str) -> None:
             raise ConfigError([f"lora.init_from: {mismatch}"])
 
 
+def note_inapplicable_control(config: TrainConfig, variant, base: Path) -> None:
+    """Control settings on a model that takes no control video are ignored: said, as `expert` is."""
+    if variant.takes_control_video:
+        return
+    if config.data.control.derive != "none":
+        log.warning("data.control.derive=%s is set, but %s is a %s model, which takes no control video: derived "
+                    "controls apply to control models (VACE, Wan-Fun Control) only and are ignored",
+                    config.data.control.derive, base, variant)
+    for index, concept in enumerate(config.data.concepts):
+        if concept.enabled and concept.control_path:
+            log.warning("data.concepts.%d.control_path is set, but %s is a %s model, which takes no control video: "
+                        "it is ignored", index, base, variant)
+
+
 def expert_problems(config: TrainConfig, variant, base: Path) -> list[str]:
     """`expert` is for Wan 2.2 A14B (noted, not refused, elsewhere); there, the expert's side of the boundary must
     meet [min_sigma, max_sigma], or the first step finds no sigma to draw."""
@@ -144,6 +166,32 @@ def expert_problems(config: TrainConfig, variant, base: Path) -> list[str]:
                 f"the {config.expert}-noise expert's range [{low:g}, {high:g}] (boundary {boundary:g}): widen it, "
                 f"or train the other expert"]
     return []
+
+
+def continuation_problems(config: TrainConfig) -> list[str]:
+    """Animate, Animate-2: `animate.continuation_frames` k leaves the latent frames of the clip's first k frames out
+    of the loss, so a clip cut at k frames or fewer carries no loss at all (a run of zero losses that saves a LoRA
+    as if trained). A concept whose every frame count is that short is refused; in a concept with longer counts too,
+    the clips cut that short are skipped and counted (FrameWindow)."""
+    carry = config.animate.continuation_frames
+    found: dict[str, str] = {}
+    for index, concept in enumerate(config.data.concepts):
+        if not carry or not concept.enabled or concept.extraction == "full":
+            continue
+        if concept.target_frames:
+            field, counts = f"data.concepts.{index}.target_frames", concept.target_frames
+        elif concept.frame_buckets:
+            field, counts = f"data.concepts.{index}.frame_buckets", concept.frame_buckets
+        else:
+            field, counts = "data.frame_buckets", config.data.frame_buckets
+        if max(counts) > carry and concept.max_frames > carry:
+            continue
+        what = f"{field} {counts}" if max(counts) <= carry else f"data.concepts.{index}.max_frames {concept.max_frames}"
+        found.setdefault(what, f"animate.continuation_frames: {carry} frames condition each clip and carry no loss, "
+                               f"but {what} cuts no clip longer than {carry} frames: no frame would carry loss and the "
+                               f"run would train nothing; give a frame count of {carry + 4} or more, or set "
+                               f"animate.continuation_frames=0")
+    return list(found.values())
 
 
 def fp8_problems(config: TrainConfig) -> list[str]:

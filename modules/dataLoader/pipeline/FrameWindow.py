@@ -33,13 +33,18 @@ class FrameWindow(IndexMapModule):
     `skipped`. Produces 'frame_indices' (source frame indices for LoadVideo), 'frame_bucket' (F) and 'frame_fps'
     (the real rate of the extracted clip: fps x (F-1) / (N-1) for uniform, the concept's fps otherwise). A video
     shorter than the smallest video bucket (> 1) trains as a still image only when 1 is a bucket, with one notice.
+    With `condition_frames` k (Animate's continuation frames, which carry no loss), windows of k frames or fewer
+    are dropped, and a clip left with none is skipped the same way.
     `warned` (shared by every FrameWindow of a run) keeps each warning to once per run.
     """
 
     def __init__(self, frame_buckets: list[int], model_fps: int | float, name: str | None = None, *,
                  path_name: str = "path", concept_name: str = "concept", info_name: str = "media_info",
-                 error_name: str = "media_error", warned: set | None = None):
+                 error_name: str = "media_error", warned: set | None = None, condition_frames: int = 0):
         super().__init__(name)
+        # Animate's continuation frames: the leading frames of a window that carry no loss; a window no longer
+        # than them would train nothing
+        self.condition_frames = condition_frames
         buckets = sorted(set(int(b) for b in frame_buckets))
         bad = [b for b in buckets if b < 1 or (b - 1) % 4]
         if not buckets or bad:
@@ -138,6 +143,11 @@ class FrameWindow(IndexMapModule):
         target = self.target_fps(concept)
         n = len(info.resample(target))
         windows = self.windows(n, concept)
+        carrying = [(f, start) for f, start in windows if f > self.condition_frames]
+        if windows and not carrying:
+            return [], (f"cut at {windows[0][0]} frame(s), no longer than animate.continuation_frames "
+                        f"({self.condition_frames}): no frame of it would carry loss")
+        windows = carrying
         if not windows:
             rate = f"at {float(target):g} fps" if target is not None else "at its own fps"
             targets = list(getattr(concept, "target_frames", None) or [])

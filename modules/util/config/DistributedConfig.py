@@ -3,14 +3,17 @@ from typing import Literal
 from pydantic import Field
 
 from modules.util.config.BaseConfig import BaseConfig
+from modules.util.config.bounds import MAX_TIMEOUT_MINUTES, MIN_TIMEOUT_MINUTES
 
 
 class DistributedConfig(BaseConfig):
     """Several processes (docs/multi-gpu.md). They apply under torchrun and with `multi_gpu: true`."""
 
     processes: int = Field(0, ge=0, le=4096, description="multi_gpu: processes to launch; 0: one per visible GPU")
-    timeout_minutes: float = Field(30.0, gt=0, description="a collective waiting longer than this stops the job "
-                                                           "(rank 0 sampling previews must finish within it)")
+    timeout_minutes: float = Field(30.0, ge=MIN_TIMEOUT_MINUTES, le=MAX_TIMEOUT_MINUTES,
+                                   description="a collective waiting longer than this stops the job (rank 0 sampling "
+                                               f"previews must finish within it); {MIN_TIMEOUT_MINUTES:g} to "
+                                               f"{MAX_TIMEOUT_MINUTES:g} (a week)")
     reduce_dtype: Literal["FLOAT_32", "BFLOAT_16"] = Field(
         "FLOAT_32", description="the dtype in which ranks average gradients (BFLOAT_16 halves the traffic)")
     shard_base: bool | Literal["auto"] = Field(

@@ -31,6 +31,10 @@ MAX_LR_RATIO = 1000.0
 # A list of numbers (aspect ratios, frame buckets): more entries than this is a copy-paste accident.
 MAX_LIST = 1024
 
+# distributed.timeout_minutes: a collective's longest wait. Below a minute a slow step or a rank-0 preview already
+# stops the job; beyond a week a hung rank holds the GPUs unseen (and 1e308 overflows the process group's timedelta).
+MIN_TIMEOUT_MINUTES, MAX_TIMEOUT_MINUTES = 1.0, 7 * 24 * 60.0
+
 # Linux's PATH_MAX and NAME_MAX (most file systems), in bytes of the encoded path.
 MAX_PATH_BYTES, MAX_NAME_BYTES = 4096, 255
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from modules.util.config.companion_paths import concept_companion_problems
 from modules.util.config.ConfigError import ConfigError
 from modules.util.config.image_encoder_source import looks_like_hub_id
 from modules.util.config.path_kinds import path_problem
@@ -104,6 +105,8 @@ def path_problems(config: TrainConfig) -> list[str]:
         elif concept.enabled and not Path(concept.path).is_dir() and Path(concept.path).suffix.lower() != ".jsonl":
             problems.append(f"{field}: {concept.path!r} is a file; a concept is a folder or a .jsonl manifest (put "
                             f"the file in a folder and name the folder)")
+        if concept.enabled:
+            problems += concept_companion_problems(index, concept)
         if concept.caption_source == "prompt_file":
             field = f"data.concepts.{index}.prompt_path"
             kind = path_problem(field, concept.prompt_path, "file") if concept.prompt_path else f"{field}: empty"
@@ -210,18 +213,49 @@ def transformer_config_path(config: TrainConfig, part: str) -> Path | None:
 
 
 @functools.lru_cache(maxsize=8)
-def linear_layer_shapes(config_text: str) -> dict[str, tuple[int, int]]:
-    """Name -> (in_features, out_features) of every Linear of the transformer class this config names (Wan's own or
-    VACE's), built on the meta device: no weights are read or allocated."""
+def meta_transformer(config_text: str) -> torch.nn.Module:
+    """The transformer class this config names (Wan's own, VACE's, Animate's), built on the meta device: no weights
+    are read or allocated."""
     from modules.model.transformer_classes import transformer_class
     config = json.loads(config_text)
     with torch.device("meta"):
-        transformer = transformer_class(config).from_config(config)
-    return {name: (module.in_features, module.out_features) for name, module in transformer.named_modules()
-            if isinstance(module, torch.nn.Linear)}
+        return transformer_class(config).from_config(config)
+
+
+def linear_layer_shapes(config_text: str) -> dict[str, tuple[int, int]]:
+    """Name -> (in_features, out_features) of every Linear of the transformer."""
+    return {name: (module.in_features, module.out_features)
+            for name, module in meta_transformer(config_text).named_modules() if isinstance(module, torch.nn.Linear)}
+
+
+def fine_tune_problems(config: TrainConfig) -> list[str]:
+    """A fine-tune's expert and `fine_tune.layer_filter` against the model's parameter names (as WanFineTuneSetup
+    matches them: `transformer.blocks.0.attn1.to_q.weight`), before any weight loads."""
+    if config.training_method.value != "FINE_TUNE" or not Path(config.model.base_model_name).is_dir():
+        return []
+    two_experts = _has_two_experts(Path(config.model.base_model_name))
+    if two_experts and config.expert == "both":
+        return ["expert: a fine-tune trains one expert of a two-expert model; set expert to high or low"]
+    filters = config.fine_tune.layer_filter
+    part = "transformer_2" if two_experts and config.expert == "low" else "transformer"
+    path = transformer_config_path(config, part)
+    if not filters or path is None:
+        return []
+    try:
+        names = [f"{part}.{name}" for name, _ in meta_transformer(path.read_text(encoding="utf-8")).named_parameters()]
+    except Exception as error:  # noqa: BLE001  a broken config is the loader's (and wan_detection's) to report
+        log.debug("fine-tune checks skipped: %s: %s", path, error)
+        return []
+    if any(f in name for name in names for f in filters):
+        return []
+    example = next((name for name in names if ".blocks.0." in name), names[0])
+    return [f"fine_tune.layer_filter: {filters} matches no parameter of the {part} (checked against {path}); a filter "
+            f"is a part of a parameter name, e.g. 'blocks.0.' or 'attn1' in {example!r}"]
 
 
 def model_problems(config: TrainConfig) -> list[str]:
+    if config.training_method.value == "FINE_TUNE":
+        return fine_tune_problems(config)
     if config.training_method.value != "LORA" or not config.model.base_model_name \
             or not Path(config.model.base_model_name).is_dir():
         return []
