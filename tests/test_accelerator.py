@@ -222,7 +222,7 @@ def test_sample_script_with_an_accelerator(tiny_model, tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, str(ROOT / "scripts" / "sample.py"), "--base-model-name", str(folder),
                "--accelerator", f"{path}:0.9", "--prompt", PROMPT, "--width", "32", "--height", "32",
-               "--frames", "5", "--steps", "20", "--guidance", "5", "--seed", "3", "--output-dir", str(out),
+               "--frames", "5", "--guidance", "5", "--seed", "3", "--output-dir", str(out),
                "--device", "cpu"]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=180, env=environment)
