@@ -167,7 +167,7 @@ def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser
         return None
     from pydantic import ValidationError
 
-    from modules.modelSampler.accelerator import accelerator_problems
+    from modules.util.lora.accelerator_files import accelerator_problems
     from modules.modelSampler.sampling_io import parse_lora_argument
     from modules.util.config.AcceleratorConfig import AcceleratorConfig
     try:

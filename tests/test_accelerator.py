@@ -24,12 +24,12 @@ from safetensors.torch import save_file
 
 from modules.model.WanModel import WanModel
 from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
-from modules.modelSampler.accelerator import (AcceleratorError, accelerated, accelerator_problems,
-                                              accelerator_sigmas, load_accelerator, read_accelerator_file)
+from modules.modelSampler.accelerator import accelerated, accelerator_sigmas, load_accelerator
 from modules.modelSampler.WanModelSampler import WanModelSampler
 from modules.util.config.AcceleratorConfig import AcceleratorConfig
 from modules.util.config.ModelConfig import ModelConfig
 from modules.util.config.SampleConfig import SampleConfig
+from modules.util.lora.accelerator_files import AcceleratorError, accelerator_problems, read_accelerator_file
 from modules.util.lora.apply import merge_lora
 from modules.util.lora.formats import LoraModule
 from modules.util.lora.keys import diffusers_module_to_original
@@ -239,3 +239,41 @@ def test_sample_script_with_an_accelerator(tiny_model, tmp_path):
     gone = subprocess.run(command[:4] + ["--accelerator", str(tmp_path / "gone.safetensors")] + command[6:],
                           capture_output=True, text=True, timeout=120, env=environment)
     assert gone.returncode == 2 and "--accelerator" in gone.stderr and "gone.safetensors" in gone.stderr
+
+
+def test_previews_run_accelerated_and_leave_training_bit_identical(tiny_model, squares_dataset, tmp_path, capsys):
+    from learning import train
+    base = tiny_model("wan2.1-t2v")
+    path = _write(tmp_path / "lightx2v.safetensors", *_accelerator_parts(load(base).transformer, 4), "lightx2v")
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": PROMPT, "width": 32, "height": 32, "frames": 5, "steps": 2,
+                                    "guidance": 4.0, "seed": 1}]))
+    common = ["optimizer.learning_rate=0.01"]
+    plain = train(tmp_path / "plain", base, squares_dataset, steps=3, overrides=common)
+    previewed = train(tmp_path / "previews", base, squares_dataset, steps=3,
+                      overrides=common + [f"sampling.samples_file={samples}", "sampling.every_n_steps=1",
+                                          "sampling.sample_before_training=true",
+                                          f'sampling.accelerator={{"file": "{path}", "strength": 0.8}}'])
+    assert previewed.step_losses == plain.step_losses
+    final_plain, final_previewed = plain.setup.trainable_state_dict(), previewed.setup.trainable_state_dict()
+    assert all(torch.equal(final_previewed[name], final_plain[name]) for name in final_plain)
+    base_plain, base_previewed = plain.model.transformer.state_dict(), previewed.model.transformer.state_dict()
+    assert all(torch.equal(base_previewed[name], base_plain[name]) for name in base_plain)
+
+    records = sorted((tmp_path / "previews" / "run" / "samples").rglob("*.json"))
+    assert len(records) == 4, records   # before training and after each of the 3 steps
+    record = json.loads(records[0].read_text())
+    assert record["steps"] == 4 and record["guidance"] == 1.0
+    assert record["accelerator"]["file"] == str(path) and record["accelerator"]["strength"] == 0.8
+    assert record["accelerator"]["timesteps"] == [1000, 750, 500, 250]
+    assert "accelerator" in capsys.readouterr().out
+
+
+def test_a_missing_accelerator_stops_training_before_any_model_loads(tiny_model, squares_dataset, tmp_path):
+    from modules.util.config.config_io import ConfigError
+    from learning import train
+    with pytest.raises(ConfigError) as error:
+        train(tmp_path / "run", tiny_model("wan2.1-t2v"), squares_dataset, steps=1,
+              overrides=[f'sampling.accelerator={{"file": "{tmp_path / "gone.safetensors"}"}}'])
+    assert any("sampling.accelerator.file" in problem and "gone.safetensors" in problem
+               for problem in error.value.problems)
