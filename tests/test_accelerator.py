@@ -191,7 +191,12 @@ def test_the_accelerated_sampler_equals_lightx2vs_loop(variant, tiny_model, tmp_
     config = AcceleratorConfig(file=str(_write(tmp_path / "a.safetensors",
                                                *_accelerator_parts(model.transformer, 2), "lightx2v")),
                                strength=0.5)
+    if model.transformer_2 is not None:   # Wan2.2-Lightning style: one file per expert
+        config.file_2 = str(_write(tmp_path / "low.safetensors", *_accelerator_parts(model.transformer_2, 5),
+                                   "lora_a_b"))
     accelerator = load_accelerator(model, config)
+    if model.transformer_2 is not None:
+        assert accelerator.files["transformer_2"].path.name == "low.safetensors"
     sample = SampleConfig(prompt=PROMPT, width=32, height=32, frames=5, steps=30, guidance=6.0, seed=11)
     result = WanModelSampler(model, device="cpu", accelerator=accelerator).sample(sample)
     assert result.sample.steps == 4 and result.sample.guidance == 1.0

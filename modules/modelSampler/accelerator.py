@@ -130,6 +130,9 @@ def _parameter(transformer: torch.nn.Module, name: str) -> torch.nn.Parameter:
     from modules.util.lora.apply import _base_layer, _get_module
     module_name, _, attribute = name.rpartition(".")
     module = _get_module(transformer, module_name)
+    if module is not None and getattr(_base_layer(module), "scale_weight", None) is not None:
+        raise AcceleratorError(f"accelerator delta {name}: the layer holds fp8_scaled weights; a full-weight delta "
+                               f"cannot be added to them (load the base in bf16 / fp32 to sample accelerated)")
     if module is not None and getattr(_base_layer(module), attribute, None) is not None:
         return getattr(_base_layer(module), attribute)
     owner_name, _, owner_attribute = module_name.rpartition(".")   # a bare parameter: scale_shift_table
