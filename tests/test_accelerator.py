@@ -8,6 +8,12 @@ Layouts (what the readers of the published files read; no published file is avai
   the lightx2v Wan LoRAs is `diffusion_model.` (ComfyUI-WanVideoWrapper issue 807 quotes
   `diffusion_model.blocks.N.diff_m` keys of Wan21_I2V_14B_lightx2v_cfg_step_distill_lora_rank64).
 - lora_A / lora_B under `diffusion_model.` (LightX2V's base_model.py renames `lora_A` to `lora_down` on load).
+- diffusers' reader of these files (diffusers/loaders/lora_conversion_utils.py
+  `_convert_non_diffusers_wan_lora_to_diffusers`, the lightx2v / CausVid / AccVideo support of diffusers PRs 12040 and
+  12074): `diffusion_model.` prefix, lora_A/B or lora_down/up, `.alpha`, `.diff_b` on attention, FFN,
+  `time_projection.1` and `head.head`, `.diff` / `.diff_b` on norms; AccVideo has `time_projection` biases without
+  weights. The Wan2.2-Lightning files pair `.alpha` with `lora_down` / `lora_up` (DiffSynth-Studio issue 1067's
+  converter).
 - kohya `lora_unet_<official module, dots as _>` (the project's own reader; musubi-tuner writes it).
 """
 import json
@@ -64,6 +70,10 @@ def _accelerator_parts(transformer, seed: int):
     deltas["blocks.0.norm2.weight"] = torch.randn(norm.weight.shape, generator=generator) * 0.1
     deltas["blocks.0.attn1.to_out.0.weight"] = torch.randn(transformer.blocks[0].attn1.to_out[0].weight.shape,
                                                            generator=generator) * 0.05
+    # AccVideo's time_projection bias alone, and the head's bias (head.head.diff_b)
+    deltas["condition_embedder.time_proj.bias"] = torch.randn(transformer.condition_embedder.time_proj.bias.shape,
+                                                              generator=generator) * 0.1
+    deltas["proj_out.bias"] = torch.randn(transformer.proj_out.bias.shape, generator=generator) * 0.1
     return lora, deltas
 
 
