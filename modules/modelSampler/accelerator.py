@@ -118,9 +118,14 @@ def _module_names(transformer: torch.nn.Module) -> list[str]:
 
 
 def _lora_hook(down: Tensor, up: Tensor, scale: float):
+    # an offloaded expert is placed on the sampling device after the hooks go in: its factors follow once
+    placed = {down.device: (down, up)}
+
     def hook(module, args, output):
         x = args[0]
-        d, u = (down, up) if down.device == x.device else (down.to(x.device), up.to(x.device))
+        if x.device not in placed:
+            placed[x.device] = (down.to(x.device), up.to(x.device))
+        d, u = placed[x.device]
         h = F.linear(F.linear(x.to(d.dtype), d), u)   # (..., in) -> (..., rank) -> (..., out)
         return output + (h * scale).to(output.dtype)
     return hook
