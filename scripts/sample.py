@@ -2,6 +2,8 @@
 
   sample.py --base-model-name DIR --prompt "a red square moving left" --output-dir out
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
+Accelerated (a step-distill LoRA on its own 4-step schedule, guidance 1; docs/distilled.md):
+  sample.py --base-model-name DIR --accelerator lightx2v_4step.safetensors[:1.0] --prompt "..." --output-dir out
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
 Wan2.2-Animate (the video is as long as the pose video, made in segments of --frames):
@@ -44,6 +46,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lora", action="append", default=[], metavar="PATH[:STRENGTH]",
                         help="a LoRA file in any layout the loader reads (repeatable); for Wan 2.2 A14B a "
                              "_high_noise / _low_noise pair is found from their common name")
+    accelerator = parser.add_argument_group("accelerator (docs/distilled.md)")
+    accelerator.add_argument("--accelerator", default=None, metavar="PATH[:STRENGTH]",
+                             help="a step/CFG-distill LoRA (lightx2v, Wan2.2-Lightning high-noise file, CausVid): "
+                                  "every sample runs on its schedule with guidance 1 (--steps sets its step count, "
+                                  "default 4); a JSON of what ran is written beside each video")
+    accelerator.add_argument("--accelerator-2", default=None, metavar="PATH",
+                             help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
+    accelerator.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
+                             help="the timestep list out of 1000, highest first (default: 1000,750,500,250 for 4 "
+                                  "steps, LightX2V's)")
+    accelerator.add_argument("--accelerator-shift", type=float, default=None,
+                             help="the sigma shift of the accelerator's schedule (default 5, LightX2V's)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     source.add_argument("--samples-file", help="a samples JSON file or a musubi-style prompt file")
@@ -140,7 +154,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.elements = dict(parse_element_argument(text) for text in args.element)
     except ValueError as error:
         parser.error(str(error))
+    args.accelerator_config = accelerator_config(args, parser)
     return args
+
+
+def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The AcceleratorConfig the --accelerator options name (None without --accelerator); a missing file, a file
+    that is not a Wan LoRA or a bad schedule is a usage error (exit 2) before any model loads."""
+    if not args.accelerator:
+        if args.accelerator_2 or args.accelerator_timesteps or args.accelerator_shift is not None:
+            parser.error("--accelerator-2 / --accelerator-timesteps / --accelerator-shift need --accelerator")
+        return None
+    from pydantic import ValidationError
+
+    from modules.util.lora.accelerator_files import accelerator_problems
+    from modules.modelSampler.sampling_io import parse_lora_argument
+    from modules.util.config.AcceleratorConfig import AcceleratorConfig
+    try:
+        path, strength = parse_lora_argument(args.accelerator)
+        values = dict(file=str(path), file_2=args.accelerator_2 or "", strength=strength)
+        if args.accelerator_timesteps:
+            values["timesteps"] = [int(t) for t in args.accelerator_timesteps.split(",")]
+        if args.steps is not None:
+            values["steps"] = args.steps
+        if args.accelerator_shift is not None:
+            values["shift"] = args.accelerator_shift
+        config = AcceleratorConfig(**values)
+    except (ValueError, ValidationError) as error:
+        parser.error(f"--accelerator: {error}")
+    if config.timesteps and args.steps is not None and args.steps != len(config.timesteps):
+        parser.error(f"--steps {args.steps} and --accelerator-timesteps ({len(config.timesteps)} steps) disagree")
+    problems = accelerator_problems(config, "--accelerator")
+    if problems:
+        parser.error("; ".join(problem.replace("--accelerator.file_2", "--accelerator-2")
+                               .replace("--accelerator.file", "--accelerator") for problem in problems))
+    return config
 
 
 def resolve_lora_arguments(values: list[str]) -> list[tuple]:
@@ -230,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{model.sampling_defaults.describe()}", file=sys.stderr)
         for line in apply_lora_files(model, args.loras):
             print(f"sample: LoRA {line}", file=sys.stderr)
+        accelerator = None
+        if args.accelerator_config is not None:
+            from modules.modelSampler.accelerator import load_accelerator
+            accelerator = load_accelerator(model, args.accelerator_config)
+            print(f"sample: {accelerator.describe()}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
-                                  e2v_config=e2v_config)
+                                  e2v_config=e2v_config, accelerator=accelerator)
         if args.output:
             written = move_to_output(written, args.output)
     except (ModelLoadError, UnreadableMediaError, ValueError, OSError, RuntimeError) as error:

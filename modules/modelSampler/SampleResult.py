@@ -21,6 +21,7 @@ class SampleResult:
     sample: SampleConfig          # the settings actually used (rounded sizes, the flow shift in effect, ...)
     notes: list[str] = field(default_factory=list)
     latents: torch.Tensor | None = None  # (C, T, h, w) normalised, as the denoising loop ended (before decoding)
+    accelerator: dict | None = None      # what accelerated it (Accelerator.record()), None when not accelerated
 
     def frames_uint8(self) -> np.ndarray:
         return (self.frames * 255.0).round().clip(0, 255).astype(np.uint8)

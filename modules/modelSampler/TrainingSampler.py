@@ -132,11 +132,22 @@ class TrainingSampler:
                                                            scheduler=sampling.scheduler))
                 for index, sample in enumerate(samples) if sample.enabled]
 
+    def _accelerator(self):
+        """sampling.accelerator read against the model (once: the files are checked before training starts), or
+        None."""
+        config = self.trainer.config.sampling.accelerator
+        if not config.enabled:
+            return None
+        if getattr(self, "_loaded_accelerator", None) is None:
+            from modules.modelSampler.accelerator import load_accelerator
+            self._loaded_accelerator = load_accelerator(self.trainer.model, config)
+        return self._loaded_accelerator
+
     def _sampler(self) -> WanModelSampler:
         config = self.trainer.config
         return WanModelSampler(self.trainer.model, device=self.trainer.device,
                                autocast_dtype=config.train_dtype.torch_dtype(),
-                               e2v_config=self.trainer.model.e2v_config)
+                               e2v_config=self.trainer.model.e2v_config, accelerator=self._accelerator())
 
     def validate(self) -> list[str]:
         """Checks every enabled sample against the model before training starts (sizes rounded, images present,
@@ -296,7 +307,8 @@ class TrainingSampler:
             Image.fromarray(frame_strip(frames)).save(tmp, format="PNG")
         # the settings it was made with (prompt, seed, size): the GUI's gallery shows them on hover
         atomic_write_text(folder / f"{step}-{epoch}.json", json.dumps(
-            {"step": step, "epoch": epoch, **result.sample.model_dump(mode="json")}, indent=1) + "\n")
+            {"step": step, "epoch": epoch, **result.sample.model_dump(mode="json"),
+             **({"accelerator": result.accelerator} if result.accelerator is not None else {})}, indent=1) + "\n")
         if writer is not None:
             add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
         for suffix, other in results.items():
@@ -307,5 +319,6 @@ class TrainingSampler:
                     add_gif_summary(writer, f"samples/{item.folder_name}/{suffix[1:]}", other_frames, other.fps,
                                     step)
         seconds = time.perf_counter() - started
-        print(f"preview {item.folder_name} at step {step}: {video_path} ({seconds:.1f} s)", flush=True)
+        accelerated = "" if sampler.accelerator is None else f", {sampler.accelerator.describe()}"
+        print(f"preview {item.folder_name} at step {step}: {video_path} ({seconds:.1f} s{accelerated})", flush=True)
         return PreviewOutput(item.index, video_path, strip_path, seconds, result.notes)

@@ -34,6 +34,7 @@ import torch
 
 from modules.model.WanModel import WanModel
 from modules.model.sampling_defaults import sample_updates
+from modules.modelSampler.accelerator import Accelerator, accelerated
 from modules.modelSampler.Placement import Placement, _device_of
 from modules.modelSampler.preserved_state import preserved_state
 from modules.modelSampler.SampleResult import SampleError, SampleResult  # noqa: F401  (re-exported)
@@ -92,12 +93,15 @@ def check_sample_inputs(variant: WanVariant, sample: SampleConfig) -> None:
 @register("model_sampler", [ModelType.WAN_2_1, ModelType.WAN_2_2], list(TrainingMethod))
 class WanModelSampler:
     def __init__(self, model: WanModel, device: torch.device | str | None = None,
-                 autocast_dtype: torch.dtype | None = None, e2v_config: E2VDatasetConfig | None = None):
+                 autocast_dtype: torch.dtype | None = None, e2v_config: E2VDatasetConfig | None = None,
+                 accelerator: Accelerator | None = None):
         """`device`: where the denoising runs (default: the main transformer's device). `autocast_dtype`: run each
         transformer forward under torch.autocast in this dtype (the trainer passes its train dtype so previews compute
         as training does); None or float32: no autocast. `e2v_config`: the E2V dataset config the model trains
-        with; given, every sample is an Elements-to-Video sample."""
+        with; given, every sample is an Elements-to-Video sample. `accelerator`: every sample runs with it, on its
+        schedule and steps, guidance 1 (modules/modelSampler/accelerator.py)."""
         self.model = model
+        self.accelerator = accelerator
         self.e2v_config = e2v_config
         device = torch.device(device) if device is not None else \
             (_device_of(model.main_transformer) or torch.device("cpu"))
@@ -152,6 +156,12 @@ class WanModelSampler:
         official = sample_updates(model.sampling_defaults, sample, width, height)
         resolved = sample.model_copy(update=dict(dict(width=width, height=height, frames=frames, guidance_2=guidance_2,
                                                       flow_shift=flow_shift), **official))
+        if self.accelerator is not None:   # its own schedule, no negative pass
+            if variant.is_animate or variant.takes_driving_video:
+                raise SampleError(f"an accelerator is not supported for {variant} samples")
+            resolved = resolved.model_copy(update=dict(
+                steps=self.accelerator.steps, guidance=1.0, flow_shift=self.accelerator.config.shift,
+                guidance_2=1.0 if variant.has_two_experts else None))
         for note in notes if log else ():
             logger.warning("sample %r: %s", sample.prompt[:40], note)
         return resolved, notes
@@ -255,7 +265,10 @@ class WanModelSampler:
         return condition, tokens
 
     def make_scheduler(self, name: str, flow_shift: float):
-        """A fresh flow-matching scheduler (UNIPC or EULER) from the model's scheduler config with `flow_shift`."""
+        """A fresh flow-matching scheduler (UNIPC or EULER) from the model's scheduler config with `flow_shift`; with
+        an accelerator, its own schedule."""
+        if self.accelerator is not None:
+            return self.accelerator.scheduler()
         from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
         config = self.model.noise_scheduler.config
@@ -415,7 +428,7 @@ class WanModelSampler:
                         pipeline.encode_image = lambda images, device=None: image_embeds.to(device or self.device)
                     placement.materialize("vae")
                 placement.materialize(plan[0])
-                with self._transformer_autocast():
+                with self._transformer_autocast(), accelerated(model, self.accelerator):
                     latents = pipeline(**kwargs).frames
                 if vace is not None:   # the reference frames lead the latents; the video follows them
                     latents = latents[:, :, vace[1]:]
@@ -430,4 +443,5 @@ class WanModelSampler:
         if e2v and resolved.drop_reference_frames:
             frames = frames[self.reference_frames_to_drop():]
         return SampleResult(frames=frames, fps=variant.native_fps, sample=resolved, notes=notes,
-                            latents=latents[0].float().cpu())
+                            latents=latents[0].float().cpu(),
+                            accelerator=self.accelerator.record() if self.accelerator is not None else None)

@@ -2,6 +2,7 @@
 files (scripts/sample.py, scripts/convert_model.py --merge-lora)."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -213,23 +214,25 @@ def video_file_name(index: int, sample: SampleConfig) -> str:
 
 def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: str | Path, device: torch.device,
                     num_videos: int = 1, show_progress: bool = True,
-                    e2v_config: E2VDatasetConfig | None = None) -> list[Path]:
+                    e2v_config: E2VDatasetConfig | None = None, accelerator=None) -> list[Path]:
     """Every enabled sample, `num_videos` times (seed, seed + 1, ...), written as MP4s at the model's native fps to
     `output_dir/<index>-<prompt slug>-s<seed>.mp4`. All samples are checked before the first one runs.
-    `e2v_config`: sample an E2V model (see WanModelSampler)."""
+    `e2v_config`: sample an E2V model (see WanModelSampler). `accelerator` (modules/modelSampler/accelerator.py):
+    every sample runs with it, and `<video>.json` beside each video records the settings and the accelerator."""
     from tqdm import tqdm
 
     from modules.util.video_frames import write_video
 
-    sampler = WanModelSampler(model, device=device, e2v_config=e2v_config or model.e2v_config)
+    sampler = WanModelSampler(model, device=device, e2v_config=e2v_config or model.e2v_config,
+                              accelerator=accelerator)
     jobs = [(index, sample.model_copy(update={"seed": sample.seed + k}))
             for index, sample in enumerate(samples) if sample.enabled for k in range(num_videos)]
-    for _, sample in jobs:
-        sampler.resolve(sample, log=False)  # fail fast on a bad sample, before hours of sampling
+    # fail fast on a bad sample, before hours of sampling; the steps as they will run (an accelerator's own)
+    total_steps = sum(sampler.resolve(sample, log=False)[0].steps for _, sample in jobs)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    with tqdm(total=sum(s.steps for _, s in jobs), unit="step", disable=not show_progress) as bar:
+    with tqdm(total=total_steps, unit="step", disable=not show_progress) as bar:
         for index, sample in jobs:
             bar.set_description(f"{index:03d} seed {sample.seed}")
             done = [0]
@@ -241,5 +244,9 @@ def generate_videos(model: WanModel, samples: list[SampleConfig], output_dir: st
             result = sampler.sample(sample, on_step=on_step)
             path = output_dir / video_file_name(index, sample)
             write_video(path, result.frames_uint8(), result.fps)
+            if result.accelerator is not None:
+                from modules.util.atomic import atomic_write_text
+                atomic_write_text(path.with_suffix(".json"), json.dumps(
+                    {**result.sample.model_dump(mode="json"), "accelerator": result.accelerator}, indent=1) + "\n")
             written.append(path)
     return written

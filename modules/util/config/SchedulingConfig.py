@@ -2,6 +2,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
+from modules.util.config.AcceleratorConfig import AcceleratorConfig
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.bounds import MAX_LIST, MAX_LORA_STRENGTH, PathText
 from modules.util.config.SampleConfig import SamplerScheduler
@@ -22,6 +23,8 @@ class SamplingConfig(BaseConfig):
     compare_strengths: list[Annotated[float, Field(ge=-MAX_LORA_STRENGTH, le=MAX_LORA_STRENGTH)]] = Field(
         [], max_length=MAX_LIST, description="LoRA: each preview is also made at these strengths of the LoRA being "
         "trained (<step>-<epoch>-x<strength>.mp4 beside it; docs/compare.md)")
+    accelerator: AcceleratorConfig = Field(AcceleratorConfig(), description="previews run with this step-distill "
+                                           "LoRA on its own schedule, guidance 1 (docs/distilled.md)")
 
     @field_validator("scheduler", mode="before")
     @classmethod

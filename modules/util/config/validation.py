@@ -142,6 +142,8 @@ def path_problems(config: TrainConfig) -> list[str]:
     if config.sampling.compare_strengths and config.training_method.value != "LORA":
         problems.append(f"sampling.compare_strengths: a strength scales a LoRA; a {config.training_method.value} run "
                         f"has none (leave it empty)")
+    from modules.util.lora.accelerator_files import accelerator_problems
+    problems += accelerator_problems(config.sampling.accelerator)
     destination = Path(config.output.destination)
     if config.output.format.value != "DIFFUSERS" and destination.is_dir():
         problems.append(f"output.destination: {str(destination)!r} is an existing folder; {config.output.format.value} "

@@ -446,3 +446,26 @@ def match_to_model(weights: LoraWeights, model_module_names: Iterable[str]) -> L
         logger.warning("LoRA: %d of %d modules do not match the model and are skipped (e.g. %s)",
                        len(unmatched), len(weights), unmatched[:5])
     return matched
+
+
+# full-weight deltas: ComfyUI's comfy/lora.py reads `<stem>.diff` (added to the weight) and `<stem>.diff_b` (added to
+# the bias); LightX2V's runtime LoRA the same (lightx2v/common/ops/utils.py build_lora_and_diff_names, mm_weight.py:
+# `weight + weight_diff`, `bias + bias_diff`). Step-distill LoRAs extracted from a distilled model carry them.
+FULL_DELTA_SUFFIXES = ((".diff_b", "bias"), (".diff", "weight"))
+
+
+def split_full_deltas(sd: Mapping[str, Tensor], module_names: Iterable[str] | None = None
+                      ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(the keys that are not full-weight deltas, {diffusers parameter name (`blocks.0.norm2.bias`): delta}). The
+    deltas' stems are resolved as LoRA stems are (any prefix and naming `lora_from_state_dict` reads)."""
+    rest: dict[str, Tensor] = {}
+    found: dict[str, tuple[str, Tensor]] = {}
+    for key, value in sd.items():
+        suffix = next(((s, p) for s, p in FULL_DELTA_SUFFIXES if key.endswith(s)), None)
+        if suffix is None:
+            rest[key] = value
+        else:
+            found[key] = (key[: -len(suffix[0])], suffix[1]), value
+    names, _ = _resolve_names(sorted({stem for (stem, _), _ in found.values()}), module_names)
+    deltas = {f"{names[stem]}.{parameter}": value for (stem, parameter), value in found.values()}
+    return rest, deltas
