@@ -213,7 +213,7 @@ class TrainingSampler:
                 if not self.writes:
                     continue
                 try:
-                    outputs.append(self._write(item, results, writer, started))
+                    outputs.append(self._write(sampler, item, results, writer, started))
                 except Exception as error:  # noqa: BLE001  (a preview that cannot be written must not end the run)
                     self._skip_failed(item, error)
         if writer is not None:
@@ -287,7 +287,7 @@ class TrainingSampler:
                 results[f"-x{strength:g}"] = sampler.sample(sample)
         return results
 
-    def _write(self, item: TrainingSample, results: dict[str, SampleResult], writer,
+    def _write(self, sampler: WanModelSampler, item: TrainingSample, results: dict[str, SampleResult], writer,
                started: float) -> PreviewOutput:
         from PIL import Image
 
