@@ -16,7 +16,9 @@ model is therefore the tiny Wan 2.1 T2V model of `tiny_models` with two parts ma
 Measured (16 x 16 clips, 10 UniPC steps, `caption_square_problems` of tests/test_demo_model.py, 6 captions x 4
 seeds): with the demo's "left" / "right" captions the base's samples pass 3 of 24 (the colour is right, the direction
 is chance or worse), with the LoRA the demo trains (400 steps, batch 6, rank 16, lr 1e-2, timesteps shifted to noise
-by 20; loaded in diffusers from its ComfyUI file) 22 of 24, and both of the demo's final previews. With batch 4 the
+by 20; loaded in diffusers from its ComfyUI file) 24 of 24 on its 12 clips (each caption in two shades,
+`demo_assets.DEMO_SHADES`; 22 of 24 when it had one clip a caption), and both of the demo's final previews (with its
+12 clips: 112 s at load 9 on 2 cores, one torch thread). With batch 4 the
 red preview's first frame stayed a blend of both starts (7.5 px of travel, 8 needed). The demo took 29 s on first
 use (with batch 4) and 17 s after on 2 CPU cores at load 3, but 143 s and 309 s at load 4 to 5, 381 s
 and 155 s at load 6 to 8 (its two torch threads then wait
