@@ -119,7 +119,7 @@ def test_shipped_demo_preset_works_from_another_folder(tmp_path, monkeypatch, de
     config = load_config(preset_path=str(ROOT / "training_presets" / "#demo tiny CPU.json"))
     prepare_config(config)
     assert Path(config.model.base_model_name).resolve() == (tmp_path / "workspace" / "demo" / "tiny-wan2.1-t2v")
-    assert len(list((tmp_path / "workspace" / "demo" / "squares").glob("*.mp4"))) == 6   # one clip per caption
+    assert len(list((tmp_path / "workspace" / "demo" / "squares").glob("*.mp4"))) == 12   # 2 shades a caption
     assert (tmp_path / "workspace" / "demo" / "samples.json").is_file()
 
 

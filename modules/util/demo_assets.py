@@ -7,7 +7,7 @@ from pathlib import Path
 from modules.util.demo_model import make_demo_model
 from modules.util.demo_paths import DEMO_CONCEPT, DEMO_MODEL, DEMO_SAMPLES_FILE, same_path, uses_demo_data
 from modules.util.demo_squares import (BACKGROUND, COLOURS, DEMO_SIZE, DIRECTIONS,  # noqa: F401 (re-exported)
-                                       demo_clip, square_clip)
+                                       demo_clip, shade, square_clip)
 from modules.util.video_frames import write_video
 
 log = logging.getLogger(__name__)
@@ -26,15 +26,22 @@ def make_t2v_dataset(output: str | Path, clips_per_class: int = 4, frames: int =
     return output
 
 
+# several clips per caption, the square's colour at these strengths (`shade`; 1 is what the base was trained on):
+# a file data.validation_split holds out then leaves its caption in training, and is a clip of it the LoRA has not
+# seen (with one clip per caption the held-out files were whole captions, and their loss rose as the LoRA learned)
+DEMO_SHADES = (1.0, 0.85)
+
+
 def make_demo_t2v_dataset(output: str | Path, fps: int = 16) -> Path:
-    """The demo's own squares: one clip per caption at the demo's size (`demo_clip`), what its base was trained on."""
+    """The demo's own squares at the demo's size (`demo_clip`): every caption once per shade of its colour."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     for colour_name, colour in COLOURS.items():
         for direction in DIRECTIONS:
-            stem = f"{colour_name}_{direction}"
-            write_video(output / f"{stem}.mp4", demo_clip(colour, direction), fps)
-            (output / f"{stem}.txt").write_text(f"a {colour_name} square moving {direction}\n")
+            for index, strength in enumerate(DEMO_SHADES):
+                stem = f"{colour_name}_{direction}_{index}"
+                write_video(output / f"{stem}.mp4", demo_clip(shade(colour, strength), direction), fps)
+                (output / f"{stem}.txt").write_text(f"a {colour_name} square moving {direction}\n")
     return output
 
 

@@ -16,7 +16,9 @@ model is therefore the tiny Wan 2.1 T2V model of `tiny_models` with two parts ma
 Measured (16 x 16 clips, 10 UniPC steps, `caption_square_problems` of tests/test_demo_model.py, 6 captions x 4
 seeds): with the demo's "left" / "right" captions the base's samples pass 3 of 24 (the colour is right, the direction
 is chance or worse), with the LoRA the demo trains (400 steps, batch 6, rank 16, lr 1e-2, timesteps shifted to noise
-by 20; loaded in diffusers from its ComfyUI file) 22 of 24, and both of the demo's final previews. With batch 4 the
+by 20; loaded in diffusers from its ComfyUI file) 24 of 24 on its 12 clips (each caption in two shades,
+`demo_assets.DEMO_SHADES`; 22 of 24 when it had one clip a caption), and both of the demo's final previews (with its
+12 clips: 112 s at load 9 on 2 cores, one torch thread). With batch 4 the
 red preview's first frame stayed a blend of both starts (7.5 px of travel, 8 needed). The demo took 29 s on first
 use (with batch 4) and 17 s after on 2 CPU cores at load 3, but 143 s and 309 s at load 4 to 5, 381 s
 and 155 s at load 6 to 8 (its two torch threads then wait
@@ -35,6 +37,15 @@ Dead ends, measured, so that nobody repeats them:
   uniform or shifted by 3 to 20) 0 to 11 of 18 pass, and a full fine-tune of 400 steps 2 of 18; a base that also saw
   "a square moving left" without colour, 7 of 18; one that knew the directions for green only, 11 of 18. The
   samples keep the base's symmetric guess, and the first latent frame (frame 0 alone) stays a blend of both starts.
+- A LoRA that carries "left" / "right" to a colour it never saw with them: trained on red and blue both ways (3
+  shades each), green held out as a validation concept (its loss 0.333 before training), the green loss rose with
+  every target tried: all of attention and MLP 1.69 at step 100, the cross-attention keys and values only 0.725 at
+  step 400 (its green previews turned red), the text embedder only 0.795, and with green's clips in the base's words
+  ("moving west") trained beside them 0.423 (green stays green, but moves both ways at once: 0 of 2 green previews).
+  A base pre-trained on 6 colours (adding yellow, cyan, magenta) drew its own captions worse (3 of 12 after 3000
+  steps, 7 of 12 after 6000) and its LoRA's green loss still ended higher (0.267 to 0.367; 0.505 to 0.529). This
+  base saw each colour with each direction in one caption and looks captions up whole; its tokenizer also splits
+  "west" / "east" into five tokens where "left" / "right" are one.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """

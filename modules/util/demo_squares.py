@@ -33,6 +33,11 @@ def square_clip(colour: tuple[int, int, int], direction: str, frames: int, size:
     return clip
 
 
+def shade(colour: tuple[int, int, int], strength: float) -> tuple[int, int, int]:
+    """The colour with its offset from the grey background scaled by `strength` (1: the colour itself)."""
+    return tuple(round(BACKGROUND + strength * (c - BACKGROUND)) for c in colour)
+
+
 def demo_clip(colour: tuple[int, int, int], direction: str, frames: int = 9) -> np.ndarray:
     """One of the demo's own clips (DEMO_SIZE frames, the square from one edge to the other)."""
     return square_clip(colour, direction, frames, DEMO_SIZE, 0, DEMO_SQUARE, DEMO_TOP)
