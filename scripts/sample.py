@@ -4,6 +4,8 @@
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
 Accelerated (a step-distill LoRA on its own 4-step schedule, guidance 1; docs/distilled.md):
   sample.py --base-model-name DIR --accelerator lightx2v_4step.safetensors[:1.0] --prompt "..." --output-dir out
+  (a LoRA trained with accelerated previews is sampled with the accelerator its header records, when that file is
+  here; --no-accelerator samples it without)
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
 Wan2.2-Animate (the video is as long as the pose video, made in segments of --frames):
