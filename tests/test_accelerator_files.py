@@ -6,19 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors import safe_open
 
-from test_accelerator import PROMPT, ROOT, _accelerator_parts, _write, load
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_accelerator import PROMPT, ROOT, _accelerator_parts, _write, load, one_thread  # noqa: F401 (autouse)
 
 
 def test_a_lora_records_its_previews_accelerator_and_sample_stacks_it(tiny_model, squares_dataset, tmp_path):
