@@ -12,9 +12,10 @@ from modules.util.video_frames import write_video
 
 
 def test_the_accelerator_fields_and_the_low_noise_file_only_for_two_experts(tmp_path):
-    assert accelerator_fields(WanVariant.T2V) == ("file", "strength", "steps")
-    assert accelerator_fields(None) == ("file", "strength", "steps")
-    assert accelerator_fields(WanVariant.T2V_A14B) == ACCELERATOR_FIELDS == ("file", "file_2", "strength", "steps")
+    assert accelerator_fields(WanVariant.T2V) == ("file", "strength", "steps", "timesteps", "shift")
+    assert accelerator_fields(None) == accelerator_fields(WanVariant.I2V) == accelerator_fields(WanVariant.T2V)
+    assert accelerator_fields(WanVariant.T2V_A14B) == ACCELERATOR_FIELDS == ("file", "file_2", "strength", "steps",
+                                                                             "timesteps", "shift")
     state = UIState({"workspace_dir": str(tmp_path)})
     high, low = tmp_path / "high.safetensors", tmp_path / "low.safetensors"
     for name, text in (("file", str(high)), ("file_2", str(low)), ("strength", "0.8"), ("steps", "6")):

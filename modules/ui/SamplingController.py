@@ -47,9 +47,9 @@ def variant_editor_fields(variant) -> tuple[str, ...]:
     return fields
 
 
-# the accelerator fields the sampling tab shows (sampling.accelerator, docs/distilled.md); its timesteps and shift
-# stay LightX2V's unless the config sets them
-ACCELERATOR_FIELDS = ("file", "file_2", "strength", "steps")
+# the accelerator fields the sampling tab shows (sampling.accelerator, docs/distilled.md); timesteps (empty: evenly
+# spaced by steps) and shift come last, LightX2V's unless set
+ACCELERATOR_FIELDS = ("file", "file_2", "strength", "steps", "timesteps", "shift")
 
 
 def accelerator_fields(variant) -> tuple[str, ...]:
