@@ -6,6 +6,8 @@ The base model is loaded once; each cell merges its LoRA exactly as sample.py do
       --samples-file samples.json --output-dir compare
   compare.py --lora workspace/run/save --prompt "a red square moving left"   (the base the saves record)
   compare.py --base-model-name DIR --lora workspace/run/backup/<run> --strengths 1.0 ...   (training backups)
+  compare.py --lora workspace/run/save --accelerator lightx2v_4step.safetensors[:1.0] --prompt "..."
+      (every cell on the accelerator's 4-step schedule, guidance 1; docs/distilled.md)
 
 Exit status: 0 done, 1 error, 2 bad arguments.
 """
@@ -14,7 +16,7 @@ import sys
 
 import _bootstrap  # noqa: F401
 
-from sample import DTYPE_ALIASES, build_samples  # noqa: E402  (scripts/sample.py: the same sample options)
+from sample import DTYPE_ALIASES, accelerator_config, build_samples  # noqa: E402  (scripts/sample.py: the same sample options)
 
 from modules.util.config.bounds import MAX_LORA_STRENGTH  # noqa: E402
 
@@ -29,6 +31,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "a run's backup folder); A14B: a _high_noise / _low_noise pair by its common name")
     parser.add_argument("--strengths", nargs="+", type=float, default=[1.0], metavar="S",
                         help=f"LoRA strengths, each -{MAX_LORA_STRENGTH:g} .. {MAX_LORA_STRENGTH:g} (default 1.0)")
+    parser.add_argument("--accelerator", default=None, metavar="PATH[:STRENGTH]",
+                        help="a step/CFG-distill LoRA every cell (the base model's too) runs with, on its schedule "
+                             "with guidance 1 (--steps sets its step count, default 4)")
+    parser.add_argument("--accelerator-2", default=None, metavar="PATH",
+                        help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     source.add_argument("--samples-file", help="a samples JSON file or a musubi-style prompt file")
@@ -58,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.pose_video = args.face_video = args.background_video = args.animate_mode = None    # Animate
     args.continuation_frames, args.reference_image = None, []
     args.driving_video = args.reference_prompt = None                                      # Animate-2
+    args.accelerator_timesteps = args.accelerator_shift = None
+    args.no_accelerator = False
+    args.accelerator_config = accelerator_config(args, parser) if args.accelerator or args.accelerator_2 else None
     return args
 
 
@@ -101,11 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         dtype = DataType(dtype_name) if dtype_name else \
             (DataType.BFLOAT_16 if device.type == "cuda" else DataType.FLOAT_32)
         model = load_model_for_sampling(args.base_model_name, dtype, device)
+        accelerator = None
+        if args.accelerator_config is not None:
+            from modules.modelSampler.accelerator import load_accelerator
+            accelerator = load_accelerator(model, args.accelerator_config)
+            print(f"compare: {accelerator.describe()}", file=sys.stderr)
         outputs = compare_checkpoints(
             model, args.lora, args.strengths, samples, args.output_dir, device,
             on_cell=lambda index, cell, _: print(f"compare: sample {index}: {cell.title}"
                                                  f"{'' if cell.checkpoint is None else f' at {cell.strength:g}'}",
-                                                 file=sys.stderr))
+                                                 file=sys.stderr),
+            accelerator=accelerator)
     except (ModelLoadError, UnreadableMediaError, ValueError, OSError, RuntimeError) as error:
         print(f"compare: {error}", file=sys.stderr)
         return 1

@@ -4,6 +4,8 @@
   sample.py --base-model-name DIR --lora my_lora.safetensors:0.8 --samples-file samples.txt --output-dir out
 Accelerated (a step-distill LoRA on its own 4-step schedule, guidance 1; docs/distilled.md):
   sample.py --base-model-name DIR --accelerator lightx2v_4step.safetensors[:1.0] --prompt "..." --output-dir out
+  (a LoRA trained with accelerated previews is sampled with the accelerator its header records, when that file is
+  here; --no-accelerator samples it without)
 A14B (reads my_lora_high_noise / _low_noise):
   sample.py --base-model-name A14B_DIR --lora my_lora.safetensors ...
 Wan2.2-Animate (the video is as long as the pose video, made in segments of --frames):
@@ -51,6 +53,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              help="a step/CFG-distill LoRA (lightx2v, Wan2.2-Lightning high-noise file, CausVid): "
                                   "every sample runs on its schedule with guidance 1 (--steps sets its step count, "
                                   "default 4); a JSON of what ran is written beside each video")
+    accelerator.add_argument("--no-accelerator", action="store_true",
+                             help="sample a LoRA without the accelerator its header records (by default a LoRA "
+                                  "trained with accelerated previews is sampled with that accelerator, when its "
+                                  "file is here)")
     accelerator.add_argument("--accelerator-2", default=None, metavar="PATH",
                              help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
     accelerator.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
@@ -159,12 +165,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    """The AcceleratorConfig the --accelerator options name (None without --accelerator); a missing file, a file
-    that is not a Wan LoRA or a bad schedule is a usage error (exit 2) before any model loads."""
+    """The AcceleratorConfig the --accelerator options name, else the one the first LoRA's header records (unless
+    --no-accelerator), else None; a missing file, a file that is not a Wan LoRA or a bad schedule is a usage error
+    (exit 2) before any model loads."""
+    if args.accelerator and args.no_accelerator:
+        parser.error("--accelerator and --no-accelerator contradict each other")
     if not args.accelerator:
         if args.accelerator_2 or args.accelerator_timesteps or args.accelerator_shift is not None:
             parser.error("--accelerator-2 / --accelerator-timesteps / --accelerator-shift need --accelerator")
-        return None
+        return None if args.no_accelerator else recorded_accelerator_config(args)
     from pydantic import ValidationError
 
     from modules.util.lora.accelerator_files import accelerator_problems
@@ -189,6 +198,32 @@ def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser
         parser.error("; ".join(problem.replace("--accelerator.file_2", "--accelerator-2")
                                .replace("--accelerator.file", "--accelerator") for problem in problems))
     return config
+
+
+def recorded_accelerator_config(args: argparse.Namespace):
+    """The accelerator the first LoRA's header records its previews ran with (--steps sets its step count), said in
+    a printed line; a recorded file missing here is said too, and the LoRA is sampled without it."""
+    from modules.modelSampler.sampling_io import lora_files_named
+    from modules.util.accelerator_metadata import recorded_accelerator
+    for lora, _ in args.loras:
+        for path in lora_files_named(lora):
+            config = recorded_accelerator(path)
+            if config is None:
+                continue
+            missing = [file for file in (config.file, config.file_2) if file and not Path(file).is_file()]
+            if missing:
+                print(f"sample: {path} was previewed with the accelerator {' and '.join(missing)}, which is not on "
+                      f"this machine: sampling without an accelerator (name one with --accelerator)",
+                      file=sys.stderr)
+                return None
+            if args.steps is not None and args.steps != len(config.timestep_list()):
+                config = config.model_copy(update=dict(steps=args.steps, timesteps=[]))
+            files = config.file + (f" and {config.file_2}" if config.file_2 else "")
+            print(f"sample: {path} was previewed with the accelerator {files} (strength {config.strength:g}, "
+                  f"{len(config.timestep_list())} steps): sampling with it (--no-accelerator to sample without)",
+                  file=sys.stderr)
+            return config
+    return None
 
 
 def resolve_lora_arguments(values: list[str]) -> list[tuple]:

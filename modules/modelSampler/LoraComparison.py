@@ -34,11 +34,12 @@ class Cell:
 
 class LoraComparison:
     def __init__(self, model: WanModel, checkpoints: list[Checkpoint], strengths: list[float],
-                 device: torch.device):
+                 device: torch.device, accelerator=None):
         if not strengths:
             raise ValueError("at least one strength is needed")
         self.model, self.checkpoints, self.strengths = model, checkpoints, list(strengths)
-        self.sampler = WanModelSampler(model, device=device)
+        # an accelerator acts through hooks and restored deltas around each sample, on top of the merged cell
+        self.sampler = WanModelSampler(model, device=device, accelerator=accelerator)
         self.weights = [self._read(c) for c in checkpoints]   # per checkpoint: expert -> LoraWeights
         touched: dict[str, set[str]] = {}
         for weights in self.weights:

@@ -24,10 +24,12 @@ class GridLayout:
     cell_height: int           # of the samples, before scaling
     cell_width: int
     scale: int                 # whole-number upscaling of the cells
+    title: str = ""            # in the corner above the label column: how the cells ran ("4 steps, accelerated")
 
     @classmethod
-    def create(cls, rows: list[list[str]], columns: list[str], cell_height: int, cell_width: int) -> "GridLayout":
-        return cls(rows, columns, cell_height, cell_width, max(1, math.ceil(MIN_CELL_WIDTH / cell_width)))
+    def create(cls, rows: list[list[str]], columns: list[str], cell_height: int, cell_width: int,
+               title: str = "") -> "GridLayout":
+        return cls(rows, columns, cell_height, cell_width, max(1, math.ceil(MIN_CELL_WIDTH / cell_width)), title)
 
     @property
     def cell_size(self) -> tuple[int, int]:
@@ -46,7 +48,7 @@ class GridLayout:
         return grid_h + grid_h % 2, grid_w + grid_w % 2
 
     def to_json(self) -> dict:
-        return {"rows": self.rows, "columns": self.columns, "scale": self.scale,
+        return {"title": self.title, "rows": self.rows, "columns": self.columns, "scale": self.scale,
                 "cells": [[list(self.cell_box(r, c)) for c in range(len(self.columns))] for r in range(len(self.rows))]}
 
 
@@ -67,6 +69,8 @@ def label_image(layout: GridLayout) -> np.ndarray:
     """(H, W, 3) uint8: the grid's labels on the background, cells empty."""
     grid_h, grid_w = layout.size
     image = np.full((grid_h, grid_w, 3), BACKGROUND, dtype=np.uint8)
+    if layout.title:
+        _text(image, [layout.title], 0, 0, LABEL_WIDTH, HEADER_HEIGHT)
     for column, label in enumerate(layout.columns):
         _, left, _, width = layout.cell_box(0, column)
         _text(image, [label], 0, left, width, HEADER_HEIGHT)

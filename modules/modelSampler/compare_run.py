@@ -1,6 +1,7 @@
 """Runs a checkpoint x strength comparison and writes its files (docs/compare.md): per sample an MP4 grid
 (`<index>-<prompt>-s<seed>.mp4`), a contact sheet of the middle frame (`.png`, lossless) and the layout (`.json`:
-rows, columns, cell boxes, so a player or a test finds each cell). Used by scripts/compare.py and the GUI."""
+rows, columns, cell boxes, so a player or a test finds each cell; the steps, guidance and accelerator the cells ran
+with). Used by scripts/compare.py and the GUI."""
 from __future__ import annotations
 
 import json
@@ -26,12 +27,17 @@ class CompareOutput:
     layout: Path
 
 
+def run_title(result: SampleResult) -> str:
+    """How a cell ran, for the grid's corner: "20 steps", "4 steps, accelerated"."""
+    return f"{result.sample.steps} steps" + (", accelerated" if result.accelerator is not None else "")
+
+
 def grid_layout(comparison: LoraComparison, sample: SampleResult) -> GridLayout:
     rows = [["base model", "no LoRA"]] + [[c.label, "step ?" if c.step is None else f"step {c.step}"]
                                         for c in comparison.checkpoints]
     columns = [f"strength {s:g}" for s in comparison.strengths]
     height, width = sample.frames.shape[1:3]
-    return GridLayout.create(rows, columns, height, width)
+    return GridLayout.create(rows, columns, height, width, run_title(sample))
 
 
 def cell_positions(comparison: LoraComparison, cell: Cell) -> list[tuple[int, int]]:
@@ -45,16 +51,18 @@ def cell_positions(comparison: LoraComparison, cell: Cell) -> list[tuple[int, in
 def compare_checkpoints(model, lora_sources: list[str | Path], strengths: list[float], samples: list[SampleConfig],
                         output_dir: str | Path, device: torch.device,
                         on_cell: Callable[[int, Cell, SampleResult], None] | None = None,
-                        on_step: Callable[[int, int], None] | None = None) -> list[CompareOutput]:
+                        on_step: Callable[[int, int], None] | None = None,
+                        accelerator=None) -> list[CompareOutput]:
     """Samples every enabled sample for the base model and every checkpoint x strength of the LoRA sources (files,
-    folders of files, backups) on the already-loaded `model`, and writes one grid per sample."""
+    folders of files, backups) on the already-loaded `model`, and writes one grid per sample. `accelerator`
+    (modules/modelSampler/accelerator.py): every cell runs with it, on its schedule, guidance 1."""
     from PIL import Image
 
     from modules.modelSampler.TrainingSampler import prompt_slug
     from modules.util.atomic import atomic_path
     from modules.util.video_frames import write_video
 
-    comparison = LoraComparison(model, find_checkpoints(lora_sources), strengths, device)
+    comparison = LoraComparison(model, find_checkpoints(lora_sources), strengths, device, accelerator)
     samples = [s for s in samples if s.enabled]
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +86,9 @@ def compare_checkpoints(model, lora_sources: list[str | Path], strengths: list[f
             Image.fromarray(grid[len(grid) // 2]).save(tmp, format="PNG")
         with atomic_path(layout_file) as tmp:
             Path(tmp).write_text(json.dumps({"prompt": samples[index].prompt, "seed": samples[index].seed,
-                                             "middle_frame": len(grid) // 2, **layout.to_json()}, indent=1))
+                                             "middle_frame": len(grid) // 2, "steps": result.sample.steps,
+                                             "guidance": result.sample.guidance,
+                                             "accelerator": result.accelerator, **layout.to_json()}, indent=1))
         outputs.append(CompareOutput(index, video, sheet, layout_file))
         pending.clear()
 

@@ -13,8 +13,8 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui.ctk_components import ERROR_COLOR, button, render_section
-from modules.ui.SamplingController import (PreviewPlayer, PreviewSeries, PreviewVideo, epoch_text,
-                                          variant_editor_fields)
+from modules.ui.SamplingController import (ACCELERATOR_FIELDS, PreviewPlayer, PreviewSeries, PreviewVideo,
+                                          accelerator_fields, epoch_text, variant_editor_fields)
 
 PLAYER_SIZE = 256
 COLUMN_WIDTHS = {"enabled": 40, "prompt": 260, "negative_prompt": 120, "width": 55, "height": 55, "frames": 50,
@@ -46,6 +46,10 @@ class CtkSamplingView:
         right.grid(row=0, column=1, sticky="nw", padx=8)
         row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160,
                              error_width=300)   # beside the player: the tab fits the window
+        row = render_section(left, self.state, "sampling.accelerator", only=ACCELERATOR_FIELDS, start_row=row,
+                             fields=app.fields, title="accelerator (step-distill LoRA, docs/distilled.md)",
+                             width=160, error_width=300)
+        self._show_accelerator_fields()
         bar = ctk.CTkFrame(left, fg_color="transparent")
         bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
         button(bar, "Sample now", lambda: app.request("sample")).grid(row=0, column=0, padx=3)
@@ -90,6 +94,14 @@ class CtkSamplingView:
         from modules.ui.model_parts import detected_variant
         if variant_editor_fields(detected_variant(self.state)) != getattr(self, "columns", None):
             self._render_table()
+        self._show_accelerator_fields()
+
+    def _show_accelerator_fields(self) -> None:
+        """The low-noise expert's accelerator file only for a two-expert model."""
+        from modules.ui.model_parts import detected_variant
+        shown = accelerator_fields(detected_variant(self.state))
+        for name in ACCELERATOR_FIELDS:
+            self.app.fields[f"sampling.accelerator.{name}"].set_visible(name in shown)
 
     def _cell(self, index: int, column: int, name: str, value) -> None:
         if name == "enabled":
@@ -234,8 +246,9 @@ class CtkSamplingView:
         def decode():  # no Tk call here: frames decoded and scaled to the player's size as PIL images
             try:
                 frames, fps = PreviewPlayer.read(video.path)
+                label = video.label()
                 beside = [scaled(frame) for frame in PreviewPlayer.read(driving)[0]] if driving else []
-                result.append((frames, fps, [scaled(frame) for frame in frames], beside))
+                result.append((frames, fps, [scaled(frame) for frame in frames], beside, label))
             except Exception as error:  # a half-written or broken file must not break the tab
                 result.append(error)
 
@@ -248,7 +261,7 @@ class CtkSamplingView:
             if isinstance(result[0], Exception):
                 self.step_label.configure(text=f"cannot play {video.path}: {result[0]}")
                 return
-            frames, fps, images, beside = result[0]
+            frames, fps, images, beside, label = result[0]
             self.player.show(video.path, frames, fps)
             # one CTkImage per frame, made once: playing only switches between them (it caches its PhotoImage)
             self._frame_images = [ctk.CTkImage(light_image=image, dark_image=image, size=image.size)
@@ -262,7 +275,8 @@ class CtkSamplingView:
                 self.driving_label.grid_remove()
                 self.references.grid()
             self.player.loop = self.loop_var.get()
-            self.step_label.configure(text=f"step {video.step}, {epoch_text(video.step, video.epoch)}: "
+            self.step_label.configure(text=f"step {video.step}, {epoch_text(video.step, video.epoch)}"
+                                           f"{f' ({label})' if label else ''}: "
                                            f"{video.path.name} "
                                            f"({len(self.player.frames)} frames at {self.player.fps:.0f} fps)")
             self._render_frame()

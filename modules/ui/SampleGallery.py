@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modules.ui.SamplingController import PREVIEW_NAME, epoch_text
+from modules.ui.SamplingController import PREVIEW_NAME, epoch_text, run_label
 
 
 @dataclass
@@ -22,11 +22,13 @@ class GalleryCell:
     epoch: int
     prompt: str
     seed: int | None
+    label: str = ""   # how it ran, where that differs from the sample's settings ("4 steps, accelerated")
 
     @property
     def tooltip(self) -> str:
         seed = "random" if self.seed is None or self.seed < 0 else str(self.seed)
-        return f"step {self.step} ({epoch_text(self.step, self.epoch)})\nseed {seed}\n{self.prompt}"
+        label = f"\n{self.label}" if self.label else ""
+        return f"step {self.step} ({epoch_text(self.step, self.epoch)}){label}\nseed {seed}\n{self.prompt}"
 
 
 @dataclass
@@ -71,7 +73,7 @@ def read_run(folder: Path, known: GalleryRun | None = None) -> GalleryRun:
                     settings = {}
             slug = prompt_folder.name.split("-", 1)[-1].replace("_", " ")
             run.cells[(prompt_folder.name, step)] = GalleryCell(video, step, epoch, settings.get("prompt", slug),
-                                                                settings.get("seed"))
+                                                                settings.get("seed"), run_label(settings))
             steps.add(step)
             found = True
         if found:

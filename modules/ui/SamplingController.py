@@ -47,6 +47,38 @@ def variant_editor_fields(variant) -> tuple[str, ...]:
     return fields
 
 
+# the accelerator fields the sampling tab shows (sampling.accelerator, docs/distilled.md); timesteps (empty: evenly
+# spaced by steps) and shift come last, LightX2V's unless set
+ACCELERATOR_FIELDS = ("file", "file_2", "strength", "steps", "timesteps", "shift")
+
+
+def accelerator_fields(variant) -> tuple[str, ...]:
+    """The accelerator fields shown for a model's variant (None: not known): the low-noise expert's file only for a
+    two-expert (A14B) model."""
+    if variant is not None and variant.has_two_experts:
+        return ACCELERATOR_FIELDS
+    return tuple(name for name in ACCELERATOR_FIELDS if name != "file_2")
+
+
+def preview_settings(path: str | Path) -> dict:
+    """The settings a preview (or sampled video) was made with: the `<video>.json` beside it; {} when there is none
+    or it cannot be read (a preview being written)."""
+    import json
+    try:
+        settings = json.loads(Path(path).with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def run_label(settings: dict) -> str:
+    """"4 steps, accelerated" for a video its settings say an accelerator made, "" for the others."""
+    if not settings.get("accelerator"):
+        return ""
+    steps = settings.get("steps") or settings["accelerator"].get("steps")
+    return f"{steps} steps, accelerated"
+
+
 def epoch_text(step: int, epoch: int) -> str:
     """The epoch a preview was made in, counted from 1 as the progress bar counts (file names keep the trainer's
     0-based epoch); a preview made before the first step says so."""
@@ -58,6 +90,10 @@ class PreviewVideo:
     path: Path
     step: int
     epoch: int
+
+    def label(self) -> str:
+        """How it ran, where that differs from the sample's own settings ("4 steps, accelerated"); reads its JSON."""
+        return run_label(preview_settings(self.path))
 
 
 @dataclass

@@ -62,7 +62,8 @@ def path_kind(path: str) -> str | None:
     name = path.rsplit(".", 1)[-1]
     if name in FOLDER_FIELDS or (name == "path" and path.startswith("data.concepts.")):
         return "folder"
-    if name in FILE_FIELDS or (name == "path" and path.startswith("model.")):
+    if name in FILE_FIELDS or (name == "path" and path.startswith("model.")) or \
+            (name in ("file", "file_2") and path.startswith("sampling.accelerator.")):
         return "file"
     return "save" if name == "destination" else None
 
@@ -109,6 +110,7 @@ class BoundField:
                 self.browse_button.grid(row=0, column=1, padx=(4, 0))
         if self.widget.master is master:
             self.widget.grid(row=row, column=column + 1, sticky="w", padx=4, pady=2)
+        self._cells = [self.label, self.widget if self.widget.master is master else holder]
         # the error column keeps its width whether a message shows or not, so no field moves when one appears
         self.error = ctk.CTkLabel(master, text="", text_color=ERROR_COLOR, anchor="w", justify="left",
                                   wraplength=error_width, width=error_width if reserve_error else 0)
@@ -118,6 +120,11 @@ class BoundField:
             ToolTip(self.label, tip)
             ToolTip(self.widget, tip)
         state.bind(path, self.show, self.show_error)
+
+    def set_visible(self, visible: bool) -> None:
+        """Shows or hides the field's row (its grid place is kept for when it shows again)."""
+        for widget in self._cells + [self.error]:
+            widget.grid() if visible else widget.grid_remove()
 
     def show(self, text: str) -> None:
         if self.spec.kind == "choice" and text == "":

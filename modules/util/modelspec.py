@@ -1,9 +1,10 @@
-"""safetensors header metadata: modelspec (resources/sd_model_spec/) plus, optionally, the training config."""
+"""safetensors header metadata: modelspec (resources/sd_model_spec/) plus, optionally, the training config (and\nthe accelerator its previews ran with)."""
 import datetime
 import functools
 import json
 from pathlib import Path
 
+from modules.util.accelerator_metadata import accelerator_metadata
 from modules.util.enum.WanVariant import WanVariant
 
 SPEC_DIR = Path(__file__).resolve().parents[2] / "resources" / "sd_model_spec"
@@ -47,6 +48,7 @@ def modelspec_metadata(variant: WanVariant, lora: bool = False, title: str | Non
             # the config names the base as given, often relative to the folder the run started in: sampling the
             # file from elsewhere needs the folder itself
             metadata[BASE_MODEL_METADATA] = str(Path(base).resolve())
+        metadata.update(accelerator_metadata(train_config))
     return {k: str(v) for k, v in metadata.items()}
 
 
