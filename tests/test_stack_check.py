@@ -21,14 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDER = "0-a-red-square-moving-left"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def relative_rms(accelerated: torch.Tensor, full: torch.Tensor) -> float:
     """The documented definition, written out here rather than imported."""
     accelerated, full = accelerated.double(), full.double()
