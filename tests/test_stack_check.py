@@ -57,7 +57,10 @@ def test_every_preview_records_its_stack_check(tiny_model, squares_dataset, tmp_
     assert len(set(distances.values())) == 3   # the LoRA trains between previews: each check measures anew
     assert all((folder / f"{step}-0-full.mp4").is_file() for step in distances)   # the full-step sample, watchable
 
-    # the printed preview line and the run report
+    # the run plan names the check and its cost; the printed preview line and the end report carry the distances
+    plan = out[out.index("run plan:"):]
+    assert "stack check: each accelerated preview is also made at its own steps" in plan
+    assert "on top of the accelerator's 4" in plan
     for step, distance in distances.items():
         line = next(line for line in out.splitlines() if line.startswith(f"preview {FOLDER} at step {step}:"))
         assert f"stack check {distance:.4f} from the 2-step sample" in line, line

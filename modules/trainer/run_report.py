@@ -223,8 +223,9 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         lines.append(f"  previews: {trainer.samples_dir} ({before}{when})")
         if sampling.accelerator.enabled and config.distill.stack_check:
             lines.append(f"    stack check: each accelerated preview is also made at its own steps and guidance "
-                         f"without the accelerator (<step>-<epoch>-full.mp4) and the two compared; about that many "
-                         f"more model passes per preview (distill.stack_check false: off)")
+                         f"without the accelerator (<step>-<epoch>-full.mp4) and the two compared: the sample's "
+                         f"full steps (two passes each with guidance above 1) on top of the accelerator's "
+                         f"{len(sampling.accelerator.timestep_list())} (distill.stack_check false: off)")
     else:
         lines.append("  previews: none (sampling.samples_file is empty)")
     if getattr(trainer, "validation", None) is not None:
