@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modules.modelSampler.stack_check import FULL_STEPS_SUFFIX, StackCheck, stack_distance
 from modules.modelSampler.WanModelSampler import SampleResult, WanModelSampler
 from modules.util.config.SampleConfig import SampleConfig
 from modules.util.enum.TrainingMethod import TrainingMethod
@@ -108,6 +109,7 @@ class TrainingSampler:
         from modules.util.ranks import is_main
         self.trainer = trainer
         self.failures = 0  # previews skipped because they failed
+        self.stack_checks: list[StackCheck] = []   # every preview's stack check, for the run report
         # context parallel: the other ranks of rank 0's group compute each preview with it and write nothing
         self.writes = is_main()
         # over a sharded (FSDP2) transformer every rank computes each preview with rank 0, in step: every forward
@@ -143,11 +145,18 @@ class TrainingSampler:
             self._loaded_accelerator = load_accelerator(self.trainer.model, config)
         return self._loaded_accelerator
 
-    def _sampler(self) -> WanModelSampler:
+    def _sampler(self, accelerated: bool = True) -> WanModelSampler:
         config = self.trainer.config
         return WanModelSampler(self.trainer.model, device=self.trainer.device,
                                autocast_dtype=config.train_dtype.torch_dtype(),
-                               e2v_config=self.trainer.model.e2v_config, accelerator=self._accelerator())
+                               e2v_config=self.trainer.model.e2v_config,
+                               accelerator=self._accelerator() if accelerated else None)
+
+    @property
+    def stack_checking(self) -> bool:
+        """Each accelerated preview is also made at its full steps without the accelerator (distill.stack_check)."""
+        config = self.trainer.config
+        return config.sampling.accelerator.enabled and config.distill.mode == "base" and config.distill.stack_check
 
     def validate(self) -> list[str]:
         """Checks every enabled sample against the model before training starts (sizes rounded, images present,
@@ -194,6 +203,7 @@ class TrainingSampler:
             return []
         writer = getattr(getattr(self.trainer, "hooks", None), "writer", None)
         sampler = self._sampler()
+        full_sampler = self._sampler(accelerated=False) if self.stack_checking else None
         outputs = []
         with phase("sample"):
             for item in items:
@@ -201,7 +211,7 @@ class TrainingSampler:
                     continue
                 started = time.perf_counter()
                 try:
-                    results = self._generate(sampler, item)
+                    results = self._generate(sampler, item, full_sampler)
                 except Exception as error:  # noqa: BLE001  (any failure of a preview must not end the run)
                     if self.in_step:
                         raise PreviewOutOfStep(
@@ -267,14 +277,18 @@ class TrainingSampler:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _generate(self, sampler: WanModelSampler, item: TrainingSample) -> dict[str, SampleResult]:
-        """{file name suffix: result}: the preview ("") and, with sampling.compare_strengths, the same sample with
+    def _generate(self, sampler: WanModelSampler, item: TrainingSample,
+                  full_sampler: WanModelSampler | None = None) -> dict[str, SampleResult]:
+        """{file name suffix: result}: the preview (""); with `full_sampler` (the stack check) the same sample at its
+        own steps and guidance without the accelerator, "-full"; with sampling.compare_strengths, the same sample with
         the LoRA being trained at each other strength (the adapters' scaling, put back after), "-x<strength>". Every
         rank that computes previews makes the same forward passes here, whether it writes or not."""
         from modules.util.lora.strength import adapter_strength
 
         sample = item.sample.model_copy(update={"prompt": self._prompt(item.sample.prompt)})
         results = {"": sampler.sample(sample)}
+        if full_sampler is not None:   # the same seed: the same initial noise as the preview
+            results[FULL_STEPS_SUFFIX] = full_sampler.sample(sample)
         config = self.trainer.config
         if config.training_method is not TrainingMethod.LORA:
             return results
@@ -297,6 +311,7 @@ class TrainingSampler:
         progress = self.trainer.progress
         step, epoch = int(progress.global_step), int(progress.epoch)
         result = results[""]
+        check = self._stack_check(item, results, step)
         folder = self.samples_dir / item.folder_name
         video_path = folder / f"{step}-{epoch}.mp4"
         strip_path = folder / f"{step}-{epoch}.png"
@@ -308,9 +323,12 @@ class TrainingSampler:
         # the settings it was made with (prompt, seed, size): the GUI's gallery shows them on hover
         atomic_write_text(folder / f"{step}-{epoch}.json", json.dumps(
             {"step": step, "epoch": epoch, **result.sample.model_dump(mode="json"),
-             **({"accelerator": result.accelerator} if result.accelerator is not None else {})}, indent=1) + "\n")
+             **({"accelerator": result.accelerator} if result.accelerator is not None else {}),
+             **({"stack_check": check.record()} if check is not None else {})}, indent=1) + "\n")
         if writer is not None:
             add_gif_summary(writer, f"samples/{item.folder_name}", frames, result.fps, step)
+            if check is not None:
+                writer.add_scalar(f"stack_check/{item.folder_name}", check.distance, step)
         for suffix, other in results.items():
             if suffix:
                 other_frames = other.frames_uint8()
@@ -320,5 +338,18 @@ class TrainingSampler:
                                     step)
         seconds = time.perf_counter() - started
         accelerated = "" if sampler.accelerator is None else f", {sampler.accelerator.describe()}"
+        if check is not None:
+            accelerated += (f"; stack check {check.distance:.4f} from the {check.full_steps}-step sample without it "
+                            f"({folder / f'{step}-{epoch}{FULL_STEPS_SUFFIX}.mp4'})")
         print(f"preview {item.folder_name} at step {step}: {video_path} ({seconds:.1f} s{accelerated})", flush=True)
+        if check is not None:
+            self.stack_checks.append(check)
         return PreviewOutput(item.index, video_path, strip_path, seconds, result.notes)
+
+    def _stack_check(self, item: TrainingSample, results: dict[str, SampleResult], step: int) -> StackCheck | None:
+        full = results.get(FULL_STEPS_SUFFIX)
+        if full is None:
+            return None
+        check = StackCheck(step, item.folder_name, stack_distance(results[""].latents, full.latents),
+                           full.sample.steps, full.sample.guidance)
+        return check

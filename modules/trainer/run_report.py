@@ -221,6 +221,11 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         when = describe_schedule(plan, sampling.every_n_steps, sampling.every_n_epochs, sampling.every_n_minutes)
         before = "before training and " if sampling.sample_before_training else ""
         lines.append(f"  previews: {trainer.samples_dir} ({before}{when})")
+        if sampling.accelerator.enabled and config.distill.stack_check:
+            lines.append(f"    stack check: each accelerated preview is also made at its own steps and guidance "
+                         f"without the accelerator (<step>-<epoch>-full.mp4) and the two compared: the sample's "
+                         f"full steps (two passes each with guidance above 1) on top of the accelerator's "
+                         f"{len(sampling.accelerator.timestep_list())} (distill.stack_check false: off)")
     else:
         lines.append("  previews: none (sampling.samples_file is empty)")
     if getattr(trainer, "validation", None) is not None:
@@ -273,6 +278,8 @@ def end_report(trainer, written: list[Path], config_path: Path | None) -> str:
     samples = previews_by_step(trainer.samples_dir)
     if samples:
         lines.append(f"  previews: {len(samples)} videos in {trainer.samples_dir}, the last {samples[-1]}")
+    from modules.modelSampler.stack_check import report_lines
+    lines += report_lines(getattr(getattr(getattr(trainer, "hooks", None), "sampler", None), "stack_checks", []))
     newest_backup = newest_usable_backup(trainer.backup_root)[0]
     if newest_backup is not None:
         lines.append(f"  newest backup: {newest_backup}")

@@ -7,6 +7,7 @@ from modules.util.config.AnimateConfig import AnimateConfig
 from modules.util.config.BaseConfig import BaseConfig
 from modules.util.config.bounds import FolderName, Seed, WritePath
 from modules.util.config.DataConfig import DataConfig
+from modules.util.config.DistillConfig import DistillConfig
 from modules.util.config.DistributedConfig import DistributedConfig
 from modules.util.config.E2VTrainConfig import E2VTrainConfig
 from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, LoraConfig
@@ -60,6 +61,7 @@ class TrainConfig(BaseConfig):
     fine_tune: FineTuneConfig = FineTuneConfig()
     embedding: EmbeddingConfig = EmbeddingConfig()
     sampling: SamplingConfig = SamplingConfig()
+    distill: DistillConfig = DistillConfig()
     backup: BackupConfig = BackupConfig()
     validation: ValidationConfig = ValidationConfig()
     loss: LossConfig = LossConfig()
