@@ -18,8 +18,8 @@ Measured (2 sampling seeds x 24 held-out clips = 48 samples; model seeds 0 to 5,
 cores shared with other jobs): 200 base steps then 300 LoRA steps (this test): the LoRA 48, 48, 47, 47, 47, 47 of 48,
 its base (the "untrained" model for the LoRA) 17, 16, 17, 14, 9, 14 of 48 (chance: 12); the LoRA's loss over its
 last 20 steps 0.60 to 0.64 of its first 20. 200 + 200 steps: 47, 47, 46, 47, 46, 44 of 48 (too near the 0.9
-threshold); model seed 0 with 150 + 150 steps 44 of 48 (base 18), 300 + 300 steps 48 of 48 (base 16). The test took 203 s
-(187 s in the call) on the shared cores, where tests/test_animate_learning.py took 123 s."""
+threshold); model seed 0 with 150 + 150 steps 44 of 48 (base 18), 300 + 300 steps 48 of 48 (base 16). The test took
+203 s (187 s in the call) on the shared cores, where tests/test_animate_learning.py took 123 s."""
 import json
 import shutil
 from pathlib import Path
