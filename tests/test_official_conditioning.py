@@ -243,33 +243,29 @@ def animate(tiny_model):
     return WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.2-animate"))))
 
 
-def test_animate_training_and_sampling_encode_the_official_reference(animate, tmp_path):
-    """A reference of another aspect than the clip's: the training item's reference frame and the sampler's are the
-    latents of the official padding_resize."""
+def _animate_set(folder, reference: np.ndarray):
+    """One Animate training clip (5 frames of 32 x 32 as the loader cuts it) with its pose, face and `reference`."""
     from modules.util.demo_animate import animate_clip
 
     parts = animate_clip((220, 40, 40), "left", 9, SIZE)
-    folder = tmp_path / "set"
     folder.mkdir()
-    write_video(folder / "c.mp4", parts["clip"], 30)
-    write_video(folder / "c_pose.mp4", parts["pose"], 30)
-    write_video(folder / "c_face.mp4", parts["face"], 30)
-    reference = np.random.default_rng(3).integers(0, 256, (40, 24, 3), dtype=np.uint8)   # taller than the clip
+    for suffix, frames in (("", parts["clip"]), ("_pose", parts["pose"]), ("_face", parts["face"])):
+        write_video(folder / f"c{suffix}.mp4", frames, 30)
     Image.fromarray(reference).save(folder / "c_ref.png")
     (folder / "c.txt").write_text("a person")
-    with torch.no_grad():
-        expected = ac.reference_image_latents(animate.vae, official_reference_pixels(reference, SIZE, SIZE))[0]
 
-    loader = animate_loader(folder, cache=tmp_path / "cache")   # 5 frames of 32 x 32
+
+def _training_and_sampling_inputs(animate, folder, cache, item_name: str, transformer_input) -> tuple:
+    """What training's item holds under `item_name`, and what the sampler's first transformer call receives
+    (`transformer_input` of its keyword arguments), for the set in `folder`."""
+    loader = animate_loader(folder, cache=cache)
     loader.attach_model(animate, torch.device("cpu"))
     items = Pipeline(loader._item_modules() + list(loader.encoders.values()), loader.config.seed,
-                     outputs=["condition"])
+                     outputs=[item_name])
     items.start_epoch(0)
-    torch.testing.assert_close(items.get_item(0)["condition"][:, :1], expected, rtol=0, atol=1e-5)
-
     seen = []
     handle = animate.transformer.register_forward_pre_hook(
-        lambda _module, _args, kwargs: seen.append(kwargs["hidden_states"][:, 16:, :1].clone()), with_kwargs=True)
+        lambda _module, _args, kwargs: seen.append(transformer_input(kwargs).clone()), with_kwargs=True)
     try:
         WanModelSampler(animate, device="cpu").sample(SampleConfig(
             prompt="a person", width=SIZE, height=SIZE, frames=5, steps=1, guidance=1.0, seed=1,
@@ -277,42 +273,31 @@ def test_animate_training_and_sampling_encode_the_official_reference(animate, tm
             face_video=str(folder / "c_face.mp4"), continuation_frames=1))
     finally:
         handle.remove()
-    torch.testing.assert_close(seen[0][0].float(), expected, rtol=0, atol=1e-5)
+    return items.get_item(0)[item_name], seen[0][0].float()
+
+
+def test_animate_training_and_sampling_encode_the_official_reference(animate, tmp_path):
+    """A reference of another aspect than the clip's: the training item's reference frame and the sampler's are the
+    latents of the official padding_resize."""
+    reference = np.random.default_rng(3).integers(0, 256, (40, 24, 3), dtype=np.uint8)   # taller than the clip
+    _animate_set(tmp_path / "set", reference)
+    with torch.no_grad():
+        expected = ac.reference_image_latents(animate.vae, official_reference_pixels(reference, SIZE, SIZE))[0]
+    trained, sampled = _training_and_sampling_inputs(animate, tmp_path / "set", tmp_path / "cache", "condition",
+                                                     lambda kwargs: kwargs["hidden_states"][:, 16:, :1])
+    torch.testing.assert_close(trained[:, :1], expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(sampled, expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(50, 20), (18, 44)], ids=["taller", "wider"])
 def test_animate_training_and_sampling_give_clip_the_official_reference(animate, tmp_path, shape):
     """CLIP's tokens of a reference not of the clip's aspect: the training item's and the sampler's equal the official
     clip.visual of the fitted reference (diffusers' pipeline crops the original image instead)."""
-    from modules.util.demo_animate import animate_clip
-
-    parts = animate_clip((220, 40, 40), "left", 9, SIZE)
-    folder = tmp_path / "set"
-    folder.mkdir()
-    write_video(folder / "c.mp4", parts["clip"], 30)
-    write_video(folder / "c_pose.mp4", parts["pose"], 30)
-    write_video(folder / "c_face.mp4", parts["face"], 30)
     reference = np.random.default_rng(5).integers(0, 256, (*shape, 3), dtype=np.uint8)
-    Image.fromarray(reference).save(folder / "c_ref.png")
-    (folder / "c.txt").write_text("a person")
+    _animate_set(tmp_path / "set", reference)
     with torch.no_grad():
         expected = official_clip_tokens(animate.image_encoder, reference, SIZE, SIZE)[0]
-
-    loader = animate_loader(folder, cache=tmp_path / "cache")   # 5 frames of 32 x 32
-    loader.attach_model(animate, torch.device("cpu"))
-    items = Pipeline(loader._item_modules() + list(loader.encoders.values()), loader.config.seed,
-                     outputs=["image_embeds"])
-    items.start_epoch(0)
-    torch.testing.assert_close(items.get_item(0)["image_embeds"], expected, rtol=0, atol=1e-5)
-
-    seen = []
-    handle = animate.transformer.register_forward_pre_hook(
-        lambda _module, _args, kwargs: seen.append(kwargs["encoder_hidden_states_image"].clone()), with_kwargs=True)
-    try:
-        WanModelSampler(animate, device="cpu").sample(SampleConfig(
-            prompt="a person", width=SIZE, height=SIZE, frames=5, steps=1, guidance=1.0, seed=1,
-            reference_image=str(folder / "c_ref.png"), pose_video=str(folder / "c_pose.mp4"),
-            face_video=str(folder / "c_face.mp4"), continuation_frames=1))
-    finally:
-        handle.remove()
-    torch.testing.assert_close(seen[0][0].float(), expected, rtol=0, atol=1e-5)
+    trained, sampled = _training_and_sampling_inputs(animate, tmp_path / "set", tmp_path / "cache", "image_embeds",
+                                                     lambda kwargs: kwargs["encoder_hidden_states_image"])
+    torch.testing.assert_close(trained, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(sampled, expected, rtol=0, atol=1e-5)
