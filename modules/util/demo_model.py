@@ -46,6 +46,18 @@ Dead ends, measured, so that nobody repeats them:
   steps, 7 of 12 after 6000) and its LoRA's green loss still ended higher (0.267 to 0.367; 0.505 to 0.529). This
   base saw each colour with each direction in one caption and looks captions up whole; its tokenizer also splits
   "west" / "east" into five tokens where "left" / "right" are one.
+- Nor to a colour it saw with the other direction only: the demo's LoRA (its preset as it is) trained on 5 of the 6
+  captions (10 clips), the sixth's 2 clips a validation concept, its caption sampled at seeds 1 to 6 with the demo's
+  preview settings, for each of the 6 captions held out in turn: 0 of 36 samples pass `caption_square_problems`
+  after 400 steps (the base alone, the step-0 previews: 5 of 36), and the held-out loss rose in 5 of 6 (green left
+  0.462 before training to 0.636 at step 400, green right 0.242 to 0.869, red left 0.229 to 0.819, blue right 0.235
+  to 0.707, blue left 0.261 to 0.740; red right 1.027 to 0.946, lowest 0.869 at step 300). The samples are the
+  colour's other, trained direction: green left moves right, blue right moves left, 35 of the 36 from its first
+  frame to its last (the 36th lost its square in one frame). The LoRA ties the direction to the colour, not to the
+  word; with green left held out, the trained "a green square moving right" passes 5 of 6 (the base 2 of 6). Neither
+  cheap variant helped: the cross-attention keys and values with the text embedder only (0 of 24 over green left /
+  right, red right, blue left; the green left loss still rose, 0.462 to 0.640) and lr 2e-3 (0 of 18 over green left,
+  red right, blue left; 0.462 to 0.694). About 20 to 30 s a run on 2 busy cores.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
