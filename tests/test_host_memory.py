@@ -1,0 +1,56 @@
+"""Host memory while loading and converting: no part is ever held whole in a second copy."""
+import pytest
+import torch
+
+from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
+from modules.modelLoader.wan.parts.model_plan import plan_model
+from modules.util.config.ModelConfig import ModelConfig, PartConfig
+from modules.util.enum.DataType import DataType
+from tests.host_memory_tracking import AliveBytes, module_bytes
+
+
+def _diffusers_loader(config, folder):
+    return WanBaseModelLoader()._load_transformer(config.transformer, str(folder), "transformer",
+                                                  dict(local_files_only=True, use_safetensors=True))
+
+
+def _parts_loader(config, folder):
+    # a tokenizer named apart sends a diffusers base through the parts loader
+    config = config.model_copy(update={"tokenizer": PartConfig(path=str(folder / "tokenizer"))})
+    return WanPartsLoader._transformer(plan_model(config), "transformer", config.transformer)
+
+
+@pytest.mark.parametrize("load", [_diffusers_loader, _parts_loader], ids=["diffusers-folder", "parts-loader"])
+def test_a_folder_transformer_read_as_float8_is_never_held_whole_in_bfloat16(tiny_model, load):
+    """FLOAT_8 from a full-precision diffusers folder: each tensor goes from the mapped file to float8 as it is
+    read; loading in bfloat16 and casting afterwards held the whole model in bfloat16 beside the float8 copy."""
+    folder = tiny_model("wan2.1-t2v")
+    config = ModelConfig(base_model_name=str(folder), transformer=PartConfig(weight_dtype=DataType.FLOAT_8))
+    with AliveBytes() as counter:
+        transformer = load(config, folder)
+    assert transformer.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    final = module_bytes(transformer)
+    largest = max(p.numel() for p in transformer.parameters()) * 4   # one tensor in float32, on its way
+    assert counter.peak <= 1.1 * final + largest, (counter.peak, final, largest)
+
+
+def test_a_folder_transformer_read_as_float8_holds_the_numbers_bfloat16_then_float8_gave(tiny_model):
+    """The streamed read rounds as loading in bfloat16 and then storing in float8 did: the same tensors, dtypes
+    and outputs."""
+    from diffusers import WanTransformer3DModel
+    folder = tiny_model("wan2.1-t2v")
+    config = ModelConfig(base_model_name=str(folder), transformer=PartConfig(weight_dtype=DataType.FLOAT_8))
+    ours = _diffusers_loader(config, folder)
+    theirs = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer", torch_dtype=torch.bfloat16)
+    theirs.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    a, b = ours.state_dict(), theirs.eval().state_dict()
+    assert a.keys() == b.keys()
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k].float(), b[k].float()) for k in a)
+    generator = torch.Generator().manual_seed(0)
+    channels, text = ours.config.in_channels, ours.config.text_dim
+    inputs = dict(hidden_states=torch.randn(1, channels, 2, 8, 8, generator=generator, dtype=torch.bfloat16),
+                  timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 8, text, generator=generator, dtype=torch.bfloat16))
+    with torch.no_grad():
+        assert torch.equal(ours(**inputs, return_dict=False)[0], theirs(**inputs, return_dict=False)[0])
