@@ -70,6 +70,59 @@ def convert_lora(args: argparse.Namespace, output_format: ModelFormat, dtype) ->
     return 0
 
 
+_AS_STORED = {"fp32": DataType.FLOAT_32, "bf16": DataType.BFLOAT_16, "fp16": DataType.FLOAT_16,
+              # float8 files stay float8 as they are read; their other tensors are bfloat16 in ComfyUI's files
+              "fp8_e4m3fn": DataType.BFLOAT_16, "fp8_e5m2": DataType.BFLOAT_16, "fp8_scaled": DataType.BFLOAT_16}
+
+
+def _stored_parts(config) -> dict:
+    """Each part's FoundPart in the files the loader reads (the base folder, then the parts named apart)."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    sources = [Path(config.base_model_name)] + [Path(getattr(config, name).path) for name in
+                                                 ("transformer", "transformer_2", "vae", "text_encoder")
+                                                 if getattr(config, name).path]
+    parts = {}
+    for source in sources:
+        if not source.exists():
+            continue   # a hub id: loaded as before, in float32
+        try:
+            found = find_parts(source)
+        except ModelFileError:
+            continue   # the loader names the problem
+        for part in found:
+            name = part.role or part.part
+            if name in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+                parts[name] = part
+    return parts
+
+
+def keep_stored_dtypes(config, parts: dict):
+    """`config` with each part loaded in the dtype its file mostly stores (no --output-dtype: the default keeps each
+    tensor's dtype): a bf16 model is read and written in bf16, never widened to float32 (twice the memory and the
+    file)."""
+    return config.model_copy(update={
+        name: getattr(config, name).model_copy(update={"weight_dtype": _AS_STORED[part.dtype]})
+        for name, part in parts.items() if part.dtype in _AS_STORED})
+
+
+def restore_stored_dtypes(model, parts: dict) -> None:
+    """The tensors the loader widened (diffusers keeps its float32 modules in float32 whatever the file stores) back
+    to the file's dtype: exact, as they were widened from it."""
+    for name, part in parts.items():
+        module = getattr(model, name, None)
+        stored = part.detail.shapes if part.part == "transformer" and part.detail is not None else part.keys or {}
+        if module is None:
+            continue
+        for key, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            info = stored.get(key)
+            if info is None or not tensor.is_floating_point() or info.dtype.startswith("float8"):
+                continue
+            dtype = getattr(torch, info.dtype)
+            if dtype.is_floating_point and tensor.dtype != dtype:
+                tensor.data = tensor.data.to(dtype)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     output_format = ModelFormat(args.output_model_format)
@@ -113,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                              transformer=PartConfig(path=str(input_path)))
     else:
         config = ModelConfig(base_model_name=model_name, allow_download=args.allow_download)
-    # load in float32 unless told otherwise, so no precision is lost on the way through
+    parts = _stored_parts(config) if dtype is None else {}
+    config = keep_stored_dtypes(config, parts)
     try:
         model = WanBaseModelLoader().load(config)
+        restore_stored_dtypes(model, parts)
         if args.merge_lora:
             # A14B: `_high_noise` files into `transformer`, `_low_noise` into `transformer_2`, as the sampler does
             loras = [(Path(path), float(strength)) for path, strength in map(parse_lora_argument, args.merge_lora)]

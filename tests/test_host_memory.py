@@ -54,3 +54,29 @@ def test_a_folder_transformer_read_as_float8_holds_the_numbers_bfloat16_then_flo
                   encoder_hidden_states=torch.randn(1, 8, text, generator=generator, dtype=torch.bfloat16))
     with torch.no_grad():
         assert torch.equal(ours(**inputs, return_dict=False)[0], theirs(**inputs, return_dict=False)[0])
+
+
+def test_convert_model_keeps_a_bfloat16_models_dtypes_and_size(tiny_model, tmp_path):
+    """No --output-dtype keeps each tensor's dtype (as its help says): a bf16 model is read in bf16 and written as a
+    bf16 file of the input's size, the same numbers; it was read in float32 and written twice as large."""
+    import sys
+    from pathlib import Path
+    from safetensors import safe_open
+    from modules.util.lora.keys import diffusers_to_original_state_dict
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import convert_model
+    bf16 = tmp_path / "bf16"
+    assert convert_model.main(["--input-name", str(tiny_model("wan2.1-t2v")), "--output-model-format", "DIFFUSERS",
+                               "--output-model-destination", str(bf16), "--output-dtype", "BFLOAT_16"]) == 0
+    source = bf16 / "transformer" / "diffusion_pytorch_model.safetensors"
+    with safe_open(str(source), "pt") as f:
+        original = diffusers_to_original_state_dict({k: f.get_tensor(k) for k in f.keys()})
+    assert {v.dtype for v in original.values()} == {torch.bfloat16}
+    out = tmp_path / "wan_bf16.safetensors"
+    assert convert_model.main(["--input-name", str(bf16), "--output-model-format", "ORIGINAL",
+                               "--output-model-destination", str(out)]) == 0
+    with safe_open(str(out), "pt") as f:
+        written = {k: f.get_tensor(k) for k in f.keys()}
+    assert written.keys() == original.keys()
+    assert all(written[k].dtype == v.dtype and torch.equal(written[k], v) for k, v in original.items())
+    assert out.stat().st_size <= 1.05 * source.stat().st_size, (out.stat().st_size, source.stat().st_size)
