@@ -106,9 +106,16 @@ def keep_stored_dtypes(config, parts: dict):
         for name, part in parts.items() if part.dtype in _AS_STORED})
 
 
-def restore_stored_dtypes(model, parts: dict) -> None:
-    """The tensors the loader widened (diffusers keeps its float32 modules in float32 whatever the file stores) back
-    to the file's dtype: exact, as they were widened from it."""
+def restore_stored_dtypes(model, parts: dict, dtype) -> None:
+    """Without `dtype`: the tensors the loader widened (diffusers keeps its float32 modules in float32 whatever the
+    file stores; a merge reads the transformer in float32) back to the file's dtype. With it: every tensor cast to
+    `dtype` as the saver casts, one at a time and in place (the model is not used again), so the model and its cast
+    copy are never whole in memory together."""
+    if dtype is not None:
+        from modules.modelSaver.wan.WanBaseModelSaver import cast_in_place
+        for module in model.parts().values():
+            cast_in_place(module, dtype)
+        return
     for name, part in parts.items():
         module = getattr(model, name, None)
         stored = part.detail.shapes if part.part == "transformer" and part.detail is not None else part.keys or {}
@@ -166,16 +173,18 @@ def main(argv: list[str] | None = None) -> int:
                              transformer=PartConfig(path=str(input_path)))
     else:
         config = ModelConfig(base_model_name=model_name, allow_download=args.allow_download)
-    parts = _stored_parts(config) if dtype is None else {}
-    config = keep_stored_dtypes(config, parts)
+    parts = _stored_parts(config)
+    # a merge adds its deltas in float32 into float32 weights, rounding once at the end, as before
+    config = keep_stored_dtypes(config, {name: part for name, part in parts.items()
+                                         if not (args.merge_lora and name.startswith("transformer"))})
     try:
         model = WanBaseModelLoader().load(config)
-        restore_stored_dtypes(model, parts)
         if args.merge_lora:
             # A14B: `_high_noise` files into `transformer`, `_low_noise` into `transformer_2`, as the sampler does
             loras = [(Path(path), float(strength)) for path, strength in map(parse_lora_argument, args.merge_lora)]
             for line in apply_lora_files(model, loras):
                 print(f"merged {line}", file=sys.stderr)
+        restore_stored_dtypes(model, parts, dtype)
         written = WanBaseModelSaver().save(model, output_format, args.output_model_destination, dtype)
     except (ModelLoadError, NotAWanModelError, LoraMatchError, ValueError, OSError) as e:
         print(f"convert_model: {e}", file=sys.stderr)
