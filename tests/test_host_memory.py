@@ -80,3 +80,47 @@ def test_convert_model_keeps_a_bfloat16_models_dtypes_and_size(tiny_model, tmp_p
     assert written.keys() == original.keys()
     assert all(written[k].dtype == v.dtype and torch.equal(written[k], v) for k, v in original.items())
     assert out.stat().st_size <= 1.05 * source.stat().st_size, (out.stat().st_size, source.stat().st_size)
+
+
+def test_the_text_encoder_is_released_after_caching_and_previews_still_run(tiny_model, squares_dataset, tmp_path,
+                                                                          monkeypatch):
+    """After caching the prompts' embeddings training needs no text encoder: it is dropped (its memory returned),
+    and each preview reads it again for its prompts and drops it after."""
+    import gc
+    import json
+    import weakref
+    from learning import train
+    from modules.trainer.GenericTrainer import GenericTrainer
+    held = {}
+    cache = GenericTrainer._cache
+
+    def cache_and_watch(self):
+        done = cache(self)
+        held["parameter"] = weakref.ref(next(self.model.text_encoder.parameters()))
+        return done
+
+    monkeypatch.setattr(GenericTrainer, "_cache", cache_and_watch)
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9,
+                                    "steps": 2, "seed": 1}]))
+    trainer = train(tmp_path / "previews", tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                    overrides=[f"sampling.samples_file={samples}", "sampling.every_n_steps=1",
+                               "sampling.sample_before_training=true"])
+    gc.collect()
+    assert held["parameter"]() is None
+    assert trainer.model.text_encoder is None
+    assert len(sorted((tmp_path / "previews" / "run" / "samples").rglob("*.mp4"))) == 3
+
+
+def test_a_fine_tunes_diffusers_folder_still_holds_the_released_text_encoder(tiny_model, squares_dataset, tmp_path):
+    """The text encoder released after caching is read again for a diffusers save: the folder holds it unchanged."""
+    from safetensors.torch import load_file
+    from learning import train
+    base = tiny_model("wan2.1-t2v")
+    out = tmp_path / "out"
+    trainer = train(tmp_path / "ft", base, squares_dataset, method="FINE_TUNE", steps=1,
+                    overrides=["output.format=DIFFUSERS", f"output.destination={out}"])
+    assert trainer.model.text_encoder is None
+    written = load_file(str(next((out / "text_encoder").glob("*.safetensors"))))
+    source = load_file(str(next((base / "text_encoder").glob("*.safetensors"))))
+    assert written.keys() == source.keys() and all(torch.equal(written[k], source[k]) for k in source)

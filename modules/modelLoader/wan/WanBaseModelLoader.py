@@ -53,6 +53,16 @@ def load_folder_transformer_fp8(folder: Path) -> WanTransformer3DModel | None:
     return load_transformer(found[0].files, found[0].detail, found[0].config, DataType.FLOAT_8, str(folder))
 
 
+def load_text_encoder_only(config: ModelConfig) -> UMT5EncoderModel:
+    """The text encoder `WanBaseModelLoader().load(config)` reads, alone (read again after it was released)."""
+    if uses_parts_loader(config):
+        from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
+        return WanPartsLoader._text_encoder(plan_model(config), config.text_encoder)
+    base, local_only = WanBaseModelLoader._resolve_base(config)
+    return WanBaseModelLoader._load_part(config.text_encoder, base, "text_encoder", UMT5EncoderModel,
+                                         dict(local_files_only=local_only, use_safetensors=True))
+
+
 def load_part_file(path: Path, part: str, dtype: torch.dtype) -> tuple:
     """A VAE, text encoder or image encoder from one file in any layout (docs/formats.md); a tuple (the image encoder
     comes with its processor)."""
