@@ -70,9 +70,8 @@ def convert_lora(args: argparse.Namespace, output_format: ModelFormat, dtype) ->
     return 0
 
 
-_AS_STORED = {"fp32": DataType.FLOAT_32, "bf16": DataType.BFLOAT_16, "fp16": DataType.FLOAT_16,
-              # float8 files stay float8 as they are read; their other tensors are bfloat16 in ComfyUI's files
-              "fp8_e4m3fn": DataType.BFLOAT_16, "fp8_e5m2": DataType.BFLOAT_16, "fp8_scaled": DataType.BFLOAT_16}
+# float8 files are read as before (FLOAT_32): their float8 tensors stay float8, the scaled ones dequantise exactly
+_AS_STORED = {"fp32": DataType.FLOAT_32, "bf16": DataType.BFLOAT_16, "fp16": DataType.FLOAT_16}
 
 
 def _stored_parts(config) -> dict:
