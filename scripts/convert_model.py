@@ -105,15 +105,17 @@ def keep_stored_dtypes(config, parts: dict):
         for name, part in parts.items() if part.dtype in _AS_STORED})
 
 
-def restore_stored_dtypes(model, parts: dict, dtype) -> None:
+def restore_stored_dtypes(model, parts: dict, dtype, written: tuple[str, ...]) -> None:
     """Without `dtype`: the tensors the loader widened (diffusers keeps its float32 modules in float32 whatever the
-    file stores; a merge reads the transformer in float32) back to the file's dtype. With it: every tensor cast to
+    file stores; a merge reads the transformer in float32) back to the file's dtype. With it: each tensor of the
+    `written` parts cast to
     `dtype` as the saver casts, one at a time and in place (the model is not used again), so the model and its cast
     copy are never whole in memory together."""
     if dtype is not None:
         from modules.modelSaver.wan.WanBaseModelSaver import cast_in_place
-        for module in model.parts().values():
-            cast_in_place(module, dtype)
+        for name, module in model.parts().items():
+            if name in written:
+                cast_in_place(module, dtype)
         return
     for name, part in parts.items():
         module = getattr(model, name, None)
@@ -183,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             loras = [(Path(path), float(strength)) for path, strength in map(parse_lora_argument, args.merge_lora)]
             for line in apply_lora_files(model, loras):
                 print(f"merged {line}", file=sys.stderr)
-        restore_stored_dtypes(model, parts, dtype)
+        # an ORIGINAL file holds the transformers only
+        written_parts = tuple(model.parts()) if output_format is ModelFormat.DIFFUSERS \
+            else ("transformer", "transformer_2")
+        restore_stored_dtypes(model, parts, dtype, written_parts)
         written = WanBaseModelSaver().save(model, output_format, args.output_model_destination, dtype)
     except (ModelLoadError, NotAWanModelError, LoraMatchError, ValueError, OSError) as e:
         print(f"convert_model: {e}", file=sys.stderr)
