@@ -108,9 +108,8 @@ def keep_stored_dtypes(config, parts: dict):
 def restore_stored_dtypes(model, parts: dict, dtype, written: tuple[str, ...]) -> None:
     """Without `dtype`: the tensors the loader widened (diffusers keeps its float32 modules in float32 whatever the
     file stores; a merge reads the transformer in float32) back to the file's dtype. With it: each tensor of the
-    `written` parts cast to
-    `dtype` as the saver casts, one at a time and in place (the model is not used again), so the model and its cast
-    copy are never whole in memory together."""
+    `written` parts cast to `dtype` as the saver casts, one at a time and in place (the model is not used again), so
+    the model and its cast copy are never whole in memory together."""
     if dtype is not None:
         from modules.modelSaver.wan.WanBaseModelSaver import cast_in_place
         for name, module in model.parts().items():
