@@ -112,6 +112,10 @@ def test_the_text_encoder_is_released_after_caching_and_previews_still_run(tiny_
     assert trainer.model.text_encoder is None
     assert len(sorted((tmp_path / "previews" / "run" / "samples").rglob("*.mp4"))) == 3
     trainer.data.rebuild()   # as a resume on another world size does, after the release
+    # a pipeline built from the trained model reads it again, the same weights
+    reloaded = trainer.model.create_pipeline(image_mode=False).text_encoder.state_dict()
+    source = WanBaseModelLoader().load(trainer.config.model).text_encoder.state_dict()
+    assert reloaded.keys() == source.keys() and all(torch.equal(reloaded[k], source[k]) for k in source)
 
 
 def test_a_fine_tunes_diffusers_folder_still_holds_the_released_text_encoder(tiny_model, squares_dataset, tmp_path):

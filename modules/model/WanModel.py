@@ -178,6 +178,9 @@ class WanModel:
         """WanPipeline for text-to-video, WanImageToVideoPipeline when the model takes an image (I2V, FLF2V,
         I2V-A14B, or TI2V-5B given `image_mode=True`), WanVACEPipeline for VACE."""
         from diffusers import WanImageToVideoPipeline, WanPipeline
+        if self.text_encoder is None and self.text_encoder_loader is not None:
+            # released after caching: read again and kept, as the pipeline holds it for as long as it lives
+            self.text_encoder = self.text_encoder_loader().requires_grad_(False).eval()
         if self.variant.is_vace:
             from diffusers import WanVACEPipeline
             return WanVACEPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
