@@ -70,6 +70,66 @@ def convert_lora(args: argparse.Namespace, output_format: ModelFormat, dtype) ->
     return 0
 
 
+# float8 files are read as before (FLOAT_32): their float8 tensors stay float8, the scaled ones dequantise exactly
+_AS_STORED = {"fp32": DataType.FLOAT_32, "bf16": DataType.BFLOAT_16, "fp16": DataType.FLOAT_16}
+
+
+def _stored_parts(config) -> dict:
+    """Each part's FoundPart in the files the loader reads (the base folder, then the parts named apart)."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+    sources = [Path(config.base_model_name)] + [Path(getattr(config, name).path) for name in
+                                                 ("transformer", "transformer_2", "vae", "text_encoder")
+                                                 if getattr(config, name).path]
+    parts = {}
+    for source in sources:
+        if not source.exists():
+            continue   # a hub id: loaded as before, in float32
+        try:
+            found = find_parts(source)
+        except ModelFileError:
+            continue   # the loader names the problem
+        for part in found:
+            name = part.role or part.part
+            if name in ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder"):
+                parts[name] = part
+    return parts
+
+
+def keep_stored_dtypes(config, parts: dict):
+    """`config` with each part loaded in the dtype its file mostly stores (no --output-dtype: the default keeps each
+    tensor's dtype): a bf16 model is read and written in bf16, never widened to float32 (twice the memory and the
+    file)."""
+    return config.model_copy(update={
+        name: getattr(config, name).model_copy(update={"weight_dtype": _AS_STORED[part.dtype]})
+        for name, part in parts.items() if part.dtype in _AS_STORED})
+
+
+def restore_stored_dtypes(model, parts: dict, dtype, written: tuple[str, ...]) -> None:
+    """Without `dtype`: the tensors the loader widened (diffusers keeps its float32 modules in float32 whatever the
+    file stores; a merge reads the transformer in float32) back to the file's dtype. With it: each tensor of the
+    `written` parts cast to `dtype` as the saver casts, one at a time and in place (the model is not used again), so
+    the model and its cast copy are never whole in memory together."""
+    if dtype is not None:
+        from modules.modelSaver.wan.WanBaseModelSaver import cast_in_place
+        for name, module in model.parts().items():
+            if name in written:
+                cast_in_place(module, dtype)
+        return
+    for name, part in parts.items():
+        module = getattr(model, name, None)
+        stored = part.detail.shapes if part.part == "transformer" and part.detail is not None else part.keys or {}
+        if module is None:
+            continue
+        for key, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            info = stored.get(key)
+            if info is None or not tensor.is_floating_point() or info.dtype.startswith("float8"):
+                continue
+            dtype = getattr(torch, info.dtype)
+            if dtype.is_floating_point and tensor.dtype != dtype:
+                tensor.data = tensor.data.to(dtype)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     output_format = ModelFormat(args.output_model_format)
@@ -113,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                              transformer=PartConfig(path=str(input_path)))
     else:
         config = ModelConfig(base_model_name=model_name, allow_download=args.allow_download)
-    # load in float32 unless told otherwise, so no precision is lost on the way through
+    parts = _stored_parts(config)
+    # a merge adds its deltas in float32 into float32 weights, rounding once at the end, as before
+    config = keep_stored_dtypes(config, {name: part for name, part in parts.items()
+                                         if not (args.merge_lora and name.startswith("transformer"))})
     try:
         model = WanBaseModelLoader().load(config)
         if args.merge_lora:
@@ -121,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             loras = [(Path(path), float(strength)) for path, strength in map(parse_lora_argument, args.merge_lora)]
             for line in apply_lora_files(model, loras):
                 print(f"merged {line}", file=sys.stderr)
+        # an ORIGINAL file holds the transformers only
+        written_parts = tuple(model.parts()) if output_format is ModelFormat.DIFFUSERS \
+            else ("transformer", "transformer_2")
+        restore_stored_dtypes(model, parts, dtype, written_parts)
         written = WanBaseModelSaver().save(model, output_format, args.output_model_destination, dtype)
     except (ModelLoadError, NotAWanModelError, LoraMatchError, ValueError, OSError) as e:
         print(f"convert_model: {e}", file=sys.stderr)

@@ -190,6 +190,9 @@ class WanBaseDataLoader:
         self.spatial_unit, self.fps = model.spatial_unit, model.variant.native_fps
         self.vace = model.variant.is_vace
         self.fun_control = model.variant.is_fun_control
+        # kept: the text encoder is released after caching, and a later rebuild (a resume's batch size) needs it
+        self.text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
+                                       str(model.text_encoder.dtype))
         self.rebuild()
 
     def encoder_modules(self) -> list:
@@ -233,8 +236,7 @@ class WanBaseDataLoader:
         if self.has_masks and self.e2v is None and self.mask_is_loss_region:
             modules.append(EncodeMask(DiskCache(cache_root, "masks"), model.vae_spatial_stride,
                                       model.vae_temporal_stride))
-        text_identity = cache_key(model.source, model.text_encoder.config.to_dict(), len(model.tokenizer),
-                                  str(model.text_encoder.dtype))
+        text_identity = self.text_identity
         if config.training_method is not TrainingMethod.EMBEDDING:
             modules.append(EncodeText(model, DiskCache(cache_root, "text"), text_identity))
         if self.animate and variant.takes_driving_video:

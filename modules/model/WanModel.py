@@ -40,6 +40,8 @@ class WanModel:
     # widened (they train fully, also under LoRA, and are saved with the adapter)
     e2v_config: object = None
     e2v_trainable: list[str] = field(default_factory=list)
+    # reads the text encoder again once it was released after caching (modules/model/released_parts.py)
+    text_encoder_loader: object = None
 
     @property
     def model_type(self) -> ModelType:
@@ -84,9 +86,11 @@ class WanModel:
 
     def encode_text(self, prompts: list[str], max_length: int = TEXT_SEQUENCE_LENGTH) -> Tensor:
         """UMT5 hidden states (B, max_length, D), padding positions zeroed exactly as diffusers' Wan pipelines do."""
+        from modules.model.released_parts import text_encoder_loaded
         input_ids, mask = self.tokenize(prompts, max_length)
-        device = next(self.text_encoder.parameters()).device
-        hidden = self.text_encoder(input_ids.to(device), mask.to(device)).last_hidden_state
+        with text_encoder_loaded(self):   # released after caching: a prompt the cache lacks reads it again
+            device = next(self.text_encoder.parameters()).device
+            hidden = self.text_encoder(input_ids.to(device), mask.to(device)).last_hidden_state
         # (B, L, D) -> zero every position past the prompt's own length
         return hidden * mask.to(device=device, dtype=hidden.dtype).unsqueeze(-1)
 
@@ -174,6 +178,9 @@ class WanModel:
         """WanPipeline for text-to-video, WanImageToVideoPipeline when the model takes an image (I2V, FLF2V,
         I2V-A14B, or TI2V-5B given `image_mode=True`), WanVACEPipeline for VACE."""
         from diffusers import WanImageToVideoPipeline, WanPipeline
+        if self.text_encoder is None and self.text_encoder_loader is not None:
+            # released after caching: read again and kept, as the pipeline holds it for as long as it lives
+            self.text_encoder = self.text_encoder_loader().requires_grad_(False).eval()
         if self.variant.is_vace:
             from diffusers import WanVACEPipeline
             return WanVACEPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modules.model.released_parts import text_encoder_loaded
 from modules.modelSampler.stack_check import FULL_STEPS_SUFFIX, StackCheck, stack_distance
 from modules.modelSampler.WanModelSampler import SampleResult, WanModelSampler
 from modules.util.config.SampleConfig import SampleConfig
@@ -205,7 +206,7 @@ class TrainingSampler:
         sampler = self._sampler()
         full_sampler = self._sampler(accelerated=False) if self.stack_checking else None
         outputs = []
-        with phase("sample"):
+        with phase("sample"), text_encoder_loaded(self.trainer.model):
             for item in items:
                 if self.in_step and not self._runs_on_every_rank(sampler, item):
                     continue

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from modules.model.WanModel import WanModel
+from modules.model.released_parts import text_encoder_loaded
 from modules.model.sampling_defaults import sample_updates
 from modules.modelSampler.accelerator import Accelerator, accelerated
 from modules.modelSampler.Placement import Placement, _device_of
@@ -353,6 +354,9 @@ class WanModelSampler:
     def sample(self, sample: SampleConfig, on_step: Callable[[int, int], None] | None = None) -> SampleResult:
         """One video. `on_step(done, total)` is called after every denoising step."""
         model = self.model
+        if model.text_encoder is None and model.text_encoder_loader is not None:
+            with text_encoder_loaded(model):   # released after caching: read again for this sample
+                return self.sample(sample, on_step)
         resolved, notes = self.resolve(sample)
         variant = model.variant
         if variant.takes_driving_video:

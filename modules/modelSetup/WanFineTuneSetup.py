@@ -1,10 +1,12 @@
 """Full or layer-filtered fine-tune of the transformer (one expert for Wan 2.2 A14B)."""
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from modules.model.e2v_file_metadata import write_e2v_folder_config
+from modules.model.released_parts import text_encoder_loaded
 from modules.modelSaver.WanModelSaver import WanModelSaver
 from modules.modelSetup.BaseWanSetup import BaseWanSetup
 from modules.util.enum.ModelFormat import ModelFormat
@@ -53,7 +55,9 @@ class WanFineTuneSetup(BaseWanSetup):
 
     def save_result(self, destination: str, output_format: ModelFormat, dtype: torch.dtype | None,
                     train_config: dict | None) -> list[Path]:
-        written = WanModelSaver().save(self.model, output_format, destination, dtype, train_config)
+        # a diffusers folder holds every part: the text encoder released after caching is read again for it
+        with text_encoder_loaded(self.model) if output_format is ModelFormat.DIFFUSERS else nullcontext():
+            written = WanModelSaver().save(self.model, output_format, destination, dtype, train_config)
         if output_format is ModelFormat.DIFFUSERS:
             write_e2v_folder_config(self.model, destination)  # an E2V model's layout, beside its parts
         return written

@@ -214,6 +214,11 @@ class GenericTrainer:
         self.setup.setup_model()
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
+        else:   # the prompts' embeddings are cached: previews and a diffusers save read the encoder again
+            from functools import partial
+            from modules.model.released_parts import release_text_encoder
+            from modules.modelLoader.wan.WanBaseModelLoader import load_text_encoder_only
+            release_text_encoder(self.model, partial(load_text_encoder_only, config.model))
 
         # several ranks: rank 0's name (the start time, its folder reserved) for all
         self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice)

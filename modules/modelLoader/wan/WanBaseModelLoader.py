@@ -40,6 +40,29 @@ def load_single_file_transformer(path: Path, config: dict, weight_dtype: DataTyp
         raise ModelLoadError(str(error)) from None
 
 
+def load_folder_transformer_fp8(folder: Path) -> WanTransformer3DModel | None:
+    """A diffusers transformer folder (full precision) as FLOAT_8, each tensor cast to float8 as it is read from the
+    memory-mapped file: from_pretrained in bfloat16 and casting afterwards held the whole model in bfloat16 (and
+    the file's pages) beside the float8 copy. The same numbers (read through bfloat16, then float8). None when the
+    folder is not one the tensor reader knows (then the caller loads it with from_pretrained)."""
+    from modules.modelLoader.wan.parts.recognise import find_parts
+    from modules.modelLoader.wan.parts.transformer_files import load_transformer
+    found = [f for f in find_parts(folder) if f.part == "transformer" and f.folder is not None and f.config]
+    if len(found) != 1 or found[0].layout != "diffusers":
+        return None
+    return load_transformer(found[0].files, found[0].detail, found[0].config, DataType.FLOAT_8, str(folder))
+
+
+def load_text_encoder_only(config: ModelConfig) -> UMT5EncoderModel:
+    """The text encoder `WanBaseModelLoader().load(config)` reads, alone (read again after it was released)."""
+    if uses_parts_loader(config):
+        from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
+        return WanPartsLoader._text_encoder(plan_model(config), config.text_encoder)
+    base, local_only = WanBaseModelLoader._resolve_base(config)
+    return WanBaseModelLoader._load_part(config.text_encoder, base, "text_encoder", UMT5EncoderModel,
+                                         dict(local_files_only=local_only, use_safetensors=True))
+
+
 def load_part_file(path: Path, part: str, dtype: torch.dtype) -> tuple:
     """A VAE, text encoder or image encoder from one file in any layout (docs/formats.md); a tuple (the image encoder
     comes with its processor)."""
@@ -217,6 +240,15 @@ class WanBaseModelLoader:
             config_folder = part.path or base
             sub = None if part.path and (Path(part.path) / "config.json").is_file() else subfolder
             config = WanTransformer3DModel.load_config(config_folder, subfolder=sub, **common)
+            folder = Path(config_folder) / (sub or "")
+            if part.weight_dtype is DataType.FLOAT_8 and folder.is_dir():
+                from modules.modelLoader.wan.parts.tensor_files import ModelFileError
+                try:
+                    transformer = load_folder_transformer_fp8(folder)
+                except ModelFileError as error:
+                    raise ModelLoadError(str(error)) from None
+                if transformer is not None:   # already float8 (layerwise casting set up as it was read)
+                    return transformer
             transformer = self._load_part(part, base, subfolder, transformer_class(config), common)
         if part.weight_dtype is DataType.FLOAT_8:
             # frozen base weights stored in fp8 and upcast per layer for compute: a 14B model fits in 24 GB

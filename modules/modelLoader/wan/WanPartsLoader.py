@@ -67,11 +67,12 @@ class WanPartsLoader:
                                      f"folder, not from {source} ({found.layout}); use FLOAT_8 for single files")
             from modules.modelLoader.wan.quantized_transformer import load_quantized_transformer
             return load_quantized_transformer(part.model_copy(update={"path": str(found.folder)}))
+        if found.folder is not None and not found.dtype.startswith("fp8") and part.weight_dtype is DataType.FLOAT_8:
+            # cast to float8 as each tensor is read (never the whole model in bfloat16 beside it)
+            return load_transformer(found.files, found.detail, plan.transformer_configs[name], part.weight_dtype,
+                                    source)
         if found.folder is not None and not found.dtype.startswith("fp8"):
-            transformer = _from_folder(transformer_class(found.config or {}), found, part.weight_dtype.torch_dtype())
-            if part.weight_dtype is DataType.FLOAT_8:
-                transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
-            return transformer
+            return _from_folder(transformer_class(found.config or {}), found, part.weight_dtype.torch_dtype())
         return load_transformer(found.files, found.detail, plan.transformer_configs[name], part.weight_dtype, source)
 
     @staticmethod

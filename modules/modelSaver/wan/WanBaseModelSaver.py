@@ -32,6 +32,19 @@ def _cast_tensor(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> t
     return value.to(dtype)
 
 
+def cast_in_place(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Each parameter and buffer cast as `_cast_tensor` casts it for a save, one tensor at a time (each old tensor is
+    freed as its cast replaces it): for a model that is only saved, the save then copies nothing. fp8_scaled layers
+    are left to the save, which dequantises them."""
+    from modules.util.fp8_scaled import ScaledFp8Linear
+    for name, layer in module.named_modules():
+        if isinstance(layer, ScaledFp8Linear):
+            continue
+        prefix = f"{name}." if name else ""
+        for key, tensor in list(layer.named_parameters(recurse=False)) + list(layer.named_buffers(recurse=False)):
+            tensor.data = _cast_tensor(prefix + key, tensor.data, dtype)
+
+
 def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None,
                      computable: bool = False) -> dict[str, torch.Tensor]:
     """The weights as plain tensors: layers loaded from an fp8_scaled file are dequantised (weight * scale) in

@@ -1,0 +1,132 @@
+"""Host memory while loading and converting: no part is ever held whole in a second copy."""
+import pytest
+import torch
+
+from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+from modules.modelLoader.wan.WanPartsLoader import WanPartsLoader
+from modules.modelLoader.wan.parts.model_plan import plan_model
+from modules.util.config.ModelConfig import ModelConfig, PartConfig
+from modules.util.enum.DataType import DataType
+from tests.host_memory_tracking import AliveBytes, module_bytes
+
+
+def _diffusers_loader(config, folder):
+    return WanBaseModelLoader()._load_transformer(config.transformer, str(folder), "transformer",
+                                                  dict(local_files_only=True, use_safetensors=True))
+
+
+def _parts_loader(config, folder):
+    # a tokenizer named apart sends a diffusers base through the parts loader
+    config = config.model_copy(update={"tokenizer": PartConfig(path=str(folder / "tokenizer"))})
+    return WanPartsLoader._transformer(plan_model(config), "transformer", config.transformer)
+
+
+@pytest.mark.parametrize("load", [_diffusers_loader, _parts_loader], ids=["diffusers-folder", "parts-loader"])
+def test_a_folder_transformer_read_as_float8_is_never_held_whole_in_bfloat16(tiny_model, load):
+    """FLOAT_8 from a full-precision diffusers folder: each tensor goes from the mapped file to float8 as it is
+    read; loading in bfloat16 and casting afterwards held the whole model in bfloat16 beside the float8 copy."""
+    folder = tiny_model("wan2.1-t2v")
+    config = ModelConfig(base_model_name=str(folder), transformer=PartConfig(weight_dtype=DataType.FLOAT_8))
+    with AliveBytes() as counter:
+        transformer = load(config, folder)
+    assert transformer.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    final = module_bytes(transformer)
+    largest = max(p.numel() for p in transformer.parameters()) * 4   # one tensor in float32, on its way
+    assert counter.peak <= 1.1 * final + largest, (counter.peak, final, largest)
+
+
+def test_a_folder_transformer_read_as_float8_holds_the_numbers_bfloat16_then_float8_gave(tiny_model):
+    """The streamed read rounds as loading in bfloat16 and then storing in float8 did: the same tensors, dtypes
+    and outputs."""
+    from diffusers import WanTransformer3DModel
+    folder = tiny_model("wan2.1-t2v")
+    config = ModelConfig(base_model_name=str(folder), transformer=PartConfig(weight_dtype=DataType.FLOAT_8))
+    ours = _diffusers_loader(config, folder)
+    theirs = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer", torch_dtype=torch.bfloat16)
+    theirs.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    a, b = ours.state_dict(), theirs.eval().state_dict()
+    assert a.keys() == b.keys()
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k].float(), b[k].float()) for k in a)
+    generator = torch.Generator().manual_seed(0)
+    channels, text = ours.config.in_channels, ours.config.text_dim
+    inputs = dict(hidden_states=torch.randn(1, channels, 2, 8, 8, generator=generator, dtype=torch.bfloat16),
+                  timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 8, text, generator=generator, dtype=torch.bfloat16))
+    with torch.no_grad():
+        assert torch.equal(ours(**inputs, return_dict=False)[0], theirs(**inputs, return_dict=False)[0])
+
+
+def test_convert_model_keeps_a_bfloat16_models_dtypes_and_size(tiny_model, tmp_path):
+    """No --output-dtype keeps each tensor's dtype (as its help says): a bf16 model is read in bf16 and written as a
+    bf16 file of the input's size, the same numbers; it was read in float32 and written twice as large."""
+    import sys
+    from pathlib import Path
+    from safetensors import safe_open
+    from modules.util.lora.keys import diffusers_to_original_state_dict
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import convert_model
+    bf16 = tmp_path / "bf16"
+    assert convert_model.main(["--input-name", str(tiny_model("wan2.1-t2v")), "--output-model-format", "DIFFUSERS",
+                               "--output-model-destination", str(bf16), "--output-dtype", "BFLOAT_16"]) == 0
+    source = bf16 / "transformer" / "diffusion_pytorch_model.safetensors"
+    with safe_open(str(source), "pt") as f:
+        original = diffusers_to_original_state_dict({k: f.get_tensor(k) for k in f.keys()})
+    assert {v.dtype for v in original.values()} == {torch.bfloat16}
+    out = tmp_path / "wan_bf16.safetensors"
+    assert convert_model.main(["--input-name", str(bf16), "--output-model-format", "ORIGINAL",
+                               "--output-model-destination", str(out)]) == 0
+    with safe_open(str(out), "pt") as f:
+        written = {k: f.get_tensor(k) for k in f.keys()}
+    assert written.keys() == original.keys()
+    assert all(written[k].dtype == v.dtype and torch.equal(written[k], v) for k, v in original.items())
+    assert out.stat().st_size <= 1.05 * source.stat().st_size, (out.stat().st_size, source.stat().st_size)
+
+
+def test_the_text_encoder_is_released_after_caching_and_previews_still_run(tiny_model, squares_dataset, tmp_path,
+                                                                          monkeypatch):
+    """After caching the prompts' embeddings training needs no text encoder: it is dropped (its memory returned),
+    and each preview reads it again for its prompts and drops it after."""
+    import gc
+    import json
+    import weakref
+    from learning import train
+    from modules.trainer.GenericTrainer import GenericTrainer
+    held = {}
+    cache = GenericTrainer._cache
+
+    def cache_and_watch(self):
+        done = cache(self)
+        held["parameter"] = weakref.ref(next(self.model.text_encoder.parameters()))
+        return done
+
+    monkeypatch.setattr(GenericTrainer, "_cache", cache_and_watch)
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps([{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9,
+                                    "steps": 2, "seed": 1}]))
+    trainer = train(tmp_path / "previews", tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                    overrides=[f"sampling.samples_file={samples}", "sampling.every_n_steps=1",
+                               "sampling.sample_before_training=true"])
+    assert trainer.hooks.sampler.failures == 0
+    gc.collect()
+    assert held["parameter"]() is None
+    assert trainer.model.text_encoder is None
+    assert len(sorted((tmp_path / "previews" / "run" / "samples").rglob("*.mp4"))) == 3
+    trainer.data.rebuild()   # as a resume on another world size does, after the release
+    # a pipeline built from the trained model reads it again, the same weights
+    reloaded = trainer.model.create_pipeline(image_mode=False).text_encoder.state_dict()
+    source = WanBaseModelLoader().load(trainer.config.model).text_encoder.state_dict()
+    assert reloaded.keys() == source.keys() and all(torch.equal(reloaded[k], source[k]) for k in source)
+
+
+def test_a_fine_tunes_diffusers_folder_still_holds_the_released_text_encoder(tiny_model, squares_dataset, tmp_path):
+    """The text encoder released after caching is read again for a diffusers save: the folder holds it unchanged."""
+    from safetensors.torch import load_file
+    from learning import train
+    base = tiny_model("wan2.1-t2v")
+    out = tmp_path / "out"
+    trainer = train(tmp_path / "ft", base, squares_dataset, method="FINE_TUNE", steps=1,
+                    overrides=["output.format=DIFFUSERS", f"output.destination={out}"])
+    assert trainer.model.text_encoder is None
+    written = load_file(str(next((out / "text_encoder").glob("*.safetensors"))))
+    source = load_file(str(next((base / "text_encoder").glob("*.safetensors"))))
+    assert written.keys() == source.keys() and all(torch.equal(written[k], source[k]) for k in source)
