@@ -41,14 +41,17 @@ class CtkSamplingView:
         self._last_scan = 0.0
         self._tick_job = None
         left = ctk.CTkFrame(frame, fg_color="transparent")
-        left.grid(row=0, column=0, sticky="nw")
+        left.grid(row=0, column=0, rowspan=2, sticky="nw")
         right = ctk.CTkFrame(frame)
         right.grid(row=0, column=1, sticky="nw", padx=8)
+        # under the player, so the sample list stays in view beside it
+        below_player = ctk.CTkFrame(frame, fg_color="transparent")
+        below_player.grid(row=1, column=1, sticky="nw", padx=8, pady=6)
         row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160,
                              error_width=300)   # beside the player: the tab fits the window
-        row = render_section(left, self.state, "sampling.accelerator", only=ACCELERATOR_FIELDS, start_row=row,
-                             fields=app.fields, title="accelerator (step-distill LoRA, docs/distilled.md)",
-                             width=160, error_width=300)
+        render_section(below_player, self.state, "sampling.accelerator", only=ACCELERATOR_FIELDS,
+                       fields=app.fields, title="accelerator (step-distill LoRA, docs/distilled.md)", width=160,
+                       error_width=300)
         self._show_accelerator_fields()
         bar = ctk.CTkFrame(left, fg_color="transparent")
         bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
