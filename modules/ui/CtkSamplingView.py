@@ -50,8 +50,8 @@ class CtkSamplingView:
         row = render_section(left, self.state, "sampling", fields=app.fields, title="sampling", width=160,
                              error_width=300)   # beside the player: the tab fits the window
         render_section(below_player, self.state, "sampling.accelerator", only=ACCELERATOR_FIELDS,
-                       fields=app.fields, title="accelerator (step-distill LoRA, docs/distilled.md)", width=160,
-                       error_width=300)
+                       fields=app.fields, title="accelerator (step-distill LoRA, docs/distilled.md)", width=120,
+                       error_width=160)   # narrow: beside the sampling fields, the tab fits the window
         self._show_accelerator_fields()
         bar = ctk.CTkFrame(left, fg_color="transparent")
         bar.grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=6)
