@@ -8,6 +8,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from torch import Tensor
 
+from modules.model.clip_pixels import images_clip_tokens
 from modules.model.sampling_defaults import SamplingDefaults
 from modules.util.enum.ModelType import ModelType
 from modules.util.enum.WanVariant import WanVariant
@@ -97,11 +98,9 @@ class WanModel:
     # ---- images (CLIP pathway) --------------------------------------------------------------------------------
 
     def encode_image(self, images: list) -> Tensor:
-        """CLIP vision hidden_states[-2] for each image: (N, tokens, dim), as diffusers' I2V pipeline computes."""
-        pixels = self.image_processor(images=images, return_tensors="pt").pixel_values
-        device = next(self.image_encoder.parameters()).device
-        pixels = pixels.to(device=device, dtype=next(self.image_encoder.parameters()).dtype)
-        return self.image_encoder(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
+        """CLIP vision hidden_states[-2] for each image (PIL or uint8 (H, W, 3)): (N, tokens, dim), each image
+        squashed to the encoder's size as the official Wan code does (clip_pixels; diffusers' processor crops)."""
+        return images_clip_tokens(self.image_encoder, images)
 
     # ---- latents ----------------------------------------------------------------------------------------------
 

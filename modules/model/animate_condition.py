@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from modules.model.clip_pixels import official_clip_tokens
+
 CONDITION_CHANNELS = 4      # the I2V mask folded over the VAE's 4x temporal stride
 MODES = ("animate", "replace")
 CONTINUATION_FRAMES = (1, 5)   # prev_segment_conditioning_frames the official code and the pipeline use
@@ -199,25 +201,12 @@ def mask_pixels(frames, height: int, width: int, spatial: int = 8) -> torch.Tens
     return processors(spatial)[1].preprocess_video(frames, height=height, width=width)[:, :1].float()
 
 
-# CLIP ViT-H/14's normalisation, as the official CLIPModel's transforms apply it
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
 def clip_image_tokens(image_encoder, reference: torch.Tensor) -> torch.Tensor:
     """CLIP tokens of the fitted reference (1, 3, H, W) in [-1, 1] (reference_pixels) as the official code makes them
-    (Wan-Video/Wan2.2 wan/animate.py gives `clip.visual` the padding_resize'd reference; wan/modules/animate/clip.py
-    `visual` squashes it to the encoder's size with torch's bicubic interpolation, maps it to [0, 1] and normalises):
-    hidden_states[-2] (the official use_31_block). diffusers' pipeline gives CLIP the original image through its
-    processor instead (shortest side resized, centre crop: other tokens for any reference not square)."""
-    size = image_encoder.config.image_size
-    parameter = next(image_encoder.parameters())
-    pixels = F.interpolate(reference.float(), size=(size, size), mode="bicubic", align_corners=False)
-    mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
-    pixels = (pixels.mul(0.5).add(0.5) - mean) / std
-    pixels = pixels.to(parameter.device, parameter.dtype)
-    return image_encoder(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
+    (Wan-Video/Wan2.2 wan/animate.py gives `clip.visual` the padding_resize'd reference; see clip_pixels).
+    diffusers' pipeline gives CLIP the original image through its processor instead (shortest side resized, centre
+    crop: other tokens for any reference not square)."""
+    return official_clip_tokens(image_encoder, reference)
 
 
 def pad_frames(frames: list, count: int) -> list:

@@ -4,6 +4,7 @@ from typing import Any
 import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
+from modules.model.clip_pixels import CLIP_PREPROCESS
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
 from modules.model.e2v_condition import (ELEMENT_PREPROCESS_VERSION, build_mini_video, clip_tokens,
                                          encode_condition_cache, make_e2v_condition,
@@ -43,7 +44,7 @@ class EncodeE2V(PipelineModule):
         elements = ctx.get("elements", index)
         parts = ["e2v", file_identity(ctx.get("path", index)), [file_identity(p) if p else None for p in elements],
                  list(ctx.get("frame_indices", index)), list(ctx.get("resolution_bucket", index)), self.identity,
-                 self.settings, ELEMENT_PREPROCESS_VERSION]
+                 self.settings, ELEMENT_PREPROCESS_VERSION, CLIP_PREPROCESS]
         key = cache_key(*parts)
         cached = self.cache.get(key, required=self._cached_names())
         if cached is None:

@@ -5,6 +5,7 @@ import torch
 
 from modules.dataLoader.DiskCache import DiskCache, cache_key, file_identity
 from modules.dataLoader.pipeline.PipelineModule import PipelineModule
+from modules.model.clip_pixels import CLIP_PREPROCESS
 from modules.util.video_frames import tensor_to_frames
 
 
@@ -39,6 +40,8 @@ class EncodeVideo(PipelineModule):
                  list(ctx.get("resolution_bucket", index)), self.identity, self.condition, self.clip]
         if self.latent_dtype != torch.float32:
             parts.append(str(self.latent_dtype))
+        if self.clip:
+            parts.append(CLIP_PREPROCESS)
         if self.augmented:
             parts.append(ctx.get("crop", index))  # random crops and flips are cached per variation
         return cache_key(*parts)
