@@ -1,4 +1,5 @@
 """Host memory while loading and converting: no part is ever held whole in a second copy."""
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +131,48 @@ def test_a_fine_tunes_diffusers_folder_still_holds_the_released_text_encoder(tin
     written = load_file(str(next((out / "text_encoder").glob("*.safetensors"))))
     source = load_file(str(next((base / "text_encoder").glob("*.safetensors"))))
     assert written.keys() == source.keys() and all(torch.equal(written[k], source[k]) for k in source)
+
+
+def test_preview_rounds_read_the_text_encoder_again_only_for_new_prompts(tiny_model, squares_dataset, tmp_path,
+                                                                         monkeypatch):
+    """The previews' prompt embeddings are kept when the text encoder is released: three preview rounds read no
+    encoder at all; a prompt the samples file gains reads it once, the next round none; and a preview from the kept
+    embeddings equals the one made with the encoder read again."""
+    import json
+    from learning import train
+    from modules.modelLoader.wan import WanBaseModelLoader as loader_module
+    from modules.modelSampler.TrainingSampler import TrainingSampler
+    from modules.modelSampler.WanModelSampler import WanModelSampler
+    from modules.util.config.SampleConfig import SampleConfig
+    reads = []
+    load_only = loader_module.load_text_encoder_only
+
+    def counted(*args, **kwargs):
+        reads.append(1)
+        return load_only(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "load_text_encoder_only", counted)
+    samples = tmp_path / "samples.json"
+    first = {"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9, "steps": 2, "seed": 1,
+             "guidance": 3.0}
+    samples.write_text(json.dumps([first]))
+    trainer = train(tmp_path / "previews", tiny_model("wan2.1-t2v"), squares_dataset, steps=2,
+                    overrides=[f"sampling.samples_file={samples}", "sampling.every_n_steps=1",
+                               "sampling.sample_before_training=true"])
+    assert trainer.hooks.sampler.failures == 0
+    assert len(sorted((tmp_path / "previews" / "run" / "samples").rglob("*.mp4"))) == 3
+    assert reads == [] and trainer.model.text_encoder is None
+
+    samples.write_text(json.dumps([first, {**first, "prompt": "a blue square moving right"}]))
+    sampler = TrainingSampler(trainer)
+    sampler.sample_all()
+    assert len(reads) == 1 and trainer.model.text_encoder is None
+    sampler.sample_all()
+    assert len(reads) == 1
+
+    sample = SampleConfig(**{**first, "prompt": "a blue square moving right"})
+    kept = WanModelSampler(trainer.model).sample(sample).frames
+    trainer.model.prompt_memo.clear()
+    read_again = WanModelSampler(trainer.model).sample(sample).frames
+    assert len(reads) == 2
+    np.testing.assert_array_equal(kept, read_again)

@@ -43,6 +43,8 @@ class WanModel:
     e2v_trainable: list[str] = field(default_factory=list)
     # reads the text encoder again once it was released after caching (modules/model/released_parts.py)
     text_encoder_loader: object = None
+    # prompt -> its (max_length, D) embeddings, kept for previews once the text encoder is released (released_parts)
+    prompt_memo: dict = field(default_factory=dict)
 
     @property
     def model_type(self) -> ModelType:
@@ -88,6 +90,8 @@ class WanModel:
     def encode_text(self, prompts: list[str], max_length: int = TEXT_SEQUENCE_LENGTH) -> Tensor:
         """UMT5 hidden states (B, max_length, D), padding positions zeroed exactly as diffusers' Wan pipelines do."""
         from modules.model.released_parts import text_encoder_loaded
+        if max_length == TEXT_SEQUENCE_LENGTH and prompts and all(p in self.prompt_memo for p in prompts):
+            return torch.stack([self.prompt_memo[p] for p in prompts])
         input_ids, mask = self.tokenize(prompts, max_length)
         with text_encoder_loaded(self):   # released after caching: a prompt the cache lacks reads it again
             device = next(self.text_encoder.parameters()).device
@@ -173,11 +177,12 @@ class WanModel:
 
     # ---- diffusers pipelines assembled from the live parts (no copy of the weights) -----------------------------
 
-    def create_pipeline(self, image_mode: bool | None = None):
+    def create_pipeline(self, image_mode: bool | None = None, with_text_encoder: bool = True):
         """WanPipeline for text-to-video, WanImageToVideoPipeline when the model takes an image (I2V, FLF2V,
-        I2V-A14B, or TI2V-5B given `image_mode=True`), WanVACEPipeline for VACE."""
+        I2V-A14B, or TI2V-5B given `image_mode=True`), WanVACEPipeline for VACE. Without `with_text_encoder` a
+        released text encoder stays released (the caller gives the prompts' embeddings)."""
         from diffusers import WanImageToVideoPipeline, WanPipeline
-        if self.text_encoder is None and self.text_encoder_loader is not None:
+        if with_text_encoder and self.text_encoder is None and self.text_encoder_loader is not None:
             # released after caching: read again and kept, as the pipeline holds it for as long as it lives
             self.text_encoder = self.text_encoder_loader().requires_grad_(False).eval()
         if self.variant.is_vace:

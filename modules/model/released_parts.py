@@ -1,8 +1,12 @@
 """The text encoder released after caching and reloaded only for what still needs it.
 
 Training reads every prompt's embeddings from the cache, so after caching the text encoder (UMT5-XXL: about 11 GiB
-in bfloat16) is dropped. Previews and a fine-tune's diffusers save need it: `text_encoder_loaded` reads it again
-from the same files, in the same dtype (the same numbers), for the length of the block, and drops it after.
+in bfloat16) is dropped. A fine-tune's diffusers save needs it: `text_encoder_loaded` reads it again from the same
+files, in the same dtype (the same numbers), for the length of the block, and drops it after.
+
+Previews need only their prompts' embeddings: `prompts_ready` keeps them (`model.prompt_memo`, about 4 MiB a prompt
+for UMT5-XXL), so the encoder is read again only when the samples file gains a prompt, not at every preview round.
+Each is encoded alone on the sampling device, as the sampler would encode it, so a preview is the same either way.
 """
 from __future__ import annotations
 
@@ -18,6 +22,27 @@ def release_text_encoder(model, loader: Callable[[], torch.nn.Module]) -> None:
     model.text_encoder_loader = loader
     model.text_encoder = None
     gc.collect()   # UMT5's modules hold reference cycles: freed now, not at some later collection
+
+
+def prompts_remembered(model, prompts) -> bool:
+    """Whether every prompt's embeddings are kept (WanModel.encode_text then needs no encoder)."""
+    return all(prompt in model.prompt_memo for prompt in prompts)
+
+
+def remember_prompts(model, prompts, device: torch.device | None = None) -> None:
+    """Encodes and keeps the prompts not kept yet, each alone, with the encoder on `device` (put back after)."""
+    missing = [prompt for prompt in dict.fromkeys(prompts) if prompt not in model.prompt_memo]
+    if not missing:
+        return
+    with text_encoder_loaded(model), torch.no_grad():
+        home = next(model.text_encoder.parameters()).device
+        if device is not None:
+            model.text_encoder.to(device)
+        try:
+            for prompt in missing:
+                model.prompt_memo[prompt] = model.encode_text([prompt])[0].cpu()
+        finally:
+            model.text_encoder.to(home)
 
 
 @contextmanager

@@ -14,12 +14,13 @@ import json
 import logging
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from modules.model.released_parts import text_encoder_loaded
+from modules.model.released_parts import remember_prompts, text_encoder_loaded
 from modules.modelSampler.stack_check import FULL_STEPS_SUFFIX, StackCheck, stack_distance
 from modules.modelSampler.WanModelSampler import SampleResult, WanModelSampler
 from modules.util.config.SampleConfig import SampleConfig
@@ -206,7 +207,7 @@ class TrainingSampler:
         sampler = self._sampler()
         full_sampler = self._sampler(accelerated=False) if self.stack_checking else None
         outputs = []
-        with phase("sample"), text_encoder_loaded(self.trainer.model):
+        with phase("sample"), self._text_ready(items):
             for item in items:
                 if self.in_step and not self._runs_on_every_rank(sampler, item):
                     continue
@@ -254,6 +255,27 @@ class TrainingSampler:
         if problems:
             self.failures += 1
         return not problems
+
+    def remember_prompts(self, items: list[TrainingSample] | None = None) -> None:
+        """Keeps the embeddings of the previews' prompts and negative prompts (released_parts), encoded on the
+        training device as a preview would encode them."""
+        items = self.load_samples() if items is None else items
+        prompts = [p for item in items for p in (self._prompt(item.sample.prompt), item.sample.effective_negative_prompt)]
+        remember_prompts(self.trainer.model, prompts, self.trainer.device)
+
+    @contextmanager
+    def _text_ready(self, items: list[TrainingSample]):
+        """A preview round with a released text encoder reads it again only to keep the prompts the samples file
+        gained; Animate-2, which encodes its prompts its own way, reads it for the round."""
+        model = self.trainer.model
+        if model.text_encoder is not None or model.text_encoder_loader is None:
+            yield
+        elif model.variant.takes_driving_video:
+            with text_encoder_loaded(model):
+                yield
+        else:
+            self.remember_prompts(items)
+            yield
 
     def load_samples_or_warn(self) -> list[TrainingSample]:
         """The samples file is read again at every preview (it may be edited while training runs): a file that no

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from modules.model.WanModel import WanModel
-from modules.model.released_parts import text_encoder_loaded
+from modules.model.released_parts import prompts_remembered, text_encoder_loaded
 from modules.model.sampling_defaults import sample_updates
 from modules.modelSampler.accelerator import Accelerator, accelerated
 from modules.modelSampler.Placement import Placement, _device_of
@@ -351,10 +351,17 @@ class WanModelSampler:
         boundary = self.model.boundary_ratio * probe.config.num_train_timesteps
         return ["transformer" if t >= boundary else "transformer_2" for t in probe.timesteps]
 
+    def _prompts_kept(self, resolved: SampleConfig) -> bool:
+        """Whether the sample's prompts are kept (released_parts.prompts_ready), so it needs no text encoder.
+        Animate-2 encodes its prompts its own way (no whitespace cleaning, a reference prompt): it always reads it."""
+        return not self.model.variant.takes_driving_video and prompts_remembered(
+            self.model, [resolved.prompt] + ([resolved.effective_negative_prompt] if resolved.guidance > 1.0 else []))
+
     def sample(self, sample: SampleConfig, on_step: Callable[[int, int], None] | None = None) -> SampleResult:
         """One video. `on_step(done, total)` is called after every denoising step."""
         model = self.model
-        if model.text_encoder is None and model.text_encoder_loader is not None:
+        if model.text_encoder is None and model.text_encoder_loader is not None \
+                and not self._prompts_kept(self.resolve(sample, log=False)[0]):
             with text_encoder_loaded(model):   # released after caching: read again for this sample
                 return self.sample(sample, on_step)
         resolved, notes = self.resolve(sample)
@@ -365,7 +372,7 @@ class WanModelSampler:
             return sample_animate(self, resolved, on_step)
         if variant.has_two_experts and (model.transformer is None or model.transformer_2 is None):
             raise SampleError(f"{variant} needs both experts loaded to sample")
-        if model.text_encoder is None or model.vae is None:
+        if (model.text_encoder is None and not self._prompts_kept(resolved)) or model.vae is None:
             raise SampleError("sampling needs the text encoder and the VAE; this model has them unloaded")
         e2v = self.is_e2v(resolved)
         fun = variant.is_fun_control   # its start image is part of its own condition (fun_sampling.py)
@@ -398,7 +405,7 @@ class WanModelSampler:
                     from modules.modelSampler.WanVACEContextPipeline import WanVACEContextPipeline
                     pipeline = WanVACEContextPipeline.from_model(model, *vace)
                 else:
-                    pipeline = model.create_pipeline(image_mode=image_mode)
+                    pipeline = model.create_pipeline(image_mode=image_mode, with_text_encoder=False)
                 pipeline.scheduler = self.make_scheduler(resolved.scheduler, resolved.flow_shift)
                 pipeline.set_progress_bar_config(disable=True)
 

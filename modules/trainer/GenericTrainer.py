@@ -168,6 +168,13 @@ class GenericTrainer:
         except (SampleError, SampleDefinitionError) as error:
             raise ConfigError([f"sampling.samples_file {self.config.sampling.samples_file!r}: {error}"]) from None
 
+    def _remember_preview_prompts(self) -> None:
+        """The previews' prompt embeddings, kept while the text encoder is still here (it is released next)."""
+        if not self.config.sampling.samples_file or self.model.variant.takes_driving_video:
+            return
+        from modules.modelSampler.TrainingSampler import TrainingSampler
+        TrainingSampler(self).remember_prompts()   # the file was read and judged by _check_samples
+
     # ---- training ------------------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -218,6 +225,7 @@ class GenericTrainer:
             from functools import partial
             from modules.model.released_parts import release_text_encoder
             from modules.modelLoader.wan.WanBaseModelLoader import load_text_encoder_only
+            self._remember_preview_prompts()
             release_text_encoder(self.model, partial(load_text_encoder_only, config.model))
 
         # several ranks: rank 0's name (the start time, its folder reserved) for all
