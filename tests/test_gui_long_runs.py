@@ -363,3 +363,31 @@ def test_the_stack_check_is_drawn_beside_the_loss_on_its_own_scale(app, tmp_path
     view.draw()
     assert dots() == []
     view.shown_curves[STACK_CHECK].set(True)
+
+
+def test_the_tools_sample_form_runs_with_the_sampling_tabs_accelerator(app, tmp_path):
+    """The sample form's accelerator menu (the sampling tab's, by default) puts that accelerator's files and schedule
+    on the command line it runs (tests/test_ui_accelerator.py runs such a command); `none` leaves them off."""
+    view = app.tools_view
+    app.tabview.set("tools")
+    for name, text in (("file", str(tmp_path / "lightx2v.safetensors")), ("strength", "0.8"), ("steps", "4")):
+        app.config_state.set_text(f"sampling.accelerator.{name}", text)
+    commands = []
+    run = view._run
+    view._run = commands.append   # the command line the Run button builds, kept instead of started
+    try:
+        view.values["sample.prompt"].set("a red square moving left")
+        view.sample()
+        view.values["sample.accelerator"].set("none")
+        view.sample()
+    finally:
+        view._run = run
+        view.values["sample.accelerator"].set("the sampling tab's")
+        app.config_state.set_text("sampling.accelerator.file", "")
+    accelerated, plain = commands
+    assert accelerated[accelerated.index("--accelerator") + 1] == f"{tmp_path / 'lightx2v.safetensors'}:0.8"
+    assert accelerated[accelerated.index("--accelerator-timesteps") + 1] == "1000,750,500,250"
+    assert "--steps" not in accelerated and "--accelerator" not in plain and "--steps" in plain
+    settle(app, 0.3)
+    assert view.rows["sample.accelerator"][1].winfo_ismapped() and view.rows["compare.accelerator"][1].winfo_exists()
+    screenshot(app, "tab-tools-accelerator")
