@@ -333,9 +333,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sample: LoRA {line}", file=sys.stderr)
         accelerator = None
         if args.accelerator_config is not None:
-            from modules.modelSampler.accelerator import load_accelerator
-            accelerator = load_accelerator(model, args.accelerator_config)
-            print(f"sample: {accelerator.describe()}", file=sys.stderr)
+            from modules.modelSampler.accelerator import load_accelerator, takes_accelerator
+            if not args.accelerator_config.file and not takes_accelerator(model):
+                print(f"sample: {model.variant} samples run on their own pipeline: the distilled base's schedule is "
+                      f"not used", file=sys.stderr)
+            else:
+                accelerator = load_accelerator(model, args.accelerator_config)
+                print(f"sample: {accelerator.describe()}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
                                   e2v_config=e2v_config, accelerator=accelerator)
         if args.output:

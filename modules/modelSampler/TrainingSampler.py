@@ -140,12 +140,13 @@ class TrainingSampler:
         one, a step-distilled base's own schedule (modules/util/distilled_base.py), said once; else None."""
         config = self.trainer.config.sampling.accelerator
         if getattr(self, "_loaded_accelerator", False) is False:
-            from modules.modelSampler.accelerator import load_accelerator
+            from modules.modelSampler.accelerator import load_accelerator, takes_accelerator
             from modules.util.distilled_base import distilled_base
             self._loaded_accelerator = None
             if config.enabled:
                 self._loaded_accelerator = load_accelerator(self.trainer.model, config)
-            elif (found := distilled_base(self.trainer.config.model.base_model_name)) is not None:
+            elif takes_accelerator(self.trainer.model) and \
+                    (found := distilled_base(self.trainer.config.model.base_model_name)) is not None:
                 print(f"previews: the base is {found.describe()}", flush=True)
                 self._loaded_accelerator = load_accelerator(self.trainer.model, found.schedule())
         return self._loaded_accelerator

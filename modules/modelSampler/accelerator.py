@@ -118,6 +118,13 @@ def load_accelerator(model, config: AcceleratorConfig) -> Accelerator:
     return Accelerator(config, files)
 
 
+def takes_accelerator(model) -> bool:
+    """Whether `model`'s samples run on an accelerator's schedule (Animate and Animate-2 sample through their own
+    pipelines and take none)."""
+    variant = model.variant
+    return not (variant.is_animate or variant.takes_driving_video)
+
+
 def _module_names(transformer: torch.nn.Module) -> list[str]:
     from modules.util.lora.apply import _PEFT_PREFIX
     return [name.removeprefix(_PEFT_PREFIX) for name, _ in transformer.named_modules()]
