@@ -14,6 +14,8 @@
                     [--plan-json PATH] [--peak-detail]
   benchmark.py proof [--workdir DIR] [--quick]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
+  benchmark.py preview --variant wan2.1-1.3b --width 832 --height 480 --frames 81 [--steps 30 --guidance 5]
+                       [--accelerator-steps 4 --rank 64] [--dtype bf16] [--device cpu|cuda] [--json PATH]
 
 Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
 started, or out of CUDA memory during the steps).
@@ -126,6 +128,23 @@ def _parser() -> argparse.ArgumentParser:
     proof.add_argument("--workdir", default="workspace/benchmark-proof")
     proof.add_argument("--quick", action="store_true", help="one step per run (a dry run of the command)")
 
+    preview = commands.add_parser("preview", help="seconds per preview with and without an accelerator, and the "
+                                                  "ratio, in one run (docs/distilled.md)")
+    preview.add_argument("--variant", default="wan2.1-1.3b", choices=VARIANT_NAMES)
+    preview.add_argument("--width", type=int, default=832)
+    preview.add_argument("--height", type=int, default=480)
+    preview.add_argument("--frames", type=int, default=81)
+    preview.add_argument("--steps", type=int, default=30, help="the full-step preview's steps")
+    preview.add_argument("--guidance", type=float, default=5.0, help="the full-step preview's guidance (above 1: "
+                         "two passes per step)")
+    preview.add_argument("--shift", type=float, default=5.0, help="the full-step scheduler's flow shift")
+    preview.add_argument("--accelerator-steps", type=int, default=4)
+    preview.add_argument("--rank", type=int, default=64, help="the random accelerator's rank")
+    preview.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    preview.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    preview.add_argument("--repeats", type=int, default=2, help="timed previews each way, after one warm-up")
+    preview.add_argument("--json", help="write the numbers to this JSON file")
+
     presets = commands.add_parser("presets", help="each preset for a few steps at its shape under its memory cap")
     presets.add_argument("--steps", type=int, default=3)
     presets.add_argument("--preset", help="only the presets whose name contains this (with --plan --write: re-plans those, keeps the others' stored numbers)")
@@ -173,6 +192,23 @@ def _train(args) -> int:
     if args.json:
         write_json(args.json, result)
     return 0 if result["status"] == "ok" else 3
+
+
+def _preview(args) -> int:
+    from modules.benchmark.common import write_json
+    from modules.benchmark.preview_bench import PreviewBenchConfig, preview_table, run_preview_benchmark
+    for option in ("width", "height", "frames", "steps", "accelerator_steps", "rank", "repeats"):
+        if getattr(args, option) < 1:
+            raise ValueError(f"--{option.replace('_', '-')} must be at least 1")
+    cfg = PreviewBenchConfig(variant=args.variant, width=args.width, height=args.height, frames=args.frames,
+                             steps=args.steps, guidance=args.guidance, shift=args.shift,
+                             accelerator_steps=args.accelerator_steps, rank=args.rank, dtype=args.dtype,
+                             device=args.device, repeats=args.repeats)
+    result = run_preview_benchmark(cfg, log=lambda text: print(text, flush=True))
+    print(preview_table(result))
+    if args.json:
+        write_json(args.json, result)
+    return 0
 
 
 def _data(args) -> int:
@@ -313,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             return _proof(args)
         if args.command == "load-encoders":
             return _load_encoders(args)
+        if args.command == "preview":
+            return _preview(args)
         return _train(args) if args.command == "train" else _data(args)
     except ValueError as error:
         print(f"benchmark {args.command}: {error}", file=sys.stderr)

@@ -36,6 +36,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "with guidance 1 (--steps sets its step count, default 4)")
     parser.add_argument("--accelerator-2", default=None, metavar="PATH",
                         help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
+    parser.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
+                        help="the accelerator's timestep list out of 1000, highest first (default: evenly spaced "
+                             "by --steps)")
+    parser.add_argument("--accelerator-shift", type=float, default=None,
+                        help="the sigma shift of the accelerator's schedule (default 5, LightX2V's)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     source.add_argument("--samples-file", help="a samples JSON file or a musubi-style prompt file")
@@ -65,9 +70,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.pose_video = args.face_video = args.background_video = args.animate_mode = None    # Animate
     args.continuation_frames, args.reference_image = None, []
     args.driving_video = args.reference_prompt = None                                      # Animate-2
-    args.accelerator_timesteps = args.accelerator_shift = None
     args.no_accelerator = False
-    args.accelerator_config = accelerator_config(args, parser) if args.accelerator or args.accelerator_2 else None
+    any_accelerator = args.accelerator or args.accelerator_2 or args.accelerator_timesteps or \
+        args.accelerator_shift is not None
+    args.accelerator_config = accelerator_config(args, parser) if any_accelerator else None
     return args
 
 

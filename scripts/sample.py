@@ -56,7 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     accelerator.add_argument("--no-accelerator", action="store_true",
                              help="sample a LoRA without the accelerator its header records (by default a LoRA "
                                   "trained with accelerated previews is sampled with that accelerator, when its "
-                                  "file is here)")
+                                  "file is here), and a step-distilled base on the ordinary schedule (by default "
+                                  "on its own: docs/distilled.md)")
     accelerator.add_argument("--accelerator-2", default=None, metavar="PATH",
                              help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
     accelerator.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
@@ -173,7 +174,9 @@ def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser
     if not args.accelerator:
         if args.accelerator_2 or args.accelerator_timesteps or args.accelerator_shift is not None:
             parser.error("--accelerator-2 / --accelerator-timesteps / --accelerator-shift need --accelerator")
-        return None if args.no_accelerator else recorded_accelerator_config(args)
+        if args.no_accelerator:
+            return None
+        return recorded_accelerator_config(args) or distilled_base_schedule(args)
     from pydantic import ValidationError
 
     from modules.util.lora.accelerator_files import accelerator_problems
@@ -224,6 +227,21 @@ def recorded_accelerator_config(args: argparse.Namespace):
                   file=sys.stderr)
             return config
     return None
+
+
+def distilled_base_schedule(args: argparse.Namespace):
+    """A step-distilled base's own schedule (no accelerator file; --steps sets its step count), said in a printed
+    line; None for an ordinary base."""
+    from modules.util.distilled_base import distilled_base
+    found = distilled_base(args.base_model_name)
+    if found is None:
+        return None
+    config = found.schedule()
+    if args.steps is not None and args.steps != len(config.timestep_list()):
+        config = config.model_copy(update=dict(steps=args.steps, timesteps=[]))
+    print(f"sample: {args.base_model_name} is {found.describe()} (--no-accelerator for the ordinary schedule)",
+          file=sys.stderr)
+    return config
 
 
 def resolve_lora_arguments(values: list[str]) -> list[tuple]:
@@ -315,9 +333,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sample: LoRA {line}", file=sys.stderr)
         accelerator = None
         if args.accelerator_config is not None:
-            from modules.modelSampler.accelerator import load_accelerator
-            accelerator = load_accelerator(model, args.accelerator_config)
-            print(f"sample: {accelerator.describe()}", file=sys.stderr)
+            from modules.modelSampler.accelerator import load_accelerator, takes_accelerator
+            if not args.accelerator_config.file and not takes_accelerator(model):
+                print(f"sample: {model.variant} samples run on their own pipeline: the distilled base's schedule is "
+                      f"not used", file=sys.stderr)
+            else:
+                accelerator = load_accelerator(model, args.accelerator_config)
+                print(f"sample: {accelerator.describe()}", file=sys.stderr)
         written = generate_videos(model, samples, args.output_dir, device, num_videos=args.num_videos,
                                   e2v_config=e2v_config, accelerator=accelerator)
         if args.output:

@@ -151,3 +151,21 @@ def test_distilled_release_samples_with_its_own_defaults_as_its_pipeline(animate
     resolved, _ = sampler.resolve(sample)
     assert (resolved.steps, resolved.guidance, resolved.flow_shift) == (10, 1.0, 5.0)
     np.testing.assert_allclose(sampler.sample(sample).frames, expected, rtol=0, atol=1e-5)
+
+
+def test_a_distilled_animate_2_base_samples_on_its_own_pipeline(animate_2, tiny_model, tmp_path, capsys):
+    """A base that says it is step-distilled (docs/distilled.md) but is an Animate-2 model keeps its own pipeline:
+    the step-distill schedule does not apply to it, and sample says so instead of refusing."""
+    import json
+    import shutil
+
+    from tests.wan_file_layouts import sample_tiny_video
+    _, folder = animate_2
+    base = tmp_path / "distilled"
+    shutil.copytree(tiny_model("wan2.2-animate-2"), base)
+    (base / "transformer" / "distill.json").write_text(json.dumps({"denoising_step_list": [1000, 750, 500, 250],
+                                                                    "sample_shift": 5, "enable_cfg": False}))
+    assert sample_tiny_video(base, tmp_path / "out", ["--reference-image", str(folder / "ref.png"),
+                                                      "--driving-video", str(folder / "driving.mp4"),
+                                                      "--scheduler", "euler"]) == FRAMES
+    assert "the distilled base's schedule is not used" in capsys.readouterr().err

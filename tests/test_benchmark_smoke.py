@@ -176,3 +176,20 @@ def test_the_cpu_peak_probe_takes_seconds_not_minutes():
     started = time.perf_counter()
     rate = measure_matmul_tflops(torch.device("cpu"), torch.bfloat16, budget_seconds=0.2)
     assert rate > 0 and time.perf_counter() - started < 3.0
+
+
+@pytest.mark.parametrize("guidance, full_passes", [(5.0, 6), (1.0, 3)])
+def test_the_preview_benchmark_times_both_ways_in_one_run(benchmark_main, tmp_path, guidance, full_passes):
+    """`benchmark preview`: the full-step preview (two passes per step with guidance) and the accelerated one (one
+    pass per accelerator step), timed on one transformer, and their ratio (the numbers themselves are not checked:
+    speed belongs to the benchmark, not to tests)."""
+    out = tmp_path / "preview.json"
+    assert benchmark_main(["preview", "--variant", "tiny", "--width", "32", "--height", "32", "--frames", "5",
+                           "--steps", "3", "--guidance", str(guidance), "--accelerator-steps", "2", "--rank", "4",
+                           "--dtype", "fp32", "--device", "cpu", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["full"]["model_passes"] == full_passes and result["accelerated"]["model_passes"] == 2
+    assert result["accelerated"]["what"] == "2 steps, guidance 1, rank 4"
+    full, fast = result["full"]["seconds_per_preview"], result["accelerated"]["seconds_per_preview"]
+    assert full > 0 and fast > 0 and result["speedup"] == pytest.approx(full / fast)
+    assert benchmark_main(["preview", "--variant", "tiny", "--steps", "0"]) == 2

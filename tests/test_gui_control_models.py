@@ -61,7 +61,7 @@ def test_the_control_tab_shows_an_item_beside_its_control_on_one_slider(app, vac
 
 def test_the_model_tab_names_the_detected_vace_model(app, vace_setup):
     app._update_variant()
-    assert app.variant_label.cget("text") == "variant: VACE (WAN_2_1)"
+    assert app.variant_label.cget("text") == "variant: Wan 2.1 VACE (VACE)"
     assert app.variant_detail.cget("text").startswith("detected VACE: Wan 2.1 VACE: takes a control video")
     assert "<name>_control.mp4" in app.variant_detail.cget("text")
 
@@ -199,7 +199,12 @@ def test_the_control_and_model_tabs_follow_an_animate_2_model(app, vace_setup, t
         assert app.fields["animate.mode"].widget.cget("values") == ["animate"]
         assert view.mode_note.cget("text").startswith("replace does not apply to Wan 2.2 Animate-2 14B")
         assert [companion.role for companion in view.strip.companions] == ["driving", "reference"]
+        # the top bar names the model, and its model type follows it (the VACE config said WAN_2_1)
+        assert app.fields["model_type"].variable.get() == "WAN_2_2"
+        assert app.variant_label.cget("text") == "variant: Wan 2.2 Animate-2 14B (ANIMATE_2_14B)"
         screenshot(app, "tab-control-animate-2")
     finally:
         for path, value in vace.items():
             app.fields[path].set_text(str(value))
+        app._update_variant()
+        assert app.fields["model_type"].variable.get() == "WAN_2_1"

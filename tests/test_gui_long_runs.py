@@ -317,3 +317,77 @@ def test_open_output_folder_without_a_file_manager_shows_the_path_to_copy(app, t
     copy.invoke()
     assert app.clipboard_get() == str(tmp_path / "out")
     dialog.destroy()
+
+
+def test_the_stack_check_is_drawn_beside_the_loss_on_its_own_scale(app, tmp_path):
+    """Each accelerated preview's stack check (docs/distilled.md) is a dot on the loss graph, on its own scale from 0
+    (labelled in the plot's corner), and its check box hides it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from modules.ui.CtkLossView import COLORS
+    from modules.ui.LossHistory import STACK_CHECK
+
+    workspace = tmp_path / "ws"
+    name = "2026-01-05_10-00-00"
+    folder = workspace / "tensorboard" / name
+    _write_steps(folder, 1, 60)
+    writer = SummaryWriter(str(folder))
+    checks = {0: 0.21, 20: 0.25, 40: 0.38, 60: 0.52}   # a LoRA drifting from what it does on the base
+    for step, distance in checks.items():
+        writer.add_scalar("stack_check/0-a-red-square", distance, step)
+    writer.close()
+    app.fields["workspace_dir"].set_text(str(workspace))
+    view = app.loss_view
+    app.tabview.set("loss")
+    view.refresh_runs()
+    view.run_menu.set(name)
+    view.reload()
+    assert run_until(app, lambda: view.run is not None and STACK_CHECK in view.run.curves
+                     and view.drawn_version == view.follower.version, 30)
+    settle(app, 0.3)
+    canvas = view.canvas
+
+    def dots():
+        return [canvas.coords(item) for item in canvas.find_all()
+                if canvas.type(item) == "oval" and canvas.itemcget(item, "fill") == COLORS[STACK_CHECK]]
+    found = dots()
+    assert len(found) == len(checks)
+    left, top, right, bottom = view._frame
+    centres = sorted(((x0 + x1) / 2, (y0 + y1) / 2) for x0, y0, x1, y1 in found)
+    assert all(left - 1 <= x <= right + 1 and top - 1 <= y <= bottom + 1 for x, y in centres)
+    assert [y for _, y in centres] == sorted((y for _, y in centres), reverse=True)   # climbing: higher on screen
+    labels = [canvas.itemcget(item, "text") for item in canvas.find_all() if canvas.type(item) == "text"]
+    assert "stack check: 0 (foot) to 0.572 (top)" in labels
+    screenshot(app, "loss-stack-check")
+    view.shown_curves[STACK_CHECK].set(False)
+    view.draw()
+    assert dots() == []
+    view.shown_curves[STACK_CHECK].set(True)
+
+
+def test_the_tools_sample_form_runs_with_the_sampling_tabs_accelerator(app, tmp_path):
+    """The sample form's accelerator menu (the sampling tab's, by default) puts that accelerator's files and schedule
+    on the command line it runs (tests/test_ui_accelerator.py runs such a command); `none` leaves them off."""
+    view = app.tools_view
+    app.tabview.set("tools")
+    for name, text in (("file", str(tmp_path / "lightx2v.safetensors")), ("strength", "0.8"), ("steps", "4")):
+        app.config_state.set_text(f"sampling.accelerator.{name}", text)
+    commands = []
+    run = view._run
+    view._run = commands.append   # the command line the Run button builds, kept instead of started
+    try:
+        view.values["sample.prompt"].set("a red square moving left")
+        view.sample()
+        view.values["sample.accelerator"].set("none")
+        view.sample()
+    finally:
+        view._run = run
+        view.values["sample.accelerator"].set("the sampling tab's")
+        app.config_state.set_text("sampling.accelerator.file", "")
+    accelerated, plain = commands
+    assert accelerated[accelerated.index("--accelerator") + 1] == f"{tmp_path / 'lightx2v.safetensors'}:0.8"
+    assert accelerated[accelerated.index("--accelerator-timesteps") + 1] == "1000,750,500,250"
+    assert "--steps" not in accelerated and "--accelerator" not in plain and "--steps" in plain
+    settle(app, 0.3)
+    assert view.rows["sample.accelerator"][1].winfo_ismapped() and view.rows["compare.accelerator"][1].winfo_exists()
+    screenshot(app, "tab-tools-accelerator")

@@ -28,6 +28,6 @@ def test_each_part_path_is_described_by_its_content(tiny_model, tmp_path):
     controller.state.set("model.transformer.path", str(transformer))
     controller.state.set("model.vae.path", str(vae))
     assert describe_model_part(controller.state, "transformer") == "transformer: comfyui, fp8_scaled"
-    assert controller.detect_variant() == "T2V (WAN_2_1), from files"
+    assert controller.detect_variant() == "Wan 2.1 T2V (T2V), from files"
     controller.state.set("model.vae.path", str(transformer))
     assert controller.detect_variant().startswith("not a Wan model: model.vae.path: ")

@@ -74,6 +74,15 @@ def test_every_preview_records_its_stack_check(tiny_model, squares_dataset, tmp_
     scalars = events.Scalars(f"stack_check/{FOLDER}")
     assert [s.step for s in scalars] == [0, 1, 2]
     assert [s.value for s in scalars] == pytest.approx([distances[s] for s in (0, 1, 2)], rel=1e-6)
+    # the loss tab's graph reads them beside the loss (one sample: its distance is the mean drawn)
+    from modules.ui.LossFollower import LossFollower, Source
+    follower = LossFollower()
+    follower._source = Source(Path(trainer.tensorboard_dir))   # read in this thread, not the follower's
+    assert follower.read_now()
+    curves = follower.snapshot.run.curves
+    assert [step for step, _ in curves["stack check"]] == [0, 1, 2] and [s for s, _ in curves["loss"]] == [1, 2]
+    assert [value for _, value in curves["stack check"]] == pytest.approx([distances[s] for s in (0, 1, 2)],
+                                                                          rel=1e-6)
 
     # the same distance from the two sampler outputs computed here, on the model as the last preview saw it
     model = trainer.model

@@ -41,3 +41,19 @@ def test_a_preview_plays_beside_its_samples_driving_video(tmp_path):
                        SampleConfig(prompt="b", driving_video=str(tmp_path / "gone.mp4"))], tmp_path / "samples.json")
     controller = SamplingController(UIState({"sampling": {"samples_file": str(tmp_path / "samples.json")}}))
     assert [controller.driving_video(PreviewSeries(tmp_path, index)) for index in range(2)] == [str(driving), ""]
+
+
+def test_the_top_bar_names_an_animate_2_model_and_its_model_type_follows_it(tiny_model, tmp_path):
+    """The top bar's model type and variant follow the chosen model: an Animate-2 model chosen under a Wan 2.1
+    config (the demo preset's) is named as such, and model_type becomes its WAN_2_2 (Start refuses a mismatch)."""
+    from modules.ui.TrainController import TrainController
+    controller = TrainController(UIState({"model_type": "WAN_2_1", "workspace_dir": str(tmp_path)}),
+                                 last_used=tmp_path / "last.json")
+    controller.state.set("model.base_model_name", str(tiny_model("wan2.2-animate-2")))
+    assert controller.detect_variant() == "Wan 2.2 Animate-2 14B (ANIMATE_2_14B)"
+    assert controller.follow_model_type() == ("model type set to WAN_2_2 (was WAN_2_1): the chosen model is "
+                                              "Wan 2.2 Animate-2 14B")
+    assert controller.state.get("model_type") == "WAN_2_2" and controller.state.config().model_type.value == "WAN_2_2"
+    assert controller.follow_model_type() == ""   # it fits now: nothing to say
+    controller.state.set("model.base_model_name", str(tmp_path / "not-there"))
+    assert controller.follow_model_type() == "" and controller.state.get("model_type") == "WAN_2_2"

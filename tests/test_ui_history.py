@@ -140,3 +140,21 @@ def test_the_follower_publishes_decimated_snapshots_of_a_run(tmp_path):
     assert follower.read_now() and follower.snapshot.run.curves["loss"] == [(11, 0.5), (12, 0.4)]
     own.append(0.3)
     assert follower.read_now() and follower.snapshot.run.curves["loss"][-1] == (13, 0.3)
+
+
+def test_the_stack_check_is_the_mean_of_the_samples_distances_at_each_preview(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "tensorboard" / "run"
+    writer = SummaryWriter(str(folder))
+    for step in (1, 2, 3, 4):
+        writer.add_scalar("loss/step", 0.5, step)
+    for step, (a, b) in ((0, (0.2, 0.4)), (2, (0.3, 0.5)), (4, (0.6, 0.8))):
+        writer.add_scalar("stack_check/0-a-red-square", a, step)
+        writer.add_scalar("stack_check/1-a-blue-circle", b, step)
+    writer.close()
+    run = history.read_run(folder)
+    assert [step for step, _ in run.curves["stack check"]] == [0, 2, 4]
+    assert [value for _, value in run.curves["stack check"]] == pytest.approx([0.3, 0.4, 0.7])
+    assert run.steps() == (0, 4)
+    assert "stack check" not in history.read_run(tmp_path / "tensorboard" / "none").curves

@@ -137,14 +137,19 @@ class TrainingSampler:
                 for index, sample in enumerate(samples) if sample.enabled]
 
     def _accelerator(self):
-        """sampling.accelerator read against the model (once: the files are checked before training starts), or
-        None."""
+        """sampling.accelerator read against the model (once: the files are checked before training starts); without
+        one, a step-distilled base's own schedule (modules/util/distilled_base.py), said once; else None."""
         config = self.trainer.config.sampling.accelerator
-        if not config.enabled:
-            return None
-        if getattr(self, "_loaded_accelerator", None) is None:
-            from modules.modelSampler.accelerator import load_accelerator
-            self._loaded_accelerator = load_accelerator(self.trainer.model, config)
+        if getattr(self, "_loaded_accelerator", False) is False:
+            from modules.modelSampler.accelerator import load_accelerator, takes_accelerator
+            from modules.util.distilled_base import distilled_base
+            self._loaded_accelerator = None
+            if config.enabled:
+                self._loaded_accelerator = load_accelerator(self.trainer.model, config)
+            elif takes_accelerator(self.trainer.model) and \
+                    (found := distilled_base(self.trainer.config.model.base_model_name)) is not None:
+                print(f"previews: the base is {found.describe()}", flush=True)
+                self._loaded_accelerator = load_accelerator(self.trainer.model, found.schedule())
         return self._loaded_accelerator
 
     def _sampler(self, accelerated: bool = True) -> WanModelSampler:

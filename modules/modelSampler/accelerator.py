@@ -94,14 +94,20 @@ class Accelerator:
 
     def describe(self) -> str:
         record = self.record()
+        schedule = (f"{record['steps']} steps, timesteps {record['timesteps']}, shift {record['shift']:g}, "
+                    f"guidance 1")
+        if not self.files:   # a step-distilled base: its schedule, nothing added to the weights
+            return f"the distilled base's own schedule: {schedule}"
         files = record["file"] + (f" + {record['file_2']}" if record["file_2"] else "")
-        return (f"accelerator {files} x{record['strength']:g}, {record['steps']} steps, timesteps "
-                f"{record['timesteps']}, shift {record['shift']:g}, guidance 1")
+        return f"accelerator {files} x{record['strength']:g}, {schedule}"
 
 
 def load_accelerator(model, config: AcceleratorConfig) -> Accelerator:
     """The accelerator's files read against `model`'s transformers: `file` on the (high-noise) transformer, `file_2`
-    on transformer_2 (`file` on both when `file_2` is empty)."""
+    on transformer_2 (`file` on both when `file_2` is empty). Without `file`: the schedule alone, for a base that is
+    itself step-distilled (modules/util/distilled_base.py)."""
+    if not config.file:
+        return Accelerator(config, {})
     experts = [expert for expert in EXPERTS if getattr(model, expert, None) is not None]
     if config.file_2 and "transformer_2" not in experts:
         raise AcceleratorError(f"accelerator file_2 {config.file_2}: this model has one expert; leave file_2 empty")
@@ -110,6 +116,13 @@ def load_accelerator(model, config: AcceleratorConfig) -> Accelerator:
         path = config.file_2 if expert == "transformer_2" and config.file_2 else config.file
         files[expert] = read_accelerator_file(path, _module_names(getattr(model, expert)))
     return Accelerator(config, files)
+
+
+def takes_accelerator(model) -> bool:
+    """Whether `model`'s samples run on an accelerator's schedule (Animate and Animate-2 sample through their own
+    pipelines and take none)."""
+    variant = model.variant
+    return not (variant.is_animate or variant.takes_driving_video)
 
 
 def _module_names(transformer: torch.nn.Module) -> list[str]:

@@ -15,9 +15,10 @@ import customtkinter as ctk
 from modules.ui import LossHistory as history
 from modules.ui.LossFollower import COLUMNS, LossFollower, Source
 from modules.ui.ctk_components import EntryText, button
-from modules.ui.plot_data import LOSS_SCALE, loss_axis, plot_area, y_of
+from modules.ui.plot_data import LOSS_SCALE, loss_axis, plot_area, stack_check_axis, y_of
 
-COLORS = {"loss": "#335f7f", "smoothed": "#4aa3df", "lr": "#ffb74d", "validation": "#e57373"}
+COLORS = {"loss": "#335f7f", "smoothed": "#4aa3df", "lr": "#ffb74d", "validation": "#e57373",
+          history.STACK_CHECK: "#81c784"}
 CURRENT = "(this window's run)"
 POLL_MS = 300
 
@@ -30,19 +31,20 @@ class CtkLossView:
         self.run_menu = ctk.CTkOptionMenu(bar, values=[CURRENT], width=260, command=lambda _v: self.reload())
         self.run_menu.grid(row=0, column=0, padx=4)
         self.shown_curves = {}
-        for column, name in enumerate(("loss", "smoothed", "lr", "validation"), 1):
+        # the stack check (docs/distilled.md): at each accelerated preview, the distance from the full-step sample
+        for column, name in enumerate(("loss", "smoothed", "lr", "validation", history.STACK_CHECK), 1):
             variable = tk.BooleanVar(value=True)
             ctk.CTkCheckBox(bar, text=name, variable=variable, width=90, command=self.draw,
                             text_color=COLORS[name]).grid(row=0, column=column, padx=2)
             self.shown_curves[name] = variable
-        ctk.CTkLabel(bar, text="steps").grid(row=0, column=5, padx=(12, 2))
+        ctk.CTkLabel(bar, text="steps").grid(row=0, column=6, padx=(12, 2))
         entries = [ctk.CTkEntry(bar, width=70, placeholder_text=hint) for hint in ("from", "to")]
-        for column, entry in enumerate(entries, 6):
+        for column, entry in enumerate(entries, 7):
             entry.grid(row=0, column=column, padx=2)
             entry.bind("<Return>", lambda _e: self.draw())
         self.first, self.last = (EntryText(entry) for entry in entries)
-        button(bar, "whole run", self.reset_range, width=90).grid(row=0, column=8, padx=4)
-        button(bar, "reload", self.reload, width=70).grid(row=0, column=9, padx=4)
+        button(bar, "whole run", self.reset_range, width=90).grid(row=0, column=9, padx=4)
+        button(bar, "reload", self.reload, width=70).grid(row=0, column=10, padx=4)
         self.canvas = tk.Canvas(frame, width=1180, height=520, background="#1d1d1d", highlightthickness=0)
         self.canvas.grid(row=1, column=0, padx=8, pady=4, sticky="nw")
         self.canvas.bind("<ButtonPress-1>", self._drag_start)
@@ -190,6 +192,18 @@ class CtkLossView:
                        COLORS["lr"], 1)
             canvas.create_text(right + 4, top, text=f"lr {lr_high:.3g}", anchor="nw", fill=COLORS["lr"])
             canvas.create_text(right + 4, bottom, text=f"{lr_low:.3g}", anchor="sw", fill=COLORS["lr"])
+        if history.STACK_CHECK in curves:   # its own scale, from 0 at the plot's foot
+            points = [(s, v) for s, v in curves[history.STACK_CHECK] if math.isfinite(v)]
+            stack_axis = stack_check_axis(points)
+            color = COLORS[history.STACK_CHECK]
+            if points:
+                self._line(points, x_of, lambda v: y_of(v, stack_axis, top, bottom), color, 2)
+                for s, v in points:   # each preview a dot: the check exists only at preview steps
+                    x, y = x_of(s), y_of(v, stack_axis, top, bottom)
+                    canvas.create_oval(x - 3, y - 3, x + 3, y + 3, fill=color, outline="")
+            # inside the plot's top right corner: the right margin holds the lr's labels
+            canvas.create_text(right - 6, top + 4, text=f"stack check: 0 (foot) to {stack_axis[1]:.3g} (top)",
+                               anchor="ne", fill=color)
         canvas.create_text(left + 6, top + 4, anchor="nw", fill="#cccccc",
                            text=f"{run.name}: steps {low_step}-{high_step}")
 

@@ -11,6 +11,7 @@ import customtkinter as ctk
 from PIL import Image
 
 from modules.ui import ToolsController as tools
+from modules.ui.ToolsController import ACCELERATOR_CHOICES
 from modules.ui.ctk_components import EntryText, ask_path, button
 from modules.ui.SamplingController import PreviewPlayer
 
@@ -51,6 +52,7 @@ class CtkToolsView:
                          ("loras", "PATH[:STRENGTH], comma separated"),
                          ("prompt", ""), ("negative prompt", "empty: Wan's default"), ("width", "832"),
                          ("height", "480"), ("frames", "81"), ("steps", "20"), ("guidance", "5.0"), ("seed", "42"),
+                         ("accelerator", ACCELERATOR_CHOICES),
                          ("elements", "E2V: {\"name\": \"image path\"}"),
                          ("e2v config", "E2V: only for a model that records none"),
                          ("device", "auto"), ("output dir", "empty: <workspace dir>/tool-samples"),
@@ -81,7 +83,7 @@ class CtkToolsView:
                    ("base model", "a diffusers folder"), ("loras", "LoRA files, save or backup folders, comma separated"),
                    ("strengths", "0.5 0.75 1.0"), ("samples file", "a samples JSON or prompt file"),
                    ("prompt", "or one prompt"), ("width", SIZE_HINT), ("height", ""), ("frames", ""),
-                   ("steps", ""), ("device", "auto"),
+                   ("steps", ""), ("accelerator", ACCELERATOR_CHOICES), ("device", "auto"),
                    ("output dir", "empty: <workspace dir>/compare (the gallery lists it)")], self.compare)
         self.video_label = ctk.CTkLabel(out, text="a sampled video plays here", width=320, height=320,
                                         fg_color="#111111", text_color="#cccccc")   # black in both modes
@@ -222,6 +224,9 @@ class CtkToolsView:
         if kind in ("Animate", "Animate-2"):
             conditions["continuation-frames"] = "" if conditions["continuation-frames"] == "1" else "5"
         image = conditions.pop("start-image", "")   # sample.py's --image: Wan-Fun Control's start image
+        accelerator = self._accelerator("sample")
+        if accelerator is False:
+            return
         self._driving = tools.driving_video(conditions)
         self._run(tools.sample_command(
             self._get("sample.base model"), self._get("sample.prompt"),
@@ -231,7 +236,7 @@ class CtkToolsView:
             negative_prompt=self._get("sample.negative prompt"), elements=elements,
             e2v_config=self._get("sample.e2v config"), device=self._get("sample.device") or "auto",
             conditions=conditions, reference_images=self._loras("sample.reference images") if shown else [],
-            image=image, **values))
+            image=image, accelerator=accelerator, **values))
 
     def compare(self) -> None:
         try:
@@ -246,11 +251,25 @@ class CtkToolsView:
                 self.app.show_dialog("Compare", f"{name}: {text!r} is not a whole number")
                 return
             sizes[name] = int(text) if text else 0
+        accelerator = self._accelerator("compare")
+        if accelerator is False:
+            return
         self._run(tools.compare_command(
             self._get("compare.base model"), self._loras("compare.loras"), strengths,
             self._get("compare.output dir") or self._workspace("compare"),
             samples_file=self._get("compare.samples file"), prompt=self._get("compare.prompt"),
-            device=self._get("compare.device") or "auto", **sizes))
+            device=self._get("compare.device") or "auto", accelerator=accelerator, **sizes))
+
+    def _accelerator(self, form: str):
+        """The sampling tab's accelerator when the form's menu asks for it (None: none set or asked for); False
+        after a dialog naming a value that is not valid."""
+        if self._get(f"{form}.accelerator") != ACCELERATOR_CHOICES[0]:
+            return None
+        try:
+            return tools.sampling_accelerator(self.app.config_state)
+        except ValueError as error:
+            self.app.show_dialog(form.capitalize(), str(error))
+            return False
 
     def poll(self) -> None:
         for kind, payload in self.controller.poll_events():

@@ -153,6 +153,9 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
     def _update_variant(self) -> None:
         from modules.ui.model_parts import detected_variant, intended_variant
         from modules.ui.variant_text import intended_variant_note, variant_description
+        followed = self.controller.follow_model_type()
+        if followed:
+            self.log(followed)
         self.variant_label.configure(text=f"variant: {self.controller.detect_variant()}")
         if hasattr(self, "variant_detail"):
             variant = detected_variant(self.config_state)

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TAGS = {"loss/step": "loss", "lr/group_0": "lr", "validation/loss": "validation"}
+# the previews' stack check (docs/distilled.md): one tag per sample, `stack_check/<index>-<prompt>`; the graph draws
+# their mean at each preview step
+STACK_CHECK_PREFIX = "stack_check/"
+STACK_CHECK = "stack check"
 SMOOTHING = 0.95   # the trainer's own (TrainingHooks): an uninterrupted run's line equals its loss/smoothed tag
 
 Points = list[tuple[int, float]]
@@ -26,7 +30,7 @@ Points = list[tuple[int, float]]
 @dataclass
 class RunCurves:
     name: str
-    curves: dict[str, Points] = field(default_factory=dict)   # "loss", "smoothed", "lr", "validation"
+    curves: dict[str, Points] = field(default_factory=dict)   # "loss", "smoothed", "lr", "validation", STACK_CHECK
 
     def steps(self) -> tuple[int, int]:
         every = [step for points in self.curves.values() for step, _ in points]
@@ -51,6 +55,7 @@ class RunEvents:
         # files are read in name order, and two writers opened in one second are named by a counter ('.10' before
         # '.9'), so the order of reading cannot decide
         self._latest: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in TAGS.values()}
+        self._stack_checks: dict[str, dict[int, tuple[float, float]]] = {}   # tag -> step -> (wall time, value)
         self.records_read = 0   # events parsed so far, over every reading
 
     def read(self) -> bool:
@@ -71,20 +76,23 @@ class RunEvents:
             for event in loader.Load():
                 self.records_read += 1
                 for value in event.summary.value:
-                    name = TAGS.get(value.tag)
-                    if name is None:
+                    if value.tag.startswith(STACK_CHECK_PREFIX):
+                        latest = self._stack_checks.setdefault(value.tag, {})
+                    elif value.tag in TAGS:
+                        latest = self._latest[TAGS[value.tag]]
+                    else:
                         continue
                     number = value.simple_value if value.HasField("simple_value") else \
                         (value.tensor.float_val[0] if value.tensor.float_val else math.nan)
-                    known = self._latest[name].get(event.step)
+                    known = latest.get(event.step)
                     if known is None or event.wall_time >= known[0]:
-                        self._latest[name][event.step] = (event.wall_time, float(number))
+                        latest[event.step] = (event.wall_time, float(number))
                         changed = True
         return changed
 
     @property
     def has_points(self) -> bool:
-        return any(self._latest.values())
+        return any(self._latest.values()) or any(self._stack_checks.values())
 
     def curves(self) -> RunCurves:
         run = RunCurves(self.folder.name)
@@ -93,6 +101,12 @@ class RunEvents:
                 run.curves[name] = sorted((step, value) for step, (_, value) in latest.items())
         if "loss" in run.curves:
             run.curves["smoothed"] = smoothed(run.curves["loss"])
+        by_step: dict[int, list[float]] = {}
+        for latest in self._stack_checks.values():
+            for step, (_, value) in latest.items():
+                by_step.setdefault(step, []).append(value)
+        if by_step:
+            run.curves[STACK_CHECK] = [(step, sum(values) / len(values)) for step, values in sorted(by_step.items())]
         return run
 
 

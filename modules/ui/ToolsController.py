@@ -41,18 +41,50 @@ def merge_lora_command(base_model: str, loras: list[str], output_format: str, de
     return command + (["--output-dtype", dtype] if dtype else [])
 
 
+# the sample and compare forms' accelerator menu: the sampling tab's accelerator (sampling.accelerator), or none
+ACCELERATOR_CHOICES = ["the sampling tab's", "none"]
+
+
+def sampling_accelerator(state):
+    """The sampling tab's accelerator (`sampling.accelerator` of the UIState), which the sample and compare forms
+    run with when asked: None when it names no file; ValueError naming the field when a value is not valid."""
+    from pydantic import ValidationError
+
+    from modules.util.config.AcceleratorConfig import AcceleratorConfig
+    section = state.get("sampling.accelerator") or {}
+    if not section.get("file"):
+        return None
+    try:
+        return AcceleratorConfig(**section)
+    except ValidationError as error:
+        raise ValueError(f"sampling.accelerator (sampling tab): {error}") from None
+
+
+def accelerator_arguments(config) -> list[str]:
+    """sample.py's / compare.py's options for an AcceleratorConfig: its files, strength and whole schedule."""
+    command = ["--accelerator", f"{config.file}:{config.strength:g}"]
+    if config.file_2:
+        command += ["--accelerator-2", config.file_2]
+    return command + ["--accelerator-timesteps", ",".join(str(t) for t in config.timestep_list()),
+                      "--accelerator-shift", f"{config.shift:g}"]
+
+
 def sample_command(base_model: str, prompt: str, output_dir: str, *, loras: list[str] = (), width: int = 0,
                    height: int = 0, frames: int = 0, steps: int = 0, guidance: float | None = None, seed: int = -1,
                    negative_prompt: str = "", image: str = "", elements: dict[str, str] | None = None,
                    e2v_config: str = "", device: str = "auto", conditions: dict[str, str] | None = None,
-                   reference_images: list[str] = ()) -> list[str]:
+                   reference_images: list[str] = (), accelerator=None) -> list[str]:
     """`conditions`: a control or character model's inputs by sample.py's option name without the dashes
-    (CONDITION_OPTIONS); `reference_images`: VACE's references in order, or Animate's one character."""
+    (CONDITION_OPTIONS); `reference_images`: VACE's references in order, or Animate's one character;
+    `accelerator`: an AcceleratorConfig the sample runs with (its steps, not `steps`)."""
     command = ["sample"] + (["--base-model-name", base_model] if base_model else []) + [
         "--prompt", prompt, "--output-dir", output_dir, "--device", device]  # no base: the one the LoRA records
     for lora in loras:
         command += ["--lora", lora]
-    for option, value in (("--width", width), ("--height", height), ("--frames", frames), ("--steps", steps)):
+    if accelerator is not None:
+        command += accelerator_arguments(accelerator)
+    for option, value in (("--width", width), ("--height", height), ("--frames", frames),
+                          ("--steps", 0 if accelerator is not None else steps)):
         if value:
             command += [option, str(value)]
     if guidance is not None:
@@ -108,13 +140,17 @@ def driving_video(conditions: dict[str, str]) -> str:
 
 def compare_command(base_model: str, loras: list[str], strengths: list[float], output_dir: str, *,
                     samples_file: str = "", prompt: str = "", device: str = "auto", width: int = 0, height: int = 0,
-                    frames: int = 0, steps: int = 0) -> list[str]:
+                    frames: int = 0, steps: int = 0, accelerator=None) -> list[str]:
     """scripts/compare.py: every checkpoint (file, folder of saves, backup) x strength, a grid per sample; a size
-    given here applies where a sample gives none."""
+    given here applies where a sample gives none. `accelerator`: an AcceleratorConfig every cell runs with (its
+    steps, not `steps`)."""
     command = ["compare", "--base-model-name", base_model, "--lora", *loras]
     if strengths:
         command += ["--strengths", *(f"{s:g}" for s in strengths)]
     command += ["--samples-file", samples_file] if samples_file else ["--prompt", prompt]
+    if accelerator is not None:
+        command += accelerator_arguments(accelerator)
+        steps = 0
     for option, value in (("--width", width), ("--height", height), ("--frames", frames), ("--steps", steps)):
         if value:
             command += [option, str(value)]

@@ -178,7 +178,19 @@ class TrainController(QueueControl, RankLaunchControl):
             variant = detect_variant_from_folder(base)
         except (NotAWanModelError, ValueError, OSError) as error:
             return f"not a Wan model: {error}"
-        return f"{variant.value} ({variant.model_type.value})"
+        from modules.ui.variant_text import variant_name
+        return variant_name(variant)
+
+    def follow_model_type(self) -> str:
+        """Sets `model_type` to the chosen model's (Wan 2.1 / 2.2: the model says which, and Start refuses a
+        mismatch); the line saying so, or "" when it already fits or no model can be told."""
+        from modules.ui.model_parts import detected_variant
+        from modules.ui.variant_text import model_type_note
+        variant = detected_variant(self.state)
+        note = model_type_note(self.state.get("model_type"), variant)
+        if note:
+            self.state.set("model_type", variant.model_type.value)
+        return note
 
     # ---- training ----------------------------------------------------------------------------------------------
 

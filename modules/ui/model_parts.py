@@ -76,7 +76,8 @@ def detect_variant_text(state: UIState) -> str | None:
         plan = plan_model(config)
     except ModelFileError as error:
         return f"not a Wan model: {error}"
-    return f"{plan.variant.value} ({plan.variant.model_type.value}), from files"
+    from modules.ui.variant_text import variant_name
+    return f"{variant_name(plan.variant)}, from files"
 
 
 def detected_variant(state: UIState):

@@ -53,3 +53,10 @@ def y_of(value: float, axis: tuple[float, float], top: float, bottom: float) -> 
     """The canvas y of `value` on `axis` (high at the top)."""
     low, high = axis
     return bottom - (bottom - top) * (value - low) / (high - low)
+
+
+def stack_check_axis(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """The stack check's own scale (a distance, docs/distilled.md): from 0, so a climb reads as one, to a little above
+    its highest finite value."""
+    values = [v for _, v in points if math.isfinite(v)]
+    return 0.0, max(values, default=0.0) * 1.1 or 1.0

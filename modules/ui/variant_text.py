@@ -31,6 +31,21 @@ def companion_files(variant) -> list[str]:
     return files
 
 
+def variant_name(variant) -> str:
+    """The top bar's name of the chosen model: `Wan 2.2 Animate-2 14B (ANIMATE_2_14B)` (its model type is in the
+    model type field beside it, which follows it: model_type_note)."""
+    return f"{variant.display_name} ({variant.value})"
+
+
+def model_type_note(config_type, variant) -> str:
+    """Why the config's model_type was set to follow the chosen model ("" when it already fits or either is
+    unknown): the model type is the chosen model's, never a choice of its own (Start refuses a mismatch)."""
+    if config_type is None or variant is None or str(config_type) == variant.model_type.value:
+        return ""
+    return (f"model type set to {variant.model_type.value} (was {config_type}): the chosen model is "
+            f"{variant.display_name}")
+
+
 def conditions(variant) -> list[str]:
     """What the variant takes beyond the prompt, in words, from its capabilities."""
     if variant is None:

@@ -451,7 +451,10 @@ def match_to_model(weights: LoraWeights, model_module_names: Iterable[str]) -> L
 # full-weight deltas: ComfyUI's comfy/lora.py reads `<stem>.diff` (added to the weight) and `<stem>.diff_b` (added to
 # the bias); LightX2V's runtime LoRA the same (lightx2v/common/ops/utils.py build_lora_and_diff_names, mm_weight.py:
 # `weight + weight_diff`, `bias + bias_diff`). Step-distill LoRAs extracted from a distilled model carry them.
-FULL_DELTA_SUFFIXES = ((".diff_b", "bias"), (".diff", "weight"))
+# `<stem>.diff_m` is the delta of the parameter `<stem>.modulation` (a block's or the head's; diffusers'
+# scale_shift_table): LightX2V's tools/extract/lora_extractor.py writes it and lightx2v/utils/lora_loader.py adds it;
+# ComfyUI does not read that key (its name for the same delta is `<stem>.modulation.diff`, read above as a weight).
+FULL_DELTA_SUFFIXES = ((".diff_b", "bias"), (".diff_m", "modulation"), (".diff", "weight"))
 
 
 def split_full_deltas(sd: Mapping[str, Tensor], module_names: Iterable[str] | None = None
@@ -464,6 +467,8 @@ def split_full_deltas(sd: Mapping[str, Tensor], module_names: Iterable[str] | No
         suffix = next(((s, p) for s, p in FULL_DELTA_SUFFIXES if key.endswith(s)), None)
         if suffix is None:
             rest[key] = value
+        elif suffix[1] == "modulation":   # the parameter itself is the stem, as `.modulation.diff` names it
+            found[key] = (key[: -len(suffix[0])] + ".modulation", "weight"), value
         else:
             found[key] = (key[: -len(suffix[0])], suffix[1]), value
     names, _ = _resolve_names(sorted({stem for (stem, _), _ in found.values()}), module_names)
