@@ -35,10 +35,14 @@ def _weights(path: Path, metadata: dict | None = None) -> Path:
 @pytest.mark.parametrize("name", ["wan2.1_t2v_14b_lightx2v_4step.safetensors",
                                   "wan2.1_i2v_480p_scaled_fp8_e4m3_lightx2v_4step.safetensors",
                                   "wan2.2_i2v_A14b_high_noise_lightx2v_4step.safetensors"])
-def test_lightx2vs_distilled_files_are_recognised_by_their_published_names(name, tmp_path):
-    found = distilled_base(_weights(tmp_path / name))
-    assert found is not None and name in found.source
-    assert (found.timesteps, found.shift) == ([1000, 750, 500, 250], 5.0)
+def test_a_published_name_alone_does_not_make_a_base_distilled(name, tmp_path):
+    """Files are judged by content: lightx2v's names (the Distill-Models cards) without a config or header entry
+    leave an ordinary base; the same file with LightX2V's config beside it is distilled."""
+    weights = _weights(tmp_path / name)
+    assert distilled_base(weights) is None
+    (tmp_path / "wan_t2v_distill_model_4step_cfg.json").write_text(json.dumps(LIGHTX2V_DISTILL_CONFIG))
+    found = distilled_base(weights)
+    assert found is not None and (found.timesteps, found.shift) == ([1000, 750, 500, 250], 5.0)
 
 
 def test_a_config_or_header_listing_the_schedule_gives_it(tmp_path):
@@ -91,6 +95,7 @@ def test_sample_runs_a_distilled_single_file_on_its_schedule_and_says_so(tiny_mo
     base = tiny_model("wan2.1-t2v")
     folder = comfyui_folder(base, tmp_path / "models")
     shutil.move(folder / "wan2.1_t2v_tiny_fp32.safetensors", folder / "wan2.1_t2v_14b_lightx2v_4step.safetensors")
+    (folder / "wan_t2v_distill_model_4step_cfg.json").write_text(json.dumps(LIGHTX2V_DISTILL_CONFIG))
     script = load_script("sample")
     common = ["--base-model-name", str(folder), "--prompt", PROMPT, "--width", "32", "--height", "32", "--frames",
               "5", "--guidance", "5", "--device", "cpu", "--tokenizer", str(base / "tokenizer")]
@@ -100,7 +105,7 @@ def test_sample_runs_a_distilled_single_file_on_its_schedule_and_says_so(tiny_mo
     assert record["steps"] == 4 and record["guidance"] == 1.0
     assert record["accelerator"]["file"] == "" and record["accelerator"]["timesteps"] == [1000, 750, 500, 250]
     err = capsys.readouterr().err
-    assert "step-distilled model (wan2.1_t2v_14b_lightx2v_4step.safetensors" in err and "--no-accelerator" in err
+    assert "step-distilled model (wan_t2v_distill_model_4step_cfg.json lists" in err and "--no-accelerator" in err
 
     assert script.main([*common, "--steps", "2", "--no-accelerator", "--output-dir", str(tmp_path / "plain")]) == 0
     [plain] = (tmp_path / "plain").glob("*.mp4")

@@ -7,22 +7,19 @@ them, looked at in this order:
    and `sample_shift`;
 2. the safetensors header: a `config` entry (JSON) holding the same keys (LightX2V reads a checkpoint's config from
    that entry, lightx2v/utils/set_config.py);
-3. the publisher's file name: `..._lightx2v_<N>step...` (the naming of the Distill-Models cards: `wan2.1_t2v_14b_
-   lightx2v_4step`, `wan2.1_i2v_480p_scaled_fp8_e4m3_lightx2v_4step`, `wan2.2_i2v_A14b_high_noise_lightx2v_4step`),
-   on the schedule those files run with in LightX2V's configs (configs/distill/wan21/*_4step_cfg.json,
-   configs/distill/wan22/*.json: `[1000, 750, 500, 250]`, `sample_shift` 5, `enable_cfg` false).
+A file with neither is an ordinary base, whatever its name (files are judged by content): lightx2v's published single
+files carry no such header, so put the LightX2V config they run with (configs/distill/wan21/*_4step_cfg.json,
+configs/distill/wan22/*.json) beside them.
 
 Such a base is sampled on its own schedule by default: LightX2V's step-distill schedule (modules/modelSampler/
 accelerator.py) with no accelerator file, guidance 1, no negative pass.
 """
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from modules.util.config.AcceleratorConfig import LIGHTX2V_SHIFT, LIGHTX2V_TIMESTEPS, AcceleratorConfig, even_timesteps
+from modules.util.config.AcceleratorConfig import LIGHTX2V_SHIFT, AcceleratorConfig
 
-_NAME = re.compile(r"lightx2v_(\d+)step", re.IGNORECASE)
 _SEARCH = ("", "transformer", "high_noise_model")   # where a folder's weights and config sit
 
 
@@ -90,11 +87,4 @@ def distilled_base(base_model_name: str | Path) -> DistilledBase | None:
         found = _from_config(_header_config(file), f"the header of {file.name} lists its denoising_step_list")
         if found is not None:
             return found
-    for file in weights:
-        match = _NAME.search(file.name)
-        if match and int(match.group(1)) >= 1:
-            steps = int(match.group(1))
-            timesteps = LIGHTX2V_TIMESTEPS if steps == len(LIGHTX2V_TIMESTEPS) else even_timesteps(steps)
-            return DistilledBase(f"{file.name}: lightx2v's name for a {steps}-step distilled model", list(timesteps),
-                                 LIGHTX2V_SHIFT)
     return None
