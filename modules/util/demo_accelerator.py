@@ -16,6 +16,7 @@ The file is in the layout of lightx2v's published Wan LoRAs (`diffusion_model.<o
 .lora_up.weight / .alpha`, bfloat16 factors), and its header records the schedule it was distilled for
 (`wan_accelerator`, modules/util/accelerator_metadata.py) and the distillation settings (`demo_accelerator`).
 """
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from modules.util.config.AcceleratorConfig import LIGHTX2V_SHIFT, LIGHTX2V_TIMESTEPS
-from modules.util.demo_model import BASE_CONFIG, COMPASS, ROOT, base_caption
+from modules.util.demo_model import BASE_CONFIG, BASE_FILE, COMPASS, ROOT, base_caption
 from modules.util.demo_squares import COLOURS, DEMO_SIZE, DIRECTIONS
 
 ACCELERATOR_FILE = ROOT / "resources" / "demo" / "demo_accelerator.safetensors"
@@ -68,22 +69,32 @@ def _noise(model, seed: int) -> torch.Tensor:
     return randn_tensor(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)[0]
 
 
+@torch.no_grad()
 def teacher_pairs(model, config: dict = DISTILL_CONFIG) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The teacher's trajectories' ends: (noise (N, z, T, h, w), x0 (N, z, T, h, w), caption index (N,)), each
-    noise seed's sample of each caption by the base's ordinary sampler (`WanModelSampler`, as `sample` runs it)."""
+    noise seed's sample of each caption by the base's ordinary sampler: the scheduler, steps and guidance
+    `WanModelSampler` resolves for the sample (`sample` runs the same), its denoising loop run on all N at once
+    (tests/test_demo_accelerator.py holds one of them equal to `WanModelSampler.sample`'s latents)."""
     from modules.modelSampler.WanModelSampler import WanModelSampler
-    sampler = WanModelSampler(model, device="cpu")
-    noises, cleans, indices = [], [], []
+    captions = demo_captions()
     seeds = range(config["first_noise_seed"], config["first_noise_seed"] + config["noise_seeds_per_caption"])
-    work = [(index, caption, seed) for index, (caption, _, _) in enumerate(demo_captions()) for seed in seeds]
-    for index, caption, seed in tqdm(work, desc="demo accelerator: the base's 40-step samples", unit="sample"):
-        result = sampler.sample(_sample_config(caption, seed, config["teacher_steps"], config["teacher_guidance"]))
-        noise = _noise(model, seed)
-        assert noise.shape == result.latents.shape, (noise.shape, result.latents.shape)
-        noises.append(noise)
-        cleans.append(result.latents)
-        indices.append(index)
-    return torch.stack(noises), torch.stack(cleans), torch.tensor(indices)
+    sampler = WanModelSampler(model, device="cpu")
+    resolved, _ = sampler.resolve(_sample_config(captions[0][0], seeds[0], config["teacher_steps"],
+                                                 config["teacher_guidance"]), log=False)
+    if resolved.guidance > 1:
+        raise ValueError("the demo base has no unconditional prediction (trained without caption dropout): "
+                         "teacher_guidance must be 1")
+    indices = torch.tensor([index for index in range(len(captions)) for _ in seeds])
+    noises = torch.stack([_noise(model, seed) for _ in captions for seed in seeds])
+    text = model.encode_text([caption for caption, _, _ in captions])[indices]   # (N, L, D)
+    scheduler = sampler.make_scheduler(resolved.scheduler, resolved.flow_shift)
+    scheduler.set_timesteps(resolved.steps)
+    latents = noises.clone()
+    for t in tqdm(scheduler.timesteps, desc="demo accelerator: the base's samples", unit="step"):
+        velocity = model.transformer(hidden_states=latents, timestep=t.expand(len(latents)),
+                                     encoder_hidden_states=text, return_dict=False)[0]
+        latents = scheduler.step(velocity, t, latents, return_dict=False)[0]
+    return noises, latents, indices
 
 
 def lora_targets(transformer) -> dict[str, torch.nn.Linear]:
@@ -93,12 +104,12 @@ def lora_targets(transformer) -> dict[str, torch.nn.Linear]:
             and any(f".{part}." in name for part in ("attn1", "attn2", "ffn"))}
 
 
-def distil(model, pairs, config: dict = DISTILL_CONFIG, steps: int | None = None) -> dict[str, tuple]:
+def distil(model, pairs, config: dict = DISTILL_CONFIG) -> dict[str, tuple]:
     """Trains the LoRA (reflow on the accelerator's sigmas, module docstring); {diffusers module name: (down (r, in),
-    up (out, r))} in float32, alpha = rank. `steps` overrides the config's (a test runs a couple)."""
+    up (out, r))} in float32, alpha = rank."""
     from modules.modelSampler.accelerator import accelerator_sigmas
     noises, cleans, indices = pairs
-    steps = config["steps"] if steps is None else steps
+    steps = config["steps"]
     transformer = model.transformer
     transformer.requires_grad_(False)
     generator = torch.Generator().manual_seed(config["seed"])
@@ -150,12 +161,19 @@ def accelerator_state_dict(factors: dict[str, tuple]) -> dict[str, torch.Tensor]
     return state
 
 
+def base_digest(path: Path = BASE_FILE) -> str:
+    """sha256 of the shipped base's file: the header records which base the accelerator was distilled from."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def accelerator_header(config: dict = DISTILL_CONFIG, measured: dict | None = None) -> dict[str, str]:
-    """The schedule it was distilled for (`wan_accelerator`, read by `recorded_accelerator`) and how it was made."""
+    """The schedule it was distilled for (`wan_accelerator` naming no file: `own_schedule` reads it, and `sample
+    --accelerator` runs it) and how it was made (`demo_accelerator`: the config, the base's digest, what it
+    measured)."""
     from modules.util.accelerator_metadata import ACCELERATOR_METADATA
     schedule = dict(file="", file_2="", strength=1.0, steps=len(config["timesteps"]), timesteps=config["timesteps"],
                     shift=config["shift"])
-    made = {**config, "base": BASE_CONFIG, **({"measured": measured} if measured else {})}
+    made = {"config": config, "base_sha256": base_digest(), **({"measured": measured} if measured else {})}
     return {ACCELERATOR_METADATA: json.dumps(schedule), DISTILL_METADATA: json.dumps(made, sort_keys=True)}
 
 
@@ -184,33 +202,33 @@ def passed(passes: dict[str, list[bool]]) -> int:
     return sum(sum(row) for row in passes.values())
 
 
-def make_demo_accelerator(output: Path = ACCELERATOR_FILE, config: dict = DISTILL_CONFIG, steps: int | None = None,
+def make_demo_accelerator(output: Path = ACCELERATOR_FILE, config: dict = DISTILL_CONFIG, measure: bool = True,
                           log=print) -> dict:
-    """Builds the demo model from the shipped base (a temporary folder), distils the accelerator, writes it
-    atomically to `output` and measures it against the base: {"accelerated": passes, "base_4_steps": passes,
-    "base_40_steps": passes, "seconds": ...}."""
+    """Builds the demo model from the shipped base (a temporary folder), distils the accelerator and writes it
+    atomically to `output`; with `measure`, measures it against the base and records the counts in its header:
+    {"accelerated": passes, "base_4_steps": ..., "base_accelerator_schedule": ..., "base_40_steps": ...,
+    "seconds": ...}."""
     import tempfile
 
     from modules.util.atomic import save_safetensors_atomic
     from modules.util.demo_model import make_demo_model
     started = time.monotonic()
+    report = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = load_folder(make_demo_model(Path(tmp) / "tiny-wan2.1-t2v"))
-        pairs = teacher_pairs(model, config)
-        factors = distil(model, pairs, config, steps)
+        state = accelerator_state_dict(distil(model, teacher_pairs(model, config), config))
         output.parent.mkdir(parents=True, exist_ok=True)
-        save_safetensors_atomic(accelerator_state_dict(factors), output, accelerator_header(config))
-        report = {"accelerated": square_passes(model, output), "base_4_steps": square_passes(model, None, 4),
-                  "base_accelerator_schedule": square_passes(model, output, strength=0.0),
-                  "base_40_steps": square_passes(model, None, config["teacher_steps"])}
-    measured = {key: passed(value) for key, value in report.items()}
-    # the header also says what it measured when written (rewritten with the same tensors)
-    from safetensors.torch import load_file
-    save_safetensors_atomic(load_file(str(output)), output, accelerator_header(config, measured))
-    report["seconds"] = round(time.monotonic() - started, 1)
+        save_safetensors_atomic(state, output, accelerator_header(config))
+        if measure:
+            report = {"accelerated": square_passes(model, output),
+                      "base_4_steps": square_passes(model, None, 4),
+                      "base_accelerator_schedule": square_passes(model, output, strength=0.0),
+                      "base_40_steps": square_passes(model, None, config["teacher_steps"])}
+            save_safetensors_atomic(state, output, accelerator_header(config, {key: passed(value) for key, value
+                                                                              in report.items()}))
     for key, value in report.items():
-        if key != "seconds":
-            log(f"{key}: {passed(value)} of {sum(len(row) for row in value.values())}  "
-                + "  ".join(f"{caption.removeprefix('a ')} {sum(row)}" for caption, row in value.items()))
+        log(f"{key}: {passed(value)} of {sum(len(row) for row in value.values())}  "
+            + "  ".join(f"{caption.removeprefix('a ')} {sum(row)}" for caption, row in value.items()))
+    report["seconds"] = round(time.monotonic() - started, 1)
     log(f"{report['seconds']} s")
     return report
