@@ -19,16 +19,7 @@ from modules.util.demo_accelerator import (ACCELERATOR_FILE, DISTILL_CONFIG, DIS
 from modules.util.lora.accelerator_files import read_accelerator_file
 from modules.util.square_check import caption_square_problems
 from modules.util.video_io import read_media
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_accelerator import ROOT, one_thread  # noqa: F401 (autouse)
 
 
 @pytest.fixture(scope="module")
