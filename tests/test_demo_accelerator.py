@@ -90,12 +90,12 @@ def test_the_teacher_loop_is_the_samplers(demo):
     """The script's batched teacher equals `WanModelSampler.sample` (what `sample` runs) for the same caption and
     seed: the base's 40 UniPC steps, guidance 1."""
     from modules.modelSampler.WanModelSampler import WanModelSampler
-    from modules.util.demo_accelerator import _sample_config, demo_captions, teacher_pairs
+    from modules.util.demo_accelerator import demo_sample, demo_captions, teacher_pairs
     config = {**DISTILL_CONFIG, "noise_seeds_per_caption": 1}
     noises, cleans, indices = teacher_pairs(demo, config)
     assert len(cleans) == 6 and indices.tolist() == list(range(6))
     caption = demo_captions()[3][0]
-    result = WanModelSampler(demo, device="cpu").sample(_sample_config(caption, config["first_noise_seed"], 40))
+    result = WanModelSampler(demo, device="cpu").sample(demo_sample(caption, config["first_noise_seed"], 40))
     torch.testing.assert_close(cleans[3], result.latents, atol=1e-4, rtol=0)
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from modules.util.config.AcceleratorConfig import LIGHTX2V_SHIFT, LIGHTX2V_TIMESTEPS
-from modules.util.demo_model import BASE_CONFIG, BASE_FILE, COMPASS, ROOT, base_caption
+from modules.util.demo_model import BASE_CONFIG, BASE_FILE, ROOT, base_caption
 from modules.util.demo_squares import COLOURS, DEMO_SIZE, DIRECTIONS
 
 ACCELERATOR_FILE = ROOT / "resources" / "demo" / "demo_accelerator.safetensors"
@@ -44,18 +44,14 @@ def demo_captions() -> list[tuple[str, str, str]]:
     return [(base_caption(colour, direction), colour, direction) for colour in COLOURS for direction in DIRECTIONS]
 
 
-def direction_of(word: str) -> str:
-    """The demo's direction ("left" / "right") a caption's word names ("west", "east", "left", "right")."""
-    return {compass: direction for direction, compass in COMPASS.items()}.get(word, word)
-
-
 def load_folder(folder: str | Path):
     from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
     from modules.util.config.ModelConfig import ModelConfig
     return WanBaseModelLoader().load(ModelConfig(base_model_name=str(folder)))
 
 
-def _sample_config(prompt: str, seed: int, steps: int = 4, guidance: float = 1.0):
+def demo_sample(prompt: str, seed: int, steps: int = 4, guidance: float = 1.0):
+    """A sample at the squares' size and length (the demo's previews')."""
     from modules.util.config.SampleConfig import SampleConfig
     return SampleConfig(prompt=prompt, width=DEMO_SIZE, height=DEMO_SIZE, frames=FRAMES, steps=steps,
                         guidance=guidance, seed=seed)
@@ -79,7 +75,7 @@ def teacher_pairs(model, config: dict = DISTILL_CONFIG) -> tuple[torch.Tensor, t
     captions = demo_captions()
     seeds = range(config["first_noise_seed"], config["first_noise_seed"] + config["noise_seeds_per_caption"])
     sampler = WanModelSampler(model, device="cpu")
-    resolved, _ = sampler.resolve(_sample_config(captions[0][0], seeds[0], config["teacher_steps"],
+    resolved, _ = sampler.resolve(demo_sample(captions[0][0], seeds[0], config["teacher_steps"],
                                                  config["teacher_guidance"]), log=False)
     if resolved.guidance > 1:
         raise ValueError("the demo base has no unconditional prediction (trained without caption dropout): "
@@ -193,7 +189,7 @@ def square_passes(model, accelerator_path: str | Path | None, steps: int = 4, st
     for caption, colour, direction in demo_captions():
         passes[caption] = []
         for seed in seeds:
-            clip = sampler.sample(_sample_config(caption, seed, steps)).frames_uint8()   # (F, H, W, 3)
+            clip = sampler.sample(demo_sample(caption, seed, steps)).frames_uint8()   # (F, H, W, 3)
             passes[caption].append(not caption_square_problems(clip, colour, direction))
     return passes
 
