@@ -157,12 +157,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         problem = missing_recorded_base(args.base_model_name, f"{args.loras[0][0]}'s header")
         if problem:
             parser.error(problem)
+    demo_defaults(args)
     try:
         args.elements = dict(parse_element_argument(text) for text in args.element)
     except ValueError as error:
         parser.error(str(error))
     args.accelerator_config = accelerator_config(args, parser)
     return args
+
+
+def demo_defaults(args: argparse.Namespace) -> None:
+    """The built-in demo's model (modules/util/demo_paths.py) samples at the size its squares were trained at and
+    without guidance (its base has no unconditional prediction) unless the command line says otherwise; the
+    832 x 480 x 81 default would be minutes of noise there."""
+    from modules.util.demo_paths import DEMO_MODEL, DEMO_SAMPLE_DEFAULTS, same_path
+    args.demo_note = ""
+    args.demo_model = same_path(args.base_model_name, DEMO_MODEL)
+    if not args.demo_model:
+        return
+    filled = {name: value for name, value in DEMO_SAMPLE_DEFAULTS.items() if getattr(args, name) is None}
+    for name, value in filled.items():
+        setattr(args, name, value)
+    if filled:
+        args.demo_note = ("the demo's model: " + ", ".join(f"{name} {value:g}" for name, value in filled.items())
+                          + " (its squares' settings; give them to override)")
 
 
 def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
@@ -179,12 +197,19 @@ def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser
         return recorded_accelerator_config(args) or distilled_base_schedule(args)
     from pydantic import ValidationError
 
+    from modules.util.accelerator_metadata import own_schedule
     from modules.util.lora.accelerator_files import accelerator_problems
     from modules.modelSampler.sampling_io import parse_lora_argument
     from modules.util.config.AcceleratorConfig import AcceleratorConfig
     try:
         path, strength = parse_lora_argument(args.accelerator)
         values = dict(file=str(path), file_2=args.accelerator_2 or "", strength=strength)
+        # the schedule the file says it was distilled for (its own header), unless the command line sets one
+        own = own_schedule(path)
+        if own is not None and not args.accelerator_timesteps and args.steps is None:
+            values["timesteps"] = own.timestep_list()
+        if own is not None and args.accelerator_shift is None:
+            values["shift"] = own.shift
         if args.accelerator_timesteps:
             values["timesteps"] = [int(t) for t in args.accelerator_timesteps.split(",")]
         if args.steps is not None:
@@ -211,7 +236,7 @@ def recorded_accelerator_config(args: argparse.Namespace):
     for lora, _ in args.loras:
         for path in lora_files_named(lora):
             config = recorded_accelerator(path)
-            if config is None:
+            if config is None or not config.file:   # no file: an accelerator's own schedule, not one it ran with
                 continue
             missing = [file for file in (config.file, config.file_2) if file and not Path(file).is_file()]
             if missing:
@@ -286,6 +311,14 @@ def build_samples(args: argparse.Namespace) -> list:
     return [sample.with_defaults(**defaults) for sample in samples]
 
 
+def ensure_demo_model(folder: str) -> None:
+    """The demo's model is made on first use (as the demo's first Start makes it): a few seconds."""
+    if not (Path(folder) / "model_index.json").is_file():
+        from modules.util.demo_model import make_demo_model
+        print(f"sample: creating the tiny demo model at {folder} (a few seconds, once)", file=sys.stderr)
+        make_demo_model(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import logging
@@ -324,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
                                                               "tokenizer") if getattr(args, name)}
         # E2V samples are checked against the layout (e2v_layout, element_names), the others here against the variant
         plain = [sample for sample in samples if e2v_config is None and not sample.elements]
+        if args.demo_note:
+            print(f"sample: {args.demo_note}", file=sys.stderr)
+        if args.demo_model:
+            ensure_demo_model(args.base_model_name)
         model = load_model_for_sampling(args.base_model_name, dtype, device, image_encoder, part_paths, args.loras,
                                         samples=plain)
         if model.sampling_defaults is not None:

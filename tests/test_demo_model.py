@@ -8,55 +8,14 @@ import pytest
 import torch
 
 from modules.util.demo_assets import BACKGROUND, COLOURS, DEMO_SIZE, make_demo_t2v_dataset, square_clip
+from modules.util.square_check import caption_square_problems, centre_column, colour_of, deviation
 from modules.util.video_io import read_media
-
-
-def deviation(frames: np.ndarray) -> np.ndarray:
-    """(..., 3) uint8 -> float: each pixel's colour minus the grey background."""
-    return frames.astype(float) - BACKGROUND
-
-
-def colour_of(offsets: np.ndarray) -> str:
-    """The demo colour whose direction from grey is nearest to the summed colour offsets (..., 3)."""
-    total = offsets.reshape(-1, 3).sum(axis=0)
-    def cosine(name):
-        reference = np.array(COLOURS[name], float) - BACKGROUND
-        return total @ reference / (np.linalg.norm(total) * np.linalg.norm(reference) + 1e-9)
-    return max(COLOURS, key=cosine)
-
-
-def centre_column(offsets: np.ndarray) -> float:
-    """The column of the centre of mass of how far a frame (H, W, 3) is from grey."""
-    weight = np.abs(offsets).sum(axis=(0, 2))
-    return float((weight * np.arange(len(weight))).sum() / weight.sum())
 
 
 def square_columns(frame: np.ndarray, colour: tuple[int, int, int]) -> np.ndarray:
     """The columns where the frame's pixels are near `colour`."""
     close = np.abs(frame.astype(int) - np.array(colour)).max(axis=-1) < 40
     return np.nonzero(close.any(axis=0))[0]
-
-
-def caption_square_problems(frames: np.ndarray, colour_name: str, direction: str | None = None) -> list[str]:
-    """What keeps a clip (F, H, W, 3) uint8 from showing the caption's square: each frame must hold a square's worth
-    of cells (not noise, not nothing) of the caption's colour, and, when a direction is given, the square's centre
-    must move that way from the first frame to the last by at least a cell (8 px), never stepping back by more than
-    half a cell. Empty when the clip shows it."""
-    problems, centres = [], []
-    for f, frame in enumerate(deviation(frames)):
-        seen = np.abs(frame).max(axis=-1) > 40
-        if not 32 <= seen.sum() <= 512:
-            problems.append(f"frame {f}: {seen.sum()} pixels differ from grey")
-            continue
-        if colour_of(frame[seen]) != colour_name:
-            problems.append(f"frame {f}: {colour_of(frame[seen])}, not {colour_name}")
-        centres.append(centre_column(np.where(seen[..., None], frame, 0)))
-    if direction is not None and not problems:
-        sign = 1 if direction == "right" else -1
-        travel, back = sign * (centres[-1] - centres[0]), -sign * np.diff(centres)
-        if travel < 8 or back.max() > 4:
-            problems.append(f"centres {[round(c, 1) for c in centres]} do not move {direction}")
-    return problems
 
 
 def test_the_square_check_tells_moving_squares_from_wrong_ones(squares_dataset):

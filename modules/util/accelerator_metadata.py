@@ -32,3 +32,10 @@ def recorded_accelerator(path: str | Path) -> AcceleratorConfig | None:
         return AcceleratorConfig(**json.loads(text)) if text else None
     except Exception:  # noqa: BLE001 - a header we cannot read records nothing; loading the LoRA says why
         return None
+
+
+def own_schedule(path: str | Path) -> AcceleratorConfig | None:
+    """The schedule an accelerator file's own header says it was distilled for (a `wan_accelerator` record naming no
+    file, as scripts/make_demo_accelerator.py writes), else None."""
+    config = recorded_accelerator(path)
+    return config if config is not None and not config.file else None

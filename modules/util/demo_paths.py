@@ -6,6 +6,9 @@ from pathlib import Path
 DEMO_MODEL = "workspace/demo/tiny-wan2.1-t2v"
 DEMO_CONCEPT = {"name": "squares", "path": "workspace/demo/squares"}
 DEMO_SAMPLES_FILE = "workspace/demo/samples.json"
+# what `sample` takes for the demo's model where the command line leaves it unset: the size its squares were trained
+# at (demo_squares.DEMO_SIZE, 9 frames) and no guidance (its base was trained without caption dropout)
+DEMO_SAMPLE_DEFAULTS = {"width": 16, "height": 16, "frames": 9, "guidance": 1.0}
 
 
 def same_path(a: str | Path, b: str | Path) -> bool:
