@@ -58,6 +58,28 @@ Dead ends, measured, so that nobody repeats them:
   cheap variant helped: the cross-attention keys and values with the text embedder only (0 of 24 over green left /
   right, red right, blue left; the green left loss still rose, 0.462 to 0.640) and lr 2e-3 (0 of 18 over green left,
   red right, blue left; 0.462 to 0.694). About 20 to 30 s a run on 2 busy cores.
+- Nor with a base rebuilt to know colour and direction apart, or with more colours in the LoRA's data. The tiny
+  random UMT5 (2 layers) mixes each word with its neighbours: at the direction's position "left" after "red" and
+  after "green" have cosine 0.81, "left" and "right" after "red" 0.48; at the colour's position "red" and "green"
+  -0.09, "red" before "left" and before "right" 0.87. Bases built like this one (`pretrain_transformer`, captions
+  "a <colour> square moving <word>", the checks with `caption_square_problems` given the base's colours):
+  12 colours (adding yellow, cyan, magenta, orange, purple, pink, brown, white, black) with the single-token
+  "up" / "down" for the directions, 6 of the 24 pairs held out, one clip a pair, 4000 steps at lr 5e-3 (8 minutes
+  at load 15): its own trained captions 6 of 6, the held-out pairs 0 of 6, and 9 of 9 (yellow "down", cyan and
+  black "up", seeds 1 to 3) draw the colour moving the way it was trained: the base itself ties the direction to
+  the colour once a colour is seen one way, whether the word is one token or five. With 8 variants a pair (2
+  shades, 2 start offsets, 2 rows; 144 clips, 3000 steps, lr 2e-3) it did not even draw its own captions (2 of 6)
+  and its LoRA passed 0 of 3 green left, 0 of 3 red right; with 8 colours (4 held out, lr 5e-3) its own 6 of 6,
+  held out 0 of 4. A 6-colour base that knows all 12 pairs as "west" / "east" (3000 steps, lr 5e-3: 10 of 10 of
+  its captions) with the demo's LoRA (its preset as it is) on 6 colours x 2 directions x 2 shades less green left
+  (22 clips): the trained red left and green right 3 of 3 each, green left 0 of 3 (it moves right, as with 3
+  colours); with green not in the data at all (20 clips) green left and right 0 of 3 each (the square turns yellow
+  or orange, or is lost), and even the trained red left 0 of 3 (left by less than a cell). The 8-colour base's
+  LoRA on 6 colours less green left: 0 of 3, and 0 of 3 with only the cross-attention adapted (query, key, value,
+  out). A 12-colour base that knows all 24 pairs as "west" / "east" (4000 steps, lr 5e-3, 7 minutes at load 19: 11
+  of 12 of its captions) with the demo's LoRA on 12 colours x 2 directions x 2 shades less green left (46 clips):
+  green left 0 of 3 (right, or the square lost), and in 400 steps even the trained pairs only partly (green right
+  2 of 3, red left 0 of 3: left, stepping back). About 1 to 2 minutes a LoRA run at load 15.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
