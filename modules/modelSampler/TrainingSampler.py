@@ -141,6 +141,9 @@ class TrainingSampler:
         config = self.trainer.config.sampling.accelerator
         if not config.enabled:
             return None
+        preserve = getattr(self.trainer.setup, "preserve", None)
+        if preserve is not None:   # distill.mode preserve trains with it: the same files, read once
+            return preserve.accelerator
         if getattr(self, "_loaded_accelerator", None) is None:
             from modules.modelSampler.accelerator import load_accelerator
             self._loaded_accelerator = load_accelerator(self.trainer.model, config)

@@ -25,6 +25,7 @@ class Prediction:
     sigmas: Tensor        # (B,)
     expert: str           # "transformer" or "transformer_2"
     loss_mask: Tensor | None = None  # (B, 1, T, 1 or h, 1 or w): the loss weight of each latent (0: no loss)
+    teacher: Tensor | None = None    # distill.mode preserve: the frozen accelerated model's v, like `predicted`
 
     @property
     def predicted_x0(self) -> Tensor:
@@ -40,6 +41,8 @@ class BaseWanSetup:
         # expert parallel (modules/trainer/expert_parallel.py): the expert every step of this rank trains, over its
         # own sigma range, as `expert: high` / `low` does; None: the steps are routed over experts_in_training()
         self.only_expert: str | None = None
+        # distill.mode "preserve" (modules/modelSetup/distill_preserve.py): set by the trainer once the model is set up
+        self.preserve = None
 
     # ---- to be provided by each method ----------------------------------------------------------------------
 
@@ -100,8 +103,18 @@ class BaseWanSetup:
 
     def training_step(self) -> contextlib.AbstractContextManager:
         """Held around a training step's forward and backward (a checkpointed block is recomputed in the
-        backward, so what holds for the forward must hold there too)."""
-        return contextlib.nullcontext()
+        backward, so what holds for the forward must hold there too): distill.mode preserve's accelerator."""
+        return contextlib.nullcontext() if self.preserve is None else self.preserve.attached(self.model)
+
+    def forward_and_teacher(self, transformer, forward) -> tuple[Tensor, Tensor | None]:
+        """`forward()` under autocast, and with distill.mode preserve the same pass as the frozen accelerated
+        model computes it (the teacher; None otherwise)."""
+        with self.autocast():
+            predicted = forward()
+        if self.preserve is None:
+            return predicted, None
+        with self.autocast():
+            return predicted, self.preserve.teacher(transformer, forward)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = self.config.train_dtype.torch_dtype()
@@ -227,19 +240,18 @@ class BaseWanSetup:
             image_embeds = image_embeds.reshape(-1, transformer.config.pos_embed_seq_len // 2, image_embeds.shape[-1])
         if model.variant.takes_driving_video:
             from modules.modelSetup.animate_2_inputs import animate_2_prediction
-            with self.autocast():
-                predicted = animate_2_prediction(transformer, batch, noisy, timestep, text, self.device,
-                                                 model.vae_spatial_stride)
+            predicted, teacher = self.forward_and_teacher(transformer, lambda: animate_2_prediction(
+                transformer, batch, noisy, timestep, text, self.device, model.vae_spatial_stride))
             return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                              expert=expert, loss_mask=loss_mask)
-        with self.autocast():
-            predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
-                                    encoder_hidden_states_image=None if image_embeds is None
-                                    else image_embeds.to(self.device, non_blocking=True),
-                                    **transformer_condition(batch, self.device), **vace, return_dict=False)[0]
+                              expert=expert, loss_mask=loss_mask, teacher=None if teacher is None else teacher.float())
+        predicted, teacher = self.forward_and_teacher(transformer, lambda: transformer(
+            hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
+            encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(self.device, non_blocking=True),
+            **transformer_condition(batch, self.device), **vace, return_dict=False)[0])
         predicted = predicted[:, :, references:]   # VACE: the reference frames are condition, not target
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                          expert=expert, loss_mask=loss_mask)
+                          expert=expert, loss_mask=loss_mask,
+                          teacher=None if teacher is None else teacher[:, :, references:].float())
 
     def loss_bearing_elements(self, batch: dict, prediction: Prediction) -> Tensor:
         """How many elements of the batch's loss carry weight, left on the device: 0 when the loss mask is 0
@@ -256,7 +268,14 @@ class BaseWanSetup:
         return per_sample.sum()
 
     def calculate_loss(self, batch: dict, prediction: Prediction) -> Tensor:
-        error = (prediction.predicted - prediction.target) ** 2
+        loss = self._weighted_mse(batch, prediction, prediction.target)
+        if prediction.teacher is not None:   # distill.mode preserve: teacher matching
+            loss = loss + self.preserve.weight * self._weighted_mse(batch, prediction, prediction.teacher)
+        return loss
+
+    @staticmethod
+    def _weighted_mse(batch: dict, prediction: Prediction, target: Tensor) -> Tensor:
+        error = (prediction.predicted - target) ** 2
         if prediction.loss_mask is not None:
             mask = prediction.loss_mask.to(error.dtype).expand_as(error)
             # the weighted mean over the mask's weight; an item weighted 0 everywhere adds 0

@@ -1,0 +1,59 @@
+"""`distill.mode` "preserve" (docs/distilled.md): the LoRA trains with the accelerator attached and frozen, plus a
+preservation term, so that what it learns holds on the accelerator's few steps.
+
+Attached: each training step's forward and backward run inside `accelerated` (modules/modelSampler/accelerator.py),
+the accelerator's low-rank modules as forward hooks on the base layers and its full deltas added to the base weights
+and copied back after, exactly as the accelerated previews run it. The hooks and deltas hold no trainable parameter
+and are not peft adapters, so the optimizer, the backups and the saved LoRA hold the user's adapter only.
+
+The preservation term is teacher matching: the same forward pass (same noisy latents, timestep, text and conditions)
+again with the user's adapter disabled and no gradient gives the frozen accelerated model's own prediction, and
+
+    loss = mse(prediction, noise - x0) + preserve_weight * mse(prediction, teacher)
+
+Training an accelerated model on the data term alone pulls its few-step predictions back toward the many-step
+model's averaged ones (the distillation "breaks down", as ostris describes for training on FLUX.1-schnell,
+huggingface.co/ostris/FLUX.1-schnell-training-adapter); the teacher term holds it where the data does not ask for a
+change. It is the differential output preservation of ostris' ai-toolkit with the frozen accelerated model as the
+reference, on the training inputs themselves. The measurement that chose it is in docs/distilled.md.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+class PreserveTraining:
+    """A run's frozen accelerator and preservation weight."""
+
+    def __init__(self, accelerator, weight: float):
+        self.accelerator = accelerator   # modules.modelSampler.accelerator.Accelerator
+        self.weight = weight
+
+    @classmethod
+    def for_run(cls, config, model) -> PreserveTraining | None:
+        """None unless `distill.mode` is "preserve" (the config checks have made sure the accelerator is set)."""
+        if config.distill.mode != "preserve":
+            return None
+        from modules.modelSampler.accelerator import load_accelerator
+        return cls(load_accelerator(model, config.sampling.accelerator), config.distill.preserve_weight)
+
+    def attached(self, model) -> contextlib.AbstractContextManager:
+        """Held around a training step's forward and backward (a checkpointed block recomputes under it)."""
+        from modules.modelSampler.accelerator import accelerated
+        return accelerated(model, self.accelerator)
+
+    def teacher(self, transformer: torch.nn.Module, forward: Callable[[], Tensor]) -> Tensor | None:
+        """`forward()` again with the user's adapters disabled and no gradient: the frozen accelerated model's
+        prediction. None when the term is off or no gradient is being taken (validation, previews)."""
+        if self.weight == 0 or not torch.is_grad_enabled():
+            return None
+        transformer.disable_adapters()
+        try:
+            with torch.no_grad():
+                return forward()
+        finally:
+            transformer.enable_adapters()

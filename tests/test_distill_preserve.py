@@ -1,0 +1,104 @@
+"""`distill.mode` "preserve" (docs/distilled.md, modules/modelSetup/distill_preserve.py): the LoRA trains with the
+accelerator attached and frozen plus a teacher-matching term; the saved LoRA holds the user's adapter only, the base
+is left bit-identical, a run resumes bit-identically, and config errors stop before any model loads."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from learning import assert_resumed_identically, train
+from modules.modelSampler.accelerator import accelerated, load_accelerator
+from modules.util.config.AcceleratorConfig import AcceleratorConfig
+from test_accelerator import _accelerator_parts, _write, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def accelerator_file(tiny_model, tmp_path_factory):
+    """A fixture accelerator for the tiny model: low-rank modules on attention and FFN plus full deltas."""
+    base = tiny_model("wan2.1-t2v")
+    return _write(tmp_path_factory.mktemp("accelerator") / "accelerator.safetensors",
+                  *_accelerator_parts(load(base).transformer, 4), "lightx2v")
+
+
+def _preserve(accelerator_file, weight: float = 0.5) -> list[str]:
+    return ["optimizer.learning_rate=0.01", "distill.mode=preserve", f"distill.preserve_weight={weight}",
+            f'sampling.accelerator={{"file": "{accelerator_file}", "strength": 1.0}}']
+
+
+def test_preserve_trains_beside_the_frozen_accelerator_and_saves_only_the_users_lora(tiny_model, squares_dataset,
+                                                                                    accelerator_file, tmp_path):
+    """The first step's loss is the data loss of base + accelerator (the LoRA starts at zero, so the teacher term
+    is 0 and the weight does not matter yet), unlike the base's; after it the teacher term acts. The trained
+    transformer's base weights stay bit-identical, and the file holds the same keys as a `base` run's."""
+    base = tiny_model("wan2.1-t2v")
+    plain = train(tmp_path / "base", base, squares_dataset, steps=3, overrides=["optimizer.learning_rate=0.01"])
+    preserved = train(tmp_path / "preserve", base, squares_dataset, steps=3, overrides=_preserve(accelerator_file))
+    unweighted = train(tmp_path / "weight0", base, squares_dataset, steps=3,
+                       overrides=_preserve(accelerator_file, 0.0))
+    assert preserved.step_losses[0] == unweighted.step_losses[0] != plain.step_losses[0]
+    assert preserved.step_losses[1:] != unweighted.step_losses[1:]
+
+    fresh = load(base).transformer.state_dict()
+    trained = {name.replace("base_layer.", ""): value for name, value in
+               preserved.model.transformer.state_dict().items() if "lora_" not in name}
+    assert fresh.keys() == trained.keys()
+    assert all(torch.equal(trained[name], fresh[name]) for name in fresh)
+
+    def keys(path):
+        with safe_open(str(path), "pt") as file:
+            return set(file.keys())
+    assert keys(tmp_path / "preserve" / "out.safetensors") == keys(tmp_path / "base" / "out.safetensors")
+
+
+def test_the_teacher_is_the_frozen_base_with_the_accelerator(tiny_model, squares_dataset, accelerator_file, tmp_path):
+    """After training (the LoRA no longer zero) a step's teacher equals a fresh base model's prediction with the
+    accelerator attached, on the same inputs; the prediction itself differs from it."""
+    base = tiny_model("wan2.1-t2v")
+    trainer = train(tmp_path, base, squares_dataset, steps=2, overrides=_preserve(accelerator_file))
+    batch = next(iter(trainer.data.batches(0)))
+    with trainer.setup.training_step():
+        prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(5))
+    fresh = load(base)
+    with torch.no_grad(), accelerated(fresh, load_accelerator(fresh, AcceleratorConfig(file=str(accelerator_file)))):
+        expected = fresh.transformer(hidden_states=prediction.noisy, timestep=prediction.sigmas * 1000,
+                                     encoder_hidden_states=batch["text_embeds"], return_dict=False)[0]
+    torch.testing.assert_close(prediction.teacher, expected, atol=1e-5, rtol=1e-5)
+    assert (prediction.predicted - expected).abs().max() > 1e-3
+
+
+def test_a_preserve_run_resumes_bit_identically(tiny_model, squares_dataset, accelerator_file, tmp_path):
+    base = tiny_model("wan2.1-t2v")
+    common = _preserve(accelerator_file) + ["backup.every_n_steps=3", "data.concepts.0.seed=3"]
+    full = train(tmp_path / "full", base, squares_dataset, steps=5, overrides=common)
+    first = train(tmp_path / "split", base, squares_dataset, steps=3, overrides=common)
+    resumed = train(tmp_path / "split", base, squares_dataset, steps=5,
+                    overrides=common + ["backup.continue_last_backup=true"])
+    assert_resumed_identically(full, first, resumed, 5)
+
+
+def test_preserve_config_errors_stop_before_any_model_loads(tiny_model, squares_dataset, accelerator_file, tmp_path):
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"),
+               "--config-value", f"model.base_model_name={tiny_model('wan2.1-t2v')}",
+               "--config-value", f'data.concepts=[{{"path": "{squares_dataset}"}}]',
+               "--config-value", f"workspace_dir={tmp_path / 'run'}", "--config-value", "device=cpu",
+               "--config-value", "distill.mode=preserve"]
+    alone = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 2, alone.stderr
+    assert "distill.mode" in alone.stderr and "sampling.accelerator.file" in alone.stderr
+    fine_tune = subprocess.run(command + ["--config-value", "training_method=FINE_TUNE", "--config-value",
+                                          "output.format=DIFFUSERS", "--config-value",
+                                          "distill.preserve_weight=-1"], capture_output=True, text=True, timeout=120)
+    assert fine_tune.returncode == 2, fine_tune.stderr
+    assert "preserve_weight" in fine_tune.stderr
+    fine_tune = subprocess.run(command + ["--config-value", "training_method=FINE_TUNE", "--config-value",
+                                          "output.format=DIFFUSERS", "--config-value",
+                                          f"sampling.accelerator.file={accelerator_file}"],
+                               capture_output=True, text=True, timeout=120)
+    assert fine_tune.returncode == 2 and "training_method is FINE_TUNE" in fine_tune.stderr, fine_tune.stderr
+    assert "run plan" not in alone.stdout + fine_tune.stdout and not (tmp_path / "run").exists()
