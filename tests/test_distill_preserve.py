@@ -102,3 +102,27 @@ def test_preserve_config_errors_stop_before_any_model_loads(tiny_model, squares_
                                capture_output=True, text=True, timeout=120)
     assert fine_tune.returncode == 2 and "training_method is FINE_TUNE" in fine_tune.stderr, fine_tune.stderr
     assert "run plan" not in alone.stdout + fine_tune.stdout and not (tmp_path / "run").exists()
+
+
+def test_the_planner_holds_the_accelerator_at_its_files_rank(tiny_model, accelerator_file):
+    """The planned weights grow by the accelerator's factors (rank x (in + out) per block attention / FFN layer, in
+    the base weights' dtype, float32 here, as the hooks compute in), at the rank read from the file's header, or at the assumed rank 64 when the
+    file is not there (a preset's placeholders); the plan's line says which. (The planned step against the same
+    step run for real: test_memory_planner.py's "distill preserve" switches.)"""
+    from modules.planner.plan_shapes import resolve_architecture
+    from modules.planner.step_trace import trace_step
+    from test_memory_planner import TINY_SHAPE, tiny_config
+    base = tiny_model("wan2.1-t2v")
+    linears = [m for n, m in load(base).transformer.named_modules() if isinstance(m, torch.nn.Linear)
+               and n.startswith("blocks.") and (".attn" in n or ".ffn" in n)]
+    per_rank = sum(4 * (m.in_features + m.out_features) for m in linears)
+
+    def planned(**values):
+        config = tiny_config(base, training_method="LORA", gradient_checkpointing=True, **values)
+        counter, facts = trace_step(config, resolve_architecture(config), TINY_SHAPE)
+        return counter.breakdown()["weights"], facts["features"]
+    weights, _ = planned()
+    assumed, line = planned(distill={"mode": "preserve"})
+    assert assumed - weights == 64 * per_rank and "accelerator rank 64 (assumed)" in line and "teacher pass" in line
+    read, line = planned(distill={"mode": "preserve"}, sampling={"accelerator": {"file": str(accelerator_file)}})
+    assert read - weights == 4 * per_rank and "accelerator rank 4 attached" in line

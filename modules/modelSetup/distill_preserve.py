@@ -34,12 +34,24 @@ class PreserveTraining:
         self.weight = weight
 
     @classmethod
-    def for_run(cls, config, model) -> PreserveTraining | None:
-        """None unless `distill.mode` is "preserve" (the config checks have made sure the accelerator is set)."""
+    def for_run(cls, config, model, device: torch.device) -> PreserveTraining | None:
+        """None unless `distill.mode` is "preserve" (the config checks have made sure the accelerator is set). The
+        low-rank factors are placed on `device` in the dtype the hooks compute in once, not at every step."""
         if config.distill.mode != "preserve":
             return None
-        from modules.modelSampler.accelerator import load_accelerator
-        return cls(load_accelerator(model, config.sampling.accelerator), config.distill.preserve_weight)
+        from modules.modelSampler.accelerator import _module_names, load_accelerator
+        from modules.util.lora.apply import _base_layer, _get_module
+        from modules.util.lora.formats import match_to_model
+        accelerator = load_accelerator(model, config.sampling.accelerator)
+        for expert, file in accelerator.files.items():
+            transformer = getattr(model, expert)
+            file.lora = match_to_model(file.lora, _module_names(transformer))
+            for name, lora in file.lora.items():
+                weight = _base_layer(_get_module(transformer, name)).weight
+                dtype = weight.dtype if weight.dtype.is_floating_point and weight.element_size() > 1 \
+                    else torch.bfloat16   # as `accelerated` computes them
+                lora.down, lora.up = lora.down.to(device, dtype), lora.up.to(device, dtype)
+        return cls(accelerator, config.distill.preserve_weight)
 
     def attached(self, model) -> contextlib.AbstractContextManager:
         """Held around a training step's forward and backward (a checkpointed block recomputes under it)."""

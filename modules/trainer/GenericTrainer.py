@@ -213,7 +213,7 @@ class GenericTrainer:
             return []
         self.setup.setup_model()
         from modules.modelSetup.distill_preserve import PreserveTraining
-        self.setup.preserve = PreserveTraining.for_run(config, self.model)   # distill.mode preserve: the accelerator
+        self.setup.preserve = PreserveTraining.for_run(config, self.model, self.device)   # distill.mode preserve: the accelerator
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
         else:   # the prompts' embeddings are cached: previews and a diffusers save read the encoder again
