@@ -120,9 +120,32 @@ def test_the_planner_holds_the_accelerator_at_its_files_rank(tiny_model, acceler
     def planned(**values):
         config = tiny_config(base, training_method="LORA", gradient_checkpointing=True, **values)
         counter, facts = trace_step(config, resolve_architecture(config), TINY_SHAPE)
-        return counter.breakdown()["weights"], facts["features"]
+        return counter.breakdown()["weights"], facts.get("distill", "")
     weights, _ = planned()
     assumed, line = planned(distill={"mode": "preserve"})
     assert assumed - weights == 64 * per_rank and "accelerator rank 64 (assumed)" in line and "teacher pass" in line
     read, line = planned(distill={"mode": "preserve"}, sampling={"accelerator": {"file": str(accelerator_file)}})
     assert read - weights == 4 * per_rank and "accelerator rank 4 attached" in line
+
+
+def test_the_training_tab_shows_the_mode_and_its_memory_line_names_it(tiny_model, accelerator_file):
+    """The GUI's controllers (no display): distill.mode is a field of the edited config (the training tab places
+    every section no other tab does), a change of it re-plans the memory line, and the line names the accelerator
+    and the teacher pass the prediction includes."""
+    from modules.ui.config_fields import section_fields
+    from modules.ui.CtkTrainingTabView import MEMORY_PATHS, PLACED_ELSEWHERE
+    from modules.ui.MemoryPlanController import MemoryPlanController
+    from modules.ui.UIState import UIState
+    assert "distill" not in PLACED_ELSEWHERE and "distill" in MEMORY_PATHS
+    assert {spec.name for spec in section_fields("distill")} >= {"mode", "preserve_weight"}
+    state = UIState({"model": {"base_model_name": str(tiny_model("wan2.1-t2v"))}, "gradient_checkpointing": True,
+                     "data": {"resolution": 64, "frame_buckets": [9]}, "optimizer": {"optimizer": "ADAMW"},
+                     "sampling": {"accelerator": {"file": str(accelerator_file)}}})
+    assert state.set_text("distill.mode", "preserve") is None
+    assert state.config().distill.mode == "preserve"
+    controller = MemoryPlanController(state)
+    assert controller.predict(4.0)
+    controller.wait(120)
+    text = controller.poll()
+    assert text.startswith("fits 4 GiB: ") and "(distill preserve: accelerator rank 4 attached, teacher pass" in text
+    assert state.set_text("distill.mode", "slow") is not None or "distill.mode" in " ".join(state.validate())

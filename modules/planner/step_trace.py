@@ -277,7 +277,7 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         facts["features"] = "; ".join(s.describe() for s in performance.values())
         if setup.preserve is not None:
             from modules.planner.preserve_plan import describe
-            facts["features"] += f"; {describe(config)}"
+            facts["distill"] = describe(config)
         counter.set_phase("optimizer_setup")
         optimizer = _optimizer(config, parameter_groups(config, setup.named_trainable_parameters()), fake)
         counter.set_phase("ema")
