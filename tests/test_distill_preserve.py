@@ -149,3 +149,44 @@ def test_the_training_tab_shows_the_mode_and_its_memory_line_names_it(tiny_model
     text = controller.poll()
     assert text.startswith("fits 4 GiB: ") and "(distill preserve: accelerator rank 4 attached, teacher pass" in text
     assert state.set_text("distill.mode", "slow") is not None or "distill.mode" in " ".join(state.validate())
+
+
+def test_preserve_on_the_distilled_animate_2_release_matches_the_release_itself(tiny_model, tmp_path):
+    """Animate-2's distilled release (its model_index names WanAnimate2DistilledModularPipeline) is its own
+    accelerator: preserve trains on it without sampling.accelerator, the teacher being the release without the LoRA.
+    The first step's loss is the base mode's (LoRA at zero: no teacher term yet), later ones differ; the same config
+    on the ordinary Animate-2 release stops before its weights load."""
+    from modules.util.config.config_io import ConfigError
+    from modules.util.demo_animate import make_animate_2_dataset
+    folder = make_animate_2_dataset(tmp_path / "data", clips_per_class=1, frames=5, size=32)
+    for path in folder.iterdir():
+        if not path.name.startswith(("red_left", "green_right")):
+            path.unlink()
+    release = tiny_model("wan2.2-animate-2")
+    distilled = tmp_path / "distilled"
+    distilled.mkdir()
+    for part in release.iterdir():
+        if part.name != "model_index.json":
+            (distilled / part.name).symlink_to(part)
+    index = json.loads((release / "model_index.json").read_text(encoding="utf-8"))
+    index["_class_name"] = "WanAnimate2DistilledModularPipeline"
+    (distilled / "model_index.json").write_text(json.dumps(index), encoding="utf-8")
+    common = ["data.frame_buckets=[5]", "optimizer.learning_rate=0.01", "lora.rank=4", "lora.alpha=4", "batch_size=2",
+              f"cache_dir={tmp_path / 'cache'}"]
+    plain = train(tmp_path / "base", distilled, folder, steps=3, overrides=common)
+    preserved = train(tmp_path / "preserve", distilled, folder, steps=3, overrides=common + ["distill.mode=preserve"])
+    assert preserved.step_losses[0] == plain.step_losses[0] and preserved.step_losses[1:] != plain.step_losses[1:]
+    batch = next(iter(preserved.data.batches(0)))
+    with preserved.setup.training_step():
+        prediction = preserved.setup.predict(batch, torch.Generator().manual_seed(5))
+    transformer = preserved.model.transformer
+    transformer.disable_adapters()
+    try:
+        with torch.no_grad():
+            expected = preserved.setup.predict(batch, torch.Generator().manual_seed(5)).predicted
+    finally:
+        transformer.enable_adapters()
+    torch.testing.assert_close(prediction.teacher, expected)
+    assert (prediction.predicted - expected).abs().max() > 1e-4
+    with pytest.raises(ConfigError, match="distill.mode"):
+        train(tmp_path / "ordinary", release, folder, steps=1, overrides=common + ["distill.mode=preserve"])

@@ -30,7 +30,7 @@ class PreserveTraining:
     """A run's frozen accelerator and preservation weight."""
 
     def __init__(self, accelerator, weight: float):
-        self.accelerator = accelerator   # modules.modelSampler.accelerator.Accelerator
+        self.accelerator = accelerator   # modules.modelSampler.accelerator.Accelerator; None on a distilled release
         self.weight = weight
 
     @classmethod
@@ -39,6 +39,8 @@ class PreserveTraining:
         low-rank factors are placed on `device` in the dtype the hooks compute in once, not at every step."""
         if config.distill.mode != "preserve":
             return None
+        if not config.sampling.accelerator.enabled:   # a distilled release: the teacher is the release itself
+            return cls(None, config.distill.preserve_weight)
         from modules.modelSampler.accelerator import _module_names, load_accelerator
         from modules.util.lora.apply import _base_layer, _get_module
         from modules.util.lora.formats import match_to_model
@@ -56,7 +58,7 @@ class PreserveTraining:
     def attached(self, model) -> contextlib.AbstractContextManager:
         """Held around a training step's forward and backward (a checkpointed block recomputes under it)."""
         from modules.modelSampler.accelerator import accelerated
-        return accelerated(model, self.accelerator)
+        return accelerated(model, self.accelerator)   # None: nothing to attach
 
     def teacher(self, transformer: torch.nn.Module, forward: Callable[[], Tensor]) -> Tensor | None:
         """`forward()` again with the user's adapters disabled and no gradient: the frozen accelerated model's

@@ -37,6 +37,8 @@ def planned_preserve(config, model, experts: list[str], device: torch.device):
     from modules.util.lora.apply import _base_layer
     from modules.util.lora.LoraModule import LoraModule
     accelerator = config.sampling.accelerator
+    if not accelerator.enabled:   # a distilled release (Animate-2's): the teacher pass only
+        return PreserveTraining(None, config.distill.preserve_weight)
     files = {}
     for expert in experts:
         path = accelerator.file_2 if expert == "transformer_2" and accelerator.file_2 else accelerator.file
@@ -60,6 +62,9 @@ def planned_preserve(config, model, experts: list[str], device: torch.device):
 
 def describe(config) -> str:
     """The plan's line for the mode."""
+    teacher = f"teacher pass (weight {config.distill.preserve_weight:g})" if config.distill.preserve_weight else ""
+    if not config.sampling.accelerator.enabled:
+        return f"distill preserve: on the distilled release, {teacher or 'no teacher pass'}"
     rank, read = accelerator_rank(config.sampling.accelerator.file)
-    teacher = f", teacher pass (weight {config.distill.preserve_weight:g})" if config.distill.preserve_weight else ""
-    return f"distill preserve: accelerator rank {rank}{'' if read else ' (assumed)'} attached{teacher}"
+    return f"distill preserve: accelerator rank {rank}{'' if read else ' (assumed)'} attached" + \
+        (f", {teacher}" if teacher else "")

@@ -39,14 +39,29 @@ class DistillConfig(BaseConfig):
         raise ValueError(f"{value!r} is not a distill mode; allowed: {allowed}")
 
 
+def distilled_release(base_model_name: str) -> bool:
+    """Whether the base model folder is a step-distilled release (its model_index.json names the distilled Animate-2
+    pipeline): preserve then trains on it directly, the teacher being the release itself. Reads one JSON file."""
+    import json
+    from pathlib import Path
+
+    from modules.model.sampling_defaults import DISTILLED_ANIMATE_2_PIPELINE
+    index = Path(base_model_name or "") / "model_index.json"
+    try:
+        return json.loads(index.read_text(encoding="utf-8")).get("_class_name") == DISTILLED_ANIMATE_2_PIPELINE
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def distill_problems(config) -> list[str]:
     """What keeps a run's `distill` section from training as asked (before any model loads)."""
     if config.distill.mode != "preserve":
         return []
     problems = []
-    if not config.sampling.accelerator.file:
+    if not config.sampling.accelerator.file and not distilled_release(config.model.base_model_name):
         problems.append("distill.mode: 'preserve' trains with the accelerator attached: set sampling.accelerator.file "
-                        "(the accelerator LoRA, e.g. lightx2v's or Wan2.2-Lightning's) or use distill.mode 'base'")
+                        "(the accelerator LoRA, e.g. lightx2v's or Wan2.2-Lightning's), train on a distilled release "
+                        "(Animate-2's), or use distill.mode 'base'")
     if config.training_method.value != "LORA":
         problems.append(f"distill.mode: 'preserve' trains a LoRA beside the frozen accelerator; training_method is "
                         f"{config.training_method.value} (use LORA, or distill.mode 'base')")
