@@ -32,13 +32,16 @@ def _preserve(accelerator_file, weight: float = 0.5) -> list[str]:
 
 
 def test_preserve_trains_beside_the_frozen_accelerator_and_saves_only_the_users_lora(tiny_model, squares_dataset,
-                                                                                    accelerator_file, tmp_path):
+                                                                                    accelerator_file, tmp_path, capsys):
     """The first step's loss is the data loss of base + accelerator (the LoRA starts at zero, so the teacher term
     is 0 and the weight does not matter yet), unlike the base's; after it the teacher term acts. The trained
     transformer's base weights stay bit-identical, and the file holds the same keys as a `base` run's."""
     base = tiny_model("wan2.1-t2v")
     plain = train(tmp_path / "base", base, squares_dataset, steps=3, overrides=["optimizer.learning_rate=0.01"])
+    capsys.readouterr()
     preserved = train(tmp_path / "preserve", base, squares_dataset, steps=3, overrides=_preserve(accelerator_file))
+    assert f"distill: preserve: trains on the accelerator {accelerator_file} attached (frozen, strength 1); teacher " \
+           f"matching weight 0.5" in capsys.readouterr().out
     unweighted = train(tmp_path / "weight0", base, squares_dataset, steps=3,
                        overrides=_preserve(accelerator_file, 0.0))
     assert preserved.step_losses[0] == unweighted.step_losses[0] != plain.step_losses[0]
