@@ -59,20 +59,29 @@ def test_preserve_trains_beside_the_frozen_accelerator_and_saves_only_the_users_
     assert keys(tmp_path / "preserve" / "out.safetensors") == keys(tmp_path / "base" / "out.safetensors")
 
 
-def test_the_teacher_is_the_frozen_base_with_the_accelerator(tiny_model, squares_dataset, accelerator_file, tmp_path):
+@pytest.mark.parametrize("preserve_on", ["empty_caption", "caption"])
+def test_the_teacher_is_the_frozen_base_with_the_accelerator(tiny_model, squares_dataset, accelerator_file, tmp_path,
+                                                             preserve_on):
     """After training (the LoRA no longer zero) a step's teacher equals a fresh base model's prediction with the
-    accelerator attached, on the same inputs; the prediction itself differs from it."""
+    accelerator attached, on the same noisy latents with the empty caption (`empty_caption`, the default) or the
+    step's own caption (`caption`: the trained side of the term is then the step's prediction itself); the trained
+    side differs from it."""
     base = tiny_model("wan2.1-t2v")
-    trainer = train(tmp_path, base, squares_dataset, steps=2, overrides=_preserve(accelerator_file))
+    trainer = train(tmp_path, base, squares_dataset, steps=2,
+                    overrides=_preserve(accelerator_file) + [f"distill.preserve_on={preserve_on}"])
     batch = next(iter(trainer.data.batches(0)))
     with trainer.setup.training_step():
         prediction = trainer.setup.predict(batch, torch.Generator().manual_seed(5))
     fresh = load(base)
+    text = batch["text_embeds"]
+    if preserve_on == "empty_caption":
+        text = fresh.encode_text([""]).expand(text.shape[0], -1, -1)
     with torch.no_grad(), accelerated(fresh, load_accelerator(fresh, AcceleratorConfig(file=str(accelerator_file)))):
         expected = fresh.transformer(hidden_states=prediction.noisy, timestep=prediction.sigmas * 1000,
-                                     encoder_hidden_states=batch["text_embeds"], return_dict=False)[0]
+                                     encoder_hidden_states=text, return_dict=False)[0]
     torch.testing.assert_close(prediction.teacher, expected, atol=1e-5, rtol=1e-5)
-    assert (prediction.predicted - expected).abs().max() > 1e-3
+    assert (prediction.preserved - expected).abs().max() > 1e-3
+    assert torch.equal(prediction.preserved, prediction.predicted) == (preserve_on == "caption")
 
 
 def test_a_preserve_run_resumes_bit_identically(tiny_model, squares_dataset, accelerator_file, tmp_path):
@@ -110,7 +119,7 @@ def test_preserve_config_errors_stop_before_any_model_loads(tiny_model, squares_
 def test_the_planner_holds_the_accelerator_at_its_files_rank(tiny_model, accelerator_file):
     """The planned weights grow by the accelerator's factors (rank x (in + out) per block attention / FFN layer, in
     the base weights' dtype, float32 here, as the hooks compute in), at the rank read from the file's header, or at the assumed rank 64 when the
-    file is not there (a preset's placeholders); the plan's line says which. (The planned step against the same
+    file is not there (a preset's placeholders); the plan's line says which and names the teacher pass. (The planned step against the same
     step run for real: test_memory_planner.py's "distill preserve" switches.)"""
     from modules.planner.plan_shapes import resolve_architecture
     from modules.planner.step_trace import trace_step
@@ -125,9 +134,13 @@ def test_the_planner_holds_the_accelerator_at_its_files_rank(tiny_model, acceler
         counter, facts = trace_step(config, resolve_architecture(config), TINY_SHAPE)
         return counter.breakdown()["weights"], facts.get("distill", "")
     weights, _ = planned()
-    assumed, line = planned(distill={"mode": "preserve"})
-    assert assumed - weights == 64 * per_rank and "accelerator rank 64 (assumed)" in line and "teacher pass" in line
-    read, line = planned(distill={"mode": "preserve"}, sampling={"accelerator": {"file": str(accelerator_file)}})
+    missing = {"accelerator": {"file": str(accelerator_file.parent / "missing.safetensors")}}
+    assumed, line = planned(distill={"mode": "preserve", "preserve_weight": 0}, sampling=missing)
+    assert assumed - weights == 64 * per_rank and line == "distill preserve: accelerator rank 64 (assumed) attached"
+    _, line = planned(distill={"mode": "preserve"}, sampling=missing)
+    assert line.endswith("attached, teacher pass on the empty caption (weight 0.5)")
+    read, line = planned(distill={"mode": "preserve", "preserve_weight": 0},
+                         sampling={"accelerator": {"file": str(accelerator_file)}})
     assert read - weights == 4 * per_rank and "accelerator rank 4 attached" in line
 
 
@@ -150,7 +163,7 @@ def test_the_training_tab_shows_the_mode_and_its_memory_line_names_it(tiny_model
     assert controller.predict(4.0)
     controller.wait(120)
     text = controller.poll()
-    assert text.startswith("fits 4 GiB: ") and "(distill preserve: accelerator rank 4 attached, teacher pass" in text
+    assert text.startswith("fits 4 GiB: ") and "(distill preserve: accelerator rank 4 attached, teacher pass on the" in text
     assert state.set_text("distill.mode", "slow") is not None or "distill.mode" in " ".join(state.validate())
 
 
@@ -177,7 +190,8 @@ def test_preserve_on_the_distilled_animate_2_release_matches_the_release_itself(
     common = ["data.frame_buckets=[5]", "optimizer.learning_rate=0.01", "lora.rank=4", "lora.alpha=4", "batch_size=2",
               f"cache_dir={tmp_path / 'cache'}"]
     plain = train(tmp_path / "base", distilled, folder, steps=3, overrides=common)
-    preserved = train(tmp_path / "preserve", distilled, folder, steps=3, overrides=common + ["distill.mode=preserve"])
+    preserved = train(tmp_path / "preserve", distilled, folder, steps=3,
+                      overrides=common + ["distill.mode=preserve", "distill.preserve_on=caption"])
     assert preserved.step_losses[0] == plain.step_losses[0] and preserved.step_losses[1:] != plain.step_losses[1:]
     batch = next(iter(preserved.data.batches(0)))
     with preserved.setup.training_step():
@@ -190,6 +204,6 @@ def test_preserve_on_the_distilled_animate_2_release_matches_the_release_itself(
     finally:
         transformer.enable_adapters()
     torch.testing.assert_close(prediction.teacher, expected)
-    assert (prediction.predicted - expected).abs().max() > 1e-4
+    assert (prediction.preserved - expected).abs().max() > 1e-4
     with pytest.raises(ConfigError, match="distill.mode"):
         train(tmp_path / "ordinary", release, folder, steps=1, overrides=common + ["distill.mode=preserve"])

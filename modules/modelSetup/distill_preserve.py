@@ -29,9 +29,20 @@ from torch import Tensor
 class PreserveTraining:
     """A run's frozen accelerator and preservation weight."""
 
-    def __init__(self, accelerator, weight: float):
+    def __init__(self, accelerator, weight: float, empty_text: Tensor | None = None):
         self.accelerator = accelerator   # modules.modelSampler.accelerator.Accelerator; None on a distilled release
         self.weight = weight
+        # preserve_on "empty_caption": the empty caption's text embeddings (1, L, D); None: the step's own caption
+        self.empty_text = empty_text
+
+    @staticmethod
+    def empty_caption(config, model) -> Tensor | None:
+        """The empty caption's embeddings when the term compares on it (encoded once, before the text encoder is
+        released)."""
+        if config.distill.preserve_on != "empty_caption" or config.distill.preserve_weight == 0:
+            return None
+        with torch.no_grad():
+            return model.encode_text([""]).float().cpu()
 
     @classmethod
     def for_run(cls, config, model, device: torch.device) -> PreserveTraining | None:
@@ -39,8 +50,9 @@ class PreserveTraining:
         low-rank factors are placed on `device` in the dtype the hooks compute in once, not at every step."""
         if config.distill.mode != "preserve":
             return None
+        empty_text = cls.empty_caption(config, model)
         if not config.sampling.accelerator.enabled:   # a distilled release: the teacher is the release itself
-            return cls(None, config.distill.preserve_weight)
+            return cls(None, config.distill.preserve_weight, empty_text)
         from modules.modelSampler.accelerator import _module_names, load_accelerator
         from modules.util.lora.apply import _base_layer, _get_module
         from modules.util.lora.formats import match_to_model
@@ -53,21 +65,28 @@ class PreserveTraining:
                 dtype = weight.dtype if weight.dtype.is_floating_point and weight.element_size() > 1 \
                     else torch.bfloat16   # as `accelerated` computes them
                 lora.down, lora.up = lora.down.to(device, dtype), lora.up.to(device, dtype)
-        return cls(accelerator, config.distill.preserve_weight)
+        return cls(accelerator, config.distill.preserve_weight, empty_text)
 
     def attached(self, model) -> contextlib.AbstractContextManager:
         """Held around a training step's forward and backward (a checkpointed block recomputes under it)."""
         from modules.modelSampler.accelerator import accelerated
         return accelerated(model, self.accelerator)   # None: nothing to attach
 
-    def teacher(self, transformer: torch.nn.Module, forward: Callable[[], Tensor]) -> Tensor | None:
-        """`forward()` again with the user's adapters disabled and no gradient: the frozen accelerated model's
-        prediction. None when the term is off or no gradient is being taken (validation, previews)."""
+    def preservation(self, transformer: torch.nn.Module, forward: Callable[[Tensor], Tensor], text: Tensor,
+                     predicted: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(the trained model's prediction on the term's inputs, the teacher's there): `forward(text)` with the
+        user's adapters disabled and no gradient is the frozen accelerated model's prediction; on the step's own
+        caption the trained prediction is `predicted`, on the empty caption one more pass with the adapters. None
+        when the term is off or no gradient is being taken (validation, previews)."""
         if self.weight == 0 or not torch.is_grad_enabled():
             return None
+        if self.empty_text is not None:
+            # (1, L, D) -> (B, L, D): every item's noisy latents with the empty caption
+            text = self.empty_text.to(text.device, text.dtype).expand(text.shape[0], -1, -1)
+            predicted = forward(text)
         transformer.disable_adapters()
         try:
             with torch.no_grad():
-                return forward()
+                return predicted, forward(text)
         finally:
             transformer.enable_adapters()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from modules.benchmark.architectures import TEXT_SEQUENCE_LENGTH
+
 ASSUMED_RANK = 64   # Wan2.2-Lightning's "4steps-lora-rank64" files; lightx2v's distill LoRAs come in 32 to 128 too
 _DOWN_KEYS = (".lora_down.weight", ".lora_A.weight")
 
@@ -37,8 +39,12 @@ def planned_preserve(config, model, experts: list[str], device: torch.device):
     from modules.util.lora.apply import _base_layer
     from modules.util.lora.LoraModule import LoraModule
     accelerator = config.sampling.accelerator
+    distill = config.distill
+    # the empty caption's embeddings: shaped as the step's own (1, L, D)
+    empty_text = torch.zeros(1, TEXT_SEQUENCE_LENGTH, getattr(model, experts[0]).config.text_dim, device=device) \
+        if distill.preserve_on == "empty_caption" and distill.preserve_weight else None
     if not accelerator.enabled:   # a distilled release (Animate-2's): the teacher pass only
-        return PreserveTraining(None, config.distill.preserve_weight)
+        return PreserveTraining(None, distill.preserve_weight, empty_text)
     files = {}
     for expert in experts:
         path = accelerator.file_2 if expert == "transformer_2" and accelerator.file_2 else accelerator.file
@@ -57,12 +63,14 @@ def planned_preserve(config, model, experts: list[str], device: torch.device):
                                     up=torch.zeros(base.out_features, rank, dtype=dtype, device=device),
                                     alpha=float(rank))
         files[expert] = AcceleratorFile(Path(path or "accelerator.safetensors"), lora)
-    return PreserveTraining(Accelerator(accelerator, files), config.distill.preserve_weight)
+    return PreserveTraining(Accelerator(accelerator, files), distill.preserve_weight, empty_text)
 
 
 def describe(config) -> str:
     """The plan's line for the mode."""
-    teacher = f"teacher pass (weight {config.distill.preserve_weight:g})" if config.distill.preserve_weight else ""
+    distill = config.distill
+    on = "on the empty caption" if distill.preserve_on == "empty_caption" else "on the step's caption"
+    teacher = f"teacher pass {on} (weight {distill.preserve_weight:g})" if distill.preserve_weight else ""
     if not config.sampling.accelerator.enabled:
         return f"distill preserve: on the distilled release, {teacher or 'no teacher pass'}"
     rank, read = accelerator_rank(config.sampling.accelerator.file)

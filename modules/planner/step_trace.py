@@ -169,10 +169,10 @@ def _predict_fake(setup, batch: dict, expert: str):
     if model.variant.takes_driving_video:   # Animate-2: the extract pass, then the cached pass
         from modules.modelSetup.BaseWanSetup import Prediction
         from modules.modelSetup.animate_2_inputs import animate_2_prediction
-        predicted, teacher = setup.forward_and_teacher(transformer, lambda: animate_2_prediction(
-            transformer, batch, noisy, timestep, batch["text_embeds"].to(DEVICE), DEVICE, model.vae_spatial_stride))
+        predicted, pair = setup.forward_and_teacher(transformer, lambda text: animate_2_prediction(
+            transformer, batch, noisy, timestep, text, DEVICE, model.vae_spatial_stride), batch["text_embeds"].to(DEVICE))
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                          expert=expert, teacher=None if teacher is None else teacher.float())
+                          expert=expert, **setup.preserved_pair(pair))
     model_input = noisy
     if "condition" in batch:
         model_input = torch.cat([noisy, batch["condition"].to(DEVICE, noisy.dtype)], dim=1)
@@ -186,14 +186,14 @@ def _predict_fake(setup, batch: dict, expert: str):
         references = context.shape[2] - noisy.shape[2]
         model_input = torch.cat([torch.randn(*noisy.shape[:2], references, *noisy.shape[3:]), model_input], dim=2)
         vace = control_kwargs(transformer, context)
-    predicted, teacher = setup.forward_and_teacher(transformer, lambda: transformer(
-        hidden_states=model_input, timestep=timestep, encoder_hidden_states=batch["text_embeds"].to(DEVICE),
+    predicted, pair = setup.forward_and_teacher(transformer, lambda text: transformer(
+        hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
         encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(DEVICE),
-        **transformer_condition(batch, DEVICE), **vace, return_dict=False)[0])
+        **transformer_condition(batch, DEVICE), **vace, return_dict=False)[0], batch["text_embeds"].to(DEVICE))
     predicted = predicted[:, :, references:]
     from modules.modelSetup.BaseWanSetup import Prediction
     return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                      expert=expert, teacher=None if teacher is None else teacher[:, :, references:].float())
+                      expert=expert, **setup.preserved_pair(pair, references))
 
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,

@@ -29,6 +29,11 @@ class DistillConfig(BaseConfig):
                                    "squared distance of the prediction from the frozen accelerated model's own, "
                                    "without your LoRA) beside the data loss; 0: the accelerator attached, no term")
 
+    preserve_on: Literal["empty_caption", "caption"] = Field(
+        "empty_caption", description="preserve: the inputs the teacher term compares on. empty_caption: the step's "
+        "noisy latents with the empty caption (ai-toolkit's differential output preservation: your captions are left "
+        "to the data); caption: the step's own inputs")
+
     @field_validator("mode", mode="before")
     @classmethod
     def _known_mode(cls, value):
