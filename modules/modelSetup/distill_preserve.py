@@ -6,16 +6,18 @@ the accelerator's low-rank modules as forward hooks on the base layers and its f
 and copied back after, exactly as the accelerated previews run it. The hooks and deltas hold no trainable parameter
 and are not peft adapters, so the optimizer, the backups and the saved LoRA hold the user's adapter only.
 
-The preservation term is teacher matching: the same forward pass (same noisy latents, timestep, text and conditions)
-again with the user's adapter disabled and no gradient gives the frozen accelerated model's own prediction, and
+The preservation term is teacher matching on the empty caption (`preserve_on` "empty_caption", the default): the
+step's noisy latents, timestep and conditions with the empty caption, through the trained model and again with the
+user's adapter disabled and no gradient (the frozen accelerated model: the teacher), and
 
-    loss = mse(prediction, noise - x0) + preserve_weight * mse(prediction, teacher)
+    loss = mse(prediction, noise - x0) + preserve_weight * mse(prediction on "", teacher on "")
 
-Training an accelerated model on the data term alone pulls its few-step predictions back toward the many-step
-model's averaged ones (the distillation "breaks down", as ostris describes for training on FLUX.1-schnell,
-huggingface.co/ostris/FLUX.1-schnell-training-adapter); the teacher term holds it where the data does not ask for a
-change. It is the differential output preservation of ostris' ai-toolkit with the frozen accelerated model as the
-reference, on the training inputs themselves. The measurement that chose it is in docs/distilled.md.
+ai-toolkit's differential output preservation (`diff_output_preservation`, its class prompt here the empty caption),
+with the frozen accelerated model as the model without the LoRA. `preserve_on` "caption" compares on the step's own
+inputs (the trained side is then the step's prediction: one pass less). Training an accelerated model on the data
+term alone pulls its few-step predictions back toward the many-step model's averaged ones (the distillation "breaks
+down", as ostris describes for training on FLUX.1-schnell, huggingface.co/ostris/FLUX.1-schnell-training-adapter).
+The measurement that chose the empty caption is in docs/distilled.md.
 """
 from __future__ import annotations
 

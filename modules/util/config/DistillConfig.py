@@ -5,8 +5,8 @@ measures how far the accelerated sample of base + LoRA departs from the full-ste
 check, modules/modelSampler/stack_check.py).
 
 `mode` "preserve": the LoRA trains with the accelerator (`sampling.accelerator`) attached and frozen, and a
-preservation term keeps the accelerated model's own predictions where the data does not move them
-(modules/modelSetup/distill_preserve.py).
+preservation term holds the accelerated model's own predictions on the empty caption (or on the step's own inputs,
+`preserve_on`) where the data does not move them (modules/modelSetup/distill_preserve.py).
 """
 from typing import Literal
 
