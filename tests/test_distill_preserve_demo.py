@@ -61,25 +61,33 @@ def accelerated_passes(model_folder, lora_path, steps: int = 4) -> dict[str, lis
     return passes
 
 
-@pytest.fixture(scope="module")
-def preserved_demo(tmp_path_factory, demo_model):
-    """`train --preset-path "demo tiny CPU" --config-value distill.mode=preserve --config-value
-    sampling.accelerator=resources/demo/demo_accelerator.safetensors`, from a folder with the demo model in place."""
+def _demo(work: Path, demo_model, *values: str) -> Path:
+    """`train --preset-path "demo tiny CPU"` with these --config-value's, from `work` with the demo model and the
+    accelerator (at resources/demo/) in place."""
     import os
     sys.path.insert(0, str(ROOT / "scripts"))
     import train
-    work = tmp_path_factory.mktemp("demo-preserve")
     shutil.copytree(demo_model, work / "workspace" / "demo" / "tiny-wan2.1-t2v")
     (work / "resources" / "demo").mkdir(parents=True)
     shutil.copy(DEMO_ACCELERATOR, work / "resources" / "demo" / DEMO_ACCELERATOR.name)
     before = os.getcwd()
     os.chdir(work)
     try:
-        assert train.main(["--preset-path", "demo tiny CPU", "--config-value", "distill.mode=preserve",
-                           "--config-value", "sampling.accelerator=resources/demo/demo_accelerator.safetensors"]) == 0
+        arguments = ["--preset-path", "demo tiny CPU"]
+        for value in values:
+            arguments += ["--config-value", value]
+        assert train.main(arguments) == 0
     finally:
         os.chdir(before)
     return work
+
+
+@pytest.fixture(scope="module")
+def preserved_demo(tmp_path_factory, demo_model):
+    """`train --preset-path "demo tiny CPU" --config-value distill.mode=preserve --config-value
+    sampling.accelerator=resources/demo/demo_accelerator.safetensors`."""
+    return _demo(tmp_path_factory.mktemp("demo-preserve"), demo_model, "distill.mode=preserve",
+                 "sampling.accelerator=resources/demo/demo_accelerator.safetensors")
 
 
 def test_the_demo_in_preserve_ends_with_accelerated_previews_moving_the_caption_way(preserved_demo):
@@ -103,3 +111,19 @@ def test_the_preserved_demo_lora_draws_the_captions_at_4_accelerated_steps(prese
     passes = accelerated_passes(preserved_demo / "workspace" / "demo" / "tiny-wan2.1-t2v",
                                 preserved_demo / "workspace" / "demo" / "output" / "demo_lora.safetensors")
     assert sum(sum(row) for row in passes.values()) >= 20, passes
+
+
+def test_where_the_accelerator_is_stretched_preserve_beats_base(preserved_demo, tmp_path, demo_model):
+    """The harder case: the demo's base-mode LoRA (trained as the preset says, previews off: they do not change
+    training) against the preserve one, sampled with the accelerator at 4 steps (not worse) and at 1 step (better;
+    measured 21 against 18 of 24)."""
+    torch.set_num_threads(1)
+    base = _demo(tmp_path, demo_model, "sampling.every_n_steps=0", "sampling.sample_before_training=false")
+    lora = Path("workspace") / "demo" / "output" / "demo_lora.safetensors"
+    model = Path("workspace") / "demo" / "tiny-wan2.1-t2v"
+    passed = {}
+    for name, work in (("base", base), ("preserve", preserved_demo)):
+        for steps in (4, 1):
+            passes = accelerated_passes(work / model, work / lora, steps)
+            passed[name, steps] = sum(sum(row) for row in passes.values())
+    assert passed["preserve", 4] >= passed["base", 4] and passed["preserve", 1] > passed["base", 1], passed
