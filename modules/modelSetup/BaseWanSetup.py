@@ -256,7 +256,8 @@ class BaseWanSetup:
                               expert=expert, loss_mask=loss_mask, **self.preserved_pair(pair))
         predicted, pair = self.forward_and_teacher(transformer, lambda text: transformer(
             hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
-            encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(self.device, non_blocking=True),
+            encoder_hidden_states_image=None if image_embeds is None
+            else image_embeds.to(self.device, non_blocking=True),
             **transformer_condition(batch, self.device), **vace, return_dict=False)[0], text)
         predicted = predicted[:, :, references:]   # VACE: the reference frames are condition, not target
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,

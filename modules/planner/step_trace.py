@@ -170,7 +170,8 @@ def _predict_fake(setup, batch: dict, expert: str):
         from modules.modelSetup.BaseWanSetup import Prediction
         from modules.modelSetup.animate_2_inputs import animate_2_prediction
         predicted, pair = setup.forward_and_teacher(transformer, lambda text: animate_2_prediction(
-            transformer, batch, noisy, timestep, text, DEVICE, model.vae_spatial_stride), batch["text_embeds"].to(DEVICE))
+            transformer, batch, noisy, timestep, text, DEVICE, model.vae_spatial_stride),
+            batch["text_embeds"].to(DEVICE))
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
                           expert=expert, **setup.preserved_pair(pair))
     model_input = noisy
