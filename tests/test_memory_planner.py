@@ -23,6 +23,8 @@ SWITCHES = {
     "dora": dict(training_method="LORA", gradient_checkpointing=False, lora={"dora": True}),
     "loha": dict(training_method="LORA", gradient_checkpointing=False, lora={"type": "LOHA"}),
     "lokr": dict(training_method="LORA", gradient_checkpointing=False, lora={"type": "LOKR"}),
+    # the frozen accelerator's hooks (in the forward and the checkpointed recompute) and the teacher's pass
+    "distill preserve": dict(training_method="LORA", gradient_checkpointing=True, distill={"mode": "preserve"}),
 }
 
 

@@ -140,6 +140,9 @@ class TrainingSampler:
         """sampling.accelerator read against the model (once: the files are checked before training starts); without
         one, a step-distilled base's own schedule (modules/util/distilled_base.py), said once; else None."""
         config = self.trainer.config.sampling.accelerator
+        preserve = getattr(self.trainer.setup, "preserve", None)
+        if config.enabled and preserve is not None:   # distill.mode preserve trains with it: the same files, read once
+            return preserve.accelerator
         if getattr(self, "_loaded_accelerator", False) is False:
             from modules.modelSampler.accelerator import load_accelerator, takes_accelerator
             from modules.util.distilled_base import distilled_base

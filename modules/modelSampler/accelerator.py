@@ -185,8 +185,10 @@ def accelerated(model, accelerator: Accelerator | None) -> Iterator[None]:
                                                    f"{type(base).__name__})")
                         dtype = base.weight.dtype if base.weight.dtype.is_floating_point and \
                             base.weight.element_size() > 1 else torch.bfloat16
-                        down = lora.down.to(base.weight.device, dtype)
-                        up = lora.up.to(base.weight.device, dtype)
+                        # factors already placed on an accelerator (distill.mode preserve) stay there, also for a
+                        # block that block swap holds on the host: the hook computes where its input is
+                        device = lora.down.device if lora.down.device.type != "cpu" else base.weight.device
+                        down, up = lora.down.to(device, dtype), lora.up.to(device, dtype)
                         handles.append(base.register_forward_hook(_lora_hook(down, up, strength * lora.scale)))
                 for name, delta in file.deltas.items():
                     parameter = _parameter(transformer, name)

@@ -25,6 +25,9 @@ class Prediction:
     sigmas: Tensor        # (B,)
     expert: str           # "transformer" or "transformer_2"
     loss_mask: Tensor | None = None  # (B, 1, T, 1 or h, 1 or w): the loss weight of each latent (0: no loss)
+    # distill.mode preserve: the trained model's and the frozen accelerated model's v on the term's inputs
+    preserved: Tensor | None = None
+    teacher: Tensor | None = None
 
     @property
     def predicted_x0(self) -> Tensor:
@@ -40,6 +43,8 @@ class BaseWanSetup:
         # expert parallel (modules/trainer/expert_parallel.py): the expert every step of this rank trains, over its
         # own sigma range, as `expert: high` / `low` does; None: the steps are routed over experts_in_training()
         self.only_expert: str | None = None
+        # distill.mode "preserve" (modules/modelSetup/distill_preserve.py): set by the trainer once the model is set up
+        self.preserve = None
 
     # ---- to be provided by each method ----------------------------------------------------------------------
 
@@ -100,8 +105,26 @@ class BaseWanSetup:
 
     def training_step(self) -> contextlib.AbstractContextManager:
         """Held around a training step's forward and backward (a checkpointed block is recomputed in the
-        backward, so what holds for the forward must hold there too)."""
-        return contextlib.nullcontext()
+        backward, so what holds for the forward must hold there too): distill.mode preserve's accelerator."""
+        return contextlib.nullcontext() if self.preserve is None else self.preserve.attached(self.model)
+
+    def forward_and_teacher(self, transformer, forward, text: Tensor) -> tuple[Tensor, tuple | None]:
+        """`forward(text)` under autocast, and with distill.mode preserve the preservation term's (trained,
+        teacher) predictions (None otherwise)."""
+        with self.autocast():
+            predicted = forward(text)
+        if self.preserve is None:
+            return predicted, None
+        with self.autocast():
+            return predicted, self.preserve.preservation(transformer, forward, text, predicted)
+
+    @staticmethod
+    def preserved_pair(pair: tuple | None, references: int = 0) -> dict:
+        """Prediction's `preserved` / `teacher` fields from forward_and_teacher's pair (VACE: without the
+        reference frames)."""
+        if pair is None:
+            return {}
+        return {"preserved": pair[0][:, :, references:].float(), "teacher": pair[1][:, :, references:].float()}
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = self.config.train_dtype.torch_dtype()
@@ -227,19 +250,18 @@ class BaseWanSetup:
             image_embeds = image_embeds.reshape(-1, transformer.config.pos_embed_seq_len // 2, image_embeds.shape[-1])
         if model.variant.takes_driving_video:
             from modules.modelSetup.animate_2_inputs import animate_2_prediction
-            with self.autocast():
-                predicted = animate_2_prediction(transformer, batch, noisy, timestep, text, self.device,
-                                                 model.vae_spatial_stride)
+            predicted, pair = self.forward_and_teacher(transformer, lambda text: animate_2_prediction(
+                transformer, batch, noisy, timestep, text, self.device, model.vae_spatial_stride), text)
             return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                              expert=expert, loss_mask=loss_mask)
-        with self.autocast():
-            predicted = transformer(hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
-                                    encoder_hidden_states_image=None if image_embeds is None
-                                    else image_embeds.to(self.device, non_blocking=True),
-                                    **transformer_condition(batch, self.device), **vace, return_dict=False)[0]
+                              expert=expert, loss_mask=loss_mask, **self.preserved_pair(pair))
+        predicted, pair = self.forward_and_teacher(transformer, lambda text: transformer(
+            hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
+            encoder_hidden_states_image=None if image_embeds is None
+            else image_embeds.to(self.device, non_blocking=True),
+            **transformer_condition(batch, self.device), **vace, return_dict=False)[0], text)
         predicted = predicted[:, :, references:]   # VACE: the reference frames are condition, not target
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                          expert=expert, loss_mask=loss_mask)
+                          expert=expert, loss_mask=loss_mask, **self.preserved_pair(pair, references))
 
     def loss_bearing_elements(self, batch: dict, prediction: Prediction) -> Tensor:
         """How many elements of the batch's loss carry weight, left on the device: 0 when the loss mask is 0
@@ -256,7 +278,15 @@ class BaseWanSetup:
         return per_sample.sum()
 
     def calculate_loss(self, batch: dict, prediction: Prediction) -> Tensor:
-        error = (prediction.predicted - prediction.target) ** 2
+        loss = self._weighted_mse(batch, prediction, prediction.target)
+        if prediction.teacher is not None:   # distill.mode preserve: teacher matching
+            loss = loss + self.preserve.weight * self._weighted_mse(batch, prediction, prediction.teacher,
+                                                                    prediction.preserved)
+        return loss
+
+    @staticmethod
+    def _weighted_mse(batch: dict, prediction: Prediction, target: Tensor, predicted: Tensor | None = None) -> Tensor:
+        error = ((prediction.predicted if predicted is None else predicted) - target) ** 2
         if prediction.loss_mask is not None:
             mask = prediction.loss_mask.to(error.dtype).expand_as(error)
             # the weighted mean over the mask's weight; an item weighted 0 everywhere adds 0

@@ -39,6 +39,7 @@ class Prediction:
     largest: list = field(default_factory=list)   # (bytes, tag, op, module) of the largest storages at the peak
     preview_shape: str | None = None    # the largest sampling preview, when sampling.samples_file names some
     preview_bytes: int = 0              # live tensors during its forward pass, the training state included
+    distill: str = ""                   # distill.mode preserve: what the step holds for it (the accelerator, teacher)
 
     @property
     def counted_bytes(self) -> int:
@@ -63,10 +64,11 @@ class Prediction:
 
     def summary(self, vram_gib: float | None = None) -> str:
         """One line for a label: 'fits 24 GiB: 19.8 GiB predicted'."""
+        mode = f" ({self.distill})" if self.distill else ""
         if vram_gib is None:
-            return f"{self.peak_gib:.1f} GiB predicted"
+            return f"{self.peak_gib:.1f} GiB predicted{mode}"
         verdict = "fits" if self.fits(vram_gib) else "does not fit"
-        return f"{verdict} {vram_gib:g} GiB: {self.peak_gib:.1f} GiB predicted"
+        return f"{verdict} {vram_gib:g} GiB: {self.peak_gib:.1f} GiB predicted{mode}"
 
     def report(self) -> str:
         lines = [f"predicted peak: {self.peak_gib:.1f} GiB",
@@ -74,6 +76,8 @@ class Prediction:
                  f"{self.trainable_parameters / 1e6:.1f} M trainable",
                  f"  shape            {self.shape} (the largest bucket the data can produce)",
                  f"  memory switches  {self.features}"]
+        if self.distill:
+            lines.append(f"  distill          {self.distill}")
         for name in PARTS:
             lines.append(f"  {name:<31}{self.parts.get(name, 0) / GIB:8.2f} GiB")
         lines.append(f"  {'allowance':<31}{self.allowance_bytes / GIB:8.2f} GiB (CUDA context, workspaces, "

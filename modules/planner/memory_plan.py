@@ -47,7 +47,7 @@ def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None, deta
                       trainable_parameters=facts["trainable_parameters"], features=facts["features"],
                       seconds=time.perf_counter() - started, largest=counter.largest_at_peak(None if detail else 10),
                       preview_shape=facts["preview"][0].text() if "preview" in facts else None,
-                      preview_bytes=facts["preview"][1] if "preview" in facts else 0)
+                      preview_bytes=facts["preview"][1] if "preview" in facts else 0, distill=facts.get("distill", ""))
 
 
 def floor_bytes(config: TrainConfig, shape: PlanShape, arch) -> int:

@@ -169,11 +169,11 @@ def _predict_fake(setup, batch: dict, expert: str):
     if model.variant.takes_driving_video:   # Animate-2: the extract pass, then the cached pass
         from modules.modelSetup.BaseWanSetup import Prediction
         from modules.modelSetup.animate_2_inputs import animate_2_prediction
-        with setup.autocast():
-            predicted = animate_2_prediction(transformer, batch, noisy, timestep, batch["text_embeds"].to(DEVICE),
-                                             DEVICE, model.vae_spatial_stride)
+        predicted, pair = setup.forward_and_teacher(transformer, lambda text: animate_2_prediction(
+            transformer, batch, noisy, timestep, text, DEVICE, model.vae_spatial_stride),
+            batch["text_embeds"].to(DEVICE))
         return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                          expert=expert)
+                          expert=expert, **setup.preserved_pair(pair))
     model_input = noisy
     if "condition" in batch:
         model_input = torch.cat([noisy, batch["condition"].to(DEVICE, noisy.dtype)], dim=1)
@@ -187,15 +187,14 @@ def _predict_fake(setup, batch: dict, expert: str):
         references = context.shape[2] - noisy.shape[2]
         model_input = torch.cat([torch.randn(*noisy.shape[:2], references, *noisy.shape[3:]), model_input], dim=2)
         vace = control_kwargs(transformer, context)
-    with setup.autocast():
-        predicted = transformer(hidden_states=model_input, timestep=timestep,
-                                encoder_hidden_states=batch["text_embeds"].to(DEVICE),
-                                encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(DEVICE),
-                                **transformer_condition(batch, DEVICE), **vace, return_dict=False)[0]
+    predicted, pair = setup.forward_and_teacher(transformer, lambda text: transformer(
+        hidden_states=model_input, timestep=timestep, encoder_hidden_states=text,
+        encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(DEVICE),
+        **transformer_condition(batch, DEVICE), **vace, return_dict=False)[0], batch["text_embeds"].to(DEVICE))
     predicted = predicted[:, :, references:]
     from modules.modelSetup.BaseWanSetup import Prediction
     return Prediction(predicted=predicted.float(), target=noise - x0, x0=x0, noisy=noisy, sigmas=sigmas,
-                      expert=expert)
+                      expert=expert, **setup.preserved_pair(pair, references))
 
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,
@@ -256,6 +255,9 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         except ValueError as error:
             raise PlanError(str(error)) from None
         (place or (lambda s, _m: s.move_experts_to_device()))(setup, model)
+        if config.distill.mode == "preserve":   # the frozen accelerator and the teacher pass, at their real shapes
+            from modules.planner.preserve_plan import planned_preserve
+            setup.preserve = planned_preserve(config, model, setup.experts_in_training(), DEVICE)
         if fake:
             for expert in setup.experts_in_training():
                 for module in getattr(model, expert).modules():
@@ -274,6 +276,9 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         facts["parameters"] = sum(p.numel() for p in transformer.parameters())
         facts["trainable_parameters"] = sum(p.numel() for p in parameters)
         facts["features"] = "; ".join(s.describe() for s in performance.values())
+        if setup.preserve is not None:
+            from modules.planner.preserve_plan import describe
+            facts["distill"] = describe(config)
         counter.set_phase("optimizer_setup")
         optimizer = _optimizer(config, parameter_groups(config, setup.named_trainable_parameters()), fake)
         counter.set_phase("ema")

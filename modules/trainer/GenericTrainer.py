@@ -219,6 +219,9 @@ class GenericTrainer:
         if not self._cache():
             return []
         self.setup.setup_model()
+        from modules.modelSetup.distill_preserve import PreserveTraining
+        # distill.mode preserve: the frozen accelerator (and the empty caption, before the text encoder is released)
+        self.setup.preserve = PreserveTraining.for_run(config, self.model, self.device)
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
         else:   # the prompts' embeddings are cached: previews and a diffusers save read the encoder again

@@ -208,6 +208,13 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
             lines.append(f"    concept {concept.name or concept.path}: resolution {resolution!s} -> "
                          f"{', '.join(f'{w}x{h}' for h, w in own)}; frames "
                          f"{concept.frame_buckets or config.data.frame_buckets}")
+    if config.distill.mode == "preserve":
+        accelerator = config.sampling.accelerator
+        attached = f"the accelerator {' + '.join(f for f in (accelerator.file, accelerator.file_2) if f)} attached " \
+            f"(frozen, strength {accelerator.strength:g})" if accelerator.enabled else "the distilled release itself"
+        teacher = (f"teacher matching weight {config.distill.preserve_weight:g} (a second forward pass a step, "
+                   f"without your LoRA)") if config.distill.preserve_weight else "no teacher term (preserve_weight 0)"
+        lines.append(f"  distill: preserve: trains on {attached}; {teacher}")
     backup = config.backup
     when = describe_schedule(plan, backup.every_n_steps, backup.every_n_epochs, backup.every_n_minutes)
     if backup.backup_before_save:
@@ -221,7 +228,7 @@ def start_report(trainer, parameters: list[torch.nn.Parameter]) -> str:
         when = describe_schedule(plan, sampling.every_n_steps, sampling.every_n_epochs, sampling.every_n_minutes)
         before = "before training and " if sampling.sample_before_training else ""
         lines.append(f"  previews: {trainer.samples_dir} ({before}{when})")
-        if sampling.accelerator.enabled and config.distill.stack_check:
+        if sampling.accelerator.enabled and config.distill.stack_check and config.distill.mode == "base":
             lines.append(f"    stack check: each accelerated preview is also made at its own steps and guidance "
                          f"without the accelerator (<step>-<epoch>-full.mp4) and the two compared: the sample's "
                          f"full steps (two passes each with guidance above 1) on top of the accelerator's "

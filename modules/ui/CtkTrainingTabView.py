@@ -16,7 +16,7 @@ from modules.util.config.config_io import ConfigError
 
 # config sections and fields that change the memory a step needs (the memory line is re-planned when they change)
 MEMORY_PATHS = {"model", "training_method", "lora", "fine_tune", "optimizer", "performance", "data", "batch_size",
-                "gradient_checkpointing", "train_dtype", "expert", "multi_gpu", "distributed"}
+                "gradient_checkpointing", "train_dtype", "expert", "multi_gpu", "distributed", "distill"}
 RUN_FIELDS = ["epochs", "max_steps", "batch_size", "train_dtype", "gradient_checkpointing", "expert"]
 # top-level fields and sections that other tabs (or the top bar) show
 PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspace_dir", "cache_dir", "tensorboard",

@@ -33,6 +33,12 @@ class AcceleratorConfig(BaseConfig):
     shift: float = Field(LIGHTX2V_SHIFT, gt=0, le=100, description="sigma shift applied to the list (LightX2V's "
                          "sample_shift)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_bare_path_is_the_file(cls, value):
+        # `--config-value sampling.accelerator=x.safetensors`: the file, the rest at their defaults
+        return {"file": value} if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _timesteps_in_range(self):
         listed = self.timesteps

@@ -144,6 +144,8 @@ def path_problems(config: TrainConfig) -> list[str]:
                         f"has none (leave it empty)")
     from modules.util.lora.accelerator_files import accelerator_problems
     problems += accelerator_problems(config.sampling.accelerator)
+    from modules.util.config.DistillConfig import distill_problems
+    problems += distill_problems(config)
     destination = Path(config.output.destination)
     if config.output.format.value != "DIFFUSERS" and destination.is_dir():
         problems.append(f"output.destination: {str(destination)!r} is an existing folder; {config.output.format.value} "
