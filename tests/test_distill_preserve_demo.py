@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_demo_model import caption_square_problems
+from modules.util.square_check import caption_square_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_ACCELERATOR = ROOT / "resources" / "demo" / "demo_accelerator.safetensors"
