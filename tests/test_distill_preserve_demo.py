@@ -15,6 +15,8 @@ to 3; `caption_square_problems` passes of 24; docs/distilled.md has the table):
 With the config's seed 1: base 21 / 18 / 17 / 21, preserve (the default) 22 / 20 / 19 / 22. The base LoRA already
 passes at 4 steps; the harder case, where preserve wins, is the accelerator pushed past what it was distilled for:
 one accelerated step (`sampling.accelerator.steps=1`, timestep 1000 alone), base 18 and 17, preserve 21 and 19.
+Measured again after the merge (the shipped accelerator, one thread): 4 steps base 21, preserve 22; 1 step 18 and 18.
+The margin is within the spread between runs: "not worse" is what the tests hold.
 """
 import json
 import shutil
@@ -113,10 +115,12 @@ def test_the_preserved_demo_lora_draws_the_captions_at_4_accelerated_steps(prese
     assert sum(sum(row) for row in passes.values()) >= 20, passes
 
 
-def test_where_the_accelerator_is_stretched_preserve_beats_base(preserved_demo, tmp_path, demo_model):
+def test_where_the_accelerator_is_stretched_preserve_is_not_worse_than_base(preserved_demo, tmp_path, demo_model):
     """The harder case: the demo's base-mode LoRA (trained as the preset says, previews off: they do not change
-    training) against the preserve one, sampled with the accelerator at 4 steps (not worse) and at 1 step (better;
-    measured 21 against 18 of 24)."""
+    training) against the preserve one, sampled with the accelerator at 4 steps and at 1 step: not worse at either.
+    Measured on the branch: 22 / 21 (preserve) against 21 / 18 (base) of 24; measured again after the merge, with the
+    shipped accelerator and this test's thread count: 22 / 18 against 21 / 18. So the one-step win is not robust
+    (1 to 3 clips of 24, within the spread between runs); what holds in every run measured is "not worse"."""
     torch.set_num_threads(1)
     base = _demo(tmp_path, demo_model, "sampling.every_n_steps=0", "sampling.sample_before_training=false")
     lora = Path("workspace") / "demo" / "output" / "demo_lora.safetensors"
@@ -126,4 +130,4 @@ def test_where_the_accelerator_is_stretched_preserve_beats_base(preserved_demo, 
         for steps in (4, 1):
             passes = accelerated_passes(work / model, work / lora, steps)
             passed[name, steps] = sum(sum(row) for row in passes.values())
-    assert passed["preserve", 4] >= passed["base", 4] and passed["preserve", 1] > passed["base", 1], passed
+    assert passed["preserve", 4] >= passed["base", 4] and passed["preserve", 1] >= passed["base", 1], passed
