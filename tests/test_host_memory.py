@@ -176,3 +176,44 @@ def test_releasing_the_text_encoder_returns_its_memory_to_the_system(tiny_model,
     rss = json.loads(result.stdout.strip().splitlines()[-1])
     assert rss["held"] - rss["before"] >= 0.9 * rss["size"], rss   # the measure sees the encoder
     assert rss["held"] - rss["after"] >= 0.8 * rss["size"], rss
+
+
+@pytest.fixture(scope="module")
+def saved_forms(tiny_model, tmp_path_factory):
+    """The tiny T2V transformer as a bf16 diffusers folder, a bf16 single file and a float8 single file."""
+    from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
+    from modules.util.enum.ModelFormat import ModelFormat
+    folder = tmp_path_factory.mktemp("forms")
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
+    WanBaseModelSaver().save(model, ModelFormat.DIFFUSERS, folder / "bf16", torch.bfloat16)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        WanBaseModelSaver().save(model, ModelFormat.ORIGINAL, folder / f"{name}.safetensors", dtype)
+    return folder
+
+
+@pytest.mark.parametrize("weight_dtype", [DataType.BFLOAT_16, DataType.FLOAT_8], ids=["as-bf16", "as-fp8"])
+@pytest.mark.parametrize("form", ["folder-bf16", "file-bf16", "file-fp8"])
+def test_reading_a_transformer_never_holds_a_second_whole_copy(saved_forms, tiny_model, form, weight_dtype):
+    """Every form a transformer is read from, in both stored dtypes: the tensors alive while it is read never add up
+    to much more than the model it becomes (one tensor in float32 on its way)."""
+    if form == "folder-bf16":
+        config = ModelConfig(base_model_name=str(saved_forms / "bf16"), transformer=PartConfig(weight_dtype=weight_dtype))
+        loads = [_diffusers_loader, _parts_loader]
+        source = saved_forms / "bf16"
+    else:
+        path = saved_forms / f"{form.removeprefix('file-')}.safetensors"
+        config = ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v")),
+                             transformer=PartConfig(path=str(path), weight_dtype=weight_dtype))
+        loads = [lambda config, _folder: WanPartsLoader._transformer(plan_model(config), "transformer",
+                                                                     config.transformer)]
+        source = None
+    for load in loads:
+        with AliveBytes() as counter:
+            transformer = load(config, source)
+        stored = transformer.blocks[0].attn1.to_q.weight.dtype
+        # an fp8 file stays float8 whatever dtype is asked (docs/formats.md)
+        float8 = weight_dtype is DataType.FLOAT_8 or form == "file-fp8"
+        assert stored == (torch.float8_e4m3fn if float8 else torch.bfloat16)
+        final = module_bytes(transformer)
+        largest = max(p.numel() for p in transformer.parameters()) * 4
+        assert counter.peak <= 1.1 * final + largest, (load, counter.peak, final, largest)
