@@ -7,8 +7,7 @@ checkpoint saves the block's inputs through the hooks in force, so `pack` sees t
 embeddings, rope tables and timestep projections every block shares; those are left alone: one copy serves all
 blocks). On CUDA both copies run on a side stream: the device-to-host copy overlaps the next blocks' compute, and
 in the backward pass unpacking block k's input starts the copy of block k-1's, so it arrives while block k's
-backward runs. On a CPU device the input is already in host memory: it is kept as it is, neither copied out nor
-copied back (a copy each way held the input twice while the other lived).
+backward runs. On the CPU the same code makes plain copies (tests).
 """
 from __future__ import annotations
 
@@ -47,9 +46,7 @@ class ActivationOffload:
             yield
 
     def _offload(self, tensor: torch.Tensor) -> _Offloaded:
-        if self.device.type == "cpu":
-            packed = _Offloaded(tensor.detach(), self.device, None)
-        elif not self.cuda:
+        if not self.cuda:
             packed = _Offloaded(tensor.detach().to("cpu", copy=True), self.device, None)
         else:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -66,9 +63,6 @@ class ActivationOffload:
 
     def _fetch(self, packed: _Offloaded) -> None:
         if packed.fetched is not None:
-            return
-        if self.device.type == "cpu":
-            packed.fetched = (packed.host, None)
             return
         if not self.cuda:
             packed.fetched = (packed.host.to(self.device, copy=True), None)
