@@ -24,6 +24,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 def run_training(spec: dict) -> int:
     import torch
     torch.set_num_threads(1)
+    if spec.get("unshared_host"):   # the layout before the ranks shared one host copy: each keeps its own
+        import modules.trainer.shared_host as shared_host
+        shared_host.share_on_machine = lambda tensors, tag, device: tensors
     # "then": further runs {"tmp", "overrides", "results", "base"?} in the same processes (starting two more costs more
     # than a tiny run), as is "trace"
     for run in [spec, *spec.get("then", [])]:
@@ -57,7 +60,27 @@ def train_once(spec: dict, run: dict) -> dict:
             "own_expert": trainer.parallel.own_expert}
     if trainer.parallel.context_parallel > 1:
         result["block_tokens"] = block_tokens(trainer)
+    swap = getattr(trainer.setup, "performance", {}).get("transformer")
+    if swap is not None and swap.block_swap is not None:
+        result["swapped_host"] = swapped_host_mappings(swap.block_swap)
     return result
+
+
+def swapped_host_mappings(swap) -> list:
+    """[path, device, inode] of the /proc/self/maps region each swapped host weight lies in (["anonymous"] for
+    memory of this process's own)."""
+    regions = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        regions.append((start, end, fields[3], int(fields[4]), fields[5] if len(fields) > 5 else ""))
+    found = []
+    for pairs in swap.host.values():
+        for _, host in pairs:
+            pointer = host.data_ptr()
+            region = next(r for r in regions if r[0] <= pointer < r[1])
+            found.append([region[4], region[2], region[3]] if region[3] else ["anonymous"])
+    return found
 
 
 @contextlib.contextmanager

@@ -16,9 +16,11 @@ from torch.utils._pytree import tree_flatten
 
 
 class AliveBytes(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, existing: tuple[torch.Tensor, ...] = ()):
+        """`existing`: tensors alive before (a model being saved): views of their storages count nothing."""
         super().__init__()
         self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}
         self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -28,7 +30,7 @@ class AliveBytes(TorchDispatchMode):
                 storage = value.untyped_storage()
                 key = storage.data_ptr()
                 known = self.storages.get(key)
-                if storage.nbytes() and (known is None or known[0].expired()):
+                if storage.nbytes() and key not in self.existing and (known is None or known[0].expired()):
                     self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
         self.peak = max(self.peak, self.alive())
         return out

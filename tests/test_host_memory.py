@@ -176,3 +176,90 @@ def test_preview_rounds_read_the_text_encoder_again_only_for_new_prompts(tiny_mo
     read_again = WanModelSampler(trainer.model).sample(sample).frames
     assert len(reads) == 2
     np.testing.assert_array_equal(kept, read_again)
+
+
+_RELEASE_RSS = """
+import gc, json, sys, types
+from functools import partial
+import psutil, torch
+torch.set_num_threads(1)
+from modules.model.released_parts import release_text_encoder
+from modules.modelLoader.wan.WanBaseModelLoader import load_text_encoder_only
+from modules.util.config.ModelConfig import ModelConfig, PartConfig
+config = ModelConfig(base_model_name=sys.argv[1], text_encoder=PartConfig(path=sys.argv[2]))
+process = psutil.Process()
+gc.collect()
+before = process.memory_info().rss
+model = types.SimpleNamespace(text_encoder=load_text_encoder_only(config), text_encoder_loader=None)
+with torch.no_grad():   # as caching runs it: every weight read, activations made and freed
+    model.text_encoder(input_ids=torch.randint(0, 1000, (1, 64))).last_hidden_state.sum()
+size = sum(p.numel() * p.element_size() for p in model.text_encoder.parameters())
+held = process.memory_info().rss
+release_text_encoder(model, partial(load_text_encoder_only, config))
+print(json.dumps(dict(size=size, before=before, held=held, after=process.memory_info().rss)))
+"""
+
+
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float32], ids=["bf16-file", "fp32-file-read-as-bf16"])
+def test_releasing_the_text_encoder_returns_its_memory_to_the_system(tiny_model, tmp_path, stored):
+    """The process's RSS (psutil, in a process of its own) falls by most of the encoder's size when it is released
+    after caching, for weights mapped from a bf16 file and for weights cast as read into memory of their own."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from transformers import UMT5Config, UMT5EncoderModel
+    torch.manual_seed(0)
+    # ~70 MB in bfloat16: far above the allocator's and the interpreter's noise
+    encoder = UMT5EncoderModel(UMT5Config(vocab_size=4096, d_model=1024, d_kv=64, d_ff=4096, num_layers=2,
+                                          num_heads=16, feed_forward_proj="gated-gelu"))
+    encoder.to(stored).save_pretrained(tmp_path / "text_encoder")
+    del encoder
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", _RELEASE_RSS, str(tiny_model("wan2.1-t2v")),
+                             str(tmp_path / "text_encoder")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rss = json.loads(result.stdout.strip().splitlines()[-1])
+    assert rss["held"] - rss["before"] >= 0.9 * rss["size"], rss   # the measure sees the encoder
+    assert rss["held"] - rss["after"] >= 0.8 * rss["size"], rss
+
+
+@pytest.fixture(scope="module")
+def saved_forms(tiny_model, tmp_path_factory):
+    """The tiny T2V transformer as a bf16 diffusers folder, a bf16 single file and a float8 single file."""
+    from modules.modelSaver.wan.WanBaseModelSaver import WanBaseModelSaver
+    from modules.util.enum.ModelFormat import ModelFormat
+    folder = tmp_path_factory.mktemp("forms")
+    model = WanBaseModelLoader().load(ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v"))))
+    WanBaseModelSaver().save(model, ModelFormat.DIFFUSERS, folder / "bf16", torch.bfloat16)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        WanBaseModelSaver().save(model, ModelFormat.ORIGINAL, folder / f"{name}.safetensors", dtype)
+    return folder
+
+
+@pytest.mark.parametrize("weight_dtype", [DataType.BFLOAT_16, DataType.FLOAT_8], ids=["as-bf16", "as-fp8"])
+@pytest.mark.parametrize("form", ["folder-bf16", "file-bf16", "file-fp8"])
+def test_reading_a_transformer_never_holds_a_second_whole_copy(saved_forms, tiny_model, form, weight_dtype):
+    """Every form a transformer is read from, in both stored dtypes: the tensors alive while it is read never add up
+    to much more than the model it becomes (one tensor in float32 on its way)."""
+    if form == "folder-bf16":
+        config = ModelConfig(base_model_name=str(saved_forms / "bf16"), transformer=PartConfig(weight_dtype=weight_dtype))
+        loads = [_diffusers_loader, _parts_loader]
+        source = saved_forms / "bf16"
+    else:
+        path = saved_forms / f"{form.removeprefix('file-')}.safetensors"
+        config = ModelConfig(base_model_name=str(tiny_model("wan2.1-t2v")),
+                             transformer=PartConfig(path=str(path), weight_dtype=weight_dtype))
+        loads = [lambda config, _folder: WanPartsLoader._transformer(plan_model(config), "transformer",
+                                                                     config.transformer)]
+        source = None
+    for load in loads:
+        with AliveBytes() as counter:
+            transformer = load(config, source)
+        stored = transformer.blocks[0].attn1.to_q.weight.dtype
+        # an fp8 file stays float8 whatever dtype is asked (docs/formats.md)
+        float8 = weight_dtype is DataType.FLOAT_8 or form == "file-fp8"
+        assert stored == (torch.float8_e4m3fn if float8 else torch.bfloat16)
+        final = module_bytes(transformer)
+        largest = max(p.numel() for p in transformer.parameters()) * 4
+        assert counter.peak <= 1.1 * final + largest, (load, counter.peak, final, largest)

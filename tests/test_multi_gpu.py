@@ -345,3 +345,19 @@ def test_sharded_base_settings_that_cannot_work_stop_before_loading(tiny_model, 
     values = ["distributed.shard_base=false", "distributed.cpu_offload=true"]
     assert train_script.main(common + [a for v in values for a in ("--config-value", v)]) == 2
     assert "distributed.cpu_offload: offloads the shards of a sharded run" in capsys.readouterr().err
+
+
+def test_ranks_on_one_machine_share_one_host_copy_of_the_swapped_blocks(tiny_model, squares_dataset, tmp_path):
+    """Block swap over two data-parallel ranks: the swapped blocks' frozen weights lie in one shared-memory file both
+    processes map (the same file, device and inode in /proc/self/maps, its name removed once both mapped), not in
+    a copy each; training is bit-identical to each rank keeping its own copy."""
+    overrides = COMMON + ["batch_size=1", "performance.block_swap=1", "gradient_checkpointing=true"]
+    base = tiny_model("wan2.1-t2v")
+    shared = run_ranks(tmp_path / "shared", base, squares_dataset, overrides, steps=2)
+    own = run_ranks(tmp_path / "own", base, squares_dataset, overrides, steps=2, unshared_host=True)
+    maps = [rank["swapped_host"] for rank in shared]
+    assert maps[0] == maps[1] and len(maps[0]) > 0
+    assert all("/wan-trainer-host-" in path and path.endswith("(deleted)") for path, _, _ in maps[0]), maps[0]
+    assert len({tuple(region) for region in maps[0]}) == 1   # one mapping holds them all
+    assert not any("wan-trainer-host-" in region[0] for rank in own for region in rank["swapped_host"])
+    assert shared[0]["losses"] == own[0]["losses"] and shared[1]["losses"] == own[1]["losses"]

@@ -109,6 +109,9 @@ class Parallel:
             self._shard(model, experts, device, param_dtype=fp8_sharding(model, experts), cast_inputs=False)
         else:
             setup.move_experts_to_device()
+            # every rank holds the same experts: the swapped blocks' frozen host weights, one copy per machine
+            from modules.trainer.shared_host import share_swapped_blocks
+            share_swapped_blocks(setup, experts, device)
             parts = {name: getattr(model, name) for name in experts}
             if method is TrainingMethod.EMBEDDING:
                 parts["text_encoder"] = model.text_encoder

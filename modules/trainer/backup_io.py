@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from modules.util.atomic import atomic_dir
+from modules.util.safetensors_stream import write_safetensors
 
 PROGRESS_FILE = "progress.json"
 MANIFEST_FILE = "manifest.json"
@@ -48,7 +49,7 @@ def _split_state(state: dict, prefix: str = "") -> tuple[dict[str, torch.Tensor]
             if value.data_ptr() and identity in seen:
                 return {"__tensor__": seen[identity]}
             seen[identity] = path
-            tensors[path] = value.detach().cpu().contiguous()
+            tensors[path] = value.detach()   # brought to the host one at a time as it is written
             return {"__tensor__": path}
         if isinstance(value, dict):
             return {"__dict__": [[visit(k, f"{path}.k{i}"), visit(v, f"{path}.{i}")]
@@ -79,7 +80,7 @@ def _join_state(skeleton, tensors: dict[str, torch.Tensor]):
 
 def save_nested(state: dict, folder: Path, name: str) -> None:
     tensors, skeleton = _split_state(state)
-    save_file(tensors, str(folder / f"{name}.safetensors"))
+    write_safetensors(tensors, folder / f"{name}.safetensors")
     (folder / f"{name}.json").write_text(json.dumps(skeleton))
 
 
@@ -107,11 +108,12 @@ def write_backup(folder: Path, progress: TrainProgress, trainable: dict[str, tor
     """`optimizer`: the optimizer or its state dict (a multi-process run gathers it); `rng`: default this
     process's states; `extra_json`: more files, name -> JSON value."""
     with atomic_dir(folder) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in trainable.items()}, str(tmp / "trainable.safetensors"))
+        # each tensor comes to the host as it is written: never a host copy of all the trained weights at once
+        write_safetensors(trainable, tmp / "trainable.safetensors")
         save_nested(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp, "optimizer")
         (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict(), default=str))
         if ema is not None:
-            save_file(ema.state_dict(), str(tmp / "ema.safetensors"))
+            write_safetensors(ema.state_dict(), tmp / "ema.safetensors")
         save_nested(rng if rng is not None else rng_state(), tmp, "rng")
         (tmp / "config.json").write_text(json.dumps(config_json, indent=2))
         for name, value in (extra_json or {}).items():

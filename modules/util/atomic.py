@@ -92,9 +92,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def save_safetensors_atomic(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
-    from safetensors.torch import save_file
+    """`tensors` (on any device, or `safetensors_stream.Deferred`) written one at a time: a save never holds a
+    second copy of them all."""
+    from modules.util.safetensors_stream import write_safetensors
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        write_safetensors(tensors, tmp, metadata)
 
 
 # `.<name>.<8 random characters from mkstemp / mkdtemp>.tmp`, and atomic_dir's `.<name>.old`

@@ -4,11 +4,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from modules.model.WanModel import WanModel
 from modules.util.portable_folder import make_portable
 from modules.util.atomic import atomic_dir, save_safetensors_atomic
+from modules.util.safetensors_stream import Deferred, materialise, write_safetensors
 from modules.util.enum.ModelFormat import ModelFormat
 from modules.util.enum.WanVariant import WanVariant
 from modules.util.expert_metadata import expert_metadata
@@ -45,33 +45,69 @@ def cast_in_place(module: torch.nn.Module, dtype: torch.dtype) -> None:
             tensor.data = _cast_tensor(prefix + key, tensor.data, dtype)
 
 
+def _cast_dtype(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype `_cast_tensor` gives `value`."""
+    if dtype is None or not value.is_floating_point():
+        return value.dtype
+    if dtype == FLOAT8:
+        return FLOAT8 if name.endswith(".weight") and value.dim() >= 2 else torch.bfloat16
+    return dtype
+
+
+def _deferred_cast(name: str, value: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor | Deferred:
+    """`value` cast as `_cast_tensor` casts it, made only when the file writes it (a host tensor kept as it is
+    needs no copy at all)."""
+    target = _cast_dtype(name, value, dtype)
+    if target == value.dtype and value.device.type == "cpu":
+        return value.detach()
+    return Deferred(target, tuple(value.shape), lambda: _cast_tensor(name, value, dtype))
+
+
 def _cast_state_dict(module: torch.nn.Module, dtype: torch.dtype | None,
-                     computable: bool = False) -> dict[str, torch.Tensor]:
-    """The weights as plain tensors: layers loaded from an fp8_scaled file are dequantised (weight * scale) in
-    float32 first; with `computable` (a diffusers folder) float8 weights kept as stored go to bfloat16 when no dtype
-    is asked for, as no diffusers layer computes in float8."""
+                     computable: bool = False) -> dict[str, torch.Tensor | Deferred]:
+    """The weights as plain tensors, each made as the file writes it (`Deferred`), so a save never holds the whole
+    converted model: layers loaded from an fp8_scaled file are dequantised (weight * scale) in float32 first; with
+    `computable` (a diffusers folder) float8 weights kept as stored go to bfloat16 when no dtype is asked for, as no
+    diffusers layer computes in float8."""
     from modules.util.fp8_scaled import ScaledFp8Linear
-    state = module.state_dict()
+    state: dict[str, torch.Tensor | Deferred] = dict(module.state_dict(keep_vars=False))
     for name, layer in module.named_modules():
         if isinstance(layer, ScaledFp8Linear):
             prefix = f"{name}." if name else ""
             state.pop(prefix + "scale_weight", None)
-            state[prefix + "weight"] = layer.dequantised_weight(torch.float32)
-    if dtype is None and computable:
-        state = {k: v.to(torch.bfloat16) if v.dtype in (FLOAT8, torch.float8_e5m2) else v for k, v in state.items()}
-    return {k: _cast_tensor(k, v, dtype) for k, v in state.items()}
+            key = prefix + "weight"
+            target = _cast_dtype(key, torch.empty(0, 0), dtype) if dtype is not None else torch.float32
+            state[key] = Deferred(target, tuple(layer.weight.shape), lambda key=key, layer=layer: _cast_tensor(
+                key, layer.dequantised_weight(torch.float32), dtype))
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, Deferred):
+            out[key] = value
+            continue
+        if dtype is None and computable and value.dtype in (FLOAT8, torch.float8_e5m2):
+            out[key] = Deferred(torch.bfloat16, tuple(value.shape), lambda value=value: value.to(torch.bfloat16))
+            continue
+        out[key] = _deferred_cast(key, value, dtype)
+    return out
 
 
-def _scaled_fp8_state_dict(original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _scaled_fp8_state_dict(original: dict[str, torch.Tensor | Deferred]) -> dict[str, torch.Tensor | Deferred]:
     """ComfyUI's `*_fp8_scaled` layout (comfy/ops.py scaled_fp8_ops): each Linear weight of the blocks as float8 with
-    a float32 `scale_weight` (its absmax / 448), the other tensors in bfloat16, and the `scaled_fp8` marker."""
+    a float32 `scale_weight` (its absmax / 448), the other tensors in bfloat16, and the `scaled_fp8` marker. Each
+    weight is quantised as it is written (its scale is worked out again for its own entry: one pass over one
+    tensor, instead of every quantised weight held until the file is written)."""
     from modules.util.fp8_scaled import quantise_scaled_fp8
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor | Deferred] = {}
     for key, value in original.items():
-        if key.startswith("blocks.") and key.endswith(".weight") and value.dim() == 2:
-            out[key], out[key.removesuffix(".weight") + ".scale_weight"] = quantise_scaled_fp8(value)
+        shape = tuple(value.shape)
+        if key.startswith("blocks.") and key.endswith(".weight") and len(shape) == 2:
+            out[key] = Deferred(FLOAT8, shape, lambda value=value: quantise_scaled_fp8(materialise(value))[0])
+            out[key.removesuffix(".weight") + ".scale_weight"] = Deferred(
+                torch.float32, (), lambda value=value: quantise_scaled_fp8(materialise(value))[1])
+        elif value.dtype.is_floating_point and value.dtype != torch.bfloat16:
+            out[key] = Deferred(torch.bfloat16, shape, lambda value=value: materialise(value).to(torch.bfloat16))
         else:
-            out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
+            out[key] = value
     out["scaled_fp8"] = torch.empty(0, dtype=FLOAT8)
     return out
 
@@ -115,10 +151,10 @@ class WanBaseModelSaver:
                 state = _cast_state_dict(part, dtype, computable=True)
                 if hasattr(part, "save_config"):  # diffusers models
                     part.save_config(tmp / name)
-                    save_file({k: v.contiguous() for k, v in state.items()},
-                              str(tmp / name / "diffusion_pytorch_model.safetensors"))
-                else:  # transformers models
-                    part.save_pretrained(tmp / name, state_dict=state, safe_serialization=True)
+                    write_safetensors(state, tmp / name / "diffusion_pytorch_model.safetensors")
+                else:  # transformers models: their save_pretrained takes whole tensors
+                    part.save_pretrained(tmp / name, state_dict={k: materialise(v) for k, v in state.items()},
+                                         safe_serialization=True)
             if dtype is not None:
                 # transformers configs record their dtype; keep them truthful
                 for name in ("text_encoder", "image_encoder"):
@@ -141,8 +177,12 @@ class WanBaseModelSaver:
             state = _cast_state_dict(transformer, dtype)
             # Animate's motion / face encoders and face adapter have names (and a stacked key-value layout) of their
             # own in the official files: animate_files writes them as the official code and ComfyUI read them
-            state = diffusers_to_official(state, model.variant is WanVariant.ANIMATE_2_14B) \
-                if model.variant.is_animate else diffusers_to_original_state_dict(state)
+            if model.variant.is_animate:
+                # the official layout stacks and reshapes some encoder and adapter tensors: those are made now
+                state = diffusers_to_official({k: v if k.startswith("blocks.") else materialise(v)
+                                               for k, v in state.items()}, model.variant is WanVariant.ANIMATE_2_14B)
+            else:
+                state = diffusers_to_original_state_dict(state)
             if scaled_fp8:
                 state = _scaled_fp8_state_dict(state)
             metadata = modelspec_metadata(model.variant, train_config=train_config)

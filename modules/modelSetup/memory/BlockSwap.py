@@ -59,6 +59,19 @@ class BlockSwap:
         """ids of the parameters that stay on the host between uses."""
         return {id(parameter) for pairs in self.host.values() for parameter, _ in pairs}
 
+    def replace_host_tensors(self, replace) -> int:
+        """Swaps the host copies for `replace(host tensors)` (the same tensors, elsewhere: one copy shared by the
+        ranks of a machine, modules/trainer/shared_host.py), in block order; returns their bytes."""
+        flat = [host for index in self.indices for _, host in self.host[index]]
+        replaced = iter(replace(flat))
+        for index in self.indices:
+            pairs = [(parameter, next(replaced)) for parameter, _ in self.host[index]]
+            if index not in self.resident:
+                for parameter, host in pairs:
+                    parameter.data = host
+            self.host[index] = pairs
+        return sum(t.numel() * t.element_size() for t in flat)
+
     def check_frozen(self) -> None:
         """For a fine-tune: raises when a swapped block trains (its weights would stay on the device, and the swap
         would quietly save nothing); a fine-tune with block swap trains the other blocks only."""

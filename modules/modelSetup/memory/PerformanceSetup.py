@@ -15,6 +15,7 @@ import torch
 from modules.modelSetup.memory.ActivationOffload import ActivationOffload
 from modules.modelSetup.memory.BlockCheckpointing import BlockCheckpointing
 from modules.modelSetup.memory.FaceAdapterCheckpointing import checkpoint_face_adapter
+from modules.modelSetup.memory.Float8Upcast import upcast_float8_in_backward
 from modules.modelSetup.memory.BlockSwap import BlockSwap
 from modules.modelSetup.memory.ChunkedFeedForward import chunk_feed_forward
 from modules.modelSetup.memory.NormRecompute import recompute_norms
@@ -43,6 +44,7 @@ class PerformanceSetup:
         self.compiled: list[int] = []
         self.norms_recomputed = 0
         self.chunked_blocks: list = []   # ChunkedFeedForward hooks
+        self.float8_layers = 0   # FLOAT_8 layers whose bfloat16 weight is made again in the backward pass
 
     def apply(self) -> PerformanceSetup:
         performance, transformer = self.performance, self.transformer
@@ -84,6 +86,9 @@ class PerformanceSetup:
             # a compiled block is left alone: the compiler picks what it keeps itself, and a hook that records
             # the block's dtype would only break its graph
             self.norms_recomputed = recompute_norms(plain, performance.chunk_tokens)
+        # a compiled block is left alone here too: the compiler decides what its graph saves
+        self.float8_layers = upcast_float8_in_backward(transformer, skip=tuple(
+            b for i, b in enumerate(blocks) if i not in swapped and performance.compile_blocks))
         if performance.compile_blocks:
             for index, block in enumerate(blocks):
                 if index not in swapped:
