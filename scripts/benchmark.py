@@ -252,7 +252,7 @@ def _plan(args) -> int:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
     return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus,
-                          peak_detail=args.peak_detail)
+                          peak_detail=args.peak_detail, ram_gib=args.ram_gib)
 
 
 def _proof(args) -> int:
