@@ -203,9 +203,11 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
     transformers = {k: v for k, v in parts.items() if k.startswith("transformer")}
     encoders = {k: v for k, v in parts.items() if not k.startswith("transformer")}
     _total, blocks = _transformer_numels(arch)
-    largest = max((n for block in blocks for n in block), default=0) * 4
     phases: dict[str, dict[str, int]] = {}
-    phases["load"] = {**base, **parts, "one tensor cast as read (float32)": largest}
+    phases["load"] = {**base, **parts}
+    if config.model.transformer.weight_dtype.value == "FLOAT_8":
+        # float8 from a full-precision file goes through float32 tensor by tensor (test_host_memory.py)
+        phases["load"]["one tensor cast as read (float32)"] = max((n for b in blocks for n in b), default=0) * 4
 
     media = _media_bytes(config, shape)
     on_device_vae = ("VAE", "image encoder") if cuda else ()
@@ -213,6 +215,8 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
                                                "decoded clips in flight": media}
     on_device_text = ("text encoder",) if cuda else ()
     phases["caching: text encoding"] = {**base, **{k: v for k, v in parts.items() if k not in on_device_text}}
+    if not cuda:   # the encoder's activations are in host memory too
+        phases["caching: text encoding"]["text encoder activations"] = _text_activation_bytes(config)
 
     # training: the trained expert(s) on the device but for the swapped blocks; an expert not trained stays here
     kept_encoders = {k: v for k, v in encoders.items() if k != "text encoder"}
@@ -248,6 +252,9 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
     if config.sampling.samples_file:
         preview = {k: v for k, v in step.items() if "activations" not in k and "batch" not in k}
         preview["text encoder (read again for the prompts)"] = parts["text encoder"]
+        if not cuda and prediction is not None:
+            # its forward passes on the host: no more than the training step's (which keeps them for a backward)
+            preview["preview forward pass"] = step.get("activations and transients", 0)
         phases["preview"] = preview
     resting = {k: v for k, v in step.items() if "activations" not in k and "batch" not in k}
     # a backup copies the trainable weights and optimizer state to the host (on a CPU device they are there)
@@ -259,6 +266,13 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
         final["text encoder (read again for the folder)"] = parts["text encoder"]
     phases["final save"] = final
     return HostPlan(phases, cuda, notes)
+
+
+def _text_activation_bytes(config: TrainConfig) -> int:
+    """The text encoder's largest live tensors for one 512-token prompt: its gated feed-forward's two inputs, their
+    product and output (4 x tokens x d_ff) and a few residual streams (4 x tokens x d_model), in its dtype."""
+    text = _part_config(config, "text_encoder", "umt5-xxl.json")
+    return 512 * (4 * text["d_ff"] + 4 * text["d_model"]) * _dtype_bytes(config.model.text_encoder.weight_dtype)
 
 
 def _offloaded_inputs(config: TrainConfig, arch) -> int:
