@@ -136,3 +136,19 @@ def test_ram_gib_joins_the_device_fit(tiny_model):
     tight = fit(config, 2.0, objective="least", ram_gib=(host.peak_bytes - 1) / GIB)
     assert tight.settings is None and tight.bound == "host RAM"
     assert "(bound: host RAM)" in tight.text() and "in phase" in tight.text(), tight.text()
+
+
+def test_the_guard_keeps_each_presets_host_peak_and_names_a_regression():
+    """docs/memory_presets.json keeps each planned preset's host RAM peak (the guard test compares every preset's
+    with it, as its device peak); more decoded clips in flight while caching is a host regression, named."""
+    from modules.planner import preset_guard
+    from modules.util.config.config_io import load_config
+    stored = preset_guard.load_stored()["guard"]
+    assert all("host_bytes" in numbers for numbers in stored.values() if "peak_bytes" in numbers)
+    name = "wan 2.1 1.3B LoRA 16GB"
+    config = load_config(preset_path=str(preset_guard.shipped_presets()[name]))
+    assert preset_guard.guard_host_bytes(config) == stored[name]["host_bytes"]
+    config.data.dataloader_threads = 16
+    planted = {name: {**stored[name], "host_bytes": preset_guard.guard_host_bytes(config)}}
+    messages = preset_guard.regressions(stored, planted)
+    assert len(messages) == 1 and messages[0].startswith(f"{name}: predicted host RAM peak grew "), messages
