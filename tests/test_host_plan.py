@@ -152,3 +152,25 @@ def test_the_guard_keeps_each_presets_host_peak_and_names_a_regression():
     planted = {name: {**stored[name], "host_bytes": preset_guard.guard_host_bytes(config)}}
     messages = preset_guard.regressions(stored, planted)
     assert len(messages) == 1 and messages[0].startswith(f"{name}: predicted host RAM peak grew "), messages
+
+
+def test_the_memory_plan_line_and_fit_to_my_card_show_the_host_peak(tiny_model):
+    """The GUI's memory line and its "fit to my card" answer say the host RAM peak and its phase (the plan of the
+    config shown, and of the switches the fit chose: block swap's pinned blocks are in host memory)."""
+    from modules.planner.memory_plan import predict
+    from modules.ui.MemoryPlanController import MemoryPlanController
+    from modules.ui.UIState import UIState
+    state = UIState({"model": {"base_model_name": str(tiny_model("wan2.1-t2v"))}, "gradient_checkpointing": True,
+                     "device": "cpu", "data": {"resolution": 64, "frame_buckets": [9]},
+                     "optimizer": {"optimizer": "ADAMW"}})
+    controller = MemoryPlanController(state)
+    assert controller.predict(4.0)
+    controller.wait(300)
+    text = controller.poll()
+    config = state.config()
+    host = plan_host(config, predict(config), cuda=False)
+    assert text.endswith(f"; host RAM {host.peak_gib:.1f} GiB predicted (phase {host.peak_phase})"), text
+    assert controller.fit(4.0, "least")
+    controller.wait(300)
+    text = controller.poll()
+    assert "(least memory)" in text and "; host RAM " in text and "GiB predicted (phase " in text, text
