@@ -190,8 +190,14 @@ def check_fits_host(config: TrainConfig, device, prediction=None, ram_gib: float
     budget /= ranks
     cuda = torch.device(device).type == "cuda"
     from modules.planner.host_plan import plan_host
-    host = _or_unplanned(lambda: plan_host(config, prediction, cuda=cuda), out)
-    if host is None or host.fits(budget):
+    try:
+        host = plan_host(config, prediction, cuda=cuda)
+    except PlanError:   # not planned (said by the device's check where it applies): the run starts unplanned
+        return
+    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
+        log.warning("host RAM plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+        return
+    if host.fits(budget):
         return
     from modules.planner.host_fit import fit_host
     fitted = fit_host(config, budget, prediction, cuda=cuda, keep_switches=True)
