@@ -139,7 +139,11 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     gpus = _processes(config)
     if gpus > 1:
         _check_fits_per_gpu(config, device, vram_gib, gpus, out)
-        check_fits_host(config, device, None, ram_gib, out, ranks=_local_ranks(gpus))
+        import os
+        # a rank checks --ram-gib only: the memory available when it starts depends on how far the others loaded
+        # (the launcher, before starting them, checks what is available)
+        if ram_gib or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            check_fits_host(config, device, None, ram_gib, out, ranks=_local_ranks(gpus))
         return
     prediction = _check_fits_one_device(config, device, vram_gib, out)
     check_fits_host(config, device, prediction, ram_gib, out)
