@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from modules.planner.host_plan import GIB, HostPlan, plan_host
+from modules.planner.host_plan import HostPlan, plan_host
 from modules.util.config.TrainConfig import TrainConfig
 
 # (config key, value, why it is cheap): applied one after another until the plan fits
