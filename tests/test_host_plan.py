@@ -2,7 +2,6 @@
 `--ram-gib` (and the memory available) refusing a run before any model loads."""
 import json
 
-
 from modules.planner.host_plan import GIB, MIB, pinned_bytes, plan_host
 from tests.script_loader import load_script
 
