@@ -16,6 +16,7 @@
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
   benchmark.py preview --variant wan2.1-1.3b --width 832 --height 480 --frames 81 [--steps 30 --guidance 5]
                        [--accelerator-steps 4 --rank 64] [--dtype bf16] [--device cpu|cuda] [--json PATH]
+  benchmark.py ram [--model 1.3B|small] [--workdir DIR] [--json PATH]
 
 Exit codes: 0 measured, 2 bad arguments, 3 the run does not fit in the device's memory (refused before it
 started, or out of CUDA memory during the steps).
@@ -123,6 +124,13 @@ def _parser() -> argparse.ArgumentParser:
                            "it was made in (the next memory wall)")
     plan.add_argument("--presets", action="store_true", help="plan every shipped preset: docs/benchmarks.md's table")
 
+    ram = commands.add_parser("ram", help="the host RAM plan against a real CPU run's memory per phase (load, "
+                                          "caching, steps, preview, backup, save) on a model built with random "
+                                          "weights (modules/benchmark/ram_bench.py)")
+    ram.add_argument("--model", default="1.3B", choices=["1.3B", "small"])
+    ram.add_argument("--workdir", default="workspace/ram-bench", help="the model, data and run (the model is kept "
+                                                                      "for the next call)")
+    ram.add_argument("--json", help="write the rows to this JSON file")
     proof = commands.add_parser("proof", help="on one GPU: everything docs/benchmarks.md needs (measured peaks "
                                               "next to the planner's predictions); writes a table and a JSON file")
     proof.add_argument("--workdir", default="workspace/benchmark-proof")
@@ -288,7 +296,7 @@ def _plan(args) -> int:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
     return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus,
-                          peak_detail=args.peak_detail)
+                          peak_detail=args.peak_detail, ram_gib=args.ram_gib)
 
 
 def _proof(args) -> int:
@@ -351,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             return _load_encoders(args)
         if args.command == "preview":
             return _preview(args)
+        if args.command == "ram":
+            from pathlib import Path
+            from modules.benchmark.ram_bench import run_measured
+            work = Path(args.workdir).resolve()
+            run_measured(args.model, work, Path(args.json).resolve() if args.json else work / "ram.json")
+            return 0
         return _train(args) if args.command == "train" else _data(args)
     except ValueError as error:
         print(f"benchmark {args.command}: {error}", file=sys.stderr)

@@ -153,12 +153,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return 2
     from modules.planner.plan_command import check_fits_device, plan_and_print
     if args.plan:
-        return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus)
+        return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus,
+                              ram_gib=args.ram_gib)
     if not args.only_cache:
         from modules.planner.memory_plan import PlanError
         from modules.util.devices import resolve_device
         try:  # before any weight loads
-            check_fits_device(config, resolve_device(config.device), args.vram_gib)
+            check_fits_device(config, resolve_device(config.device), args.vram_gib, ram_gib=args.ram_gib)
         except PlanError as e:  # predicted not to fit, or performance.auto_fit found nothing that fits
             print(f"train: {e}", file=sys.stderr)
             return 2

@@ -144,6 +144,20 @@ class FitResult:
     passed_over: list[tuple[Settings, float]] = field(default_factory=list)
     cost: StepCost | None = None        # the cost model the choice was made with
     objective: str = "fastest"
+    ram_gib: float | None = None        # the host's bound too (host_fit.py), when given
+    # (settings, why) of settings that fit the card but not the host's RAM
+    host_refused: list[tuple[Settings, str]] = field(default_factory=list)
+
+    @property
+    def bound(self) -> str:
+        """Which bound decided: 'host RAM' when it refused settings faster than the choice (or every setting that
+        fit the card), else 'device'."""
+        if not self.host_refused:
+            return "device"
+        if self.settings is None or self.cost is None:
+            return "host RAM"
+        chosen = self.cost.seconds(self.settings)
+        return "host RAM" if any(self.cost.seconds(s) < chosen for s, _ in self.host_refused) else "device"
 
     def explain(self, configured: Settings, configured_gib: float | None = None) -> list[str]:
         """What each chosen switch buys, added one at a time from no switch (memory from the traces made, time
@@ -190,12 +204,19 @@ class FitResult:
     def text(self) -> str:
         if self.settings is None:
             smallest = min(self.tried, key=lambda t: t[1]) if self.tried else None
+            if self.host_refused:
+                settings, why = self.host_refused[0]
+                return (f"nothing fits both {self.vram_gib:g} GiB of device memory and {self.ram_gib:g} GiB of host "
+                        f"RAM (bound: host RAM): {settings.text()} fits the card, but {why}")
             if smallest is None or smallest[1] == math.inf:
                 return f"nothing fits {self.vram_gib:g} GiB"
             return (f"nothing fits {self.vram_gib:g} GiB: the least memory is {smallest[1]:.1f} GiB predicted "
                     f"({smallest[0].text()})")
-        return (f"fits {self.vram_gib:g} GiB with {self.settings.text()}: {self.prediction.peak_gib:.1f} GiB "
+        text = (f"fits {self.vram_gib:g} GiB with {self.settings.text()}: {self.prediction.peak_gib:.1f} GiB "
                 f"predicted (switch cost ~{self.cost_seconds:.2f} s / step on a nominal GPU)")
+        if self.ram_gib is not None:
+            text += f"; fits {self.ram_gib:g} GiB of host RAM too (bound: {self.bound})"
+        return text
 
 
 def _memory_change(gib: float) -> str:
@@ -207,14 +228,22 @@ def _time_change(seconds: float) -> str:
 
 
 def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost,
-        objective: str = "fastest", floor_settings=None) -> FitResult:
+        objective: str = "fastest", floor_settings=None, host_fits=None, ram_gib: float | None = None) -> FitResult:
     """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search.
     `objective`: "fastest" (the fastest settings that fit) or "least" (the least memory). `floor_settings(settings)
     -> bytes | None`: a floor under the setting's predicted peak (cheaper than its prediction; None: none known); a
-    setting whose floor exceeds the card is not predicted (FitResult.passed_over)."""
+    setting whose floor exceeds the card is not predicted (FitResult.passed_over). `host_fits(settings, prediction)
+    -> None | why`: the host's bound (`ram_gib`): a setting that fits the card but not the host is passed over
+    (FitResult.host_refused); more swapped blocks only add host memory, so a combination is judged at its fewest."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
-    result = FitResult(vram_gib, None, None, None, cost=cost, objective=objective)
+    result = FitResult(vram_gib, None, None, None, cost=cost, objective=objective, ram_gib=ram_gib)
+
+    def refused_by_host(settings: Settings, prediction) -> bool:
+        why = host_fits(settings, prediction) if host_fits is not None else None
+        if why is not None:
+            result.host_refused.append((settings, why))
+        return why is not None
 
     traced: dict[Settings, tuple[float, bool]] = {}   # canonical settings -> (predicted GiB, fits)
 
@@ -240,7 +269,7 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
     if least is None and result.tried[-1][1] != math.inf:   # not even every switch at its most: nothing does
         return result
     if objective == "least":
-        if least is not None:
+        if least is not None and not refused_by_host(frugal, least):
             result.settings, result.prediction, result.cost_seconds = frugal, least, cost.seconds(frugal)
             # each switch's share of the saving, for explain(): the switches added one at a time
             for step in (Settings(False), Settings(True, 1), Settings(True, 1, 0, True),
@@ -263,6 +292,8 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
                 continue
             base = _with_swap(base, high)
             prediction = predict_settings(base)
+        if refused_by_host(base, prediction):
+            continue
         if result.settings is None or key(base) < key(result.settings):
             result.settings, result.prediction, result.cost_seconds = base, prediction, cost.seconds(base)
     return result

@@ -61,11 +61,12 @@ def floor_bytes(config: TrainConfig, shape: PlanShape, arch) -> int:
 
 def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,
         arch=None, shape: PlanShape | None = None, objective: str = "fastest", progress=None, cancel=None,
-        traces: dict | None = None) -> FitResult:
+        traces: dict | None = None, ram_gib: float | None = None) -> FitResult:
     """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib` (`objective`
     "least": the least memory); `known`: predict(config), when the caller has it; `arch` / `shape` as in predict.
     `progress(traced, at_most, text)` after each trace; `cancel()` true: PlanCancelled before the next trace;
-    `traces`: the caller's memo of Settings -> Prediction for this config (its memory switches aside)."""
+    `traces`: the caller's memo of Settings -> Prediction for this config (its memory switches aside). `ram_gib`:
+    only settings whose host plan (host_plan.py) fits that many GiB of host RAM too."""
     arch = arch or resolve_architecture(config)
     shape = shape or largest_shape(config, arch)
     layers = arch.transformer["num_layers"]
@@ -111,4 +112,14 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
     weight = config.model.transformer.weight_dtype
     bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
     cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
-    return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings)
+    host_fits = None
+    if ram_gib is not None:
+        from modules.planner.host_plan import plan_host
+
+        def host_fits(settings: Settings, prediction: Prediction) -> str | None:
+            host = plan_host(settings.apply(config), prediction, arch, shape)
+            return None if host.fits(ram_gib) else (
+                f"its host RAM is {host.peak_gib:.1f} GiB predicted in phase {host.peak_phase} "
+                f"({host.largest_parts(host.peak_phase)})")
+    return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings, host_fits,
+                        ram_gib)

@@ -17,6 +17,10 @@ def add_plan_arguments(parser) -> None:
     parser.add_argument("--vram-gib", type=float, metavar="G",
                         help="a card of G GiB: plan: the fastest memory switches whose prediction fits; train: "
                              "refuse (exit 2) a run predicted not to fit G GiB, before anything loads")
+    parser.add_argument("--ram-gib", type=float, metavar="R",
+                        help="a host with R GiB of RAM: plan: with --vram-gib only the switches that fit both, "
+                             "alone the host cuts that fit; train: refuse (exit 2) a run whose host RAM is predicted "
+                             "above R GiB (default: the memory available at start), before anything loads")
     parser.add_argument("--plan-json", metavar="PATH", help="write the prediction (and the fit) to this JSON file")
     parser.add_argument("--gpus", type=int, default=1, metavar="N",
                         help="plan per GPU for N GPUs (batch_size per GPU): every multi-GPU layout's peak, and the "
@@ -26,23 +30,28 @@ def add_plan_arguments(parser) -> None:
 
 
 def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print,
-                   caching: bool = True, gpus: int = 1, peak_detail: bool = False) -> int:
+                   caching: bool = True, gpus: int = 1, peak_detail: bool = False, ram_gib: float | None = None) -> int:
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
     2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout. `peak_detail`: also
-    the largest storages at the peak."""
+    the largest storages at the peak and the host's parts per phase. `ram_gib`: the host's RAM, a second bound."""
     vram_gib = vram_gib if vram_gib is not None else (config.performance.auto_fit or None)   # 0: no size
     if gpus > 1:
         return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
     try:
         prediction = predict(config, detail=peak_detail)
         out(prediction.report())
+        from modules.planner.host_plan import plan_host
+        host = plan_host(config, prediction)
+        out(host.line())
         if peak_detail:
             out(prediction.peak_detail())
+            out(host.detail())
         caching_plan = _print_caching(config, out) if caching else None
-        result = None
+        result = host_result = None
         if vram_gib:
-            out(f"\nfitting to {vram_gib:g} GiB:")
-            result = fit(config, vram_gib, log=out, known=prediction) if not prediction.fits(vram_gib) else None
+            out(f"\nfitting to {vram_gib:g} GiB" + (f" and {ram_gib:g} GiB of host RAM:" if ram_gib else ":"))
+            fits_now = prediction.fits(vram_gib) and (not ram_gib or host.fits(ram_gib))
+            result = fit(config, vram_gib, log=out, known=prediction, ram_gib=ram_gib) if not fits_now else None
             if result is None:
                 out(f"as configured: {prediction.summary(vram_gib)}")
             else:
@@ -50,12 +59,20 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
                 if result.settings is not None:
                     out("settings: " + " ".join(f"--config-value {k}={json.dumps(v)}"
                                                 for k, v in result.settings.config_values().items()))
+        elif ram_gib:
+            from modules.planner.host_fit import fit_host
+            out(f"\nfitting to {ram_gib:g} GiB of host RAM (the device's switches as set):")
+            host_result = fit_host(config, ram_gib, prediction, keep_switches=True)
+            out(host_result.text())
+            if host_result.values:
+                out("settings: " + " ".join(f"--config-value {k}={json.dumps(v)}"
+                                            for k, v in host_result.values.items()))
     except PlanError as error:
         print(f"plan: {error}", file=sys.stderr)
         return 2
     if json_path:
         from modules.benchmark.common import write_json
-        data = {"prediction": prediction.as_dict(), "vram_gib": vram_gib}
+        data = {"prediction": prediction.as_dict(), "vram_gib": vram_gib, "host": host.as_dict(), "ram_gib": ram_gib}
         if caching_plan is not None:
             data["caching"] = {"vae_gib": caching_plan.vae_bytes / GIB, "vae_tiling": caching_plan.vae_tiling,
                                "text_encoder_gib": caching_plan.text_encoder_bytes / GIB}
@@ -64,7 +81,11 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
                            "predicted_gib": result.prediction.peak_gib if result.prediction else None,
                            "tried": [[s.config_values(), gib] for s, gib in result.tried]}
         write_json(json_path, data)
-    if vram_gib and not prediction.fits(vram_gib) and (result is None or result.settings is None):
+    if vram_gib and result is not None and result.settings is None:
+        return 2
+    if vram_gib and result is None and not prediction.fits(vram_gib):
+        return 2
+    if host_result is not None and host_result.values is None:
         return 2
     return 0
 
@@ -108,15 +129,29 @@ def _print_caching(config: TrainConfig, out):
     return plan
 
 
-def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None, out=print) -> None:
+def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None, out=print,
+                      ram_gib: float | None = None) -> None:
     """At train start, before any weight loads: applies performance.auto_fit, prints the prediction, and raises
     RunDoesNotFit (naming what fits) when the run is predicted not to fit `vram_gib` (default: the CUDA device's free
-    memory). A CPU device with no `vram_gib` has no card to refuse on: nothing is checked there."""
-    import torch
+    memory). A CPU device with no `vram_gib` has no card to refuse on: nothing is checked there. Then the host:
+    RunDoesNotFit when its RAM is predicted above `ram_gib` (default: the memory available now), naming the phase,
+    its parts and the host cuts that fit (check_fits_host)."""
     gpus = _processes(config)
     if gpus > 1:
         _check_fits_per_gpu(config, device, vram_gib, gpus, out)
+        import os
+        # a rank checks --ram-gib only: the memory available when it starts depends on how far the others loaded
+        # (the launcher, before starting them, checks what is available)
+        if ram_gib or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            check_fits_host(config, device, None, ram_gib, out, ranks=_local_ranks(gpus))
         return
+    prediction = _check_fits_one_device(config, device, vram_gib, out)
+    check_fits_host(config, device, prediction, ram_gib, out)
+
+
+def _check_fits_one_device(config: TrainConfig, device, vram_gib: float | None, out):
+    """check_fits_device's device half for one process; the prediction when one was made."""
+    import torch
     if config.performance.auto_fit:
         result = fit(config, config.performance.auto_fit)
         if result.settings is None:
@@ -130,17 +165,65 @@ def check_fits_device(config: TrainConfig, device, vram_gib: float | None = None
     elif torch.device(device).type == "cuda":
         free, where = torch.cuda.mem_get_info(torch.device(device))[0], f"free on {device}"
     else:
-        return
+        return None
     prediction = _or_unplanned(lambda: predict(config), out)
     if prediction is None:
-        return
+        return None
     out(f"memory plan: {prediction.summary(free / GIB)} ({free / GIB:.1f} GiB {where})")
     if prediction.fits(free / GIB):
-        return
+        return prediction
     result = fit(config, free / GIB, known=prediction)
     raise RunDoesNotFit(f"predicted peak {prediction.peak_gib:.1f} GiB does not fit the {free / GIB:.1f} GiB "
                     f"({where}); {result.text()}"
                     + ("; set those switches, or performance.auto_fit" if result.settings else ""))
+
+
+def check_fits_host(config: TrainConfig, device, prediction=None, ram_gib: float | None = None, out=print,
+                    ranks: int = 1) -> None:
+    """RunDoesNotFit when the run's host RAM (host_plan.py; `ranks` processes on this machine) is predicted above
+    `ram_gib` GiB, default the memory available now (psutil; this process's own included), naming the phase, its
+    largest parts and the host cuts that would fit. Without `prediction` (no device plan was made: a CPU run) the
+    training step's own share is left out; the load and caching phases, the usual peak, are whole."""
+    import psutil
+    import torch
+    if ram_gib:
+        budget, where = ram_gib, f"--ram-gib {ram_gib:g}"
+    else:
+        budget = (psutil.virtual_memory().available + psutil.Process().memory_info().rss) / GIB
+        where = "available at start"
+    budget /= ranks
+    cuda = torch.device(device).type == "cuda"
+    from modules.planner.host_plan import plan_host
+    try:
+        host = plan_host(config, prediction, cuda=cuda)
+    except PlanError:   # not planned (said by the device's check where it applies): the run starts unplanned
+        return
+    except Exception as error:  # noqa: BLE001  a planner defect must not stop a run that may well fit
+        log.warning("host RAM plan failed (%s: %s); the run starts unplanned", type(error).__name__, error)
+        return
+    if host.fits(budget):
+        return
+    from modules.planner.host_fit import fit_host
+    fitted = fit_host(config, budget, prediction, cuda=cuda, keep_switches=True)
+    per = f" per process ({ranks} on this machine)" if ranks > 1 else ""
+    phase = host.peak_phase
+    text = (f"predicted host RAM peak{per} {host.peak_gib:.1f} GiB in phase {phase} "
+            f"({host.largest_parts(phase)}) does not fit the {budget:.1f} GiB ({where}); ")
+    if fitted.values:
+        text += ("fits with " + " ".join(f"--config-value {k}={json.dumps(v)}" for k, v in fitted.values.items())
+                 + f" ({fitted.fitted.peak_gib:.1f} GiB predicted)")
+    else:
+        least = fitted.fitted
+        text += (f"nothing fits: the least is {least.peak_gib:.1f} GiB in phase {least.peak_phase} with every host "
+                 f"cut; free memory or train on a larger machine")
+    raise RunDoesNotFit(text)
+
+
+def _local_ranks(gpus: int) -> int:
+    """The ranks that share this machine's RAM."""
+    import os
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() else gpus
 
 
 def _or_unplanned(plan, out):

@@ -9,6 +9,7 @@ Two numbers per preset:
   bucket (so one block's transient, the wall, is planned exactly; the kept block inputs, the weights and the
   optimizer state scale with the blocks, so a per-block regression shows at the same relative size), block swap
   scaled to the blocks left (`guard_settings`). Seconds per preset: this is what the test plans and compares.
+- `host_bytes` (in `guard`): the host RAM peak at real size (host_plan.py, without the step's trace), guarded alike.
 
 `benchmark presets --plan --write` plans both and writes the JSON and the table; commit them with the change that
 moves them.
@@ -59,8 +60,18 @@ def guard_prediction(config) -> Prediction:
     return predict(guard_settings(config, layers), arch=small)
 
 
-def _numbers(prediction: Prediction) -> dict:
-    return {"peak_bytes": prediction.peak_bytes, "parts": dict(prediction.parts)}
+def _numbers(prediction: Prediction, host_bytes: int | None = None) -> dict:
+    numbers = {"peak_bytes": prediction.peak_bytes, "parts": dict(prediction.parts)}
+    if host_bytes is not None:
+        numbers["host_bytes"] = host_bytes
+    return numbers
+
+
+def guard_host_bytes(config) -> int:
+    """The preset's host RAM peak at real size (host_plan.py: the parts' sizes from their configs, no trace; the
+    training step's pinned activations, which need the full trace, left out)."""
+    from modules.planner.host_plan import plan_host
+    return plan_host(config, cuda=True).peak_bytes
 
 
 def guard_numbers(log=lambda _text: None, only: str | None = None) -> dict[str, dict]:
@@ -71,7 +82,8 @@ def guard_numbers(log=lambda _text: None, only: str | None = None) -> dict[str, 
         if only is not None and name != only:
             continue
         try:
-            numbers[name] = _numbers(guard_prediction(load_config(preset_path=str(path))))
+            config = load_config(preset_path=str(path))
+            numbers[name] = _numbers(guard_prediction(config), guard_host_bytes(config))
         except PlanError as error:
             numbers[name] = {"status": f"not planned: {error}"}
         log(f"{name} (guard, {GUARD_BLOCKS} blocks): {numbers[name]}")
@@ -92,6 +104,11 @@ def regressions(stored: dict[str, dict], current: dict[str, dict], tolerance: fl
                 messages.append(f"{name}: planned before: {before.get('status', 'yes')}; now: "
                                 f"{now.get('status', 'yes')}")
             continue
+        if "host_bytes" in now and "host_bytes" in before:
+            host_growth = now["host_bytes"] / before["host_bytes"] - 1
+            if host_growth > tolerance:
+                messages.append(f"{name}: predicted host RAM peak grew {before['host_bytes'] / GIB:.2f} -> "
+                                f"{now['host_bytes'] / GIB:.2f} GiB (+{host_growth:.1%}, more than {tolerance:.0%})")
         growth = now["peak_bytes"] / before["peak_bytes"] - 1
         if growth > tolerance:
             grown = {part: now["parts"].get(part, 0) - before["parts"].get(part, 0) for part in PARTS}

@@ -1,5 +1,6 @@
 """`benchmark.py plan --presets`: every shipped preset planned at its largest bucket, as the markdown table of
-docs/benchmarks.md ("predicted on CPU", never measured)."""
+docs/benchmarks.md ("predicted on CPU", never measured), with each preset's host RAM peak (host_plan.py) on a CUDA
+machine."""
 from __future__ import annotations
 
 import re
@@ -21,12 +22,17 @@ def preset_rows(log=lambda _text: None, only: str | None = None) -> list[dict]:
         size = re.search(r"(\d+)\s*GB", name)
         row = {"preset": name, "card_gb": int(size.group(1)) if size else None}
         try:
-            prediction = predict(load_config(preset_path=str(path)))
+            config = load_config(preset_path=str(path))
+            prediction = predict(config)
         except PlanError as error:
             row["status"] = f"not planned: {error}"
             rows.append(row)
             log(f"{name}: {row['status']}")
             continue
+        from modules.planner.host_plan import plan_host
+        host = plan_host(config, prediction)
+        row.update(host_ram_gib=host.peak_gib, host_ram_phase=host.peak_phase,
+                   trainable_parameters=prediction.trainable_parameters)
         row.update(status="predicted on CPU", shape=prediction.shape, switches=prediction.features,
                    predicted_gib=prediction.peak_gib, parts_gib={k: v / GIB for k, v in prediction.parts.items()},
                    host_gib=prediction.host_pinned_bytes / GIB, phase=prediction.peak_phase,
@@ -38,16 +44,17 @@ def preset_rows(log=lambda _text: None, only: str | None = None) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| preset | shape (largest bucket) | memory switches | predicted peak GiB | weights / trainable+opt / "
-             "activations / transient GiB | host pinned GiB | card in the name |",
-             "|---|---|---|---|---|---|---|"]
+             "activations / transient GiB | host pinned GiB | host RAM peak GiB (phase) | card in the name |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "predicted_gib" not in row:
-            lines.append(f"| {row['preset']} | - | - | {row['status']} | - | - | - |")
+            lines.append(f"| {row['preset']} | - | - | {row['status']} | - | - | - | - |")
             continue
+        host = f"{row['host_ram_gib']:.1f} ({row['host_ram_phase']})" if "host_ram_gib" in row else "-"
         parts = row["parts_gib"]
         card = "-" if row["card_gb"] is None else (f"{row['card_gb']} GB: " + ("fits" if row["fits"] else
                                                                               "**does not fit**"))
         lines.append(f"| {row['preset']} | {row['shape']} | {row['switches']} | {row['predicted_gib']:.1f} | "
                      f"{parts['weights']:.1f} / {parts['trainable + grads + optimizer']:.1f} / "
-                     f"{parts['activations']:.1f} / {parts['transient']:.1f} | {row['host_gib']:.1f} | {card} |")
+                     f"{parts['activations']:.1f} / {parts['transient']:.1f} | {row['host_gib']:.1f} | {host} | {card} |")
     return "\n".join(lines)

@@ -122,11 +122,13 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     print(f"multi_gpu: launching {count} processes (global batch = {config.batch_size} x {count})", flush=True)
     # the ranks watch this process (modules/util/launcher_watch.py): killed, it takes them with it
     previous_pid, os.environ[LAUNCHER_PID] = os.environ.get(LAUNCHER_PID), str(os.getpid())
+    from modules.util.out_of_memory import killed_rank_message, start_record
+    memory_record = start_record()   # a rank SIGKILLed by the OOM killer is said as such
     try:
         elastic_launch(launch, entrypoint=sys.executable)(script, *argv)
     except ChildFailedError as error:
         rank, first = min(error.failures.items(), key=lambda item: item[1].timestamp)  # {global rank: failure}
-        print(f"train: rank {rank} failed with exit code {first.exitcode}; the job was stopped", file=sys.stderr)
+        print(killed_rank_message(rank, first.exitcode, memory_record), file=sys.stderr)
         return 2 if first.exitcode == 2 else 1   # a configuration error a rank found (a workspace in use) stays one
     except SignalException as signal_received:
         # Ctrl-C: the launcher passed the signal on; the ranks stop after their step and rank 0 writes a backup,

@@ -30,8 +30,9 @@ def _take(workspace_dir: str | Path) -> tuple[ProcessLock | None, list[str]]:
     """(the lock held, []) or (None, the problems that refuse the run)."""
     path = lock_path(workspace_dir)
     lock = ProcessLock(path)
+    from modules.util.out_of_memory import MEMORY_RAN_OUT, ran_out_since, start_record
     try:
-        stale = lock.acquire(own_record())
+        stale = lock.acquire({**own_record(), **start_record()})   # the OOM count: the next start compares it
     except LockHeld as held:
         pid = held.holder.get("pid")
         stop = f"stop it (kill {pid}), " if pid else ""
@@ -49,6 +50,8 @@ def _take(workspace_dir: str | Path) -> tuple[ProcessLock | None, list[str]]:
     if stale:
         message = (f"note: took over the workspace lock {path} of {describe_holder(stale)}, which ended without "
                    f"releasing it (it was killed)")
+        if ran_out_since(stale):
+            message += f"; {MEMORY_RAN_OUT}"
         print(message, flush=True)
         log.info("%s", message)
     return lock, []

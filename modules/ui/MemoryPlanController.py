@@ -1,5 +1,5 @@
-"""The training tab's memory plan: "fits 24 GiB: 19.8 GiB predicted" for the config being edited, and "fit to my
-card" (the fastest memory switches that fit, or the least memory, written into the config). No toolkit here: the
+"""The training tab's memory plan: "fits 24 GiB: 19.8 GiB predicted; host RAM 17.2 GiB predicted (phase ...)" for
+the config being edited, and "fit to my card" (the fastest memory switches that fit, or the least memory, written into the config). No toolkit here: the
 view polls `poll()` from its main loop; planning (seconds to minutes, fake tensors) runs in a worker thread so the
 window never blocks, reports each trace (`progress`) and stops between traces on `cancel()`.
 
@@ -46,6 +46,7 @@ class MemoryPlanController:
         self.closed = False
         self._started = 0.0
         self._predictions: dict[str, object] = {}        # config key -> Prediction
+        self._hosts: dict[str, object] = {}              # config key -> HostPlan (host RAM per phase)
         self._traces: dict[str, dict] = {}               # config key, switches aside -> {Settings: Prediction}
         self._fits: dict[tuple, tuple] = {}              # (config key, card GiB, objective) -> fit's answer
         self._shown: tuple | None = None                 # (config key, on cpu) of the prediction the line shows
@@ -66,6 +67,8 @@ class MemoryPlanController:
             if traced is not None:
                 self._predictions[key] = traced
         if key in self._predictions:
+            if key not in self._hosts:
+                self._hosts[key] = _host_plan(config, self._predictions[key])
             self._shown = (key, _on_cpu(config))
             # the config a fit just set keeps the fit's line (what it chose and changed) until the card changes
             self.text = self._fitted[1] if key == self._fitted[0] else self.line(vram_gib)
@@ -142,7 +145,8 @@ class MemoryPlanController:
             text += ': press "fit to my card" for the memory switches that fit'
         if on_cpu:
             text += " (a GPU figure: this run is set to train on the CPU, which uses no card memory)"
-        return text
+        host = self._hosts.get(key)
+        return text + _host_text(host) if host is not None else text
 
     def close(self, timeout: float = 120) -> bool:
         """The window closes: a fit stops before its next trace, the trace or prediction running ends, and no new
@@ -191,6 +195,7 @@ class MemoryPlanController:
                 self._results.put(("text", _per_gpu_line(config, gpus, vram_gib)))
                 return
             self._predictions[key] = predict(config)
+            self._hosts[key] = _host_plan(config, self._predictions[key])
         except PlanError as error:
             self._results.put(("text", f"memory: not planned: {error}"))
             return
@@ -219,10 +224,22 @@ class MemoryPlanController:
             configured = settings_of(config)
             known = self._predictions.get(key[0])
             goal = "least memory" if objective == "least" else "fastest that fits"
-            answer = (result.settings.config_values(), f"{result.prediction.summary(vram_gib)} ({goal}){cpu}",
+            host = _host_text(_host_plan(result.settings.apply(config), result.prediction))
+            answer = (result.settings.config_values(), f"{result.prediction.summary(vram_gib)} ({goal}){cpu}{host}",
                       result.explain(configured, known.peak_gib if known is not None else None))
         self._fits[key] = answer
         self._results.put(("fit", answer + (False,)))
+
+
+def _host_plan(config, prediction):
+    """The run's host RAM per phase (modules/planner/host_plan.py) with the device plan of its step."""
+    from modules.planner.host_plan import plan_host
+    return plan_host(config, prediction, cuda=not _on_cpu(config))
+
+
+def _host_text(host) -> str:
+    """'; host RAM 17.2 GiB predicted (phase caching: VAE / image encoding)'"""
+    return f"; host RAM {host.peak_gib:.1f} GiB predicted (phase {host.peak_phase})"
 
 
 def _on_cpu(config) -> bool:
