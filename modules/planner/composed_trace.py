@@ -1,0 +1,200 @@
+"""A training step's plan composed from traces of the transformer cut to a few blocks (DESIGN.md section 10).
+
+A Wan transformer's blocks are identical, so what a step holds grows by the same bytes with each block of a kind:
+the weights, adapters, gradients and optimizer state per block, each checkpointed block's input, each swapped
+block's host copy. The embeddings, the head, the optimizer's own buffers and one block's transient work do not
+grow. So every number a plan reads (each phase's peak per part, the host peak, the parameter counts, the preview's
+peak) is an affine function of the block count, and a few traces of a transformer cut to a few blocks, at the real
+width and the real shape, give it for any count.
+
+What makes blocks differ is kept: the blocks repeat with a period p (checkpointing every k-th block, a VACE block
+every v-th, Animate's face adapter every f-th: p = lcm(k, v, f)), and block swap makes the last N blocks a suffix of
+their own. The real transformer is [A periods] + [r blocks] + [the swapped suffix: B periods + s blocks], with
+U = L - N = p A + r and N = p B + s; the cut ones keep r, s and the pattern, and count a = 1, 2, 3 periods (and
+b = 1, 2, 3 swapped periods). The peak is taken per phase (forward, backward, optimizer step: they grow by different
+bytes per block, so the phase that holds the peak can change with the count), extrapolated, then the largest.
+
+Proof, not assumption: the third trace in each direction must lie on the line through the first two, for every
+number, else the plan is traced exactly (the whole transformer) and says why. tests/test_composed_plan.py checks
+the composed plan equals the exact one, peak and parts, for every shipped preset family.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import OrderedDict
+
+from modules.planner.plan_shapes import PlanShape
+from modules.util.config.TrainConfig import TrainConfig
+
+CACHE_SIZE = 256
+_traces: OrderedDict = OrderedDict()   # (cut config, cut architecture, shape, setup_only) -> numbers of its trace
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The real transformer's blocks as periods (see the module doc)."""
+    period: int
+    periods: int          # A: whole periods before the swapped suffix
+    rest: int             # r
+    swapped_periods: int  # B
+    swapped_rest: int     # s
+    vace_every: int = 0   # VACE: a VACE block beside every v-th block (0: none)
+
+    def blocks(self, a: int, b: int) -> int:
+        return self.period * (a + b) + self.rest + self.swapped_rest
+
+    def points(self) -> list[tuple[int, int]]:
+        """The cut transformers traced: (a, b) of each; the first is the base, then +1 and +2 per direction that
+        varies (a count of 2 or less is traced as it is)."""
+        a0 = self.periods if self.periods <= 2 else 1
+        b0 = self.swapped_periods if self.swapped_periods <= 2 else 1
+        points = [(a0, b0)]
+        if self.periods > 2:
+            points += [(a0 + 1, b0), (a0 + 2, b0)]
+        if self.swapped_periods > 2:
+            points += [(a0, b0 + 1), (a0, b0 + 2)]
+        return points
+
+
+def layout_of(config: TrainConfig, arch) -> tuple[Layout | None, str]:
+    """(the layout, "") or (None, why this run is traced whole)."""
+    c = arch.transformer
+    layers = c["num_layers"]
+    swap = config.performance.block_swap
+    if not 0 <= swap < layers:
+        return None, f"block swap {swap} of {layers} blocks"
+    period = config.performance.checkpoint_every if config.gradient_checkpointing else 1
+    vace_every = 0
+    if c.get("vace_layers"):
+        vace = list(c["vace_layers"])
+        vace_every = vace[1] - vace[0] if len(vace) > 1 else layers
+        if vace != list(range(0, layers, vace_every)):
+            return None, f"VACE blocks at {vace} (not every n-th block from the first)"
+        period = math.lcm(period, vace_every)
+    if c.get("inject_face_latents_blocks"):
+        period = math.lcm(period, c["inject_face_latents_blocks"])
+    unswapped = layers - swap
+    layout = Layout(period, unswapped // period, unswapped % period, swap // period, swap % period, vace_every)
+    traced = sum(layout.blocks(a, b) for a, b in layout.points())
+    if len(layout.points()) == 1 or traced >= layers:
+        return None, f"its {layers} blocks repeat every {period}: the cut traces would hold {traced} blocks"
+    return layout, ""
+
+
+def _cut(config: TrainConfig, arch, layout: Layout, a: int, b: int):
+    """The run with its transformer cut to (a, b) periods: its config (block swap) and architecture."""
+    blocks = layout.blocks(a, b)
+    cut = {"num_layers": blocks}
+    if layout.vace_every:
+        cut["vace_layers"] = list(range(0, blocks, layout.vace_every))
+    config = config.model_copy(deep=True)
+    config.performance.block_swap = layout.period * b + layout.swapped_rest
+    return config, dataclasses.replace(arch, transformer={**arch.transformer, **cut})
+
+
+def _numbers(counter, facts: dict, setup_only: bool) -> dict:
+    """Every number a plan reads from one trace, by name; the features line's integers too (`features` holds the
+    line with them taken out)."""
+    numbers = {("start",): counter.peak} if setup_only else {}
+    if not setup_only:
+        for phase, tags in counter.phase_breakdowns().items():
+            for tag, value in tags.items():
+                numbers[("phase", phase, tag)] = value
+            numbers[("phase", phase, "")] = 0   # a phase with nothing alive still ran
+        numbers[("host",)] = counter.host_peak
+        if "preview" in facts:
+            numbers[("preview",)] = facts["preview"][1]
+    numbers[("parameters",)] = facts["parameters"]
+    numbers[("trainable",)] = facts["trainable_parameters"]
+    for index, value in enumerate(re.findall(r"\d+", facts["features"])):
+        numbers[("feature", index)] = int(value)
+    return {"numbers": numbers, "features": re.sub(r"\d+", "{}", facts["features"]),
+            "preview_shape": facts["preview"][0] if "preview" in facts else None}
+
+
+def _trace(config: TrainConfig, arch, shape: PlanShape, setup_only: bool) -> dict:
+    from modules.planner.step_trace import trace_step
+    key = (config.model_dump_json(), repr(arch), shape, setup_only)
+    if key in _traces:
+        _traces.move_to_end(key)
+        return _traces[key]
+    counter, facts = trace_step(config, arch, shape, setup_only=setup_only)
+    _traces[key] = _numbers(counter, facts, setup_only)
+    if len(_traces) > CACHE_SIZE:
+        _traces.popitem(last=False)
+    return _traces[key]
+
+
+@dataclasses.dataclass
+class Composed:
+    numbers: dict            # as _numbers(), at the real block count
+    features: str
+    preview_shape: object
+    how: str                 # for the report: what was traced
+
+
+def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = False,
+            progress=None) -> tuple[Composed | None, str]:
+    """(the composed numbers, "") or (None, why the whole transformer must be traced). `progress(done, total,
+    text)` after each cut trace (a trace kept from before counts at once)."""
+    layout, why = layout_of(config, arch)
+    if layout is None:
+        return None, why
+    points = layout.points()
+    traces = {}
+    for done, (a, b) in enumerate(points, 1):
+        cut_config, cut_arch = _cut(config, arch, layout, a, b)
+        traces[(a, b)] = _trace(cut_config, cut_arch, shape, setup_only)
+        if progress is not None:
+            progress(done, len(points), f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks")
+    base = points[0]
+    if len({t["features"] for t in traces.values()}) > 1:
+        return None, "the memory features differ between the cut transformers"
+    keys = set().union(*(t["numbers"] for t in traces.values()))
+    value = lambda point, k: traces[point]["numbers"].get(k, 0)  # noqa: E731
+    steps = []   # (the base's neighbour one period on, the real count's distance from the base)
+    if layout.periods > 2:
+        steps.append(((base[0] + 1, base[1]), (base[0] + 2, base[1]), layout.periods - base[0]))
+    if layout.swapped_periods > 2:
+        steps.append(((base[0], base[1] + 1), (base[0], base[1] + 2), layout.swapped_periods - base[1]))
+    numbers = {}
+    for k in keys:
+        total = value(base, k)
+        for one, two, distance in steps:
+            slope = value(one, k) - value(base, k)
+            if value(two, k) - value(one, k) != slope:
+                return None, (f"the cut traces are not linear in the block count ({' '.join(map(str, k))}: "
+                              f"{value(base, k)}, {value(one, k)}, {value(two, k)} bytes)")
+            total += slope * distance
+        numbers[k] = total
+    blocks = sorted({layout.blocks(a, b) for a, b in points})
+    how = (f"composed from {len(points)} traces of {', '.join(map(str, blocks))} of "
+           f"{arch.transformer['num_layers']} blocks")
+    first = traces[base]
+    return Composed(numbers, first["features"], first["preview_shape"], how), ""
+
+
+def features_text(composed: Composed) -> str:
+    values = [composed.numbers[k] for k in sorted((k for k in composed.numbers if k[0] == "feature"),
+                                                  key=lambda k: k[1])]
+    return composed.features.format(*values)
+
+
+def phase_peak(composed: Composed) -> tuple[str, int, dict[str, int]]:
+    """(the phase holding the step's peak, its bytes, bytes per tag there): the first phase to reach the largest,
+    as the counter's own peak is."""
+    phases: dict[str, dict[str, int]] = {}
+    for key, value in composed.numbers.items():
+        if key[0] == "phase" and key[2]:
+            phases.setdefault(key[1], {})[key[2]] = value
+        elif key[0] == "phase":
+            phases.setdefault(key[1], {})
+    order = _PHASE_ORDER
+    best = max(sorted(phases, key=lambda p: order.index(p) if p in order else len(order)),
+               key=lambda p: sum(phases[p].values()))
+    return best, sum(phases[best].values()), phases[best]
+
+
+_PHASE_ORDER = ["inputs", "forward", "backward", "optimizer"]
