@@ -60,16 +60,26 @@ class StorageCounter(TorchDispatchMode):
         self.host_live: dict[int, int] = {}
         self.host_total = 0
         self.host_peak = 0
-        # phase -> [peak bytes, storages alive at it] since reset_peak: a composed plan (composed_trace.py)
-        # extrapolates each phase's peak on its own, as the phases grow differently with the blocks
+        # "phase" or "phase:section" -> [peak bytes, storages alive at it] since reset_peak: a composed plan
+        # (composed_trace.py) extrapolates each one's peak on its own, as they grow differently with the blocks
         self.phase_peaks: dict[str, list] = {}
         self._phase_pending = False
+        self.section = ""
 
     # ---- what the planner calls ------------------------------------------------------------------------------
 
     def set_phase(self, phase: str) -> None:
         self._snapshot_if_pending()   # a phase's peak is what was alive at it, not what the next phase adds
-        self.phase = phase
+        self.phase, self.section = phase, ""
+
+    def set_section(self, section: str) -> None:
+        """A part of the phase whose peak is kept apart (the backward pass of one block); tags stay the phase's."""
+        self._snapshot_if_pending()
+        self.section = section
+
+    @property
+    def _bucket(self) -> str:
+        return f"{self.phase}:{self.section}" if self.section else self.phase
 
     def track(self, tensors, tag: str | None = None) -> None:
         """Counts tensors made before the counter ran (or retags them when already counted)."""
@@ -103,7 +113,7 @@ class StorageCounter(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak, self.peak_phase, self.peak_entries, self._peak_pending = self.total, self.phase, [], True
-        self.phase_peaks = {self.phase: [self.total, []]}
+        self.phase_peaks = {self._bucket: [self.total, []]}
         self._phase_pending = True
 
     @contextlib.contextmanager
@@ -137,7 +147,7 @@ class StorageCounter(TorchDispatchMode):
         return dict(totals)
 
     def phase_breakdowns(self) -> dict[str, dict[str, int]]:
-        """Per phase since reset_peak (in the order they ran): bytes per tag at that phase's own peak."""
+        """Per phase (and section) since reset_peak, in the order they ran: bytes per tag at its own peak."""
         self._snapshot_if_pending()
         result = {}
         for phase, (_peak, entries) in self.phase_peaks.items():
@@ -190,9 +200,9 @@ class StorageCounter(TorchDispatchMode):
         if self.total > self.peak:
             self.peak, self.peak_phase, self._peak_pending = self.total, self.phase, True
         if self.phase_peaks:
-            kept = self.phase_peaks.get(self.phase)
+            kept = self.phase_peaks.get(self._bucket)
             if kept is None or self.total > kept[0]:
-                self.phase_peaks[self.phase] = [self.total, kept[1] if kept else []]
+                self.phase_peaks[self._bucket] = [self.total, kept[1] if kept else []]
                 self._phase_pending = True
 
     def _free(self, key: int, entry: _Entry) -> None:
@@ -210,7 +220,7 @@ class StorageCounter(TorchDispatchMode):
             self.peak_entries = entries = list(self.live.values())
             self._peak_pending = False
         if self._phase_pending:
-            self.phase_peaks[self.phase][1] = entries if entries is not None else list(self.live.values())
+            self.phase_peaks[self._bucket][1] = entries if entries is not None else list(self.live.values())
             self._phase_pending = False
 
     def _add_host(self, storage) -> None:

@@ -29,6 +29,8 @@ from modules.planner.plan_shapes import PlanShape
 from modules.util.config.TrainConfig import TrainConfig
 
 CACHE_SIZE = 256
+VARIES = 5   # a run of more periods than this is extrapolated; one of this many or fewer is traced as it is
+FROM = 3     # the fewest periods of a run traced to extrapolate it: its first, middle and last periods
 _traces: OrderedDict = OrderedDict()   # (cut config, cut architecture, shape, setup_only) -> numbers of its trace
 
 
@@ -47,15 +49,32 @@ class Layout:
 
     def points(self) -> list[tuple[int, int]]:
         """The cut transformers traced: (a, b) of each; the first is the base, then +1 and +2 per direction that
-        varies (a count of 2 or less is traced as it is)."""
-        a0 = self.periods if self.periods <= 2 else 1
-        b0 = self.swapped_periods if self.swapped_periods <= 2 else 1
+        varies (a count of VARIES or less is traced as it is)."""
+        a0, b0 = self.base()
         points = [(a0, b0)]
-        if self.periods > 2:
+        if self.periods > VARIES:
             points += [(a0 + 1, b0), (a0 + 2, b0)]
-        if self.swapped_periods > 2:
+        if self.swapped_periods > VARIES:
             points += [(a0, b0 + 1), (a0, b0 + 2)]
         return points
+
+    def base(self) -> tuple[int, int]:
+        return (self.periods if self.periods <= VARIES else FROM,
+                self.swapped_periods if self.swapped_periods <= VARIES else FROM)
+
+    def sections(self, a: int, b: int) -> list[str]:
+        """Each block's section of the backward pass: in each run of periods, the first, the middle ones and the
+        last, by their place in the period; the rest's blocks one by one. What a block's backward pass holds is
+        linear in its place within its run (the activations of the blocks before it, the gradients of those after),
+        so each section's peak is at one end of it, the same end for any count: affine in the count. The first and
+        the last period of a run differ from the middle ones (the head's and the embeddings' gradients meet them)."""
+        names = []
+        for run, count, rest in (("P", a, self.rest), ("S", b, self.swapped_rest)):
+            for m in range(count):
+                role = "first" if m == 0 else "last" if m == count - 1 else "mid"
+                names += [f"{run}{q}:{role}" for q in range(self.period)]
+            names += [f"{run}rest{q}" for q in range(rest)]
+        return names
 
 
 def layout_of(config: TrainConfig, arch) -> tuple[Layout | None, str]:
@@ -78,8 +97,9 @@ def layout_of(config: TrainConfig, arch) -> tuple[Layout | None, str]:
     unswapped = layers - swap
     layout = Layout(period, unswapped // period, unswapped % period, swap // period, swap % period, vace_every)
     traced = sum(layout.blocks(a, b) for a, b in layout.points())
-    if len(layout.points()) == 1 or traced >= layers:
-        return None, f"its {layers} blocks repeat every {period}: the cut traces would hold {traced} blocks"
+    if len(layout.points()) == 1 or traced * 3 > layers * 2:
+        return None, (f"its {layers} blocks repeat every {period} block{'s' if period > 1 else ''}: composing would "
+                      f"trace {traced} blocks, no fewer than two thirds of them")
     return layout, ""
 
 
@@ -114,13 +134,13 @@ def _numbers(counter, facts: dict, setup_only: bool) -> dict:
             "preview_shape": facts["preview"][0] if "preview" in facts else None}
 
 
-def _trace(config: TrainConfig, arch, shape: PlanShape, setup_only: bool) -> dict:
+def _trace(config: TrainConfig, arch, shape: PlanShape, setup_only: bool, sections: list[str]) -> dict:
     from modules.planner.step_trace import trace_step
-    key = (config.model_dump_json(), repr(arch), shape, setup_only)
+    key = (config.model_dump_json(), repr(arch), shape, setup_only, tuple(sections))
     if key in _traces:
         _traces.move_to_end(key)
         return _traces[key]
-    counter, facts = trace_step(config, arch, shape, setup_only=setup_only)
+    counter, facts = trace_step(config, arch, shape, setup_only=setup_only, sections=sections)
     _traces[key] = _numbers(counter, facts, setup_only)
     if len(_traces) > CACHE_SIZE:
         _traces.popitem(last=False)
@@ -133,6 +153,7 @@ class Composed:
     features: str
     preview_shape: object
     how: str                 # for the report: what was traced
+    order: list = dataclasses.field(default_factory=list)   # the phases (and sections) in the order they ran
 
 
 def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = False,
@@ -146,7 +167,7 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
     traces = {}
     for done, (a, b) in enumerate(points, 1):
         cut_config, cut_arch = _cut(config, arch, layout, a, b)
-        traces[(a, b)] = _trace(cut_config, cut_arch, shape, setup_only)
+        traces[(a, b)] = _trace(cut_config, cut_arch, shape, setup_only, layout.sections(a, b))
         if progress is not None:
             progress(done, len(points), f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks")
     base = points[0]
@@ -173,7 +194,8 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
     how = (f"composed from {len(points)} traces of {', '.join(map(str, blocks))} of "
            f"{arch.transformer['num_layers']} blocks")
     first = traces[base]
-    return Composed(numbers, first["features"], first["preview_shape"], how), ""
+    order = list(dict.fromkeys(k[1] for k in first["numbers"] if k[0] == "phase"))
+    return Composed(numbers, first["features"], first["preview_shape"], how, order), ""
 
 
 def features_text(composed: Composed) -> str:
@@ -183,18 +205,11 @@ def features_text(composed: Composed) -> str:
 
 
 def phase_peak(composed: Composed) -> tuple[str, int, dict[str, int]]:
-    """(the phase holding the step's peak, its bytes, bytes per tag there): the first phase to reach the largest,
-    as the counter's own peak is."""
-    phases: dict[str, dict[str, int]] = {}
+    """(the phase holding the step's peak, its bytes, bytes per tag there): the first phase (or section) to reach
+    the largest, as the counter's own peak is."""
+    phases: dict[str, dict[str, int]] = {name: {} for name in composed.order}
     for key, value in composed.numbers.items():
         if key[0] == "phase" and key[2]:
-            phases.setdefault(key[1], {})[key[2]] = value
-        elif key[0] == "phase":
-            phases.setdefault(key[1], {})
-    order = _PHASE_ORDER
-    best = max(sorted(phases, key=lambda p: order.index(p) if p in order else len(order)),
-               key=lambda p: sum(phases[p].values()))
-    return best, sum(phases[best].values()), phases[best]
-
-
-_PHASE_ORDER = ["inputs", "forward", "backward", "optimizer"]
+            phases[key[1]][key[2]] = value
+    best = max(phases, key=lambda p: sum(phases[p].values()))
+    return best.split(":")[0], sum(phases[best].values()), phases[best]
