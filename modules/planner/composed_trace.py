@@ -29,8 +29,6 @@ from modules.planner.plan_shapes import PlanShape
 from modules.util.config.TrainConfig import TrainConfig
 
 CACHE_SIZE = 256
-VARIES = 5   # a run of more periods than this is extrapolated; one of this many or fewer is traced as it is
-FROM = 3     # the fewest periods of a run traced to extrapolate it: its first, middle and last periods
 _traces: OrderedDict = OrderedDict()   # (cut config, cut architecture, shape, setup_only) -> numbers of its trace
 
 
@@ -43,64 +41,79 @@ class Layout:
     swapped_periods: int  # B
     swapped_rest: int     # s
     vace_every: int = 0   # VACE: a VACE block beside every v-th block (0: none)
+    start: int = 1        # the fewest periods of a run traced to extrapolate it (3: its ends kept apart)
+
+    @property
+    def varies(self) -> int:
+        """A run of more periods than this is extrapolated; one of this many or fewer is traced as it is."""
+        return self.start + 2
 
     def blocks(self, a: int, b: int) -> int:
         return self.period * (a + b) + self.rest + self.swapped_rest
 
     def points(self) -> list[tuple[int, int]]:
         """The cut transformers traced: (a, b) of each; the first is the base, then +1 and +2 per direction that
-        varies (a count of VARIES or less is traced as it is)."""
+        varies (a count of `varies` or less is traced as it is)."""
         a0, b0 = self.base()
         points = [(a0, b0)]
-        if self.periods > VARIES:
+        if self.periods > self.varies:
             points += [(a0 + 1, b0), (a0 + 2, b0)]
-        if self.swapped_periods > VARIES:
+        if self.swapped_periods > self.varies:
             points += [(a0, b0 + 1), (a0, b0 + 2)]
         return points
 
     def base(self) -> tuple[int, int]:
-        return (self.periods if self.periods <= VARIES else FROM,
-                self.swapped_periods if self.swapped_periods <= VARIES else FROM)
+        return (self.periods if self.periods <= self.varies else self.start,
+                self.swapped_periods if self.swapped_periods <= self.varies else self.start)
 
     def sections(self, a: int, b: int) -> list[str]:
-        """Each block's section of the backward pass: in each run of periods, the first, the middle ones and the
-        last, by their place in the period; the rest's blocks one by one. What a block's backward pass holds is
+        """Each block's section of the backward pass ("": the phase's own). What a block's backward pass holds is
         linear in its place within its run (the activations of the blocks before it, the gradients of those after),
-        so each section's peak is at one end of it, the same end for any count: affine in the count. The first and
-        the last period of a run differ from the middle ones (the head's and the embeddings' gradients meet them)."""
+        so the peak over a run is at one of its ends, the same end for any count. The backward pass ends at a run's
+        first period (all the gradients after it held): kept apart, it is the one end that grows otherwise than
+        the run's start. With `start` 3 the first, the middle and the last periods of each run are kept apart
+        (the ends meet the head's and the embeddings' work, which can make a middle block the peak)."""
         names = []
         for run, count, rest in (("P", a, self.rest), ("S", b, self.swapped_rest)):
             for m in range(count):
+                if self.start == 1:
+                    names += [f"{run}{q}:first" if m == 0 else "" for q in range(self.period)]
+                    continue
                 role = "first" if m == 0 else "last" if m == count - 1 else "mid"
                 names += [f"{run}{q}:{role}" for q in range(self.period)]
             names += [f"{run}rest{q}" for q in range(rest)]
         return names
 
 
-def layout_of(config: TrainConfig, arch) -> tuple[Layout | None, str]:
-    """(the layout, "") or (None, why this run is traced whole)."""
+def layouts_of(config: TrainConfig, arch) -> tuple[list[Layout], str]:
+    """The layouts to compose from, cheapest first ([] and why, when the run is traced whole)."""
     c = arch.transformer
     layers = c["num_layers"]
     swap = config.performance.block_swap
     if not 0 <= swap < layers:
-        return None, f"block swap {swap} of {layers} blocks"
+        return [], f"block swap {swap} of {layers} blocks"
     period = config.performance.checkpoint_every if config.gradient_checkpointing else 1
     vace_every = 0
     if c.get("vace_layers"):
         vace = list(c["vace_layers"])
         vace_every = vace[1] - vace[0] if len(vace) > 1 else layers
         if vace != list(range(0, layers, vace_every)):
-            return None, f"VACE blocks at {vace} (not every n-th block from the first)"
+            return [], f"VACE blocks at {vace} (not every n-th block from the first)"
         period = math.lcm(period, vace_every)
     if c.get("inject_face_latents_blocks"):
         period = math.lcm(period, c["inject_face_latents_blocks"])
     unswapped = layers - swap
-    layout = Layout(period, unswapped // period, unswapped % period, swap // period, swap % period, vace_every)
-    traced = sum(layout.blocks(a, b) for a, b in layout.points())
-    if len(layout.points()) == 1 or traced * 3 > layers * 2:
-        return None, (f"its {layers} blocks repeat every {period} block{'s' if period > 1 else ''}: composing would "
-                      f"trace {traced} blocks, no fewer than two thirds of them")
-    return layout, ""
+    layouts = [Layout(period, unswapped // period, unswapped % period, swap // period, swap % period, vace_every,
+                      start) for start in (1, 3)]
+    layouts = [layout for layout in layouts if len(layout.points()) > 1 and _traced(layout) * 3 <= layers * 2]
+    if not layouts:
+        return [], (f"its {layers} blocks repeat every {period} block{'s' if period > 1 else ''}: composing would "
+                    f"trace two thirds of them or more")
+    return layouts, ""
+
+
+def _traced(layout: Layout) -> int:
+    return sum(layout.blocks(a, b) for a, b in layout.points())
 
 
 def _cut(config: TrainConfig, arch, layout: Layout, a: int, b: int):
@@ -160,25 +173,40 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
             progress=None) -> tuple[Composed | None, str]:
     """(the composed numbers, "") or (None, why the whole transformer must be traced). `progress(done, total,
     text)` after each cut trace (a trace kept from before counts at once)."""
-    layout, why = layout_of(config, arch)
-    if layout is None:
-        return None, why
+    layouts, why = layouts_of(config, arch)
+    total = sum(len(layout.points()) for layout in layouts)
+    done = [0]
+
+    def traced(text: str) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total, text)
+
+    for layout in layouts:
+        composed, why = _compose(config, arch, shape, layout, setup_only, traced)
+        if composed is not None:
+            if progress is not None and done[0] < total:
+                progress(total, total, "composed")
+            return composed, ""
+    return None, why
+
+
+def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_only: bool, traced):
     points = layout.points()
     traces = {}
-    for done, (a, b) in enumerate(points, 1):
+    for a, b in points:
         cut_config, cut_arch = _cut(config, arch, layout, a, b)
         traces[(a, b)] = _trace(cut_config, cut_arch, shape, setup_only, layout.sections(a, b))
-        if progress is not None:
-            progress(done, len(points), f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks")
+        traced(f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks")
     base = points[0]
     if len({t["features"] for t in traces.values()}) > 1:
         return None, "the memory features differ between the cut transformers"
     keys = set().union(*(t["numbers"] for t in traces.values()))
     value = lambda point, k: traces[point]["numbers"].get(k, 0)  # noqa: E731
     steps = []   # (the base's neighbour one period on, the real count's distance from the base)
-    if layout.periods > 2:
+    if layout.periods > layout.varies:
         steps.append(((base[0] + 1, base[1]), (base[0] + 2, base[1]), layout.periods - base[0]))
-    if layout.swapped_periods > 2:
+    if layout.swapped_periods > layout.varies:
         steps.append(((base[0], base[1] + 1), (base[0], base[1] + 2), layout.swapped_periods - base[1]))
     numbers = {}
     for k in keys:
