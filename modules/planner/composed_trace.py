@@ -112,7 +112,7 @@ def layouts_of(config: TrainConfig, arch) -> tuple[list[Layout], str]:
                       start) for start in (2, 3)]
     if len(layouts[0].points()) == 1:
         return [], f"{layers} blocks: too few to compose"
-    layouts = [layout for layout in layouts if _traced(layout) * 3 <= layers * 2]
+    layouts = [layout for layout in layouts if len(layout.points()) > 1 and _traced(layout) * 3 <= layers * 2]
     if not layouts:
         return [], (f"its {layers} blocks repeat every {period} block{'s' if period > 1 else ''}: composing would "
                     f"trace two thirds of them or more")
