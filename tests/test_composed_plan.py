@@ -62,6 +62,12 @@ def test_a_composed_plan_equals_the_whole_transformer_traced(name):
     assert_same(predict(config, SHAPE, arch), predict(config, SHAPE, arch, exact=True))
 
 
+def test_every_block_swapped_composes_exactly():
+    """A fit's first setting swaps every block (no block before the swapped run)."""
+    config, arch = cut(preset_config("wan 2.1 14B LoRA 24GB"), 18, 18)
+    assert_same(predict(config, SHAPE, arch), predict(config, SHAPE, arch, exact=True))
+
+
 @pytest.mark.parametrize("name", ["wan 2.1 VACE 14B LoRA 24GB", "wan 2.2 Animate 14B LoRA 24GB",
                                   "wan 2.2 VACE-Fun A14B LoRA high"])
 def test_blocks_that_repeat_every_fifth_are_traced_whole_and_the_plan_says_why(name):
