@@ -1,8 +1,10 @@
 """A plan composed from traces of the transformer cut to a few blocks (modules/planner/composed_trace.py) equals the
 plan of the whole transformer traced (`exact`), peak and every part, for every shipped preset family with its own
-switches (block swap, activation offload, checkpointing, fp8, LoRA and fine-tune, two experts, VACE, Animate-2).
-In CI the transformers are cut to 18-36 blocks (24 of 30 swapped where the preset swaps) of their real width at a tiny shape (the exact trace of 40 real-size
-blocks takes minutes); WAN_PLANNER_FULL=1 compares the real-size plans the docs quote."""
+switches (block swap, activation offload, checkpointing, fp8, LoRA and fine-tune, two experts, VACE); Animate-2
+and the variants whose blocks repeat every 5th are traced whole, and say so.
+In CI the transformers are cut to 18-36 blocks (24 of 30 swapped where the preset swaps) of their real width at a
+tiny shape (the exact trace of 40 real-size blocks takes minutes); WAN_PLANNER_FULL=1 compares the real-size plans
+the docs quote."""
 import dataclasses
 import os
 
@@ -28,7 +30,6 @@ FAMILIES = {
     "wan 2.2 T2V-A14B LoRA high": (30, 24),     # two experts, the high one trains
     "wan 2.2 I2V-A14B LoRA low": (30, 24),
     "wan 2.2 TI2V-5B LoRA": (18, 0),            # a timestep per token
-    "wan 2.2 Animate-2 14B LoRA 24GB": (30, 24),
 }
 
 
@@ -62,6 +63,14 @@ def test_a_composed_plan_equals_the_whole_transformer_traced(name):
     assert_same(predict(config, SHAPE, arch), predict(config, SHAPE, arch, exact=True))
 
 
+def test_animate_2_is_traced_whole_and_the_plan_says_why():
+    """Animate-2 runs its blocks twice a step (the extract pass, then the cached pass): composed from cut
+    transformers its peak came out 9 % above the exact one (30 blocks, 24 swapped), so it is traced whole."""
+    config, arch = cut(preset_config("wan 2.2 Animate-2 14B LoRA 24GB"), 30, 24)
+    layouts, why = layouts_of(config, arch)
+    assert layouts == [] and "Animate-2" in why and "does not compose exactly" in why, why
+
+
 def test_every_block_swapped_composes_exactly():
     """A fit's first setting swaps every block (no block before the swapped run)."""
     config, arch = cut(preset_config("wan 2.1 14B LoRA 24GB"), 18, 18)
@@ -71,8 +80,8 @@ def test_every_block_swapped_composes_exactly():
 @pytest.mark.parametrize("name", ["wan 2.1 VACE 14B LoRA 24GB", "wan 2.2 Animate 14B LoRA 24GB",
                                   "wan 2.2 VACE-Fun A14B LoRA high"])
 def test_blocks_that_repeat_every_fifth_are_traced_whole_and_the_plan_says_why(name):
-    """VACE 14B (a VACE block beside every 5th) and Animate (a face adapter after every 5th): composing 40 blocks
-    would trace as many as the whole; the plan is the exact one and says so."""
+    """VACE 14B (a VACE block beside every 5th) and Animate (a face adapter after every 5th): 40 blocks are too few
+    periods of 5 to compose with fewer traced blocks; the plan is the exact one and says so."""
     config = preset_config(name)
     layouts, why = layouts_of(config, resolve_architecture(config))
     assert layouts == [] and "repeat every 5 blocks" in why, why
