@@ -22,6 +22,7 @@ COMPARED = ("traced_bytes", "parts", "peak_phase", "host_pinned_bytes", "paramet
 FAMILIES = {
     "wan 2.1 1.3B LoRA 24GB": (18, 0),          # LoRA, every block checkpointed, per-token chunks
     "wan 2.1 1.3B fine-tune": (18, 0),          # fine-tune, float32 weights
+    "wan 2.1 1.3B LoRA 16GB": (36, 3),          # a few blocks swapped
     "wan 2.1 14B LoRA 24GB": (30, 24),          # fp8, block swap, activation offload
     "wan 2.1 I2V 14B LoRA": (18, 0),            # image embeddings
     "wan 2.1 FLF2V 14B LoRA": (18, 0),

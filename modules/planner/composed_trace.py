@@ -57,13 +57,14 @@ class Layout:
 
     def points(self) -> list[tuple[int, int]]:
         """The cut transformers traced: (a, b) of each; the first is the base (`start` periods in each run that
-        varies: a run of `varies` periods or fewer is traced as it is), then one and two more periods before the
-        swapped blocks (the third checks the line), one more swapped period."""
+        varies: a run of `varies` periods or fewer before the swapped blocks, of `start` or fewer swapped, is traced
+        as it is), then one and two more periods before the swapped blocks (the third checks the line), one more
+        swapped period (so every swap count of one checkpointing shares the same traces)."""
         a0, b0 = self.base()
         points = [(a0, b0)]
         if self.periods > self.varies:
             points += [(a0 + 1, b0), (a0 + 2, b0)]
-        if self.swapped_periods > self.varies:
+        if self.swapped_periods > self.start:
             # its line is checked by a third trace only when the unswapped run is not extrapolated (the tests
             # compare the rest with the exact plan)
             points += [(a0, b0 + 1)] if self.periods > self.varies else [(a0, b0 + 1), (a0, b0 + 2)]
@@ -71,7 +72,7 @@ class Layout:
 
     def base(self) -> tuple[int, int]:
         return (self.periods if self.periods <= self.varies else self.start,
-                self.swapped_periods if self.swapped_periods <= self.varies else self.start)
+                self.swapped_periods if self.swapped_periods <= self.start else self.start)
 
     def sections(self, a: int, b: int) -> list[str]:
         """Each block's section of the backward pass ("": the phase's own). What a block's backward pass holds is
@@ -219,7 +220,7 @@ def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_
     steps = []   # (the base's neighbour one period on, the real count's distance from the base)
     if layout.periods > layout.varies:
         steps.append(((base[0] + 1, base[1]), (base[0] + 2, base[1]), layout.periods - base[0]))
-    if layout.swapped_periods > layout.varies:
+    if layout.swapped_periods > layout.start:
         two = (base[0], base[1] + 2)
         steps.append(((base[0], base[1] + 1), two if two in traces else None, layout.swapped_periods - base[1]))
     numbers = {}
