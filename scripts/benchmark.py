@@ -11,7 +11,7 @@
                     [--layout diffusers|original_bf16|fp8_scaled|original_bf16_as_fp8|original_fp16_as_bf16 ...]
                     [--keep-files] [--json PATH]
   benchmark.py plan [--config-path C.json] [--preset-path P] [--config-value k=v ...] [--vram-gib G] [--gpus N]
-                    [--plan-json PATH] [--peak-detail]
+                    [--plan-json PATH] [--peak-detail] [--exact]
   benchmark.py proof [--workdir DIR] [--quick]
   benchmark.py load-encoders --workdir DIR [--text-layers 24] [--layout umt5_wan_pth|...] [--keep-files] [--json PATH]
   benchmark.py preview --variant wan2.1-1.3b --width 832 --height 480 --frames 81 [--steps 30 --guidance 5]
@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--peak-detail", action="store_true",
                       help="also list the largest storages alive at the peak: the op that made each and the module "
                            "it was made in (the next memory wall)")
+    plan.add_argument("--exact", action="store_true",
+                      help="trace the whole transformer for every plan (slow) instead of composing it from a few "
+                           "blocks (the same numbers; docs/benchmarks.md)")
     plan.add_argument("--presets", action="store_true", help="plan every shipped preset: docs/benchmarks.md's table")
 
     ram = commands.add_parser("ram", help="the host RAM plan against a real CPU run's memory per phase (load, "
@@ -296,7 +299,7 @@ def _plan(args) -> int:
         print(f"benchmark plan: {error}", file=sys.stderr)
         return 2
     return plan_and_print(config, args.vram_gib, args.plan_json, caching=not args.skip_caching, gpus=args.gpus,
-                          peak_detail=args.peak_detail, ram_gib=args.ram_gib)
+                          peak_detail=args.peak_detail, ram_gib=args.ram_gib, exact=args.exact, bars=True)
 
 
 def _proof(args) -> int:

@@ -85,3 +85,26 @@ def test_fit_to_my_card_reports_progress_cancels_keeps_its_plans_and_says_what_e
     controller.card_changed(0.1)
     assert controller.text.startswith("does not fit 0.1 GiB") and 'press "fit to my card"' in controller.text
     assert "a GPU figure" in controller.text and not controller.busy
+
+
+def test_a_prediction_reports_each_trace_while_it_plans():
+    """A prediction (not only a fit) says how far it is: the released 1.3B (30 blocks, real width) at a tiny shape is
+    composed from cut traces, each reported from the worker as it ends (at most: both cuts' traces, 3 each)."""
+    state = UIState({"model": {"base_model_name": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"}, "device": "cpu",
+                     "data": {"resolution": 64, "frame_buckets": [9]}, "optimizer": {"optimizer": "ADAMW"}})
+    reports = []
+
+    class Watched(MemoryPlanController):
+        def _report(self, done, at_most, text):
+            super()._report(done, at_most, text)
+            reports.append((self.progress, self.status(), text))
+
+    controller = Watched(state)
+    assert controller.predict(24.0)
+    text = _wait(controller)
+    assert text.startswith("fits 24 GiB"), text
+    progress = [progress for progress, _status, _text in reports]
+    assert progress[:3] == [(1, 6), (2, 6), (3, 6)] and progress[-1] == (6, 6), reports
+    assert reports[0][1].startswith("memory: planning… trace 2 of at most 6")
+    assert reports[0][2] == "2 of 30 blocks"
+    assert controller._predictions[next(iter(controller._predictions))].how.startswith("composed from 3 traces")

@@ -40,6 +40,7 @@ class Prediction:
     preview_shape: str | None = None    # the largest sampling preview, when sampling.samples_file names some
     preview_bytes: int = 0              # live tensors during its forward pass, the training state included
     distill: str = ""                   # distill.mode preserve: what the step holds for it (the accelerator, teacher)
+    how: str = ""                       # composed from cut traces, or traced whole (and why)
 
     @property
     def counted_bytes(self) -> int:
@@ -92,7 +93,8 @@ class Prediction:
                          f"state plus one forward pass; the VAE decode is not planned)")
         lines.append(f"  host (pinned)    {self.host_pinned_bytes / GIB:.2f} GiB (block swap weights, offloaded "
                      f"activations)")
-        lines.append(f"  planned in       {self.seconds:.1f} s on fake tensors (predicted on CPU, not measured)")
+        lines.append(f"  planned in       {self.seconds:.1f} s on fake tensors (predicted on CPU, not measured)"
+                     + (f"; {self.how}" if self.how else ""))
         return "\n".join(lines)
 
     def peak_detail(self, rows: int = 20) -> str:

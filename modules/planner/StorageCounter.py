@@ -60,11 +60,26 @@ class StorageCounter(TorchDispatchMode):
         self.host_live: dict[int, int] = {}
         self.host_total = 0
         self.host_peak = 0
+        # "phase" or "phase:section" -> [peak bytes, storages alive at it] since reset_peak: a composed plan
+        # (composed_trace.py) extrapolates each one's peak on its own, as they grow differently with the blocks
+        self.phase_peaks: dict[str, list] = {}
+        self._phase_pending = False
+        self.section = ""
 
     # ---- what the planner calls ------------------------------------------------------------------------------
 
     def set_phase(self, phase: str) -> None:
-        self.phase = phase
+        self._snapshot_if_pending()   # a phase's peak is what was alive at it, not what the next phase adds
+        self.phase, self.section = phase, ""
+
+    def set_section(self, section: str) -> None:
+        """A part of the phase whose peak is kept apart (the backward pass of one block); tags stay the phase's."""
+        self._snapshot_if_pending()
+        self.section = section
+
+    @property
+    def _bucket(self) -> str:
+        return f"{self.phase}:{self.section}" if self.section else self.phase
 
     def track(self, tensors, tag: str | None = None) -> None:
         """Counts tensors made before the counter ran (or retags them when already counted)."""
@@ -98,19 +113,21 @@ class StorageCounter(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak, self.peak_phase, self.peak_entries, self._peak_pending = self.total, self.phase, [], True
+        self.phase_peaks = {self._bucket: [self.total, []]}
+        self._phase_pending = True
 
     @contextlib.contextmanager
     def peak_kept(self):
         """Within: allocations are counted, but the peak (and what was alive at it) stays the one before (work
         that is planned apart, such as a sampling preview between steps)."""
         self._snapshot_if_pending()
-        kept = self.peak, self.peak_phase, self.peak_entries
+        kept = self.peak, self.peak_phase, self.peak_entries, {k: list(v) for k, v in self.phase_peaks.items()}
         try:
             yield
         finally:
             self._snapshot_if_pending()
-            self.peak, self.peak_phase, self.peak_entries = kept
-            self._peak_pending = False
+            self.peak, self.peak_phase, self.peak_entries, self.phase_peaks = kept
+            self._peak_pending = self._phase_pending = False
 
     @contextlib.contextmanager
     def host(self):
@@ -128,6 +145,17 @@ class StorageCounter(TorchDispatchMode):
         for entry in self.peak_entries:
             totals[entry.tag] += entry.nbytes
         return dict(totals)
+
+    def phase_breakdowns(self) -> dict[str, dict[str, int]]:
+        """Per phase (and section) since reset_peak, in the order they ran: bytes per tag at its own peak."""
+        self._snapshot_if_pending()
+        result = {}
+        for phase, (_peak, entries) in self.phase_peaks.items():
+            totals: dict[str, int] = defaultdict(int)
+            for entry in entries:
+                totals[entry.tag] += entry.nbytes
+            result[phase] = dict(totals)
+        return result
 
     def largest_at_peak(self, count: int | None = 10) -> list[tuple[int, str, str, str]]:
         """(bytes, tag, op that made it, module it was made in) of the largest storages at the peak (None: all)."""
@@ -165,9 +193,17 @@ class StorageCounter(TorchDispatchMode):
         self.live[key] = entry
         self.total += entry.nbytes
         weakref.finalize(storage, self._free, key, entry)
+        self._raised()
+        return entry
+
+    def _raised(self) -> None:
         if self.total > self.peak:
             self.peak, self.peak_phase, self._peak_pending = self.total, self.phase, True
-        return entry
+        if self.phase_peaks:
+            kept = self.phase_peaks.get(self._bucket)
+            if kept is None or self.total > kept[0]:
+                self.phase_peaks[self._bucket] = [self.total, kept[1] if kept else []]
+                self._phase_pending = True
 
     def _free(self, key: int, entry: _Entry) -> None:
         if self.live.get(key) is not entry:
@@ -179,9 +215,13 @@ class StorageCounter(TorchDispatchMode):
             entry.tag = "transient"
 
     def _snapshot_if_pending(self) -> None:
+        entries = None
         if self._peak_pending:
-            self.peak_entries = list(self.live.values())
+            self.peak_entries = entries = list(self.live.values())
             self._peak_pending = False
+        if self._phase_pending:
+            self.phase_peaks[self._bucket][1] = entries if entries is not None else list(self.live.values())
+            self._phase_pending = False
 
     def _add_host(self, storage) -> None:
         key = id(storage)
@@ -216,8 +256,7 @@ def following_resizes(counter: StorageCounter):
                 counter._snapshot_if_pending()   # the state just before a shrink may be the peak
             counter.total += size - entry.nbytes
             entry.nbytes = size
-            if counter.total > counter.peak:
-                counter.peak, counter.peak_phase, counter._peak_pending = counter.total, counter.phase, True
+            counter._raised()
         return result
 
     torch.UntypedStorage.resize_ = resize

@@ -4,8 +4,9 @@ train start and the GUI:
     predict(config) -> Prediction          # the run as configured
     fit(config, vram_gib) -> FitResult     # the fastest memory switches that fit, or the least memory (auto_fit.py)
 
-Both trace the run's training step at its real size on fake tensors (step_trace.py): seconds, no weights, no GPU.
-A fit traces up to a few dozen settings (minutes for a 14B model): it reports each trace (`progress`), stops
+Both trace the run's training step at its real width and shape on fake tensors (step_trace.py), composed from a
+transformer cut to a few blocks (composed_trace.py; `exact`: the whole transformer): seconds, no weights, no GPU.
+A fit plans up to a few dozen settings: it reports each trace (`progress`), stops
 between traces when asked (`cancel`: PlanCancelled), and keeps its traces in the caller's `traces` memo, so a fit
 of the same config to another card, or with the other objective, traces nothing again.
 """
@@ -28,45 +29,89 @@ class PlanCancelled(Exception):
     the run cannot use)."""
 
 
-def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None, detail: bool = False) -> Prediction:
+def predict(config: TrainConfig, shape: PlanShape | None = None, arch=None, detail: bool = False,
+            exact: bool = False, progress=None) -> Prediction:
     """The run's predicted peak device memory for one training step at `shape` (default: the largest bucket);
     `arch`: a modules.benchmark Architecture instead of the one the config names; `detail`: the largest storages at
-    the peak name the module they were made in (Prediction.peak_detail; slower)."""
-    from modules.planner.step_trace import trace_step
+    the peak name the module they were made in (Prediction.peak_detail; a full trace). The plan is composed from
+    traces of the transformer cut to a few blocks (composed_trace.py), or with `exact` (or where composing cannot
+    be exact) traced whole. `progress(done, total, text)` after each trace."""
     started = time.perf_counter()
     arch = arch or resolve_architecture(config)
     shape = shape or largest_shape(config, arch)
+    how = "exact: the whole transformer traced (--exact)" if exact else "exact: the peak detail needs a full trace"
+    if not (exact or detail):
+        from modules.planner.composed_trace import compose
+        composed, why = compose(config, arch, shape, progress=progress)
+        if composed is not None:
+            return _composed_prediction(config, arch, shape, composed, started)
+        how = f"exact: the whole transformer traced ({why})"
+    from modules.planner.step_trace import trace_step
     counter, facts = trace_step(config, arch, shape, detail=detail)
-    tags = counter.breakdown()
-    parts = {name: sum(tags.get(tag, 0) for tag in members) for name, members in PARTS.items()}
-    known = {tag for members in PARTS.values() for tag in members}
-    parts["transient"] += sum(v for tag, v in tags.items() if tag not in known)
+    if progress is not None:
+        progress(1, 1, "the whole transformer")
     return Prediction(model=arch.name, shape=shape.text(), settings=settings_of(config).config_values(),
-                      traced_bytes=counter.peak, parts=parts, peak_phase=counter.peak_phase,
+                      traced_bytes=counter.peak, parts=_parts(counter.breakdown()), peak_phase=counter.peak_phase,
                       host_pinned_bytes=counter.host_peak, parameters=facts["parameters"],
                       trainable_parameters=facts["trainable_parameters"], features=facts["features"],
                       seconds=time.perf_counter() - started, largest=counter.largest_at_peak(None if detail else 10),
                       preview_shape=facts["preview"][0].text() if "preview" in facts else None,
-                      preview_bytes=facts["preview"][1] if "preview" in facts else 0, distill=facts.get("distill", ""))
+                      preview_bytes=facts["preview"][1] if "preview" in facts else 0, distill=facts.get("distill", ""),
+                      how=how)
 
 
-def floor_bytes(config: TrainConfig, shape: PlanShape, arch) -> int:
+def _parts(tags: dict[str, int]) -> dict[str, int]:
+    parts = {name: sum(tags.get(tag, 0) for tag in members) for name, members in PARTS.items()}
+    known = {tag for members in PARTS.values() for tag in members}
+    parts["transient"] += sum(v for tag, v in tags.items() if tag not in known)
+    return parts
+
+
+def _composed_prediction(config: TrainConfig, arch, shape: PlanShape, composed, started: float) -> Prediction:
+    from modules.planner.composed_trace import features_text, phase_peak
+    phase, peak, tags = phase_peak(composed)
+    numbers = composed.numbers
+    return Prediction(model=arch.name, shape=shape.text(), settings=settings_of(config).config_values(),
+                      traced_bytes=peak, parts=_parts(tags), peak_phase=phase, host_pinned_bytes=numbers[("host",)],
+                      parameters=numbers[("parameters",)], trainable_parameters=numbers[("trainable",)],
+                      features=features_text(composed), seconds=time.perf_counter() - started,
+                      preview_shape=composed.preview_shape.text() if composed.preview_shape else None,
+                      preview_bytes=numbers.get(("preview",), 0), how=composed.how, distill=_distill_text(config))
+
+
+def _distill_text(config: TrainConfig) -> str:
+    if config.distill.mode != "preserve":
+        return ""
+    from modules.planner.preserve_plan import describe
+    return describe(config)
+
+
+def floor_bytes(config: TrainConfig, shape: PlanShape, arch, exact: bool = False) -> int:
     """A floor under predict(config, shape, arch).peak_bytes, from the step's start alone (the weights, adapters,
     optimizer state and inputs it holds before its forward pass; the allowance on top): a setting whose floor does
-    not fit the card is passed over without tracing its step (a few times faster)."""
-    from modules.planner.step_trace import trace_step
-    counter, _facts = trace_step(config, arch, shape, setup_only=True)
-    return counter.peak + allowance_bytes(counter.peak)
+    not fit the card is passed over without tracing its step (a few times faster). Composed as predict is."""
+    composed = None
+    if not exact:
+        from modules.planner.composed_trace import compose
+        composed, _why = compose(config, arch, shape, setup_only=True)
+    if composed is not None:
+        start = composed.numbers[("start",)]
+    else:
+        from modules.planner.step_trace import trace_step
+        start = trace_step(config, arch, shape, setup_only=True)[0].peak
+    return start + allowance_bytes(start)
 
 
 def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Prediction | None = None,
         arch=None, shape: PlanShape | None = None, objective: str = "fastest", progress=None, cancel=None,
-        traces: dict | None = None, ram_gib: float | None = None) -> FitResult:
+        traces: dict | None = None, ram_gib: float | None = None, exact: bool = False) -> FitResult:
     """The fastest checkpointing / block swap / offload settings whose predicted peak fits `vram_gib` (`objective`
     "least": the least memory); `known`: predict(config), when the caller has it; `arch` / `shape` as in predict.
     `progress(traced, at_most, text)` after each trace; `cancel()` true: PlanCancelled before the next trace;
     `traces`: the caller's memo of Settings -> Prediction for this config (its memory switches aside). `ram_gib`:
-    only settings whose host plan (host_plan.py) fits that many GiB of host RAM too."""
+    only settings whose host plan (host_plan.py) fits that many GiB of host RAM too. `exact`: every setting traced
+    whole (predict's `exact`). Composed plans share their cut traces: settings that differ only in the swapped
+    blocks' count mostly trace nothing new."""
     arch = arch or resolve_architecture(config)
     shape = shape or largest_shape(config, arch)
     layers = arch.transformer["num_layers"]
@@ -82,7 +127,7 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
             if cancel is not None and cancel():
                 raise PlanCancelled("cancelled")
             try:
-                cache[settings] = predict(settings.apply(config), shape, arch)
+                cache[settings] = predict(settings.apply(config), shape, arch, exact=exact)
             except PlanError as error:   # e.g. a fine-tune cannot swap the blocks it trains
                 raise PlanError(f"{settings.text()}: {error}") from None
             traced[0] += 1
@@ -100,7 +145,7 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
         if cancel is not None and cancel():
             raise PlanCancelled("cancelled")
         try:
-            floor = floor_bytes(settings.apply(config), shape, arch)
+            floor = floor_bytes(settings.apply(config), shape, arch, exact)
         except PlanError as error:
             raise PlanError(f"{settings.text()}: {error}") from None
         if floor > vram_gib * GIB:

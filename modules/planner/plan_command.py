@@ -2,6 +2,7 @@
 check at train start that refuses a run predicted not to fit the device (before any weight loads)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -30,15 +31,19 @@ def add_plan_arguments(parser) -> None:
 
 
 def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None = None, out=print,
-                   caching: bool = True, gpus: int = 1, peak_detail: bool = False, ram_gib: float | None = None) -> int:
+                   caching: bool = True, gpus: int = 1, peak_detail: bool = False, ram_gib: float | None = None,
+                   exact: bool = False, bars: bool = False) -> int:
     """Prints the prediction (and with `vram_gib` the settings that fit); 0 when it fits or no size was given,
     2 when nothing fits (or the config cannot be planned). `gpus` > 1: per GPU, every layout. `peak_detail`: also
-    the largest storages at the peak and the host's parts per phase. `ram_gib`: the host's RAM, a second bound."""
+    the largest storages at the peak and the host's parts per phase. `ram_gib`: the host's RAM, a second bound.
+    `exact`: every plan traces the whole transformer (not composed). `bars`: a progress bar on stderr while it
+    traces."""
     vram_gib = vram_gib if vram_gib is not None else (config.performance.auto_fit or None)   # 0: no size
     if gpus > 1:
         return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
     try:
-        prediction = predict(config, detail=peak_detail)
+        with _progress_bar("planning", bars) as progress:
+            prediction = predict(config, detail=peak_detail, exact=exact, progress=progress)
         out(prediction.report())
         from modules.planner.host_plan import plan_host
         host = plan_host(config, prediction)
@@ -51,7 +56,10 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
         if vram_gib:
             out(f"\nfitting to {vram_gib:g} GiB" + (f" and {ram_gib:g} GiB of host RAM:" if ram_gib else ":"))
             fits_now = prediction.fits(vram_gib) and (not ram_gib or host.fits(ram_gib))
-            result = fit(config, vram_gib, log=out, known=prediction, ram_gib=ram_gib) if not fits_now else None
+            if not fits_now:
+                with _progress_bar("fitting", bars) as progress:
+                    result = fit(config, vram_gib, log=out, known=prediction, ram_gib=ram_gib, exact=exact,
+                                 progress=progress)
             if result is None:
                 out(f"as configured: {prediction.summary(vram_gib)}")
             else:
@@ -88,6 +96,21 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     if host_result is not None and host_result.values is None:
         return 2
     return 0
+
+
+@contextlib.contextmanager
+def _progress_bar(what: str, shown: bool):
+    """A tqdm bar on stderr fed by the planner's progress(done, total, text) calls (None when not `shown`)."""
+    if not shown:
+        yield None
+        return
+    from tqdm import tqdm
+    with tqdm(desc=what, unit="trace", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        def progress(done: int, total: int, text: str) -> None:
+            bar.total, bar.n = total, done
+            bar.set_postfix_str(text, refresh=False)
+            bar.refresh()
+        yield progress
 
 
 def _plan_per_gpu(config: TrainConfig, gpus: int, vram_gib: float | None, json_path: str | None, out) -> int:

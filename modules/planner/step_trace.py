@@ -199,14 +199,15 @@ def _predict_fake(setup, batch: dict, expert: str):
 
 def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: bool = True,
                steps: int = 1, place=None, detail: bool = False,
-               setup_only: bool = False) -> tuple[StorageCounter, dict]:
+               setup_only: bool = False, sections: list[str] | None = None) -> tuple[StorageCounter, dict]:
     """Runs `steps` optimizer steps of the run under a StorageCounter, after an optimizer step on zero gradients
     that creates the optimizer's state (so the traced step is a later step: its forward pass holds that state);
     returns the counter and facts about the setup. `place(setup, model)`: puts the trained experts on the device
     instead of setup.move_experts_to_device() (a real multi-process run's layout: ParallelLayout.wrap). `detail`:
     each storage also names the module it was made in (ModulePlaces; slower). `setup_only`: stops before the first
     traced step, so the counter's peak is what the step starts with (weights, adapters, optimizer state, inputs): a
-    floor under the step's peak, in a fraction of a step's trace."""
+    floor under the step's peak, in a fraction of a step's trace. `sections`: a name per block; each block's backward
+    pass keeps its own peak under that name (StorageCounter.set_section; composed_trace.py)."""
     import modules.modelSetup.WanEmbeddingSetup  # noqa: F401  (registers)
     import modules.modelSetup.WanFineTuneSetup  # noqa: F401
     import modules.modelSetup.WanLoRASetup  # noqa: F401
@@ -300,6 +301,9 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
         if places is not None:
             for expert in experts:
                 places.name_modules(getattr(model, expert), f"{expert}." if len(experts) > 1 else "")
+        if sections is not None:
+            for expert in experts:
+                _mark_backward(getattr(model, expert).blocks, sections, counter)
         for step in range(steps):
             watching = places.watching() if places is not None else contextlib.nullcontext()
             with setup.training_step(), watching:   # as the trainer's step: forward and backward
@@ -340,6 +344,23 @@ def trace_step(config: TrainConfig, arch: Architecture, shape: PlanShape, fake: 
             for s in performance.values())
         del optimizer, ema, batch, setup, model, transformer, parameters, performance
     return counter, facts
+
+
+def _mark_backward(blocks, sections: list[str], counter: StorageCounter) -> None:
+    """When the gradient reaches a block's output, that block's backward pass begins: its section starts."""
+    from torch.utils._pytree import tree_leaves
+
+    def start(section: str):
+        return lambda _grad: counter.set_section(section)
+
+    def hook(_module, _args, output, section: str):
+        for tensor in tree_leaves(output):
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(start(section))
+                return
+
+    for block, section in zip(blocks, sections, strict=True):
+        block.register_forward_hook(lambda m, a, o, section=section: hook(m, a, o, section))
 
 
 @contextlib.contextmanager

@@ -184,7 +184,8 @@ class MemoryPlanController:
         return True
 
     def _report(self, done: int, at_most: int, _text: str) -> None:
-        """The planner's progress, from the worker (read by status() on the main loop)."""
+        """The planner's progress (a fit's settings, a prediction's traces), from the worker (read by status() on
+        the main loop)."""
         self.progress = (done, at_most)
 
     def _predict(self, config, key: str, vram_gib: float | None) -> None:
@@ -194,7 +195,7 @@ class MemoryPlanController:
             if gpus >= 2:
                 self._results.put(("text", _per_gpu_line(config, gpus, vram_gib)))
                 return
-            self._predictions[key] = predict(config)
+            self._predictions[key] = predict(config, progress=self._report)
             self._hosts[key] = _host_plan(config, self._predictions[key])
         except PlanError as error:
             self._results.put(("text", f"memory: not planned: {error}"))
