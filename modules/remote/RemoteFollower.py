@@ -1,0 +1,204 @@
+"""Follows a detached remote run: prints its log as it grows, brings each preview home as it is written, and at the
+end brings the workspace (its newest backup only), the run report and the output home, verified by hash. A broken
+connection does not stop the run there: the follower says so and reconnects with a growing wait. One follower per
+run: a lock held on the remote for as long as the follower's connection lives (a dropped connection frees it)."""
+from __future__ import annotations
+
+import posixpath
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from modules.remote.errors import RemoteError
+from modules.remote.RunRecord import RunRecord
+from modules.remote.transfer import _is_connection_error, fetch_file, fetch_tree
+from modules.remote.hashing import remote_sha256
+
+LOCK_PROGRAM = ("import fcntl, sys\n"
+                "f = open(sys.argv[1], 'a')\n"
+                "try:\n"
+                "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+                "except OSError:\n"
+                "    print('busy', flush=True); sys.exit(1)\n"
+                "print('held', flush=True)\n"
+                "sys.stdin.read()\n")
+
+
+class FollowerBusy(RemoteError):
+    pass
+
+
+class RemoteFollower:
+    def __init__(self, record: RunRecord, connect: Callable[[], object], say=print, poll_s: float = 1.0,
+                 give_up_s: float = 1800.0, out=None):
+        self.record = record
+        self.connect = connect
+        self.say = say
+        self.poll_s = poll_s
+        self.give_up_s = give_up_s
+        self.out = out or sys.stdout
+        self.connection = None
+        self.lock_channel = None
+        self.log_copy = record.local_folder / "train.log"
+        self.stop_sent = False
+
+    # ---- connection, lock --------------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        self.connection = self.connect()
+        lock = posixpath.join(self.record.run_dir, "follower.lock")
+        channel = self.connection.open_session([self.record.python, "-c", LOCK_PROGRAM, lock])
+        answer, deadline = b"", time.monotonic() + 30
+        while b"\n" not in answer and time.monotonic() < deadline:
+            if channel.recv_ready():
+                answer += channel.recv(64)
+            elif channel.exit_status_ready():
+                break
+            else:
+                time.sleep(0.02)
+        if answer.strip() != b"held":
+            channel.close()
+            self.connection.close()
+            raise FollowerBusy(f"run {self.record.run_name} on {self.record.host} is followed by another window or "
+                               f"machine already; only one follower may bring its files home (close the other one "
+                               f"first)")
+        self.lock_channel = channel
+
+    def close(self) -> None:
+        if self.lock_channel is not None:
+            self.lock_channel.close()
+            self.lock_channel = None
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+    def _reconnect(self, error: BaseException) -> None:
+        self.say(f"remote: the connection to {self.record.host} was lost ({type(error).__name__}: {error}); the run "
+                 f"goes on there; reconnecting")
+        self.close()
+        delay, started = 1.0, time.monotonic()
+        while True:
+            time.sleep(delay)
+            try:
+                self._attach()
+                self.say(f"remote: reconnected to {self.record.host}")
+                return
+            except FollowerBusy:
+                raise
+            except RemoteError as again:
+                if time.monotonic() - started > self.give_up_s:
+                    raise RemoteError(f"{self.record.host} has not answered for {self.give_up_s / 60:.0f} minutes "
+                                      f"({again}); the run may still go on there: follow it again with\n  "
+                                      f"{self.attach_command()}") from None
+                delay = min(delay * 2, 30.0)
+                self.say(f"remote: still unreachable ({again}); next try in {delay:.0f} s")
+
+    def attach_command(self) -> str:
+        return (f"./run-cmd.sh remote attach --record {shlex.quote(str(self.record.local_folder / 'run.json'))}")
+
+    # ---- the run's files ----------------------------------------------------------------------------------------
+
+    def _read_log(self) -> None:
+        offset = self.log_copy.stat().st_size if self.log_copy.is_file() else 0
+        try:
+            with self.connection.sftp.open(posixpath.join(self.record.run_dir, "train.log"), "r") as file:
+                file.seek(offset)
+                data = file.read()
+        except FileNotFoundError:
+            return
+        if data:
+            self.log_copy.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_copy, "ab") as copy:
+                copy.write(data)
+            self.out.write(data.decode(errors="replace"))
+            self.out.flush()
+
+    def _exit_status(self) -> int | None:
+        try:
+            with self.connection.sftp.open(posixpath.join(self.record.run_dir, "exit_status"), "r") as file:
+                return int(file.read().decode().strip())
+        except FileNotFoundError:
+            return None
+
+    def _fetch_previews(self) -> list[Path]:
+        remote = posixpath.join(self.record.remote_workspace, "samples", self.record.run_name)
+        local = Path(self.record.local_workspace) / "samples" / self.record.run_name
+        written = fetch_tree(self.connection, remote, local)
+        for path in written:
+            self.say(f"remote: preview home: {path}")
+        return written
+
+    def fetch_outputs(self) -> list[Path]:
+        """The workspace (only the newest backup of its backups) and the output files, verified by hash."""
+        workspace = self.record.remote_workspace
+        _, out, _ = self.connection.run(
+            f"cd {shlex.quote(workspace)} 2>/dev/null && find backup -mindepth 2 -maxdepth 2 -type d "
+            f"-printf '%T@ %p\\n'", check=False)
+        folders = sorted((float(line.split(" ", 1)[0]), line.split(" ", 1)[1]) for line in out.splitlines()
+                         if " " in line)
+        newest = folders[-1][1] + "/" if folders else None
+
+        def skip(relative: str) -> bool:
+            if relative == "training-lock.json":   # the remote trainer's lock of its own workspace
+                return True
+            return relative.startswith("backup/") and (newest is None or not relative.startswith(newest))
+
+        written = fetch_tree(self.connection, workspace, Path(self.record.local_workspace), skip)
+        for remote, local in self.record.outputs.items():
+            digest = remote_sha256(self.connection, [remote]).get(remote)
+            if digest is not None:
+                local_path = Path(local)
+                from modules.remote.hashing import file_sha256
+                if not (local_path.is_file() and file_sha256(local_path) == digest):
+                    fetch_file(self.connection, remote, local_path, digest)
+                    written.append(local_path)
+            else:
+                written += fetch_tree(self.connection, remote, Path(local))
+        return written
+
+    def stop(self) -> None:
+        """SIGINT to the trainer there, as a Ctrl-C here: it writes a backup and stops."""
+        pid_file = posixpath.join(self.record.run_dir, "pid")
+        self.connection.run(f"kill -INT \"$(cat {shlex.quote(pid_file)})\"", check=False)
+        self.stop_sent = True
+        self.say("remote: stop sent; the run writes a backup and stops (Ctrl-C again to leave it running there "
+                 "and detach)")
+
+    # ---- the loop -----------------------------------------------------------------------------------------------
+
+    def follow(self) -> int:
+        """Follows until the run ends; returns its exit status. Ctrl-C: stop the run there (a backup is written),
+        a second Ctrl-C: detach, leaving it running (exit 130)."""
+        self._attach()
+        try:
+            return self._loop()
+        finally:
+            self.close()
+
+    def _loop(self) -> int:
+        last_previews = 0.0
+        while True:
+            try:
+                try:
+                    self._read_log()
+                    status = self._exit_status()
+                    if status is not None or time.monotonic() - last_previews > 3 * self.poll_s:
+                        self._fetch_previews()
+                        last_previews = time.monotonic()
+                    if status is not None:
+                        self._read_log()
+                        self.fetch_outputs()
+                        return status
+                    time.sleep(self.poll_s)
+                except KeyboardInterrupt:
+                    if self.stop_sent:
+                        self.say(f"remote: detached; run {self.record.run_name} goes on there. Follow it again "
+                                 f"with\n  {self.attach_command()}")
+                        return 130
+                    self.stop()
+            except Exception as error:  # noqa: BLE001  only a broken connection is retried, the rest re-raised
+                if not _is_connection_error(error):
+                    raise
+                self._reconnect(error)
