@@ -129,7 +129,7 @@ def _follow(record, accept: str | None = None) -> int:
               f"{record.resume_command}")
     else:
         print(f"remote: run {record.run_name} failed there (exit {status}); its last log lines:", file=sys.stderr)
-        print("\n".join(_tail(follower.log_copy, 20)), file=sys.stderr)
+        print("\n".join(_tail(follower.log_copy, 20)) or "  (its log is empty: it died as it started)", file=sys.stderr)
         print(f"to resume from its last backup:\n  {record.resume_command}", file=sys.stderr)
     return status
 
@@ -148,7 +148,7 @@ def resume_command(argv: list[str], config) -> str:
     arguments = [a for a in argv if a != "--no-follow"]
     arguments += ["--config-value", "backup.continue_last_backup=true"]
     script = Path(__file__).resolve().parent.parent / "run-cmd.sh"
-    return f"cd {shlex.quote(os.getcwd())} && {shlex.join([str(script), *arguments])}"
+    return f"cd {shlex.quote(os.getcwd())} && {shlex.join([str(script), 'remote', *arguments])}"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Remote runs over SSH against a real OpenSSH server on 127.0.0.1 (tests/sshd_server.py): the "remote" is this
 machine, its work folder a temporary one, its Python this venv's (remote.python, as on a pre-provisioned host)."""
+import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +151,117 @@ def test_a_full_remote_disk_is_named_before_anything_is_sent(sshd, tmp_path):
         Uploader(connection, str(tmp_path / "there" / ".manifest.json"), progress=False).send([item])
     connection.close()
     assert not (tmp_path / "there" / "huge.bin.partial").exists()
+
+
+# ---- runs -----------------------------------------------------------------------------------------------------------
+
+# the demo, two steps, one round of previews at the end
+DEMO_VALUES = ["max_steps=2", "sampling.every_n_steps=2", "sampling.sample_before_training=false", "sampling.steps=2",
+               "backup.every_n_steps=2"]
+
+
+def _values(values: list[str]) -> list[str]:
+    return [part for value in values for part in ("--config-value", value)]
+
+
+def _remote_args(sshd, tmp_path, values: list[str], accept: bool = True) -> list[str]:
+    args = ["--preset-path", "demo tiny CPU", "--host", sshd.host, "--key-file", str(sshd.client_key)]
+    args += ["--accept-host-key", sshd.host_fingerprint] if accept else []
+    return args + _values(values + [f"remote.python={sys.executable}", f"remote.work_dir={tmp_path / 'there'}",
+                                    f"remote.known_hosts={tmp_path / 'known_hosts'}"])
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(path))
+
+
+def _follow_until_it_prints(record: Path, text: str, timeout_s: float = 600) -> subprocess.Popen:
+    """`remote attach` in its own process, returned once its output shows `text`."""
+    import time
+    process = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scripts" / "remote.py"), "attach",
+                                "--record", str(record)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    os.set_blocking(process.stdout.fileno(), False)
+    seen, deadline = b"", time.monotonic() + timeout_s
+    while text.encode() not in seen:
+        assert process.poll() is None, seen.decode(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, seen.decode(errors="replace")[-3000:]
+        seen += process.stdout.read() or b""
+        time.sleep(0.2)
+    return process
+
+
+def test_demo_on_the_remote_equals_the_local_run_and_a_second_run_sends_only_its_config(sshd, tmp_path, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.chdir(tmp_path)
+    remote = load_script("remote")
+    from modules.remote.remote_train import judge_config
+    judge_config(None, "demo tiny CPU", [])   # makes the demo model and squares here
+    shutil.copytree(tmp_path / "workspace" / "demo" / "squares", tmp_path / "a'; rm -rf x")
+    (tmp_path / "x").mkdir()
+    values = DEMO_VALUES + ["demo_assets=false", """data.concepts=[{"name": "squares", "path": "a'; rm -rf x"}]"""]
+
+    local = subprocess.run(
+        [sys.executable, str(Path(__file__).parents[1] / "scripts" / "train.py"), "--preset-path", "demo tiny CPU",
+         *_values(values + [f"workspace_dir={tmp_path / 'local'}", f"cache_dir={tmp_path / 'local-cache'}",
+                            f"output.destination={tmp_path / 'local' / 'lora.safetensors'}"])],
+        capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    assert remote.main(["train", *_remote_args(sshd, tmp_path, values)]) == 0
+    said = capsys.readouterr().out
+    home = tmp_path / "workspace" / "demo" / "output" / "demo_lora.safetensors"
+    here, there = _tensors(tmp_path / "local" / "lora.safetensors"), _tensors(home)
+    assert here.keys() == there.keys() and all(torch_equal(here[k], there[k]) for k in here)
+    previews = sorted((tmp_path / "workspace" / "demo" / "run" / "samples").glob("*/*/2-*.mp4"))
+    assert len(previews) == 2, said[-3000:]   # both prompts' previews of step 2, brought home
+    assert "preview home" in said
+    assert (tmp_path / "x").is_dir()
+
+    # the second run: a changed learning rate; the project and every file are there already
+    assert remote.main(["train", "--no-follow", *_remote_args(sshd, tmp_path, values + [
+        "optimizer.learning_rate=0.02"], accept=False)]) == 0
+    said = capsys.readouterr().out
+    assert "sent 0 files (0.00 MiB)" in said and "installed there already" in said
+    record = sorted((tmp_path / "workspace" / "demo" / "run" / "remote").glob("*/run.json"),
+                    key=lambda p: p.stat().st_mtime)[-1]
+
+    # its follower's connection goes away mid-run; a second follower is refused while the first holds the run
+    first = _follow_until_it_prints(record, "steps:")
+    assert remote.main(["attach", "--record", str(record)]) == 1
+    assert "followed by another" in capsys.readouterr().err
+    first.kill()
+    first.wait()
+    assert remote.main(["attach", "--record", str(record)]) == 0   # the run went on there; its files come home
+    run = json.loads(record.read_text())
+    output = Path(run["outputs"][next(iter(run["outputs"]))])
+    assert file_sha256(output) == file_sha256(next(iter(run["outputs"])))
+    assert not torch_equal(_tensors(output)[next(iter(here))], here[next(iter(here))])   # the second run's result
+
+    key_lines = [line for line in sshd.client_key.read_text().splitlines() if "PRIVATE KEY" not in line]
+    for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
+        text = path.read_bytes()
+        assert not any(line.encode() in text for line in key_lines), f"{path} holds the private key"
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+    return torch.equal(a, b)
+
+
+def test_a_run_that_dies_there_shows_its_last_log_lines_and_the_resume_command(sshd, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    remote = load_script("remote")
+    assert remote.main(["train", "--no-follow", *_remote_args(sshd, tmp_path, DEMO_VALUES)]) == 0
+    capsys.readouterr()
+    record = next((tmp_path / "workspace" / "demo" / "run" / "remote").glob("*/run.json"))
+    run_dir = Path(json.loads(record.read_text())["run_dir"])
+    import time
+    deadline = time.monotonic() + 300
+    while not (run_dir / "train.log").stat().st_size and time.monotonic() < deadline:
+        time.sleep(0.2)   # killed once it has begun to write
+    os.kill(int((run_dir / "pid").read_text()), 9)   # killed there (out of memory, a preempted pod)
+    assert remote.main(["attach", "--record", str(record)]) == 137
+    err = capsys.readouterr().err
+    assert "failed there (exit 137)" in err and "its last log lines" in err
+    assert "run-cmd.sh remote train --preset-path" in err and "backup.continue_last_backup=true" in err and "run_name=" in err
