@@ -7,6 +7,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -43,6 +44,8 @@ class RemoteFollower:
         self.lock_channel = None
         self.log_copy = record.local_folder / "train.log"
         self.stop_sent = False
+        self.stop_requested = threading.Event()   # the GUI's Stop: sent from the follower's own thread
+        self.detach_requested = threading.Event()
 
     # ---- connection, lock --------------------------------------------------------------------------------------
 
@@ -166,6 +169,11 @@ class RemoteFollower:
         self.say("remote: stop sent; the run writes a backup and stops (Ctrl-C again to leave it running there "
                  "and detach)")
 
+    def _mark_ended(self, status: int) -> None:
+        """Records here that the run ended and its files came home: a reattach after a restart skips it."""
+        from modules.util.atomic import atomic_write_text
+        atomic_write_text(self.record.local_folder / "ended", f"{status}\n")
+
     # ---- the loop -----------------------------------------------------------------------------------------------
 
     def follow(self) -> int:
@@ -190,7 +198,12 @@ class RemoteFollower:
                     if status is not None:
                         self._read_log()
                         self.fetch_outputs()
+                        self._mark_ended(status)
                         return status
+                    if self.stop_requested.is_set() and not self.stop_sent:
+                        self.stop()
+                    if self.detach_requested.is_set():
+                        return 130
                     time.sleep(self.poll_s)
                 except KeyboardInterrupt:
                     if self.stop_sent:

@@ -41,6 +41,11 @@ class RunRecord:
     def load(cls, path: str | Path) -> "RunRecord":
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
+    @property
+    def ended(self) -> bool:
+        """The run ended and its files came home (RemoteFollower wrote the mark)."""
+        return (self.local_folder / "ended").is_file()
+
     @classmethod
     def newest(cls, local_workspace: str | Path) -> "RunRecord | None":
         records = sorted((Path(local_workspace) / "remote").glob("*/run.json"), key=lambda p: p.stat().st_mtime)

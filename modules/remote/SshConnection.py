@@ -83,7 +83,7 @@ class _AcceptOnce(paramiko.MissingHostKeyPolicy):
                 f"{hostname} is not a known host{wrong}: its {key.get_name()} key has the fingerprint {seen}. "
                 f"Compare it with the one the machine's provider shows (or `ssh-keygen -lf "
                 f"/etc/ssh/ssh_host_{_short_type(key)}_key.pub` on the machine), then run again with "
-                f"--accept-host-key {seen}; it is then remembered in {self.known_hosts}")
+                f"--accept-host-key {seen}; it is then remembered in {self.known_hosts}", hostname, seen)
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.known_hosts.with_name(self.known_hosts.name + ".tmp")
@@ -117,13 +117,17 @@ class SshConnection:
             client.connect(self.address.host, self.address.port, self.address.user,
                            key_filename=self.key_file or None, allow_agent=True, look_for_keys=not self.key_file,
                            timeout=self.timeout, banner_timeout=self.timeout, auth_timeout=self.timeout)
+        except HostKeyError:
+            client.close()
+            raise
         except paramiko.BadHostKeyException as error:
             client.close()
             raise HostKeyError(
                 f"THE HOST KEY OF {self.address.key_name} HAS CHANGED: {self.known_hosts} holds "
                 f"{fingerprint(error.expected_key)}, the machine now shows {fingerprint(error.key)}. Someone may be "
                 f"intercepting the connection; nothing was sent. If the machine was really reinstalled (a new pod at "
-                f"the same address), remove its line from {self.known_hosts} and accept the new key") from None
+                f"the same address), remove its line from {self.known_hosts} and accept the new key",
+                self.address.key_name, fingerprint(error.key), changed=True) from None
         except paramiko.PasswordRequiredException:
             client.close()
             raise RemoteError(f"remote.key_file {self.key_file!r} is encrypted: add it to the SSH agent (ssh-add) "
@@ -134,8 +138,6 @@ class SshConnection:
                               f"or load it into the SSH agent") from None
         except (OSError, paramiko.SSHException) as error:
             client.close()
-            if isinstance(error, HostKeyError):
-                raise
             raise RemoteError(f"{self.address.text}: cannot connect ({error})") from None
         client.get_transport().set_keepalive(15)
         self.client = client

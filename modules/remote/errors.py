@@ -6,7 +6,11 @@ class RemoteError(Exception):
 
 
 class HostKeyError(RemoteError):
-    """The host is unknown (not accepted yet) or its key changed."""
+    """The host is unknown (not accepted yet) or its key changed; `fingerprint` is the key the host shows."""
+
+    def __init__(self, message: str, host: str = "", fingerprint: str = "", changed: bool = False):
+        super().__init__(message)
+        self.host, self.fingerprint, self.changed = host, fingerprint, changed
 
 
 class RemoteDiskFull(RemoteError):

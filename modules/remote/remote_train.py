@@ -19,12 +19,16 @@ from modules.util.config.config_io import ConfigError
 def judge_config(config_path: str | None, preset_path: str | None, values: list[str]):
     """The config as `train` would run it, or ConfigError with every problem. The device is judged against the
     remote's GPUs (check_remote_device), not this machine's."""
-    from modules.trainer.distributed import config_problems
-    from modules.trainer.prepare import prepare_config
     from modules.util.config.config_io import load_config
     from modules.util.presets import resolve_preset
     preset = resolve_preset(preset_path) if preset_path else None
-    config = load_config(config_path, preset, values)
+    return judge_loaded(load_config(config_path, preset, values))
+
+
+def judge_loaded(config):
+    """judge_config for a config already loaded (the GUI's)."""
+    from modules.trainer.distributed import config_problems
+    from modules.trainer.prepare import prepare_config
     problems = [p for p in config_problems(config) if not p.startswith("device:")]
     try:
         prepare_config(config)
