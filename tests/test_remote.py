@@ -265,3 +265,57 @@ def test_a_run_that_dies_there_shows_its_last_log_lines_and_the_resume_command(s
     err = capsys.readouterr().err
     assert "failed there (exit 137)" in err and "its last log lines" in err
     assert "run-cmd.sh remote train --preset-path" in err and "backup.continue_last_backup=true" in err and "run_name=" in err
+
+
+def _event(controller, kinds: tuple[str, ...], timeout_s: float = 900) -> tuple:
+    """The controller's next event of one of `kinds` (log lines on the way are skipped)."""
+    import queue
+    import time
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            event = controller.events.get(timeout=1)
+        except queue.Empty:
+            continue
+        if event[0] in kinds:
+            return event
+        seen.append(event)
+        assert event[0] not in ("refused", "failed"), event
+    raise AssertionError(f"no {kinds} event; last: {seen[-5:]}")
+
+
+def test_the_gui_controller_asks_for_the_host_key_runs_there_and_follows_again_after_a_restart(sshd, tmp_path,
+                                                                                                monkeypatch):
+    from modules.ui.RemoteController import RemoteController
+    from modules.ui.UIState import UIState
+    from modules.util.presets import resolve_preset
+    monkeypatch.chdir(tmp_path)
+    state = UIState(json.loads(Path(resolve_preset("demo tiny CPU")).read_text()))
+    for key, value in {"max_steps": 1, "sampling.samples_file": "", "remote.python": sys.executable,
+                       "remote.work_dir": str(tmp_path / "there"), "remote.known_hosts": str(tmp_path / "kh"),
+                       "remote.key_file": str(sshd.client_key)}.items():
+        state.set(key, value)
+    controller = RemoteController(state)
+    assert any(p.startswith("remote.host") for p in controller.start())   # nothing to connect to yet
+    state.set("remote.host", "127.0.0.1")
+    state.set("remote.port", sshd.port)
+    assert controller.start() == []
+    _, host, fingerprint = _event(controller, ("host_key",))
+    assert fingerprint == sshd.host_fingerprint and host == f"[127.0.0.1]:{sshd.port}"
+    controller.thread.join()
+    assert controller.start(accept=fingerprint) == []
+    assert _event(controller, ("ended",)) == ("ended", 0)
+    home = tmp_path / "workspace" / "demo" / "output" / "demo_lora.safetensors"
+    assert home.is_file()
+
+    after_restart = RemoteController(state)
+    assert after_restart.reattachable() is None   # ended, and its files are home
+    record = controller.record
+    (record.local_folder / "ended").unlink()      # the window closed before they came home
+    home.unlink()
+    found = after_restart.reattachable()
+    assert found is not None and found.run_dir == record.run_dir
+    after_restart.reattach(found)
+    assert _event(after_restart, ("ended",)) == ("ended", 0)
+    assert home.is_file()

@@ -35,6 +35,8 @@ def snapshot_tree() -> str:
         env = {"GIT_INDEX_FILE": str(Path(folder) / "index")}
         _git("read-tree", "HEAD", env=env)
         _git("add", "-A", env=env)
+        # a venv linked in (a worktree's .venv -> the main checkout's) is not matched by .gitignore's `.venv/`
+        _git("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", ".venv", env=env)
         return _git("write-tree", env=env).strip()
 
 
