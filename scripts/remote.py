@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--key-file", help="a private key file (remote.key_file); default: the SSH agent")
         sub.add_argument("--accept-host-key", metavar="FINGERPRINT",
                          help="accept an unknown host whose key has this fingerprint (SHA256:...), once")
+        if name != "stop":
+            sub.add_argument("--tensorboard", nargs="?", type=int, const=0, metavar="LOCAL_PORT",
+                             help="start TensorBoard there and show it here through the SSH connection at "
+                                  "localhost:LOCAL_PORT (default: a free port; the URL is printed)")
         if name == "train":
             sub.add_argument("--no-follow", action="store_true", help="start the run and return (attach later)")
         else:
@@ -69,7 +73,7 @@ def _train(args, argv: list[str]) -> int:
         print(f"remote: follow it with ./run-cmd.sh remote attach --record "
               f"{shlex.quote(str(started.record.local_folder / 'run.json'))}")
         return 0
-    return _follow(started.record)
+    return _follow(started.record, None, args.tensorboard)
 
 
 def _record(args):
@@ -106,7 +110,7 @@ def _attach(args) -> int:
         finally:
             follower.close()
         return 0
-    return _follow(record, args.accept_host_key)
+    return _follow(record, args.accept_host_key, args.tensorboard)
 
 
 def record_connector(record, accept: str | None = None):
@@ -117,9 +121,9 @@ def record_connector(record, accept: str | None = None):
     return connect
 
 
-def _follow(record, accept: str | None = None) -> int:
+def _follow(record, accept: str | None = None, tensorboard: int | None = None) -> int:
     from modules.remote.RemoteFollower import RemoteFollower
-    follower = RemoteFollower(record, record_connector(record, accept))
+    follower = RemoteFollower(record, record_connector(record, accept), tensorboard_port=tensorboard)
     status = follower.follow()
     if status == 0:
         print(f"remote: run {record.run_name} finished; its workspace and outputs are home, verified by hash "

@@ -319,3 +319,34 @@ def test_the_gui_controller_asks_for_the_host_key_runs_there_and_follows_again_a
     after_restart.reattach(found)
     assert _event(after_restart, ("ended",)) == ("ended", 0)
     assert home.is_file()
+
+
+def test_a_port_on_the_remote_loopback_is_reached_through_the_tunnel(sshd, tmp_path):
+    import time
+    import urllib.request
+    from modules.remote.tunnel import PortForward
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "hello.txt").write_text("from the remote")
+    connection = connect(sshd, accepted(sshd, tmp_path))
+    _, out, _ = connection.run([sys.executable, "-c", "import socket; s = socket.socket(); "
+                                "s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
+    port = int(out)
+    server = connection.open_session(["sh", "-c", 'echo $$; exec "$@"', "sh", sys.executable, "-m", "http.server",
+                                      "--bind", "127.0.0.1", "--directory", str(tmp_path / "served"), str(port)])
+    server_pid = int(server.makefile("r").readline())
+    forward = PortForward(connection, port)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{forward.local_port}/hello.txt", timeout=5) as page:
+                    assert page.read() == b"from the remote"
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+    finally:
+        forward.close()
+        os.kill(server_pid, 15)
+        server.close()
+        connection.close()

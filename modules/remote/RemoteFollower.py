@@ -33,7 +33,7 @@ class FollowerBusy(RemoteError):
 
 class RemoteFollower:
     def __init__(self, record: RunRecord, connect: Callable[[], object], say=print, poll_s: float = 1.0,
-                 give_up_s: float = 1800.0, out=None):
+                 give_up_s: float = 1800.0, out=None, tensorboard_port: int | None = None):
         self.record = record
         self.connect = connect
         self.say = say
@@ -44,6 +44,9 @@ class RemoteFollower:
         self.lock_channel = None
         self.log_copy = record.local_folder / "train.log"
         self.stop_sent = False
+        self.tensorboard_port = tensorboard_port   # a local port for the remote's TensorBoard; None: no tunnel
+        self.tensorboard_remote_port: int | None = None
+        self.forward = None
         self.stop_requested = threading.Event()   # the GUI's Stop: sent from the follower's own thread
         self.detach_requested = threading.Event()
 
@@ -68,8 +71,23 @@ class RemoteFollower:
                                f"machine already; only one follower may bring its files home (close the other one "
                                f"first)")
         self.lock_channel = channel
+        if self.tensorboard_port is not None:
+            self._tunnel_tensorboard()
+
+    def _tunnel_tensorboard(self) -> None:
+        from modules.remote.tunnel import PortForward, start_remote_tensorboard
+        if self.tensorboard_remote_port is None:
+            self.tensorboard_remote_port = start_remote_tensorboard(
+                self.connection, self.record.python, posixpath.join(self.record.remote_workspace, "tensorboard"),
+                self.record.run_dir)
+        self.forward = PortForward(self.connection, self.tensorboard_remote_port, self.tensorboard_port)
+        self.tensorboard_port = self.forward.local_port   # the same port again after a reconnect
+        self.say(f"remote: TensorBoard of the run: http://localhost:{self.forward.local_port}")
 
     def close(self) -> None:
+        if self.forward is not None:
+            self.forward.close()
+            self.forward = None
         if self.lock_channel is not None:
             self.lock_channel.close()
             self.lock_channel = None
@@ -128,7 +146,7 @@ class RemoteFollower:
     def _fetch_previews(self) -> list[Path]:
         remote = posixpath.join(self.record.remote_workspace, "samples", self.record.run_name)
         local = Path(self.record.local_workspace) / "samples" / self.record.run_name
-        written = fetch_tree(self.connection, remote, local)
+        written = fetch_tree(self.connection, remote, local, settled=False)
         for path in written:
             self.say(f"remote: preview home: {path}")
         return written

@@ -229,17 +229,24 @@ def remote_free_bytes(connection, folder: str) -> int | None:
 
 
 def fetch_tree(connection, remote_folder: str, local_folder: Path, skip: Callable[[str], bool] = lambda _: False,
-               say=print) -> list[Path]:
+               settled: bool = True) -> list[Path]:
     """Brings home every file under remote_folder that is missing here or differs, each verified by hash; returns
-    the files written."""
+    the files written. The trainer's temporaries (atomic writes under way) are never fetched. `settled` False: the
+    run is still writing, so a file that changes while it is read is left for the next round instead of failing."""
+    from modules.util.atomic import is_temporary
     written = []
     for relative, digest in sorted(remote_tree_sha256(connection, remote_folder).items()):
-        if skip(relative):
+        if skip(relative) or is_temporary(posixpath.basename(relative)):
             continue
         local = local_folder / relative
         if local.is_file() and file_sha256(local) == digest:
             continue
-        fetch_file(connection, posixpath.join(remote_folder, relative), local, digest)
+        try:
+            fetch_file(connection, posixpath.join(remote_folder, relative), local, digest)
+        except (RemoteError, FileNotFoundError):
+            if settled:
+                raise
+            continue
         written.append(local)
     return written
 
