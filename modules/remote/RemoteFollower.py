@@ -5,6 +5,7 @@ run: a lock held on the remote for as long as the follower's connection lives (a
 from __future__ import annotations
 
 import posixpath
+import secrets
 import shlex
 import sys
 import threading
@@ -17,12 +18,14 @@ from modules.remote.RunRecord import RunRecord
 from modules.remote.transfer import _is_connection_error, fetch_file, fetch_tree
 from modules.remote.hashing import remote_sha256
 
-LOCK_PROGRAM = ("import fcntl, sys\n"
+LOCK_PROGRAM = ("import fcntl, os, sys\n"
                 "f = open(sys.argv[1], 'a')\n"
                 "try:\n"
                 "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
                 "except OSError:\n"
                 "    print('busy', flush=True); sys.exit(1)\n"
+                "with open(sys.argv[1] + '.holder', 'w') as holder:\n"
+                "    holder.write(f'{os.getpid()} {sys.argv[2]}')\n"
                 "print('held', flush=True)\n"
                 "sys.stdin.read()\n")
 
@@ -44,6 +47,7 @@ class RemoteFollower:
         self.lock_channel = None
         self.log_copy = record.local_folder / "train.log"
         self.stop_sent = False
+        self.token = secrets.token_hex(8)   # names this follower's lock holder there
         self.tensorboard_port = tensorboard_port   # a local port for the remote's TensorBoard; None: no tunnel
         self.tensorboard_remote_port: int | None = None
         self.forward = None
@@ -55,7 +59,21 @@ class RemoteFollower:
     def _attach(self) -> None:
         self.connection = self.connect()
         lock = posixpath.join(self.record.run_dir, "follower.lock")
-        channel = self.connection.open_session([self.record.python, "-c", LOCK_PROGRAM, lock])
+        channel = self._take_lock(lock)
+        if channel is None and self._release_own_stale_lock(lock):
+            channel = self._take_lock(lock)
+        if channel is None:
+            self.connection.close()
+            raise FollowerBusy(f"run {self.record.run_name} on {self.record.host} is followed by another window or "
+                               f"machine already; only one follower may bring its files home (close the other one "
+                               f"first)")
+        self.lock_channel = channel
+        if self.tensorboard_port is not None:
+            self._tunnel_tensorboard()
+
+    def _take_lock(self, lock: str):
+        """The channel of the lock holder there, or None when another holds the lock."""
+        channel = self.connection.open_session([self.record.python, "-c", LOCK_PROGRAM, lock, self.token])
         answer, deadline = b"", time.monotonic() + 30
         while b"\n" not in answer and time.monotonic() < deadline:
             if channel.recv_ready():
@@ -64,15 +82,21 @@ class RemoteFollower:
                 break
             else:
                 time.sleep(0.02)
-        if answer.strip() != b"held":
-            channel.close()
-            self.connection.close()
-            raise FollowerBusy(f"run {self.record.run_name} on {self.record.host} is followed by another window or "
-                               f"machine already; only one follower may bring its files home (close the other one "
-                               f"first)")
-        self.lock_channel = channel
-        if self.tensorboard_port is not None:
-            self._tunnel_tensorboard()
+        if answer.strip() == b"held":
+            return channel
+        channel.close()
+        return None
+
+    def _release_own_stale_lock(self, lock: str) -> bool:
+        """After a dropped connection the server may not have noticed yet that this follower's old session is gone,
+        and its lock holder lives on: it is ended when it carries this follower's token (never another's)."""
+        _, out, _ = self.connection.run(["cat", lock + ".holder"], check=False)
+        pid, _, token = out.strip().partition(" ")
+        if token != self.token or not pid.isdigit():
+            return False
+        self.connection.run(["kill", pid], check=False)
+        time.sleep(0.5)
+        return True
 
     def _tunnel_tensorboard(self) -> None:
         from modules.remote.tunnel import PortForward, start_remote_tensorboard
