@@ -312,7 +312,9 @@ def test_the_gui_controller_asks_for_the_host_key_runs_there_reconnects_and_foll
     while controller.follower is None or controller.follower.connection is None:
         assert time.monotonic() < deadline and controller.thread.is_alive()
         time.sleep(0.2)
-    controller.follower.connection.client.get_transport().sock.close()
+    for child in subprocess.run(["pgrep", "-P", str(sshd.process.pid)], capture_output=True,
+                                text=True).stdout.split():
+        os.kill(int(child), 15)   # the server side of every connection goes away, the run's own process does not
     lines = []
     while not any("reconnected" in line for line in lines):
         lines.append(_event(controller, ("log",))[1])
@@ -362,3 +364,24 @@ def test_a_port_on_the_remote_loopback_is_reached_through_the_tunnel(sshd, tmp_p
         os.kill(server_pid, 15)
         server.close()
         connection.close()
+
+
+def test_stop_sends_the_run_a_ctrl_c_and_its_backup_comes_home(sshd, tmp_path, monkeypatch, capsys):
+    import time
+    monkeypatch.chdir(tmp_path)
+    remote = load_script("remote")
+    values = ["max_steps=400", "sampling.samples_file=", "backup.every_n_steps=1000"]
+    assert remote.main(["train", "--no-follow", *_remote_args(sshd, tmp_path, values)]) == 0
+    record = next((tmp_path / "workspace" / "demo" / "run" / "remote").glob("*/run.json"))
+    log = Path(json.loads(record.read_text())["run_dir"]) / "train.log"
+    deadline = time.monotonic() + 600
+    while "steps:" not in log.read_text(errors="replace"):   # the training loop runs (its Ctrl-C handler is set)
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert remote.main(["stop", "--record", str(record)]) == 0
+    assert remote.main(["attach", "--record", str(record)]) == 130
+    out = capsys.readouterr().out
+    assert "stopping after this step and writing a backup" in out   # the trainer's own Ctrl-C answer, there
+    backups = list((tmp_path / "workspace" / "demo" / "run" / "backup").glob("*/step-*"))
+    assert len(backups) == 1 and any(backups[0].iterdir())   # written at the stop, and brought home
+    assert "backup.continue_last_backup=true" in out

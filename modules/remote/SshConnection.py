@@ -17,6 +17,9 @@ import paramiko
 from modules.remote.errors import HostKeyError, RemoteError
 
 
+SFTP_TIMEOUT_S = 120.0
+
+
 @dataclass(frozen=True)
 class HostAddress:
     host: str
@@ -152,6 +155,9 @@ class SshConnection:
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             self._sftp = self.client.open_sftp()
+            # a connection that died without a word (a half-open TCP link) must end a read, not hang it: the
+            # follower then reconnects
+            self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)
         return self._sftp
 
     def run(self, command: list[str] | str, check: bool = True, stdin: bytes | None = None,
@@ -166,6 +172,7 @@ class SshConnection:
             channel.sendall(stdin)
         channel.shutdown_write()
         out, err = bytearray(), bytearray()
+        transport = channel.get_transport()
         while True:
             if channel.recv_ready():
                 out += channel.recv(65536)
@@ -173,6 +180,9 @@ class SshConnection:
                 err += channel.recv_stderr(65536)
             elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 break
+            elif channel.closed or not transport.is_active():
+                # the connection died under the command: no exit status will come (waiting for one hangs)
+                raise EOFError(f"the connection to {self.address.host} closed during `{_shorten(text)}`")
             else:
                 channel.status_event.wait(0.05)
         out += _drain(channel.recv, channel.recv_ready)
