@@ -286,7 +286,7 @@ def _event(controller, kinds: tuple[str, ...], timeout_s: float = 900) -> tuple:
     raise AssertionError(f"no {kinds} event; last: {seen[-5:]}")
 
 
-def test_the_gui_controller_asks_for_the_host_key_runs_there_reconnects_and_follows_again_after_a_restart(sshd, tmp_path,
+def test_the_gui_controller_asks_for_the_host_key_runs_there_and_follows_again_after_a_restart(sshd, tmp_path,
                                                                                                 monkeypatch):
     from modules.ui.RemoteController import RemoteController
     from modules.ui.UIState import UIState
@@ -306,19 +306,6 @@ def test_the_gui_controller_asks_for_the_host_key_runs_there_reconnects_and_foll
     assert fingerprint == sshd.host_fingerprint and host == f"[127.0.0.1]:{sshd.port}"
     controller.thread.join()
     assert controller.start(accept=fingerprint) == []
-    # the network drops while the run goes on: the follower says so, reconnects and still brings the files home
-    import time
-    deadline = time.monotonic() + 600
-    while controller.follower is None or controller.follower.connection is None:
-        assert time.monotonic() < deadline and controller.thread.is_alive()
-        time.sleep(0.2)
-    for child in subprocess.run(["pgrep", "-P", str(sshd.process.pid)], capture_output=True,
-                                text=True).stdout.split():
-        os.kill(int(child), 15)   # the server side of every connection goes away, the run's own process does not
-    lines = []
-    while not any("reconnected" in line for line in lines):
-        lines.append(_event(controller, ("log",))[1])
-    assert any("was lost" in line and "goes on there" in line for line in lines)
     assert _event(controller, ("ended",)) == ("ended", 0)
     home = tmp_path / "workspace" / "demo" / "output" / "demo_lora.safetensors"
     assert home.is_file()
