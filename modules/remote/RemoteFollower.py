@@ -80,6 +80,8 @@ class RemoteFollower:
                 answer += channel.recv(64)
             elif channel.exit_status_ready():
                 break
+            elif channel.closed or not channel.get_transport().is_active():
+                raise EOFError(f"the connection to {self.record.host} closed while taking the follower lock")
             else:
                 time.sleep(0.02)
         if answer.strip() == b"held":
@@ -221,7 +223,12 @@ class RemoteFollower:
     def follow(self) -> int:
         """Follows until the run ends; returns its exit status. Ctrl-C: stop the run there (a backup is written),
         a second Ctrl-C: detach, leaving it running (exit 130)."""
-        self._attach()
+        try:
+            self._attach()
+        except Exception as error:  # noqa: BLE001  only a broken connection is retried, the rest re-raised
+            if not _is_connection_error(error):
+                raise
+            self._reconnect(error)
         try:
             return self._loop()
         finally:
