@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the venv with the test tools if needed, then runs pytest; arguments pass through to pytest.
 # The GUI tests need an X server (Xvfb), xdotool and ImageMagick's `import`: installed here with apt-get when
-# missing and possible (root, or password-less sudo); otherwise those tests skip and say why.
+# missing and possible (root, or password-less sudo); otherwise those tests skip and say why. The remote-run tests
+# need an OpenSSH server (openssh-server; tests/sshd_server.py starts it as the current user on 127.0.0.1).
 set -euo pipefail
 cd "$(dirname "$0")"
 WAN_TRAINER_DEV=1 ./install.sh
@@ -9,17 +10,18 @@ missing=()
 command -v Xvfb >/dev/null 2>&1 || missing+=(xvfb)
 command -v xdotool >/dev/null 2>&1 || missing+=(xdotool)
 command -v import >/dev/null 2>&1 || missing+=(imagemagick)
+{ command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
 if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     sudo=()
     if [ "$(id -u)" != 0 ]; then
         if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else sudo=(none); fi
     fi
     if [ "${sudo[*]}" = none ]; then
-        echo "run-tests.sh: ${missing[*]} missing and apt-get needs root: the GUI tests will skip" >&2
+        echo "run-tests.sh: ${missing[*]} missing and apt-get needs root: the tests that need them will skip" >&2
     else
-        echo "run-tests.sh: installing ${missing[*]} for the GUI tests (apt-get)" >&2
+        echo "run-tests.sh: installing ${missing[*]} for the GUI and remote-run tests (apt-get)" >&2
         { "${sudo[@]}" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq \
-            "${missing[@]}" >/dev/null; } || echo "run-tests.sh: apt-get failed: the GUI tests will skip" >&2
+            "${missing[@]}" >/dev/null; } || echo "run-tests.sh: apt-get failed: the tests that need ${missing[*]} will skip" >&2
     fi
 fi
 # Tests run in parallel worker processes (pytest-xdist), one per core up to 4, each file's tests on one worker so

@@ -39,6 +39,7 @@ class CtkBottomBar:
         self.start_button = button(buttons, "Start", self.start, width=90, fg_color="#2e7d32",
                                    hover_color="#1b5e20")
         self.start_button.grid(row=0, column=0, pady=3)
+        self._build_remote_button(buttons, 0)   # beside Start (CtkRemoteRun)
         self.stop_button = button(buttons, "Stop", self.stop, width=90, fg_color="#b71c1c", hover_color="#7f0000",
                                   state="disabled")
         self.stop_button.grid(row=1, column=0, pady=3)

@@ -13,6 +13,7 @@ import customtkinter as ctk
 from modules.ui.ConceptController import ConceptController
 from modules.ui.ctk_components import BoundField, button, render_section, scrollable_tab
 from modules.ui.CtkBottomBar import CtkBottomBar
+from modules.ui.CtkRemoteRun import CtkRemoteRun
 from modules.ui.CtkWindowSession import CtkWindowSession
 from modules.ui.ElementsController import ElementsController
 from modules.ui.SamplingController import SamplingController
@@ -27,7 +28,7 @@ FIRST_RUN_HINT = ("New here? Pick \"#demo tiny CPU\" in the presets menu (top le
                   "model and dataset and trains a LoRA in a few minutes on the CPU.")
 
 
-class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
+class CtkTrainView(CtkBottomBar, CtkRemoteRun, CtkWindowSession, ctk.CTk):
     def __init__(self, controller: TrainController | None = None, restore_last_used: bool = True):
         self.controller = controller or TrainController()
         self.prefs_path = self.controller.last_used.parent / "prefs.json"
@@ -60,6 +61,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.after(200, self._preload)
         if self.prefs.interrupted_config:
             self.after(400, self._offer_resume)
+        self.after(600, self._offer_reattach)
         self.after(POLL_MS, self._poll)
 
     def _preload(self) -> None:
@@ -433,6 +435,7 @@ class CtkTrainView(CtkBottomBar, CtkWindowSession, ctk.CTk):
         self.queue_view.show_progress()
         self.sampling_view.poll()
         self.tools_view.poll()
+        self._poll_remote()
         self.after(POLL_MS, self._poll)
 
     def _run_ended(self) -> None:

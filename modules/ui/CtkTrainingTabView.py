@@ -60,6 +60,7 @@ class CtkTrainingTabView:
         self._memory_plan(right, row + 3)
         from modules.ui.CtkMultiGpuSection import CtkMultiGpuSection
         self.multi_gpu = CtkMultiGpuSection(right, app, row + 4)
+        app.build_remote_section(right, row + 5)
 
     def _memory_plan(self, parent, row: int) -> None:
         """The predicted peak of the config being edited against a card size, and "fit to my card" with its

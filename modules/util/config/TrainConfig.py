@@ -14,6 +14,7 @@ from modules.util.config.MethodConfig import EmbeddingConfig, FineTuneConfig, Lo
 from modules.util.config.ModelConfig import ModelConfig, OutputConfig
 from modules.util.config.OptimizerConfig import OptimizerConfig, TimestepConfig
 from modules.util.config.PerformanceConfig import PerformanceConfig
+from modules.util.config.RemoteConfig import RemoteConfig
 from modules.util.config.SchedulingConfig import BackupConfig, SamplingConfig
 from modules.util.config.LossConfig import LossConfig
 from modules.util.config.ValidationConfig import ValidationConfig
@@ -69,6 +70,7 @@ class TrainConfig(BaseConfig):
     animate: AnimateConfig = AnimateConfig()
     performance: PerformanceConfig = PerformanceConfig()
     distributed: DistributedConfig = DistributedConfig()
+    remote: RemoteConfig = RemoteConfig()
 
     @field_validator("device")
     @classmethod
