@@ -125,19 +125,14 @@ def test_the_demo_as_a_user_runs_it_ends_with_previews_moving_the_caption_way(tm
     made there): each prompt's last preview shows a square of its colour moving its way. The base alone does not:
     it knows the directions as "east" and "west" only (modules/util/demo_model.py)."""
     import sys
-    from modules.modelSampler.TrainingSampler import preview_step
     from modules.util.demo_assets import DEMO_SAMPLES
+    from tests.demo_previews import last_previews
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import train
     monkeypatch.chdir(tmp_path)
     assert train.main(["--preset-path", "demo tiny CPU"]) == 0
-    problems = {}
-    for index, sample in enumerate(DEMO_SAMPLES):
-        _, colour_name, _, _, direction = sample["prompt"].split()
-        previews = list((tmp_path / "workspace" / "demo" / "run" / "samples").glob(f"*/{index}-*/*.mp4"))
-        last = max(previews, key=preview_step)
-        assert preview_step(last) == 400, last
-        problems[sample["prompt"]] = caption_square_problems(np.asarray(read_media(last)), colour_name, direction)
+    found = last_previews(tmp_path / "workspace" / "demo" / "run" / "samples", step=400)
+    problems = {prompt: found_problems for prompt, (_last, found_problems) in found.items()}
     assert problems == {sample["prompt"]: [] for sample in DEMO_SAMPLES}
 
 

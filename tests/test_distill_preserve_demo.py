@@ -23,7 +23,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -93,18 +92,14 @@ def preserved_demo(tmp_path_factory, demo_model):
 
 
 def test_the_demo_in_preserve_ends_with_accelerated_previews_moving_the_caption_way(preserved_demo):
-    from modules.modelSampler.TrainingSampler import preview_step
     from modules.util.demo_assets import DEMO_SAMPLES
-    from modules.util.video_io import read_media
+    from tests.demo_previews import last_previews
+    found = last_previews(preserved_demo / "workspace" / "demo" / "run" / "samples", step=400)
     problems = {}
-    for index, sample in enumerate(DEMO_SAMPLES):
-        _, colour_name, _, _, direction = sample["prompt"].split()
-        previews = list((preserved_demo / "workspace" / "demo" / "run" / "samples").glob(f"*/{index}-*/*.mp4"))
-        last = max(previews, key=preview_step)
-        assert preview_step(last) == 400, last
+    for prompt, (last, found_problems) in found.items():
         record = json.loads(last.with_suffix(".json").read_text())
         assert record["steps"] == 4 and record["accelerator"]["timesteps"] == [1000, 750, 500, 250]
-        problems[sample["prompt"]] = caption_square_problems(np.asarray(read_media(last)), colour_name, direction)
+        problems[prompt] = found_problems
     assert problems == {sample["prompt"]: [] for sample in DEMO_SAMPLES}
 
 
