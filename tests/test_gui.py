@@ -499,7 +499,7 @@ def test_what_the_window_says_about_the_model_follows_a_run_that_made_it(app, tm
     assert "not a folder" in app.variant_label.cget("text")
     shutil.copytree(tiny_model("wan2.1-t2v"), folder)    # what the demo's Start does
     app._run_ended()
-    assert run_until(app, lambda: app.variant_label.cget("text").startswith("variant: T2V"), 10)
+    assert run_until(app, lambda: app.variant_label.cget("text").endswith("(T2V)"), 10)
     assert run_until(app, lambda: "transformer: diffusers" in app.part_pickers[0].label.cget("text"), 10)
     assert app.training_view._replan is not None     # the memory line is planned again
 

@@ -107,7 +107,7 @@ def test_preset_tree_and_variant_detection(tiny_model, tmp_path):
     names = [p.name for p in controller.preset_tree()[""]]
     assert "#demo tiny CPU.json" in names
     controller.state.set("model.base_model_name", str(tiny_model("wan2.1-t2v")))
-    assert controller.detect_variant().startswith("T2V")
+    assert controller.detect_variant().endswith("(T2V)")
     controller.state.set("model.base_model_name", str(tmp_path))
     assert controller.detect_variant().startswith("not a Wan model")
 

@@ -140,7 +140,7 @@ class TrainingSampler:
         """sampling.accelerator read against the model (once: the files are checked before training starts); without
         one, a step-distilled base's own schedule (modules/util/distilled_base.py), said once; else None."""
         config = self.trainer.config.sampling.accelerator
-        preserve = getattr(self.trainer.setup, "preserve", None)
+        preserve = getattr(getattr(self.trainer, "setup", None), "preserve", None)
         if config.enabled and preserve is not None:   # distill.mode preserve trains with it: the same files, read once
             return preserve.accelerator
         if getattr(self, "_loaded_accelerator", False) is False:

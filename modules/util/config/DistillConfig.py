@@ -25,7 +25,7 @@ class DistillConfig(BaseConfig):
     stack_check: bool = Field(True, description="with sampling.accelerator: each preview is also made at its own "
                               "full steps and guidance without the accelerator, and the two are compared (a second "
                               "sample per preview)")
-    preserve_weight: float = Field(0.5, ge=0.0, description="preserve: the weight of the preservation term (the "
+    preserve_weight: float = Field(0.5, ge=0.0, le=100.0, description="preserve: the weight of the preservation term (the "
                                    "squared distance of the prediction from the frozen accelerated model's own, "
                                    "without your LoRA) beside the data loss; 0: the accelerator attached, no term")
 
