@@ -16,7 +16,7 @@ import sys
 
 import _bootstrap  # noqa: F401
 
-from sample import DTYPE_ALIASES, accelerator_config, build_samples  # noqa: E402  (scripts/sample.py: the same sample options)
+from sample import DTYPE_ALIASES, accelerator_config, add_accelerator_schedule_arguments, build_samples  # noqa: E402  (scripts/sample.py: the same sample options)
 
 from modules.util.config.bounds import MAX_LORA_STRENGTH  # noqa: E402
 
@@ -34,13 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--accelerator", default=None, metavar="PATH[:STRENGTH]",
                         help="a step/CFG-distill LoRA every cell (the base model's too) runs with, on its schedule "
                              "with guidance 1 (--steps sets its step count, default 4)")
-    parser.add_argument("--accelerator-2", default=None, metavar="PATH",
-                        help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
-    parser.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
-                        help="the accelerator's timestep list out of 1000, highest first (default: evenly spaced "
-                             "by --steps)")
-    parser.add_argument("--accelerator-shift", type=float, default=None,
-                        help="the sigma shift of the accelerator's schedule (default 5, LightX2V's)")
+    add_accelerator_schedule_arguments(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     source.add_argument("--samples-file", help="a samples JSON file or a musubi-style prompt file")

@@ -58,13 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                   "trained with accelerated previews is sampled with that accelerator, when its "
                                   "file is here), and a step-distilled base on the ordinary schedule (by default "
                                   "on its own: docs/distilled.md)")
-    accelerator.add_argument("--accelerator-2", default=None, metavar="PATH",
-                             help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
-    accelerator.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
-                             help="the timestep list out of 1000, highest first (default: 1000,750,500,250 for 4 "
-                                  "steps, LightX2V's)")
-    accelerator.add_argument("--accelerator-shift", type=float, default=None,
-                             help="the sigma shift of the accelerator's schedule (default 5, LightX2V's)")
+    add_accelerator_schedule_arguments(accelerator)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     source.add_argument("--samples-file", help="a samples JSON file or a musubi-style prompt file")
@@ -181,6 +175,17 @@ def demo_defaults(args: argparse.Namespace) -> None:
     if filled:
         args.demo_note = ("the demo's model: " + ", ".join(f"{name} {value:g}" for name, value in filled.items())
                           + " (its squares' settings; give them to override)")
+
+
+def add_accelerator_schedule_arguments(group) -> None:
+    """--accelerator-2 and the accelerator's schedule, as sample.py and compare.py take them."""
+    group.add_argument("--accelerator-2", default=None, metavar="PATH",
+                       help="A14B: the low-noise expert's accelerator file (default: --accelerator on both)")
+    group.add_argument("--accelerator-timesteps", default=None, metavar="T1,T2,...",
+                       help="the timestep list out of 1000, highest first (default: 1000,750,500,250 for 4 steps, "
+                            "LightX2V's)")
+    group.add_argument("--accelerator-shift", type=float, default=None,
+                       help="the sigma shift of the accelerator's schedule (default 5, LightX2V's)")
 
 
 def accelerator_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
