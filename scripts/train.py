@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         config = load_config(args.config_path, preset, seed_options_as_overrides(args) + args.config_value)
         if args.output_dir:
             apply_output_dir(config, args.output_dir, args.config_value)
+        if config.remote.host:
+            print(f"train: remote.host {config.remote.host!r} is set, but `train` runs here; `remote train` runs the "
+                  f"same config there (docs/remote.md)", file=sys.stderr)
         from modules.trainer.distributed import config_problems, launched_by_torchrun, process_count, relaunch
         from modules.trainer.GenericTrainer import GenericTrainer
         from modules.trainer.prepare import prepare_config

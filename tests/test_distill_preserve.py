@@ -209,3 +209,23 @@ def test_preserve_on_the_distilled_animate_2_release_matches_the_release_itself(
     assert (prediction.preserved - expected).abs().max() > 1e-4
     with pytest.raises(ConfigError, match="distill.mode"):
         train(tmp_path / "ordinary", release, folder, steps=1, overrides=common + ["distill.mode=preserve"])
+
+
+def test_distill_settings_a_run_does_not_use_are_named(caplog):
+    """preserve settings under mode base and a stack check without an accelerator are ignored by the run: each is
+    said (prepare_config calls this before any model loads); the defaults say nothing."""
+    import logging
+    from modules.trainer.prepare import note_inapplicable_distill
+    from modules.util.config.TrainConfig import TrainConfig
+    config = TrainConfig()
+    config.distill.preserve_weight = 2.0
+    config.distill.stack_check = False
+    with caplog.at_level(logging.WARNING):
+        note_inapplicable_distill(config)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "distill.preserve_weight / distill.preserve_on are set, but distill.mode is base" in said
+    assert "distill.stack_check is set, but sampling.accelerator has no file" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        note_inapplicable_distill(TrainConfig())
+    assert not caplog.records

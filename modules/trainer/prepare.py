@@ -60,6 +60,7 @@ def prepare_config(config: TrainConfig) -> list:
                 problems += error.problems
             problems += expert_problems(config, variant, base)
             note_inapplicable_control(config, variant, base)
+            note_inapplicable_distill(config)
             if variant.is_animate and not variant.takes_replacement and config.animate.mode == "replace":
                 problems.append(f"animate.mode: replace puts the character into the driving video's scene, which "
                                 f"Wan2.2-Animate-14B does; {str(base)!r} is {variant}, which animates only: set "
@@ -145,6 +146,18 @@ def note_inapplicable_control(config: TrainConfig, variant, base: Path) -> None:
         if concept.enabled and concept.control_path:
             log.warning("data.concepts.%d.control_path is set, but %s is a %s model, which takes no control video: "
                         "it is ignored", index, base, variant)
+
+
+def note_inapplicable_distill(config: TrainConfig) -> None:
+    """distill settings that the run's mode or sampling do not use are ignored: said, as control settings are."""
+    distill, defaults = config.distill, type(config.distill)()
+    if distill.mode == "base" and (distill.preserve_weight != defaults.preserve_weight
+                                   or distill.preserve_on != defaults.preserve_on):
+        log.warning("distill.preserve_weight / distill.preserve_on are set, but distill.mode is base: they apply to "
+                    "distill.mode=preserve only and are ignored")
+    if distill.stack_check != defaults.stack_check and not config.sampling.accelerator.enabled:
+        log.warning("distill.stack_check is set, but sampling.accelerator has no file: the stack check compares "
+                    "accelerated previews with full-step ones, so it is ignored")
 
 
 def expert_problems(config: TrainConfig, variant, base: Path) -> list[str]:
