@@ -74,6 +74,14 @@ class CtkRemoteRun:
             kind, *payload = self.remote.events.get_nowait()
             if kind == "log":
                 self.log(payload[0])
+            elif kind == "run":
+                self.gallery_view.follow(payload[0])   # listed and shown now, its previews as they come home
+            elif kind == "connection":
+                self.remote_button.configure(text="Stop the remote run" if payload[0] == "reconnected"
+                                             else "Stop the remote run (reconnecting...)")
+            elif kind == "detached":
+                self.remote_button.configure(text="Run on a remote machine")
+                self.log(f"remote: {payload[0]} is no longer followed here; it goes on there")
             elif kind == "host_key":
                 self.remote_button.configure(text="Run on a remote machine")
                 self._ask_host_key(*payload)
