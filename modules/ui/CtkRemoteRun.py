@@ -21,9 +21,12 @@ class CtkRemoteRun:
     def build_remote_section(self, parent, row: int) -> None:
         box = ctk.CTkFrame(parent, fg_color="transparent")
         box.grid(row=row, column=0, columnspan=3, sticky="w", pady=(12, 0))
-        render_section(box, self.config_state, "remote", fields=self.fields,
-                       title="remote machine (Run on a remote machine; docs/remote.md)", width=160,
-                       error_width=200)
+        row = render_section(box, self.config_state, "remote", fields=self.fields,
+                             title="remote machine (Run on a remote machine; docs/remote.md)", width=260,
+                             error_width=200)
+        # a mapping has no field of its own here: it is named, so the setting is found
+        ctk.CTkLabel(box, text="model files the remote has already: remote.model_paths in the config file",
+                     anchor="w").grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(2, 0))
 
     def start_remote(self, accept: str | None = None) -> None:
         if self.remote.running:
