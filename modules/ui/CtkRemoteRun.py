@@ -22,8 +22,8 @@ class CtkRemoteRun:
         box = ctk.CTkFrame(parent, fg_color="transparent")
         box.grid(row=row, column=0, columnspan=3, sticky="w", pady=(12, 0))
         row = render_section(box, self.config_state, "remote", fields=self.fields,
-                             title="remote machine (Run on a remote machine; docs/remote.md)", width=260,
-                             error_width=200)
+                             title="remote machine (Run on a remote machine; docs/remote.md)", width=240,
+                             error_width=160)
         # a mapping has no field of its own here: it is named, so the setting is found
         ctk.CTkLabel(box, text="model files the remote has already: remote.model_paths in the config file",
                      anchor="w").grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(2, 0))
