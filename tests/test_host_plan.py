@@ -31,7 +31,7 @@ def test_every_phase_predicts_the_memory_a_real_run_measures(tmp_path):
 
 def test_the_14b_preset_plan_names_its_parts_per_phase():
     """The 24 GB 14B preset (no weights: the released configs): the text encoder waits in host memory while the VAE
-    encodes, the swapped blocks are pinned at power-of-two sizes, and the text encoder is gone in training."""
+    encodes, the swapped blocks are pinned at their own size (one arena), and the text encoder is gone in training."""
     from modules.util.config.config_io import load_config
     from modules.util.presets import resolve_preset
     config = load_config(None, resolve_preset("wan 2.1 14B LoRA 24GB"), [])
@@ -41,7 +41,8 @@ def test_the_14b_preset_plan_names_its_parts_per_phase():
     assert 13 * GIB < vae_pass["transformer"] < 14 * GIB            # 14B in float8
     step = plan.phases["training step"]
     assert "text encoder" not in step and "transformer" not in step
-    assert step["swapped blocks (pinned)"] > 1.4 * 34 / 40 * vae_pass["transformer"]   # rounded up per tensor
+    # 34 of 40 blocks, not rounded up per tensor (the blocks are most but not all of the transformer's weights)
+    assert 0.8 * 34 / 40 * vae_pass["transformer"] < step["swapped blocks (pinned)"] < 34 / 40 * vae_pass["transformer"]
     assert plan.line().startswith(f"predicted host RAM peak: {plan.peak_gib:.1f} GiB (phase ")
 
 

@@ -11,10 +11,12 @@ Each phase is a sum of parts (bytes); the run's host peak is the largest phase. 
 configs (built on the meta device: no weights), the weight dtypes of the config and the device plan of the
 training step (its block swap weights and offloaded activations, `Prediction.host_pinned_bytes`).
 
-Pinned host memory (block swap, offloaded activations, page-locked batches) comes from PyTorch's caching host
-allocator, which rounds every allocation up to a power of two and keeps freed blocks for reuse: each swapped
-tensor is counted at its rounded size. On a CPU device nothing is pinned and the training step's whole trace
-(weights, adapters, optimizer state, activations) lives in host memory.
+Pinned host memory: block swap keeps its swapped blocks in one page-locked arena of their exact size (each tensor
+aligned to 64 bytes) and activation offload its block inputs in exact-size page-locked buffers reused every step
+and kept after (modules/util/pinned_arena.py), so both count their bytes. The page-locked batches still come from
+PyTorch's caching host allocator, which rounds every allocation up to a power of two (`pinned_bytes`). On a CPU
+device nothing is pinned and the training step's whole trace (weights, adapters, optimizer state, activations)
+lives in host memory.
 """
 from __future__ import annotations
 
@@ -170,16 +172,17 @@ def part_bytes(config: TrainConfig, arch) -> dict[str, int]:
     return parts
 
 
-def _swapped_block_bytes(config: TrainConfig, arch, pinned: bool) -> tuple[int, int]:
-    """(bytes as tensors, bytes as the host allocator takes them) of the swapped blocks' weights."""
+def _swapped_block_bytes(config: TrainConfig, arch) -> tuple[int, int]:
+    """(bytes as tensors, bytes of block swap's arena: each tensor aligned) of the swapped blocks' weights."""
+    from modules.util.pinned_arena import ALIGNMENT
     count = min(config.performance.block_swap, arch.transformer["num_layers"])
     if not count:
         return 0, 0
     _total, blocks = _transformer_numels(arch)
     size = _dtype_bytes(config.model.transformer.weight_dtype)
     exact = sum(n * size for block in blocks[-count:] for n in block)
-    rounded = sum(pinned_bytes(n * size) for block in blocks[-count:] for n in block) if pinned else exact
-    return exact, rounded
+    arena = sum(-(-n * size // ALIGNMENT) * ALIGNMENT for block in blocks[-count:] for n in block)
+    return exact, arena
 
 
 def _media_bytes(config: TrainConfig, shape) -> int:
@@ -241,15 +244,11 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
     if prediction is not None:
         state = prediction.parts.get("trainable + grads + optimizer", 0)
     if cuda:
-        exact, rounded = _swapped_block_bytes(config, arch, pinned=True)
-        step["swapped blocks (pinned)"] = rounded
-        if rounded > exact:
-            notes.append(f"the swapped blocks take {rounded / GIB:.1f} GiB pinned for {exact / GIB:.1f} GiB of "
-                         f"weights (the host allocator rounds each tensor up to a power of two)")
-        if prediction is not None:
-            offloaded = max(0, prediction.host_pinned_bytes - exact)
-            inputs = _offloaded_inputs(config, arch)
-            step["offloaded activations (pinned)"] = inputs * pinned_bytes(offloaded // inputs) if inputs else 0
+        exact, arena = _swapped_block_bytes(config, arch)
+        step["swapped blocks (pinned)"] = arena
+        if prediction is not None and _offloaded_inputs(config, arch):
+            # exact-size buffers, kept for the next step (and so through previews, backups and the save)
+            step["offloaded block inputs (pinned, kept)"] = max(0, prediction.host_pinned_bytes - exact)
         step["batch (pinned)"] = _batch_bytes(config, arch, shape, pinned=True)
     else:
         step.update({k: v for k, v in transformers.items() if k in trained})
