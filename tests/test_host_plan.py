@@ -30,14 +30,15 @@ def test_every_phase_predicts_the_memory_a_real_run_measures(tmp_path):
 
 
 def test_the_14b_preset_plan_names_its_parts_per_phase():
-    """The 24 GB 14B preset (no weights: the released configs): the text encoder waits in host memory while the VAE
-    encodes, the swapped blocks are pinned at their own size (one arena), and the text encoder is gone in training."""
+    """The 24 GB 14B preset (no weights: the released configs): the text encoder is released before the VAE pass,
+    the swapped blocks are pinned at their own size (one arena), and the text encoder is gone in training."""
     from modules.util.config.config_io import load_config
     from modules.util.presets import resolve_preset
     config = load_config(None, resolve_preset("wan 2.1 14B LoRA 24GB"), [])
     plan = plan_host(config, cuda=True)
     vae_pass = plan.phases["caching: VAE / image encoding"]
-    assert 10 * GIB < vae_pass["text encoder"] < 11 * GIB          # UMT5-XXL in bfloat16, its embedding once
+    assert 10 * GIB < plan.phases["load"]["text encoder"] < 11 * GIB   # UMT5-XXL in bfloat16, its embedding once
+    assert "text encoder" not in vae_pass     # released after the text pass, which runs first
     assert 13 * GIB < vae_pass["transformer"] < 14 * GIB            # 14B in float8
     step = plan.phases["training step"]
     assert "text encoder" not in step and "transformer" not in step

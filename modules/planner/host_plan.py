@@ -3,8 +3,9 @@
 The process holds different parts in host memory as it goes (GenericTrainer): every part is read into host memory
 (load: the transformer cast tensor by tensor as read, so one tensor in float32 is in flight), caching moves one
 encoder at a time to the device while the others wait on the host (the transformer waits for the whole of
-caching), the text encoder is released after caching (the previews' prompt embeddings kept; Animate-2's previews
-read it again), the transformer moves to the device except its swapped blocks, a backup copies the trainable weights and the
+caching), the text pass runs first and the text encoder is released before the VAE pass (the previews' prompt
+embeddings kept; Animate-2's previews read it again; an embedding run keeps it, distill.mode preserve releases it
+after caching), the transformer moves to the device except its swapped blocks, a backup copies the trainable weights and the
 optimizer state to the host, and the final save converts the trained weights to the output dtype.
 
 Each phase is a sum of parts (bytes); the run's host peak is the largest phase. Sizes come from the parts' own
@@ -37,7 +38,7 @@ ENCODERS = Path(__file__).resolve().parents[2] / "resources" / "wan_configs" / "
 PROCESS_BYTES = 640 * MIB
 CUDA_HOST_BYTES = 1536 * MIB
 
-PHASES = ("load", "caching: VAE / image encoding", "caching: text encoding", "training step", "preview", "backup",
+PHASES = ("load", "caching: text encoding", "caching: VAE / image encoding", "training step", "preview", "backup",
           "final save")
 PROCESS = "process (interpreter, libraries)"
 
@@ -223,14 +224,19 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
         # float8 from a full-precision file goes through float32 tensor by tensor (test_host_memory.py)
         phases["load"]["one tensor cast as read (float32)"] = max((n for b in blocks for n in b), default=0) * 4
 
-    media = _media_bytes(config, shape)
-    on_device_vae = ("VAE", "image encoder") if cuda else ()
-    phases["caching: VAE / image encoding"] = {**base, **{k: v for k, v in parts.items() if k not in on_device_vae},
-                                               "decoded clips in flight": media}
     on_device_text = ("text encoder",) if cuda else ()
     phases["caching: text encoding"] = {**base, **{k: v for k, v in parts.items() if k not in on_device_text}}
     if not cuda:   # the encoder's activations are in host memory too
         phases["caching: text encoding"]["text encoder activations"] = _text_activation_bytes(config)
+    media = _media_bytes(config, shape)
+    # the text pass runs first; a training run then releases the text encoder unless it needs it later
+    from modules.model.released_parts import released_before_vae_pass
+    not_here = ("VAE", "image encoder") if cuda else ()
+    not_here += ("text encoder",) if released_before_vae_pass(config) else ()
+    phases["caching: VAE / image encoding"] = {**base, **{k: v for k, v in parts.items() if k not in not_here},
+                                               "decoded clips in flight": media}
+    if released_before_vae_pass(config) and config.sampling.samples_file and not arch.variant.takes_driving_video:
+        phases["caching: VAE / image encoding"]["kept prompt embeddings"] = _kept_prompt_bytes(config)
 
     # training: the trained expert(s) on the device but for the swapped blocks; an expert not trained stays here
     kept_encoders = {k: v for k, v in encoders.items() if k != "text encoder"}
