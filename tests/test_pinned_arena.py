@@ -15,10 +15,6 @@ from modules.util.pinned_arena import ALIGNMENT, PAGE, PinnedArena, PinnedBuffer
 from tests.test_memory_features import ARCH, one_step
 
 
-def _steps(performance, checkpointing=False):
-    return one_step(performance=performance, checkpointing=checkpointing)
-
-
 def assert_identical(result, reference):
     assert torch.equal(result[0], reference[0])
     assert result[1].keys() == reference[1].keys()
@@ -26,10 +22,14 @@ def assert_identical(result, reference):
         assert torch.equal(result[1][name], reference[1][name]), name
 
 
-def test_block_swap_from_one_arena_gives_the_same_step_bit_for_bit(monkeypatch):
-    reference = _steps({"block_swap": 2})
+@pytest.mark.parametrize("fp8", [False, True])
+def test_block_swap_from_one_arena_gives_the_same_step_bit_for_bit(monkeypatch, fp8):
+    """The host copies as the parameters' own tensors (before) and as views into one arena: the same step; with
+    fp8 layerwise storage the arena holds the float8 weights."""
+    dtype = "BFLOAT_16" if fp8 else "FLOAT_32"   # fp8 storage computes in bf16
+    reference = one_step(performance={"block_swap": 2}, dtype=dtype, fp8=fp8)
     monkeypatch.setattr(performance_setup, "BlockSwap", functools.partial(BlockSwap, arena=True))
-    result = _steps({"block_swap": 2})
+    result = one_step(performance={"block_swap": 2}, dtype=dtype, fp8=fp8)
     assert_identical(result, reference)
     swap = result[2].performance["transformer"].block_swap
     hosts = [host for index in swap.indices for _, host in swap.host[index]]
@@ -39,14 +39,15 @@ def test_block_swap_from_one_arena_gives_the_same_step_bit_for_bit(monkeypatch):
                for h in hosts)
     assert swap.arena.nbytes == layout(hosts)[1] < sum(h.numel() * h.element_size() for h in hosts) + \
         ALIGNMENT * len(hosts)
+    assert any(h.dtype == torch.float8_e4m3fn for h in hosts) == fp8
     # between uses the parameters are the arena's views again
     assert all(p.data_ptr() == h.data_ptr() for index in swap.indices for p, h in swap.host[index])
 
 
 def test_activation_offload_from_a_pool_gives_the_same_steps_and_reuses_its_buffers(monkeypatch):
-    reference = _steps({"activation_offload": True}, checkpointing=True)
+    reference = one_step(performance={"activation_offload": True}, checkpointing=True)
     monkeypatch.setattr(performance_setup, "ActivationOffload", functools.partial(ActivationOffload, pooled=True))
-    result = _steps({"activation_offload": True}, checkpointing=True)
+    result = one_step(performance={"activation_offload": True}, checkpointing=True)
     assert_identical(result, reference)
     offload = result[2].performance["transformer"].offload
     gc.collect()
