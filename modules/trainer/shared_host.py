@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from modules.util.pinned_arena import layout, page_lock
+from modules.util.pinned_arena import layout, page_lock, views
 from modules.util.ranks import barrier, broadcast_json
 
 PREFIX = "wan-trainer-host-"
@@ -60,11 +60,7 @@ def share_on_machine(tensors: list[torch.Tensor], tag: str, device: torch.device
         path.unlink()
     if device.type == "cuda":   # each process registers its own mapping; a refusal leaves it pageable (a warning)
         page_lock(mapping)
-    views = []
-    for tensor, offset in zip(tensors, offsets):
-        nbytes = tensor.numel() * tensor.element_size()
-        views.append(mapping[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape))
-    return views
+    return views(mapping, tensors, offsets)
 
 
 def share_swapped_blocks(setup, experts: list[str], device: torch.device) -> int:

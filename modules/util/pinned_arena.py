@@ -17,6 +17,7 @@ Without `pin` (a CPU device, tests) the same allocations and views are made with
 from __future__ import annotations
 
 import logging
+import mmap
 import weakref
 
 import torch
@@ -24,7 +25,7 @@ import torch
 log = logging.getLogger(__name__)
 
 ALIGNMENT = 64   # every tensor starts on a cache line (and so on its own element size)
-PAGE = 4096      # the registered range starts on a page
+PAGE = mmap.PAGESIZE   # the registered range starts on a page
 
 
 def layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
@@ -34,6 +35,12 @@ def layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
         offsets.append(total)
         total += -(-tensor.numel() * tensor.element_size() // ALIGNMENT) * ALIGNMENT
     return offsets, max(total, ALIGNMENT)
+
+
+def views(buffer: torch.Tensor, like: list[torch.Tensor], offsets: list[int]) -> list[torch.Tensor]:
+    """Tensors of `like`'s dtypes and shapes at `offsets` of the uint8 `buffer` (its values, not `like`'s)."""
+    return [buffer[offset:offset + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
+            for tensor, offset in zip(like, offsets)]
 
 
 def page_lock(buffer: torch.Tensor) -> bool:
@@ -87,8 +94,7 @@ class PinnedArena:
     def __init__(self, like: list[torch.Tensor]):
         offsets, size = layout(like)
         self.buffer = PinnedBuffer(size)
-        self.views = [self.buffer.bytes[offset:offset + tensor.numel() * tensor.element_size()]
-                      .view(tensor.dtype).view(tensor.shape) for tensor, offset in zip(like, offsets)]
+        self.views = views(self.buffer.bytes, like, offsets)
 
     @property
     def nbytes(self) -> int:
