@@ -49,3 +49,48 @@ def event(controller, kinds: tuple[str, ...], timeout_s: float = 900) -> tuple:
     raise AssertionError(f"no {kinds} event; last: {seen[-5:]}")
 
 
+
+
+class TrainerHold:
+    """Pauses the remote trainer (SIGSTOP) the moment its first preview of `step` is whole (its JSON, written after
+    the video), watching the remote work folder directly (the server runs on this machine): a test that waited for
+    the preview to come home over SSH first could find the run already ended on a loaded machine."""
+
+    def __init__(self, work_dir, step: int, deadline: float):
+        import threading
+        self.work_dir, self.step, self.deadline = work_dir, step, deadline
+        self.pid: int | None = None
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        import os
+        import signal
+        import time
+        from pathlib import Path
+        while time.monotonic() < self.deadline:
+            if any(Path(self.work_dir).glob(f"out/**/samples/*/*/{self.step}-*.json")):
+                pid_file = next(Path(self.work_dir).glob("runs/*/pid"))
+                self.pid = int(pid_file.read_text())
+                os.kill(self.pid, signal.SIGSTOP)
+                return
+            time.sleep(0.005)
+
+    def held(self) -> int:
+        """The paused trainer's pid (waits for the pause)."""
+        self.thread.join(timeout=max(0.0, self.deadline - __import__("time").monotonic()))
+        assert self.pid is not None, f"no preview of step {self.step} in {self.work_dir} in time"
+        return self.pid
+
+    def release(self) -> None:
+        """Lets the trainer go on (SIGCONT) and stops watching: in a test's `finally`, so that a failing test never
+        leaves a paused trainer behind."""
+        import os
+        import signal
+        self.deadline = 0.0
+        self.thread.join(timeout=5)
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass

@@ -15,7 +15,7 @@ from pathlib import Path
 from modules.remote.hashing import file_sha256
 from modules.remote.RemoteFollower import RemoteFollower
 from modules.remote.RunRecord import RunRecord
-from tests.remote_helpers import remote_args, sshd  # noqa: F401
+from tests.remote_helpers import TrainerHold, remote_args, sshd  # noqa: F401
 from tests.script_loader import load_script
 
 # the demo, four steps, previews after steps 2 and 4: the drop comes between them
@@ -43,6 +43,7 @@ def test_a_dropped_connection_is_said_the_follower_reconnects_and_brings_every_f
                                                                                                  monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     remote = load_script("remote")
+    hold = TrainerHold(tmp_path / "there", step=2, deadline=time.monotonic() + 600)
     assert remote.main(["train", "--no-follow", *remote_args(sshd, tmp_path, SETTINGS)]) == 0
     capsys.readouterr()
     record = RunRecord.load(next((tmp_path / "workspace" / "demo" / "run" / "remote").glob("*/run.json")))
@@ -59,8 +60,7 @@ def test_a_dropped_connection_is_said_the_follower_reconnects_and_brings_every_f
     try:
         wait_for(lambda: any("preview home" in line and line.endswith(".mp4") for line in said), deadline,
                  "preview of step 2", said)
-        trainer = int((run_dir / "pid").read_text())
-        os.kill(trainer, signal.SIGSTOP)   # held while the connection drops: the drops land mid-run
+        hold.held()   # the trainer paused since its first preview: the drops land mid-run
         try:
             assert not (run_dir / "exit_status").exists()
             # 1. the connection is cut: the server's side of it goes away
@@ -79,11 +79,12 @@ def test_a_dropped_connection_is_said_the_follower_reconnects_and_brings_every_f
             wait_for(lambda: sum("reconnected" in line for line in said) == 2, time.monotonic() + 120,
                      "reconnect after the server stopped answering", said)
         finally:
-            os.kill(trainer, signal.SIGCONT)
+            hold.release()
         thread.join(timeout=max(1.0, deadline - time.monotonic()))
         assert not thread.is_alive(), "the follower did not finish:\n" + "\n".join(said[-30:])
     finally:
         follower.detach_requested.set()   # a failed test leaves no follower waiting behind it
+        hold.release()
         for pid in stopped_sessions:
             os.kill(pid, signal.SIGKILL)
     assert result.get("status") == 0, "\n".join(said[-30:])
@@ -145,9 +146,9 @@ def test_the_gui_controller_shows_previews_as_they_come_and_a_restarted_window_f
         return {cell.path.resolve(): cell.step for cell in runs[run_name].cells.values()} if run_name in runs else {}
 
     deadline = time.monotonic() + 600
+    hold = TrainerHold(tmp_path / "there", step=2, deadline=deadline)
     controller = RemoteController(state)
     assert controller.start(accept=sshd.host_fingerprint) == []
-    trainer = None
     try:
         before = next_events(controller, "run", deadline)
         run_name = before[-1][1]
@@ -157,16 +158,14 @@ def test_the_gui_controller_shows_previews_as_they_come_and_a_restarted_window_f
         first = Path(before[-1][1]).resolve()
         assert gallery_cells(run_name).get(first) == 2   # in the gallery as it arrived, the preview of step 2
         record = controller.record
-        trainer = int(Path(record.run_dir, "pid").read_text())
-        os.kill(trainer, signal.SIGSTOP)   # the window closes mid-run
+        hold.held()   # the trainer paused since its first preview: the window closes mid-run
         assert not Path(record.run_dir, "exit_status").exists()
         controller.detach()
         before += next_events(controller, "detached", deadline)
         assert before[-1] == ("detached", run_name)
         controller.thread.join(timeout=60)
         assert not controller.running and not record.ended
-        os.kill(trainer, signal.SIGCONT)   # the run goes on there while no window follows it
-        trainer = None
+        hold.release()   # the run goes on there while no window follows it
 
         after_restart = RemoteController(state)
         found = after_restart.reattachable()
@@ -174,8 +173,7 @@ def test_the_gui_controller_shows_previews_as_they_come_and_a_restarted_window_f
         after_restart.reattach(found)
         events = next_events(after_restart, "ended", deadline)
     finally:
-        if trainer is not None:
-            os.kill(trainer, signal.SIGCONT)
+        hold.release()
         controller.detach()
     assert events[0] == ("run", run_name) and events[-1] == ("ended", 0)
     arrived_before = [Path(value).resolve() for kind, value in before if kind == "preview"]
