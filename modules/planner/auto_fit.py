@@ -286,7 +286,9 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
             if not fitting and math.isfinite(gib) and other not in bounded and at_least(other, key, layers):
                 result.dominated.append((settings, other))
                 bounded.add(key)
-                traced[key] = (gib, False)   # its peak is at least that
+                # its peak is above `gib`, by how much unknown: no anchor for a guessed swap count (_fewest_swapped
+                # bisects), where the bound would guess too few swapped blocks and trace more settings
+                traced[key] = (math.inf, False)
                 return True
         return False
 
