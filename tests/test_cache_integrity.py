@@ -79,3 +79,18 @@ def test_a_damaged_cache_entry_is_encoded_again(damage, cached, tmp_path, caplog
         for name in tensors:
             torch.testing.assert_close(again[name], tensors[name], atol=1e-6, rtol=0)
     assert sum(len(batch["prompt"]) for batch in loader.batches(0)) == 3
+
+
+def test_the_text_pass_first_writes_the_entries_the_vae_pass_first_wrote(cached, tmp_path):
+    """Caching runs the text pass before the VAE pass (the text encoder is released between them): every entry is
+    the one the former order (VAE pass, then text pass) writes, byte for byte in its tensors."""
+    make_loader, filled = cached   # filled by cache(): the text pass first
+    former = make_loader(tmp_path / "former")
+    for name in ("EncodeVideo", "EncodeText"):
+        former._cache_epoch(0, former.encoders[name])
+    files = sorted(p.relative_to(filled) for p in filled.rglob("*.safetensors"))
+    assert files == sorted(p.relative_to(tmp_path / "former") for p in (tmp_path / "former").rglob("*.safetensors"))
+    assert any("latents" in path.parts for path in files) and any("text" in path.parts for path in files), files
+    for path in files:
+        now, before = load_file(str(filled / path)), load_file(str(tmp_path / "former" / path))
+        assert now.keys() == before.keys() and all(torch.equal(now[k], before[k]) for k in now), path

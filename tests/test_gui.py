@@ -86,6 +86,50 @@ def test_every_tab_renders_and_is_captured(app, tmp_path, tiny_model, squares_da
     assert len(names) == 13
 
 
+def test_the_remote_section_is_whole_on_the_training_tab_and_captured(app):
+    """The remote machine's fields on the training tab, once (not again among the left column's sections): each
+    label and entry inside the window once scrolled there, no default value cut off, the mapping that has no field
+    named."""
+    app.tabview.set("training")
+    settle(app, 0.3)
+    tab = app.tabs["training"]
+    title = app.fields["remote.host"].label
+    tab._parent_canvas.yview_moveto((title.winfo_rooty() - tab.winfo_rooty() - 120) / tab.winfo_height())
+    settle(app, 0.4)
+    path = screenshot(app, "tab-training-remote")
+    try:
+        _the_remote_section_is_whole(app, tab, title)
+    finally:
+        tab._parent_canvas.yview_moveto(0.0)   # the later tests click the tab's first fields
+        settle(app, 0.2)
+    assert_not_empty(path)
+
+
+def _the_remote_section_is_whole(app, tab, title) -> None:
+    left, top = app.winfo_rootx(), app.winfo_rooty()
+    right, bottom = left + app.winfo_width(), top + app.winfo_height()
+    remote = [name for name in app.fields if name.startswith("remote.")]
+    assert {"remote.host", "remote.user", "remote.port", "remote.key_file", "remote.known_hosts", "remote.work_dir",
+            "remote.python"} <= set(remote)
+    for name in remote:
+        for widget in (app.fields[name].label, app.fields[name].widget):
+            assert widget.winfo_viewable(), name
+            x, y = widget.winfo_rootx(), widget.winfo_rooty()
+            assert left <= x and x + widget.winfo_width() <= right and top <= y and y + widget.winfo_height() <= bottom, \
+                (name, (x, y, widget.winfo_width(), widget.winfo_height()), (left, top, right, bottom))
+        if hasattr(app.fields[name].widget, "_entry"):   # the default text whole, not cut at the entry's edge
+            assert app.fields[name].widget._entry.xview() == (0.0, 1.0), (name, app.fields[name].variable.get())
+    assert [label for label in title.master.grid_slaves() if type(label) is type(title)
+            and "model_paths" in label.cget("text")]
+
+    def labels(widget):
+        for child in widget.winfo_children():
+            if type(child) is type(title):
+                yield child.cget("text")
+            yield from labels(child)
+    assert list(labels(tab)).count("host") == 1   # one section: a second would bind the same settings twice
+
+
 def test_every_simple_config_field_has_a_widget(app):
     """The generic section renderer: every simple field of the schema has a bound widget with no per-field view
     code; the method tab shows the section of the chosen training method."""

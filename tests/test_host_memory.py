@@ -85,22 +85,29 @@ def test_convert_model_keeps_a_bfloat16_models_dtypes_and_size(tiny_model, tmp_p
 
 def test_the_text_encoder_is_released_after_caching_and_previews_still_run(tiny_model, squares_dataset, tmp_path,
                                                                           monkeypatch):
-    """After caching the prompts' embeddings training needs no text encoder: it is dropped (its memory returned),
-    and each preview reads it again for its prompts and drops it after."""
+    """Once the prompts' embeddings are cached training needs no text encoder: the text pass runs first and the
+    encoder is dropped (its memory returned) before the VAE pass, and each preview reads it again for its prompts
+    and drops it after."""
     import gc
     import json
     import weakref
     from learning import train
+    from modules.dataLoader.WanBaseDataLoader import WanBaseDataLoader
     from modules.trainer.GenericTrainer import GenericTrainer
-    held = {}
-    cache = GenericTrainer._cache
+    held, passes = {}, []
+    release, cache_epoch = GenericTrainer._release_text_encoder, WanBaseDataLoader._cache_epoch
 
-    def cache_and_watch(self):
-        done = cache(self)
+    def release_and_watch(self):
         held["parameter"] = weakref.ref(next(self.model.text_encoder.parameters()))
-        return done
+        held["passes before"] = list(passes)
+        return release(self)
 
-    monkeypatch.setattr(GenericTrainer, "_cache", cache_and_watch)
+    def cache_epoch_and_watch(self, epoch, encoder, *args, **kwargs):
+        passes.append(type(encoder).__name__)
+        return cache_epoch(self, epoch, encoder, *args, **kwargs)
+
+    monkeypatch.setattr(GenericTrainer, "_release_text_encoder", release_and_watch)
+    monkeypatch.setattr(WanBaseDataLoader, "_cache_epoch", cache_epoch_and_watch)
     samples = tmp_path / "samples.json"
     samples.write_text(json.dumps([{"prompt": "a red square moving left", "width": 32, "height": 32, "frames": 9,
                                     "steps": 2, "seed": 1}]))
@@ -108,6 +115,8 @@ def test_the_text_encoder_is_released_after_caching_and_previews_still_run(tiny_
                     overrides=[f"sampling.samples_file={samples}", "sampling.every_n_steps=1",
                                "sampling.sample_before_training=true"])
     assert trainer.hooks.sampler.failures == 0
+    # released after the text pass, before the VAE pass
+    assert held["passes before"] == ["EncodeText"] and passes == ["EncodeText", "EncodeVideo"], passes
     gc.collect()
     assert held["parameter"]() is None
     assert trainer.model.text_encoder is None

@@ -30,18 +30,20 @@ def test_every_phase_predicts_the_memory_a_real_run_measures(tmp_path):
 
 
 def test_the_14b_preset_plan_names_its_parts_per_phase():
-    """The 24 GB 14B preset (no weights: the released configs): the text encoder waits in host memory while the VAE
-    encodes, the swapped blocks are pinned at power-of-two sizes, and the text encoder is gone in training."""
+    """The 24 GB 14B preset (no weights: the released configs): the text encoder is released before the VAE pass,
+    the swapped blocks are pinned at their own size (one arena), and the text encoder is gone in training."""
     from modules.util.config.config_io import load_config
     from modules.util.presets import resolve_preset
     config = load_config(None, resolve_preset("wan 2.1 14B LoRA 24GB"), [])
     plan = plan_host(config, cuda=True)
     vae_pass = plan.phases["caching: VAE / image encoding"]
-    assert 10 * GIB < vae_pass["text encoder"] < 11 * GIB          # UMT5-XXL in bfloat16, its embedding once
+    assert 10 * GIB < plan.phases["load"]["text encoder"] < 11 * GIB   # UMT5-XXL in bfloat16, its embedding once
+    assert "text encoder" not in vae_pass     # released after the text pass, which runs first
     assert 13 * GIB < vae_pass["transformer"] < 14 * GIB            # 14B in float8
     step = plan.phases["training step"]
     assert "text encoder" not in step and "transformer" not in step
-    assert step["swapped blocks (pinned)"] > 1.4 * 34 / 40 * vae_pass["transformer"]   # rounded up per tensor
+    # 34 of 40 blocks, not rounded up per tensor (the blocks are most but not all of the transformer's weights)
+    assert 0.8 * 34 / 40 * vae_pass["transformer"] < step["swapped blocks (pinned)"] < 34 / 40 * vae_pass["transformer"]
     assert plan.line().startswith(f"predicted host RAM peak: {plan.peak_gib:.1f} GiB (phase ")
 
 
@@ -146,7 +148,8 @@ def test_the_guard_keeps_each_presets_host_peak_and_names_a_regression():
     name = "wan 2.1 1.3B LoRA 16GB"
     config = load_config(preset_path=str(preset_guard.shipped_presets()[name]))
     assert preset_guard.guard_host_bytes(config) == stored[name]["host_bytes"]
-    config.data.dataloader_threads = 16
+    # 128 clips in flight (about 35 GiB): the VAE pass, with the text encoder released before it, above the load
+    config.data.dataloader_threads = 64
     planted = {name: {**stored[name], "host_bytes": preset_guard.guard_host_bytes(config)}}
     messages = preset_guard.regressions(stored, planted)
     assert len(messages) == 1 and messages[0].startswith(f"{name}: predicted host RAM peak grew "), messages

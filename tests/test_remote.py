@@ -14,14 +14,9 @@ from modules.remote.hashing import file_sha256
 from modules.remote.SshConnection import SshConnection, parse_host
 from modules.remote.transfer import FileToSend, Uploader
 from tests.script_loader import load_script
+from tests.remote_helpers import DEMO_VALUES, event as _event, remote_args as _remote_args, sshd  # noqa: F401
+from tests.remote_helpers import values as _values
 from tests.sshd_server import start_sshd
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.stop()
 
 
 def accepted(sshd, tmp_path) -> Path:
@@ -155,22 +150,6 @@ def test_a_full_remote_disk_is_named_before_anything_is_sent(sshd, tmp_path):
 
 # ---- runs -----------------------------------------------------------------------------------------------------------
 
-# the demo, two steps, one round of previews at the end
-DEMO_VALUES = ["max_steps=2", "sampling.every_n_steps=2", "sampling.sample_before_training=false", "sampling.steps=2",
-               "backup.every_n_steps=2"]
-
-
-def _values(values: list[str]) -> list[str]:
-    return [part for value in values for part in ("--config-value", value)]
-
-
-def _remote_args(sshd, tmp_path, values: list[str], accept: bool = True) -> list[str]:
-    args = ["--preset-path", "demo tiny CPU", "--host", sshd.host, "--key-file", str(sshd.client_key)]
-    args += ["--accept-host-key", sshd.host_fingerprint] if accept else []
-    return args + _values(values + [f"remote.python={sys.executable}", f"remote.work_dir={tmp_path / 'there'}",
-                                    f"remote.known_hosts={tmp_path / 'known_hosts'}"])
-
-
 def _tensors(path: Path) -> dict:
     from safetensors.torch import load_file
     return load_file(str(path))
@@ -266,24 +245,6 @@ def test_a_run_that_dies_there_shows_its_last_log_lines_and_the_resume_command(s
     err = capsys.readouterr().err
     assert "failed there (exit 137)" in err and "its last log lines" in err
     assert "run-cmd.sh remote train --preset-path" in err and "backup.continue_last_backup=true" in err and "run_name=" in err
-
-
-def _event(controller, kinds: tuple[str, ...], timeout_s: float = 900) -> tuple:
-    """The controller's next event of one of `kinds` (log lines on the way are skipped)."""
-    import queue
-    import time
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        try:
-            event = controller.events.get(timeout=1)
-        except queue.Empty:
-            continue
-        if event[0] in kinds:
-            return event
-        seen.append(event)
-        assert event[0] not in ("refused", "failed"), event
-    raise AssertionError(f"no {kinds} event; last: {seen[-5:]}")
 
 
 def test_the_gui_controller_asks_for_the_host_key_runs_there_and_follows_again_after_a_restart(sshd, tmp_path,

@@ -5,7 +5,7 @@ The scan and probe stages run before any model loads (`scan`), so "no usable ite
 added once the model is there (`attach_model`)."""
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,16 +272,23 @@ class WanBaseDataLoader:
             return [part for part in (self.model.vae, self.model.image_encoder) if part is not None]
         return []
 
-    def cache(self, epochs: int | None = None) -> None:
+    def cache(self, epochs: int | None = None, after_text: Callable[[], None] | None = None) -> None:
         """Encodes every item of the first epoch (and of each of `epochs` epochs, default `config.epochs`, when
-        windows or crops are random) into the disk cache, one encoder at a time: the VAE (with CLIP) pass, then the text encoder pass, each part on the
-        training device only for its pass, so a 24 GB card never holds UMT5 and the VAE together, nor either with
-        the transformer (which moves there after caching). Items whose media fail to decode are skipped, counted
-        and left out of training."""
+        windows or crops are random) into the disk cache, one encoder at a time: the text encoder pass, then the
+        VAE (with CLIP) pass, each part on the training device only for its pass, so a 24 GB card never holds UMT5
+        and the VAE together, nor either with the transformer (which moves there after caching). `after_text` runs
+        between the two (the trainer releases the text encoder there: UMT5-XXL's 10.6 GiB are not in host memory
+        while the VAE pass decodes clips). Items whose media fail to decode are skipped, counted and left out of
+        training."""
         epochs = range(epochs or self.config.epochs) if self._varies_per_epoch() else range(1)
         if self.config.performance.vae_tiling:
             self.model.vae.enable_tiling()
-        for encoder in list(self.encoders.values()):
+        # each pass writes its own entries, computed from the item alone: the order changes no entry
+        texts = [encoder for encoder in self.encoders.values() if isinstance(encoder, EncodeText)]
+        for encoder in texts + [encoder for encoder in self.encoders.values() if encoder not in texts]:
+            if after_text is not None and not isinstance(encoder, EncodeText):
+                after_text()
+                after_text = None
             parts = self._encoder_parts(encoder)
             if not parts and not isinstance(encoder, EncodeMask):
                 continue
@@ -297,6 +304,8 @@ class WanBaseDataLoader:
                     part.to("cpu")
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
+        if after_text is not None:   # no pass after the text pass
+            after_text()
         self.report()
 
     def _varies_per_epoch(self) -> bool:

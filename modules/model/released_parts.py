@@ -1,7 +1,7 @@
 """The text encoder released after caching and reloaded only for what still needs it.
 
-Training reads every prompt's embeddings from the cache, so after caching the text encoder (UMT5-XXL: about 11 GiB
-in bfloat16) is dropped. A fine-tune's diffusers save needs it: `text_encoder_loaded` reads it again from the same
+Training reads every prompt's embeddings from the cache, so once the text pass of caching is done the text encoder
+(UMT5-XXL: about 11 GiB in bfloat16) is dropped, before the VAE pass (`released_before_vae_pass`). A fine-tune's diffusers save needs it: `text_encoder_loaded` reads it again from the same
 files, in the same dtype (the same numbers), for the length of the block, and drops it after.
 
 Previews need only their prompts' embeddings: `prompts_ready` keeps them (`model.prompt_memo`, about 4 MiB a prompt
@@ -15,6 +15,14 @@ from contextlib import contextmanager
 from typing import Callable
 
 import torch
+
+
+def released_before_vae_pass(config) -> bool:
+    """Whether a training run releases the text encoder right after its caching pass, before the VAE pass (the
+    previews' prompts kept first), so UMT5 is not in host memory beside the clips the VAE pass decodes: not an
+    embedding run (which trains it) nor distill.mode preserve (which encodes the empty caption after setup: it is
+    released after that, as before). The host plan (host_plan.py) plans the caching passes on the same condition."""
+    return config.training_method.value != "EMBEDDING" and config.distill.mode != "preserve"
 
 
 def release_text_encoder(model, loader: Callable[[], torch.nn.Module]) -> None:

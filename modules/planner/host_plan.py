@@ -3,18 +3,21 @@
 The process holds different parts in host memory as it goes (GenericTrainer): every part is read into host memory
 (load: the transformer cast tensor by tensor as read, so one tensor in float32 is in flight), caching moves one
 encoder at a time to the device while the others wait on the host (the transformer waits for the whole of
-caching), the text encoder is released after caching (the previews' prompt embeddings kept; Animate-2's previews
-read it again), the transformer moves to the device except its swapped blocks, a backup copies the trainable weights and the
+caching), the text pass runs first and the text encoder is released before the VAE pass (the previews' prompt
+embeddings kept; Animate-2's previews read it again; an embedding run keeps it, distill.mode preserve releases it
+after caching), the transformer moves to the device except its swapped blocks, a backup copies the trainable weights and the
 optimizer state to the host, and the final save converts the trained weights to the output dtype.
 
 Each phase is a sum of parts (bytes); the run's host peak is the largest phase. Sizes come from the parts' own
 configs (built on the meta device: no weights), the weight dtypes of the config and the device plan of the
 training step (its block swap weights and offloaded activations, `Prediction.host_pinned_bytes`).
 
-Pinned host memory (block swap, offloaded activations, page-locked batches) comes from PyTorch's caching host
-allocator, which rounds every allocation up to a power of two and keeps freed blocks for reuse: each swapped
-tensor is counted at its rounded size. On a CPU device nothing is pinned and the training step's whole trace
-(weights, adapters, optimizer state, activations) lives in host memory.
+Pinned host memory: block swap keeps its swapped blocks in one page-locked arena of their exact size (each tensor
+aligned to 64 bytes) and activation offload its block inputs in exact-size page-locked buffers reused every step
+and kept after (modules/util/pinned_arena.py), so both count their bytes. The page-locked batches still come from
+PyTorch's caching host allocator, which rounds every allocation up to a power of two (`pinned_bytes`). On a CPU
+device nothing is pinned and the training step's whole trace (weights, adapters, optimizer state, activations)
+lives in host memory.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ ENCODERS = Path(__file__).resolve().parents[2] / "resources" / "wan_configs" / "
 PROCESS_BYTES = 640 * MIB
 CUDA_HOST_BYTES = 1536 * MIB
 
-PHASES = ("load", "caching: VAE / image encoding", "caching: text encoding", "training step", "preview", "backup",
+PHASES = ("load", "caching: text encoding", "caching: VAE / image encoding", "training step", "preview", "backup",
           "final save")
 PROCESS = "process (interpreter, libraries)"
 
@@ -170,16 +173,17 @@ def part_bytes(config: TrainConfig, arch) -> dict[str, int]:
     return parts
 
 
-def _swapped_block_bytes(config: TrainConfig, arch, pinned: bool) -> tuple[int, int]:
-    """(bytes as tensors, bytes as the host allocator takes them) of the swapped blocks' weights."""
+def _swapped_block_bytes(config: TrainConfig, arch) -> tuple[int, int]:
+    """(bytes as tensors, bytes of block swap's arena: each tensor aligned) of the swapped blocks' weights."""
+    from modules.util.pinned_arena import ALIGNMENT
     count = min(config.performance.block_swap, arch.transformer["num_layers"])
     if not count:
         return 0, 0
     _total, blocks = _transformer_numels(arch)
     size = _dtype_bytes(config.model.transformer.weight_dtype)
     exact = sum(n * size for block in blocks[-count:] for n in block)
-    rounded = sum(pinned_bytes(n * size) for block in blocks[-count:] for n in block) if pinned else exact
-    return exact, rounded
+    arena = sum(-(-n * size // ALIGNMENT) * ALIGNMENT for block in blocks[-count:] for n in block)
+    return exact, arena
 
 
 def _media_bytes(config: TrainConfig, shape) -> int:
@@ -220,14 +224,19 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
         # float8 from a full-precision file goes through float32 tensor by tensor (test_host_memory.py)
         phases["load"]["one tensor cast as read (float32)"] = max((n for b in blocks for n in b), default=0) * 4
 
-    media = _media_bytes(config, shape)
-    on_device_vae = ("VAE", "image encoder") if cuda else ()
-    phases["caching: VAE / image encoding"] = {**base, **{k: v for k, v in parts.items() if k not in on_device_vae},
-                                               "decoded clips in flight": media}
     on_device_text = ("text encoder",) if cuda else ()
     phases["caching: text encoding"] = {**base, **{k: v for k, v in parts.items() if k not in on_device_text}}
     if not cuda:   # the encoder's activations are in host memory too
         phases["caching: text encoding"]["text encoder activations"] = _text_activation_bytes(config)
+    media = _media_bytes(config, shape)
+    # the text pass runs first; a training run then releases the text encoder unless it needs it later
+    from modules.model.released_parts import released_before_vae_pass
+    not_here = ("VAE", "image encoder") if cuda else ()
+    not_here += ("text encoder",) if released_before_vae_pass(config) else ()
+    phases["caching: VAE / image encoding"] = {**base, **{k: v for k, v in parts.items() if k not in not_here},
+                                               "decoded clips in flight": media}
+    if released_before_vae_pass(config) and config.sampling.samples_file and not arch.variant.takes_driving_video:
+        phases["caching: VAE / image encoding"]["kept prompt embeddings"] = _kept_prompt_bytes(config)
 
     # training: the trained expert(s) on the device but for the swapped blocks; an expert not trained stays here
     kept_encoders = {k: v for k, v in encoders.items() if k != "text encoder"}
@@ -241,15 +250,11 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
     if prediction is not None:
         state = prediction.parts.get("trainable + grads + optimizer", 0)
     if cuda:
-        exact, rounded = _swapped_block_bytes(config, arch, pinned=True)
-        step["swapped blocks (pinned)"] = rounded
-        if rounded > exact:
-            notes.append(f"the swapped blocks take {rounded / GIB:.1f} GiB pinned for {exact / GIB:.1f} GiB of "
-                         f"weights (the host allocator rounds each tensor up to a power of two)")
-        if prediction is not None:
-            offloaded = max(0, prediction.host_pinned_bytes - exact)
-            inputs = _offloaded_inputs(config, arch)
-            step["offloaded activations (pinned)"] = inputs * pinned_bytes(offloaded // inputs) if inputs else 0
+        exact, arena = _swapped_block_bytes(config, arch)
+        step["swapped blocks (pinned)"] = arena
+        if prediction is not None and _offloaded_inputs(config, arch):
+            # exact-size buffers, kept for the next step (and so through previews, backups and the save)
+            step["offloaded block inputs (pinned, kept)"] = max(0, prediction.host_pinned_bytes - exact)
         step["batch (pinned)"] = _batch_bytes(config, arch, shape, pinned=True)
     else:
         step.update({k: v for k, v in transformers.items() if k in trained})

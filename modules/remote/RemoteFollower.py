@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from modules.remote.errors import RemoteError
+from modules.remote.errors import HostKeyError, RemoteError
 from modules.remote.RunRecord import RunRecord
 from modules.remote.transfer import _is_connection_error, fetch_file, fetch_tree
 from modules.remote.hashing import remote_sha256
@@ -30,18 +30,34 @@ LOCK_PROGRAM = ("import fcntl, os, sys\n"
                 "sys.stdin.read()\n")
 
 
+# a command of the follower (a cat, a kill, hashing the run's files) or a file read that gets no answer within this
+# is taken for a dead connection (a server that stopped answering while the link still looks open): the follower
+# reconnects instead of waiting on it
+ANSWER_TIMEOUT_S = 300.0
+MAX_WAIT_S = 30.0
+
+
 class FollowerBusy(RemoteError):
     pass
 
 
+class _Detached(Exception):
+    """The window closed (detach) while the follower waited to reconnect."""
+
+
 class RemoteFollower:
     def __init__(self, record: RunRecord, connect: Callable[[], object], say=print, poll_s: float = 1.0,
-                 give_up_s: float = 1800.0, out=None, tensorboard_port: int | None = None):
+                 give_up_s: float = 1800.0, out=None, tensorboard_port: int | None = None,
+                 notify: Callable[[str, object], None] = lambda kind, value: None, first_wait_s: float = 1.0,
+                 answer_timeout_s: float = ANSWER_TIMEOUT_S):
         self.record = record
         self.connect = connect
         self.say = say
+        self.notify = notify   # ("preview", local path) as each comes home; ("connection", "lost" / "reconnected")
         self.poll_s = poll_s
         self.give_up_s = give_up_s
+        self.first_wait_s = first_wait_s   # the first reconnect's wait; each next one doubles it, up to MAX_WAIT_S
+        self.answer_timeout_s = answer_timeout_s
         self.out = out or sys.stdout
         self.connection = None
         self.lock_channel = None
@@ -58,6 +74,7 @@ class RemoteFollower:
 
     def _attach(self) -> None:
         self.connection = self.connect()
+        self.connection.command_timeout = self.answer_timeout_s
         lock = posixpath.join(self.record.run_dir, "follower.lock")
         channel = self._take_lock(lock)
         if channel is None and self._release_own_stale_lock(lock):
@@ -122,25 +139,37 @@ class RemoteFollower:
             self.connection = None
 
     def _reconnect(self, error: BaseException) -> None:
-        self.say(f"remote: the connection to {self.record.host} was lost ({type(error).__name__}: {error}); the run "
-                 f"goes on there; reconnecting")
+        """Connects again with a growing wait (first_wait_s, doubled each time up to MAX_WAIT_S), each attempt bounded
+        by the connection's timeouts, for at most give_up_s; the run goes on there meanwhile. A host whose key
+        changed is never retried."""
+        host = self.record.host
+        self.say(f"remote: the connection to {host} was lost ({type(error).__name__}: {error}); the run goes on "
+                 f"there; reconnecting")
+        self.notify("connection", "lost")
         self.close()
-        delay, started = 1.0, time.monotonic()
+        delay, started, attempt = self.first_wait_s, time.monotonic(), 0
         while True:
-            time.sleep(delay)
+            if self.detach_requested.wait(delay):
+                raise _Detached()
+            attempt += 1
             try:
                 self._attach()
-                self.say(f"remote: reconnected to {self.record.host}")
-                return
-            except FollowerBusy:
+            except (FollowerBusy, HostKeyError):
                 raise
-            except RemoteError as again:
+            except Exception as again:  # noqa: BLE001  a broken connection or a refused one is retried, not the rest
+                if not (isinstance(again, RemoteError) or _is_connection_error(again)):
+                    raise
+                self.close()
                 if time.monotonic() - started > self.give_up_s:
-                    raise RemoteError(f"{self.record.host} has not answered for {self.give_up_s / 60:.0f} minutes "
-                                      f"({again}); the run may still go on there: follow it again with\n  "
-                                      f"{self.attach_command()}") from None
-                delay = min(delay * 2, 30.0)
-                self.say(f"remote: still unreachable ({again}); next try in {delay:.0f} s")
+                    raise RemoteError(f"{host} has not answered for {self.give_up_s / 60:.0f} minutes "
+                                      f"({attempt} attempts; the last: {again}); the run may still go on there: "
+                                      f"follow it again with\n  {self.attach_command()}") from None
+                delay = min(delay * 2, MAX_WAIT_S)
+                self.say(f"remote: still unreachable (attempt {attempt}: {again}); next try in {delay:.0f} s")
+                continue
+            self.say(f"remote: reconnected to {host} (attempt {attempt}); following on from where it was")
+            self.notify("connection", "reconnected")
+            return
 
     def attach_command(self) -> str:
         return (f"./run-cmd.sh remote attach --record {shlex.quote(str(self.record.local_folder / 'run.json'))}")
@@ -175,6 +204,7 @@ class RemoteFollower:
         written = fetch_tree(self.connection, remote, local, settled=False)
         for path in written:
             self.say(f"remote: preview home: {path}")
+            self.notify("preview", path)
         return written
 
     def fetch_outputs(self) -> list[Path]:
@@ -224,13 +254,15 @@ class RemoteFollower:
         """Follows until the run ends; returns its exit status. Ctrl-C: stop the run there (a backup is written),
         a second Ctrl-C: detach, leaving it running (exit 130)."""
         try:
-            self._attach()
-        except Exception as error:  # noqa: BLE001  only a broken connection is retried, the rest re-raised
-            if not _is_connection_error(error):
-                raise
-            self._reconnect(error)
-        try:
+            try:
+                self._attach()
+            except Exception as error:  # noqa: BLE001  only a broken connection is retried, the rest re-raised
+                if not _is_connection_error(error):
+                    raise
+                self._reconnect(error)
             return self._loop()
+        except _Detached:
+            return 130
         finally:
             self.close()
 

@@ -9,6 +9,7 @@ import hashlib
 import os
 import shlex
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,11 @@ from modules.remote.errors import HostKeyError, RemoteError
 
 
 SFTP_TIMEOUT_S = 120.0
+KEEPALIVE_S = 15
+# a link that died without a word (a half-open TCP connection: the pod's network went away, a laptop slept) is
+# noticed by the kernel once data sent (a keepalive) stays unacknowledged this long: the connection then fails
+# instead of waiting for TCP's own retry limit (about 15 minutes)
+UNACKNOWLEDGED_S = 45
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,10 @@ class SshConnection:
     def __init__(self, address: HostAddress, known_hosts: str | os.PathLike, key_file: str = "",
                  accept_fingerprint: str | None = None, timeout: float = 20.0):
         self.address = address
+        # the longest a command may run when run() is given no timeout, and an SFTP read may wait for its answer
+        # (None: commands unbounded, SFTP reads SFTP_TIMEOUT_S); the follower bounds its own this way, so a
+        # server that stopped answering on a link that still looks open cannot hold it
+        self.command_timeout: float | None = None
         self.known_hosts = Path(known_hosts)
         self.key_file = key_file
         self.accept_fingerprint = accept_fingerprint
@@ -142,7 +152,9 @@ class SshConnection:
         except (OSError, paramiko.SSHException) as error:
             client.close()
             raise RemoteError(f"{self.address.text}: cannot connect ({error})") from None
-        client.get_transport().set_keepalive(15)
+        transport = client.get_transport()
+        transport.set_keepalive(KEEPALIVE_S)
+        _limit_unacknowledged(transport.sock)
         self.client = client
         return self
 
@@ -157,7 +169,7 @@ class SshConnection:
             self._sftp = self.client.open_sftp()
             # a connection that died without a word (a half-open TCP link) must end a read, not hang it: the
             # follower then reconnects
-            self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)
+            self._sftp.get_channel().settimeout(self.command_timeout or SFTP_TIMEOUT_S)
         return self._sftp
 
     def run(self, command: list[str] | str, check: bool = True, stdin: bytes | None = None,
@@ -165,6 +177,8 @@ class SshConnection:
         """Runs one command in the remote's shell; a list is quoted word by word (shlex), so a path is only ever a
         path. Returns (exit status, stdout, stderr); check: a non-zero status raises RemoteError."""
         text = command if isinstance(command, str) else shlex.join(command)
+        timeout = timeout if timeout is not None else self.command_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         channel = self.client.get_transport().open_session(timeout=self.timeout)
         channel.settimeout(timeout)
         channel.exec_command(text)
@@ -183,6 +197,10 @@ class SshConnection:
             elif channel.closed or not transport.is_active():
                 # the connection died under the command: no exit status will come (waiting for one hangs)
                 raise EOFError(f"the connection to {self.address.host} closed during `{_shorten(text)}`")
+            elif deadline is not None and time.monotonic() > deadline:
+                channel.close()
+                raise TimeoutError(f"`{_shorten(text)}` on {self.address.host} gave no exit status within "
+                                   f"{timeout:.0f} s")
             else:
                 channel.status_event.wait(0.05)
         out += _drain(channel.recv, channel.recv_ready)
@@ -202,6 +220,9 @@ class SshConnection:
         return channel
 
     def close(self) -> None:
+        if not self.connected:
+            # a dead connection: closing its channels politely would wait on a link that carries nothing
+            self._sftp = None
         if self._sftp is not None:
             try:
                 self._sftp.close()
@@ -211,6 +232,18 @@ class SshConnection:
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+def _limit_unacknowledged(sock) -> None:
+    """TCP keepalives and a bound on unacknowledged data (Linux's TCP_USER_TIMEOUT; elsewhere the SSH keepalives
+    and the read timeouts alone notice a dead link)."""
+    if not isinstance(sock, socket.socket):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_S), ("TCP_KEEPINTVL", KEEPALIVE_S), ("TCP_KEEPCNT", 3),
+                          ("TCP_USER_TIMEOUT", UNACKNOWLEDGED_S * 1000)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _drain(read, ready) -> bytes:

@@ -59,35 +59,12 @@ def connector(address: HostAddress, config, key_file: str | None = None, accept:
     return connect
 
 
-def query_gpus(connection) -> list[tuple[str, float, float]]:
-    """(name, free GiB, total GiB) of each remote GPU: nvidia-smi, else rocm-smi; empty: none."""
-    status, out, _ = connection.run("nvidia-smi --query-gpu=name,memory.free,memory.total "
-                                    "--format=csv,noheader,nounits", check=False)
-    gpus = []
-    if status == 0:
-        for line in out.strip().splitlines():
-            name, free, total = (part.strip() for part in line.rsplit(",", 2))
-            gpus.append((name, float(free) / 1024, float(total) / 1024))
-        return gpus
-    status, out, _ = connection.run("rocm-smi --showmeminfo vram --json", check=False)
-    if status == 0:
-        import json
-        try:
-            cards = json.loads(out)
-        except ValueError:
-            return []
-        for name, info in cards.items():
-            total = float(info.get("VRAM Total Memory (B)", 0)) / 2 ** 30
-            used = float(info.get("VRAM Total Used Memory (B)", 0)) / 2 ** 30
-            gpus.append((name, total - used, total))
-    return gpus
-
-
 def check_remote_device(config, connection, say=print) -> None:
     """The memory planner against the remote's first GPU; a CUDA device named where the remote has none is a config
     error."""
     from modules.planner.memory_plan import PlanError
     from modules.planner.plan_command import check_fits_device
+    from modules.remote.gpu_query import query_gpus
     gpus = query_gpus(connection)
     host = connection.address.host
     if not gpus:

@@ -140,12 +140,18 @@ class GenericTrainer:
             remove_leftover_temporaries(self.config)
         barrier()
 
-    def _cache(self) -> bool:
-        """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept)."""
+    def _cache(self, release_text: bool = False) -> bool:
+        """Fills the caches; False when Ctrl-C stopped it (every entry written so far is complete and kept).
+        `release_text`: a training run releases the text encoder after its pass, before the VAE pass, unless it
+        needs it later (released_parts.released_before_vae_pass)."""
         from modules.dataLoader.DiskCache import CacheWriteError
+        from modules.model.released_parts import released_before_vae_pass
+        early = release_text and released_before_vae_pass(self.config)
+        after_text = self._release_text_encoder if early else None
         try:
             with phase("caching"):
-                self.data.cache(epochs=self._plan().epochs)  # random windows / crops: every epoch
+                # random windows / crops: every epoch
+                self.data.cache(epochs=self._plan().epochs, after_text=after_text)
         except CacheWriteError as error:
             raise TrainingError(str(error)) from None
         except KeyboardInterrupt:
@@ -167,6 +173,14 @@ class GenericTrainer:
                 log.warning("%s", note)
         except (SampleError, SampleDefinitionError) as error:
             raise ConfigError([f"sampling.samples_file {self.config.sampling.samples_file!r}: {error}"]) from None
+
+    def _release_text_encoder(self) -> None:
+        """The prompts' embeddings are cached: previews and a diffusers save read the encoder again."""
+        from functools import partial
+        from modules.model.released_parts import release_text_encoder
+        from modules.modelLoader.wan.WanBaseModelLoader import load_text_encoder_only
+        self._remember_preview_prompts()
+        release_text_encoder(self.model, partial(load_text_encoder_only, self.config.model))
 
     def _remember_preview_prompts(self) -> None:
         """The previews' prompt embeddings, kept while the text encoder is still here (it is released next)."""
@@ -216,7 +230,7 @@ class GenericTrainer:
             self.resume_choice = choose_resume(self)
         self._load()
         self._check_samples()
-        if not self._cache():
+        if not self._cache(release_text=True):
             return []
         self.setup.setup_model()
         from modules.modelSetup.distill_preserve import PreserveTraining
@@ -224,12 +238,8 @@ class GenericTrainer:
         self.setup.preserve = PreserveTraining.for_run(config, self.model, self.device)
         if config.training_method.value == "EMBEDDING":
             self.model.text_encoder.to(self.device)
-        else:   # the prompts' embeddings are cached: previews and a diffusers save read the encoder again
-            from functools import partial
-            from modules.model.released_parts import release_text_encoder
-            from modules.modelLoader.wan.WanBaseModelLoader import load_text_encoder_only
-            self._remember_preview_prompts()
-            release_text_encoder(self.model, partial(load_text_encoder_only, config.model))
+        elif self.model.text_encoder is not None:   # released here when distill.mode preserve needed it till now
+            self._release_text_encoder()
 
         # several ranks: rank 0's name (the start time, its folder reserved) for all
         self.run_name = broadcast_json(resolve_run_name(config, self.workspace, self.resume_choice)

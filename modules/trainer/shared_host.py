@@ -14,7 +14,6 @@ collective (two barriers and one broadcast).
 """
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import uuid
@@ -22,20 +21,10 @@ from pathlib import Path
 
 import torch
 
+from modules.util.pinned_arena import layout, page_lock, views
 from modules.util.ranks import barrier, broadcast_json
 
-log = logging.getLogger(__name__)
-
-ALIGNMENT = 64   # every tensor starts on a cache line (and so on its own element size)
 PREFIX = "wan-trainer-host-"
-
-
-def _layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
-    offsets, total = [], 0
-    for tensor in tensors:
-        offsets.append(total)
-        total += -(-tensor.numel() * tensor.element_size() // ALIGNMENT) * ALIGNMENT
-    return offsets, max(total, ALIGNMENT)
 
 
 def _folder(size: int) -> Path:
@@ -50,7 +39,7 @@ def _folder(size: int) -> Path:
 def share_on_machine(tensors: list[torch.Tensor], tag: str, device: torch.device) -> list[torch.Tensor]:
     """Views of one shared mapping per machine holding `tensors` (host tensors; the same on every rank)."""
     token = broadcast_json(uuid.uuid4().hex)
-    offsets, size = _layout(tensors)
+    offsets, size = layout(tensors)
     # every rank of the machine looks at the folder's room before the first one writes: they choose alike
     folder = _folder(size)
     barrier()
@@ -69,21 +58,9 @@ def share_on_machine(tensors: list[torch.Tensor], tag: str, device: torch.device
     barrier()
     if leader:
         path.unlink()
-    if device.type == "cuda":
-        _page_lock(mapping)
-    views = []
-    for tensor, offset in zip(tensors, offsets):
-        nbytes = tensor.numel() * tensor.element_size()
-        views.append(mapping[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape))
-    return views
-
-
-def _page_lock(mapping: torch.Tensor) -> None:
-    """Pins the mapping for asynchronous copies to the GPU (each process registers its own mapping)."""
-    error = torch.cuda.cudart().cudaHostRegister(mapping.data_ptr(), mapping.numel(), 0)
-    if int(error) != 0:
-        log.warning("the shared host copy of the swapped blocks could not be page-locked (CUDA error %s): block "
-                    "swap copies from it synchronously", int(error))
+    if device.type == "cuda":   # each process registers its own mapping; a refusal leaves it pageable (a warning)
+        page_lock(mapping)
+    return views(mapping, tensors, offsets)
 
 
 def share_swapped_blocks(setup, experts: list[str], device: torch.device) -> int:

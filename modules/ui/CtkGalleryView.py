@@ -1,7 +1,7 @@
 """The gallery tab: every preview of the workspace's runs as a grid (modules/ui/SampleGallery.py): rows are samples,
 columns are steps, newest first, each cell a playing thumbnail; hover shows step, prompt and seed; a click opens the
 preview in the sampling tab's player. The grid scrolls both ways (Shift+wheel sideways); the prompts stay at the
-left. The run being trained is shown as soon as it
+left. The run being trained (here, or on a remote machine: its previews as they come home) is shown as soon as it
 starts, and its new previews are added as they are made (its folder read in a thread, only the new cells decoded).
 Thumbnails are decoded in a thread; one timer plays them all."""
 from __future__ import annotations
@@ -125,7 +125,7 @@ class CtkGalleryView:
                 self._dirty = self._dirty or self.run_menu.get() == scanned.name
         if self._scan is not None and not self._scan.is_alive():
             self._scan = None
-        if (self._scan is None and self.following and self.app.controller.running
+        if (self._scan is None and self.following and (self.app.controller.running or self.app.remote.running)
                 and time.monotonic() - self._last_scan > SCAN_S):
             self._start_scan()
         if self._dirty and self.shown():

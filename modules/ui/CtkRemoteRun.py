@@ -21,9 +21,12 @@ class CtkRemoteRun:
     def build_remote_section(self, parent, row: int) -> None:
         box = ctk.CTkFrame(parent, fg_color="transparent")
         box.grid(row=row, column=0, columnspan=3, sticky="w", pady=(12, 0))
-        render_section(box, self.config_state, "remote", fields=self.fields,
-                       title="remote machine (Run on a remote machine; docs/remote.md)", width=160,
-                       error_width=200)
+        row = render_section(box, self.config_state, "remote", fields=self.fields,
+                             title="remote machine (Run on a remote machine; docs/remote.md)", width=240,
+                             error_width=160)
+        # a mapping has no field of its own here: it is named, so the setting is found
+        ctk.CTkLabel(box, text="model files the remote has already: remote.model_paths in the config file",
+                     anchor="w").grid(row=row, column=0, columnspan=3, sticky="w", padx=8, pady=(2, 0))
 
     def start_remote(self, accept: str | None = None) -> None:
         if self.remote.running:
@@ -74,6 +77,14 @@ class CtkRemoteRun:
             kind, *payload = self.remote.events.get_nowait()
             if kind == "log":
                 self.log(payload[0])
+            elif kind == "run":
+                self.gallery_view.follow(payload[0])   # listed and shown now, its previews as they come home
+            elif kind == "connection":
+                self.remote_button.configure(text="Stop the remote run" if payload[0] == "reconnected"
+                                             else "Stop the remote run (reconnecting...)")
+            elif kind == "detached":
+                self.remote_button.configure(text="Run on a remote machine")
+                self.log(f"remote: {payload[0]} is no longer followed here; it goes on there")
             elif kind == "host_key":
                 self.remote_button.configure(text="Run on a remote machine")
                 self._ask_host_key(*payload)

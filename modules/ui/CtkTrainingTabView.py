@@ -21,7 +21,7 @@ RUN_FIELDS = ["epochs", "max_steps", "batch_size", "train_dtype", "gradient_chec
 # top-level fields and sections that other tabs (or the top bar) show
 PLACED_ELSEWHERE = {"model_type", "training_method", "model", "output", "workspace_dir", "cache_dir", "tensorboard",
                     "demo_assets", "seed", "device", "data", "lora", "fine_tune", "embedding", "sampling", "backup",
-                    "e2v", "optimizer", "timestep", "animate", "multi_gpu", "distributed"} | set(RUN_FIELDS)
+                    "e2v", "optimizer", "timestep", "animate", "multi_gpu", "distributed", "remote"} | set(RUN_FIELDS)
 
 
 class CtkTrainingTabView:

@@ -5,7 +5,12 @@ toolkit here; tested without a display):
   ("log", text)                       a line of the run's log or of the remote steps
   ("host_key", host, fingerprint)     an unknown host: the view asks the user, then calls start(accept=fingerprint)
   ("refused", [problems])             the config or the connection refused before anything ran
+  ("run", run_name)                   the run is followed (started, or followed again): the gallery shows it
+  ("preview", path)                   a preview file came home, under <workspace>/samples/<run_name>/
+  ("connection", "lost" | "reconnected")   the connection dropped (the run goes on there; the follower reconnects
+                                      with a growing wait, said in "log" lines) or is back
   ("ended", status)                   the run ended there (0 done, 130 stopped) and its files are home
+  ("detached", run_name)              detach(): no longer followed, the run goes on there (reattach later)
   ("failed", text)                    a connection or remote failure (the run may go on there: reattach later)
 
 A run started here and still going when the window closed is found again by `reattachable()` after a restart."""
@@ -127,10 +132,15 @@ class RemoteController:
             return SshConnection(parse_host(record.host), record.known_hosts, record.key_file, accept,
                                  self.connect_timeout).connect()
 
-        self.follower = RemoteFollower(record, connect, say=self._say, out=_LineWriter(self.events))
+        self.follower = RemoteFollower(record, connect, say=self._say, out=_LineWriter(self.events),
+                                       notify=lambda kind, value: self.events.put((kind, value)))
+        self.events.put(("run", record.run_name))
         try:
             status = self.follower.follow()
         except RemoteError as error:
             self.events.put(("failed", str(error)))
             return
-        self.events.put(("ended", status))
+        if status == 130 and self.follower.detach_requested.is_set():
+            self.events.put(("detached", record.run_name))
+        else:
+            self.events.put(("ended", status))
