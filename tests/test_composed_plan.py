@@ -64,6 +64,20 @@ def test_a_composed_plan_equals_the_whole_transformer_traced(name):
     assert_same(predict(config, SHAPE, arch), predict(config, SHAPE, arch, exact=True))
 
 
+@pytest.mark.parametrize("name,blocks,swap", [
+    ("wan 2.1 1.3B LoRA 24GB", 30, 29),    # one block before the swapped run: the fit's first guesses
+    ("wan 2.1 1.3B LoRA 24GB", 48, 4),     # both runs extrapolated
+    ("wan 2.1 14B LoRA 24GB", 30, 27),     # fp8, activation offload, three blocks before the swapped run
+])
+def test_checkpointing_every_2nd_block_with_swapped_blocks_composes_exactly(name, blocks, swap):
+    """The swapped blocks are all checkpointed, so they repeat every block whatever the checkpointing of the blocks
+    before them: a fit's settings with checkpointing every 2nd block and most blocks swapped compose from a few
+    blocks (traced whole before: the cut transformers held two thirds of the blocks)."""
+    config, arch = cut(preset_config(name, "performance.checkpoint_every=2", "performance.activation_offload=true"),
+                       blocks, swap)
+    assert_same(predict(config, SHAPE, arch), predict(config, SHAPE, arch, exact=True))
+
+
 def test_animate_2_is_traced_whole_and_the_plan_says_why():
     """Animate-2 runs its blocks twice a step (the extract pass, then the cached pass): composed from cut
     transformers its peak came out 9 % above the exact one (30 blocks, 24 swapped), so it is traced whole."""

@@ -146,6 +146,43 @@ def test_auto_fit_predicts_only_what_can_change_its_answer():
     assert predictions <= 58 and passed_over, (predictions, passed_over)
 
 
+def test_settings_a_fit_leaves_unpredicted_are_ones_the_whole_grid_finds_not_fitting():
+    """A fit does not predict a setting where one with at least as much of every switch did not fit
+    (FitResult.dominated). On the 1.3B preset's transformer cut to 4 blocks of its real width, against every setting
+    of the grid predicted: at card sizes between each two of the grid's peaks, the fit chooses what the whole grid's
+    cheapest fitting setting is, and none of the settings it left unpredicted fits."""
+    from modules.planner.auto_fit import Settings, block_weight_bytes, canonical, combinations, fit, step_cost
+    from modules.planner.memory_plan import predict
+    from modules.planner.plan_shapes import PlanShape
+    from tests.test_composed_plan import cut
+    config, arch = cut(preset_config("wan 2.1 1.3B LoRA 24GB"), 4, 0)
+    shape = PlanShape(batch_size=1, frames=17, height=128, width=128)
+    layers = arch.transformer["num_layers"]
+    grid = {canonical(Settings(b.gradient_checkpointing, b.checkpoint_every, n, b.activation_offload,
+                               b.attention_inputs), layers) for b in combinations() for n in range(layers + 1)}
+    plans = {s: predict(s.apply(config), shape, arch) for s in grid}
+    configured = plans[Settings(True, 1)]
+    cost = step_cost(arch, shape, block_weight_bytes(configured.parameters, layers, 2))
+    key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload, s.attention_inputs)  # noqa: E731
+    levels = sorted({p.peak_gib for p in plans.values()})
+    dominated = 0
+    for vram in [(low + high) / 2 for low, high in zip(levels, levels[1:])]:
+        predicted = set()
+
+        def predict_settings(settings: Settings):
+            predicted.add(canonical(settings, layers))
+            return plans[canonical(settings, layers)]
+
+        result = fit(config, vram, predict_settings, layers, cost, known={Settings(True, 1): configured})
+        cheapest = min((s for s in grid if plans[s].fits(vram)), key=key)
+        assert key(result.settings) == key(cheapest), (vram, result.settings, cheapest)
+        for settings, bound in result.dominated:
+            assert not plans[canonical(settings, layers)].fits(vram), (vram, settings, bound)
+            assert canonical(settings, layers) not in predicted, (vram, settings)
+        dominated += len(result.dominated)
+    assert dominated
+
+
 def test_a_floor_is_under_the_predicted_peak(tiny_model):
     """The floor a fit passes settings over by (the step's start: weights, adapters, optimizer state) is never
     above the prediction of the same setting, and holds the weights it keeps on the device."""

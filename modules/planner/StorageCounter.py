@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 from modules.planner.ModulePlaces import ModulePlaces
 
 TRANSIENT_WHEN_FREED = ("forward", "backward", "optimizer")
+_DEVICE = torch.ops.prim.device.default
 
 
 class _Entry:
@@ -172,6 +173,11 @@ class StorageCounter(TorchDispatchMode):
     # ---- counting --------------------------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE and len(args) == 1 and getattr(args[0], "fake_mode", None) is not None:
+            # a fake tensor's device: most of what a fake trace dispatches (autograd asks it of every tensor it
+            # meets); no storage is made, and the answer is FakeTensorMode's (its `_device_handler`) without its
+            # dispatch, which took most of a plan's time
+            return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         out = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(out):
             tensor = _local(tensor)

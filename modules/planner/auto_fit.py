@@ -22,7 +22,9 @@ which fall nearly linearly, else bisection). Only swap counts that cost less tha
 combination whose cost without any swap already exceeds it is skipped, and one that does not fit with the most
 swapped blocks still cheaper is left after that one trace. A setting whose step starts above the card (its
 weights, adapters and optimizer state: `floor_settings`, a trace of the setup alone) is passed over without
-tracing its step. Each trace of a real-size model takes seconds to minutes, so the traces saved are what a user
+tracing its step, and so is a setting where one with at least as much of every switch (`at_least`: at least its
+swapped and checkpointed blocks, its offload, its attention inputs in chunks) did not fit: each switch only takes
+memory off the device. Each trace of a real-size model takes seconds to minutes, so the traces saved are what a user
 waits for; the answer is the one a search of every swap count gives. The objective "least" (least memory) takes
 every switch at its most instead, the smallest peak the switches can give.
 """
@@ -142,6 +144,8 @@ class FitResult:
     tried: list[tuple[Settings, float]] = field(default_factory=list)   # (settings, predicted GiB), in order
     # (settings, GiB before the step) of settings whose step was not traced: they could not fit from its start
     passed_over: list[tuple[Settings, float]] = field(default_factory=list)
+    # (settings, a setting with at least as much of every switch that did not fit): not traced (`at_least`)
+    dominated: list[tuple[Settings, Settings]] = field(default_factory=list)
     cost: StepCost | None = None        # the cost model the choice was made with
     objective: str = "fastest"
     ram_gib: float | None = None        # the host's bound too (host_fit.py), when given
@@ -227,14 +231,36 @@ def _time_change(seconds: float) -> str:
     return f"{seconds:+.2f} s/step" if abs(seconds) >= 0.1 else f"{seconds * 1000:+.1f} ms/step"
 
 
+def checkpointed_blocks(settings: Settings, layers: int) -> set[int]:
+    """The blocks whose activations are recomputed: the swapped ones, and every k-th with checkpointing."""
+    blocks = set(range(layers - settings.block_swap, layers))
+    if settings.gradient_checkpointing:
+        blocks |= set(range(0, layers, settings.checkpoint_every))
+    return blocks
+
+
+def at_least(more: Settings, less: Settings, layers: int) -> bool:
+    """Whether `more` uses at least as much of every memory switch as `less` (at least its swapped blocks, its
+    checkpointed blocks, its offload and its attention inputs in chunks): each switch only takes memory off the
+    device (tests/test_memory_planner.py: more checkpointing and more swapped blocks never predict more), so
+    `more` predicts no more than `less`, and when `more` does not fit neither does `less`."""
+    more, less = canonical(more, layers), canonical(less, layers)
+    return (more.block_swap >= less.block_swap and more.activation_offload >= less.activation_offload
+            and more.attention_inputs >= less.attention_inputs
+            and checkpointed_blocks(more, layers) >= checkpointed_blocks(less, layers))
+
+
 def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost,
-        objective: str = "fastest", floor_settings=None, host_fits=None, ram_gib: float | None = None) -> FitResult:
+        objective: str = "fastest", floor_settings=None, host_fits=None, ram_gib: float | None = None,
+        known: dict | None = None) -> FitResult:
     """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search.
     `objective`: "fastest" (the fastest settings that fit) or "least" (the least memory). `floor_settings(settings)
     -> bytes | None`: a floor under the setting's predicted peak (cheaper than its prediction; None: none known); a
     setting whose floor exceeds the card is not predicted (FitResult.passed_over). `host_fits(settings, prediction)
     -> None | why`: the host's bound (`ram_gib`): a setting that fits the card but not the host is passed over
-    (FitResult.host_refused); more swapped blocks only add host memory, so a combination is judged at its fewest."""
+    (FitResult.host_refused); more swapped blocks only add host memory, so a combination is judged at its fewest.
+    `known`: Settings -> Prediction the caller made before. A setting is not predicted where a setting with
+    at least as much of every switch (`at_least`) did not fit (FitResult.dominated)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
     result = FitResult(vram_gib, None, None, None, cost=cost, objective=objective, ram_gib=ram_gib)
@@ -246,8 +272,29 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
         return why is not None
 
     traced: dict[Settings, tuple[float, bool]] = {}   # canonical settings -> (predicted GiB, fits)
+    for settings, prediction in (known or {}).items():
+        traced[canonical(settings, layers)] = (prediction.peak_gib, prediction.fits(vram_gib))
+    bounded: set[Settings] = set()   # canonical settings not predicted: a setting with more switches did not fit
+
+    def dominated(settings: Settings) -> bool:
+        key = canonical(settings, layers)
+        if key in bounded:
+            return True
+        if key in traced:
+            return False
+        for other, (gib, fitting) in list(traced.items()):
+            if not fitting and math.isfinite(gib) and other not in bounded and at_least(other, key, layers):
+                result.dominated.append((settings, other))
+                bounded.add(key)
+                # its peak is above `gib`, by how much unknown: no anchor for a guessed swap count (_fewest_swapped
+                # bisects), where the bound would guess too few swapped blocks and trace more settings
+                traced[key] = (math.inf, False)
+                return True
+        return False
 
     def fits(settings: Settings, floored: bool = True):
+        if floored and dominated(settings):
+            return None
         try:
             floor = floor_settings(settings) if floored and floor_settings is not None else None
             if floor is not None and floor > vram_gib * GIB:

@@ -9,8 +9,9 @@ width and the real shape, give it for any count.
 
 What makes blocks differ is kept: the blocks repeat with a period p (checkpointing every k-th block, a VACE block
 every v-th, Animate's face adapter every f-th: p = lcm(k, v, f)), and block swap makes the last N blocks a suffix of
-their own. The real transformer is [A periods] + [r blocks] + [the swapped suffix: B periods + s blocks], with
-U = L - N = p A + r and N = p B + s; the cut ones keep r, s and the pattern, and count a = 2, 3, 4 periods (and
+their own, with a period q = lcm(v, f) (every swapped block is checkpointed, whatever k). The real transformer is
+[A periods] + [r blocks] + [the swapped suffix: B periods + s blocks], with U = L - N = p A + r and N = q B + s; the
+cut ones keep r, s and the pattern, and count a = 2, 3, 4 periods (and
 b = 2, 3 swapped periods; a second cut with 3, 4, 5 when the first is not linear). The peak is taken per phase
 (forward, backward, optimizer step) and, in the backward pass, per section of blocks (Layout.sections): they grow
 by different bytes per block, so the part that holds the peak can change with the count; each is extrapolated, then
@@ -40,6 +41,7 @@ _traces: OrderedDict = OrderedDict()   # (cut config, cut architecture, shape, s
 class Layout:
     """The real transformer's blocks as periods (see the module doc)."""
     period: int
+    swapped_period: int   # the swapped run's: its blocks are all checkpointed, so only VACE / face blocks repeat
     periods: int          # A: whole periods before the swapped suffix
     rest: int             # r
     swapped_periods: int  # B
@@ -53,7 +55,7 @@ class Layout:
         return self.start + 2
 
     def blocks(self, a: int, b: int) -> int:
-        return self.period * (a + b) + self.rest + self.swapped_rest
+        return self.period * a + self.rest + self.swapped_period * b + self.swapped_rest
 
     def points(self) -> list[tuple[int, int]]:
         """The cut transformers traced: (a, b) of each; the first is the base (`start` periods in each run that
@@ -82,13 +84,14 @@ class Layout:
         the run's start. With `start` 3 the first, the middle and the last periods of each run are kept apart
         (the ends meet the head's and the embeddings' work, which can make a middle block the peak)."""
         names = []
-        for run, count, rest in (("P", a, self.rest), ("S", b, self.swapped_rest)):
+        for run, count, rest, period in (("P", a, self.rest, self.period),
+                                         ("S", b, self.swapped_rest, self.swapped_period)):
             for m in range(count):
                 if self.start < 3:
-                    names += [f"{run}{q}:first" if m == 0 else "" for q in range(self.period)]
+                    names += [f"{run}{q}:first" if m == 0 else "" for q in range(period)]
                     continue
                 role = "first" if m == 0 else "last" if m == count - 1 else "mid"
-                names += [f"{run}{q}:{role}" for q in range(self.period)]
+                names += [f"{run}{q}:{role}" for q in range(period)]
             names += [f"{run}rest{q}" for q in range(rest)]
         return names
 
@@ -104,19 +107,21 @@ def layouts_of(config: TrainConfig, arch) -> tuple[list[Layout], str]:
     swap = config.performance.block_swap
     if not 0 <= swap <= layers:
         return [], f"block swap {swap} of {layers} blocks"
-    period = config.performance.checkpoint_every if config.gradient_checkpointing else 1
-    vace_every = 0
+    # the swapped blocks are all checkpointed (BlockCheckpointing): checkpointing every k-th sets the period of
+    # the blocks before them only
+    swapped_period, vace_every = 1, 0
     if c.get("vace_layers"):
         vace = list(c["vace_layers"])
         vace_every = vace[1] - vace[0] if len(vace) > 1 else layers
         if vace != list(range(0, layers, vace_every)):
             return [], f"VACE blocks at {vace} (not every n-th block from the first)"
-        period = math.lcm(period, vace_every)
+        swapped_period = math.lcm(swapped_period, vace_every)
     if c.get("inject_face_latents_blocks"):
-        period = math.lcm(period, c["inject_face_latents_blocks"])
+        swapped_period = math.lcm(swapped_period, c["inject_face_latents_blocks"])
+    period = math.lcm(config.performance.checkpoint_every if config.gradient_checkpointing else 1, swapped_period)
     unswapped = layers - swap
-    layouts = [Layout(period, unswapped // period, unswapped % period, swap // period, swap % period, vace_every,
-                      start) for start in (2, 3)]
+    layouts = [Layout(period, swapped_period, unswapped // period, unswapped % period, swap // swapped_period,
+                      swap % swapped_period, vace_every, start) for start in (2, 3)]
     every = f"its {layers} blocks repeat every {period} block{'s' if period > 1 else ''}"
     if len(layouts[0].points()) == 1:
         return [], f"{every}: too few periods to compose"
@@ -137,7 +142,7 @@ def _cut(config: TrainConfig, arch, layout: Layout, a: int, b: int):
     if layout.vace_every:
         cut["vace_layers"] = list(range(0, blocks, layout.vace_every))
     config = config.model_copy(deep=True)
-    config.performance.block_swap = layout.period * b + layout.swapped_rest
+    config.performance.block_swap = layout.swapped_period * b + layout.swapped_rest
     return config, dataclasses.replace(arch, transformer={**arch.transformer, **cut})
 
 

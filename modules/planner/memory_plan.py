@@ -167,4 +167,4 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
                 f"its host RAM is {host.peak_gib:.1f} GiB predicted in phase {host.peak_phase} "
                 f"({host.largest_parts(host.peak_phase)})")
     return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings, host_fits,
-                        ram_gib)
+                        ram_gib, known=dict(cache))
