@@ -22,6 +22,7 @@ from modules.trainer.loss_bearing import check_something_trained, count_loss_bea
 from modules.trainer.optimizers import EMA, create_lr_scheduler, create_optimizer
 from modules.trainer.output_files import keep_previous_outputs, undo_kept_outputs
 from modules.trainer.parameter_groups import parameter_groups
+from modules.trainer.preview_prompts import check_samples, release_text_encoder
 from modules.trainer.resume import choose_resume, note_untrained_save, resume
 from modules.trainer.run_report import PlanError, end_report, plan_run, resolve_run_name, start_report
 from modules.trainer.workspace_lock import workspace_locked
@@ -161,33 +162,8 @@ class GenericTrainer:
             return False
         return True
 
-    def _check_samples(self) -> None:
-        """Every preview must be able to run on this model: found now, not at the first preview hours in."""
-        if not self.config.sampling.samples_file:
-            return
-        from modules.modelSampler.TrainingSampler import TrainingSampler
-        from modules.modelSampler.WanModelSampler import SampleError
-        from modules.util.sample_definitions import SampleDefinitionError
-        try:
-            for note in TrainingSampler(self).validate():
-                log.warning("%s", note)
-        except (SampleError, SampleDefinitionError) as error:
-            raise ConfigError([f"sampling.samples_file {self.config.sampling.samples_file!r}: {error}"]) from None
-
     def _release_text_encoder(self) -> None:
-        """The prompts' embeddings are cached: previews and a diffusers save read the encoder again."""
-        from functools import partial
-        from modules.model.released_parts import release_text_encoder
-        from modules.modelLoader.wan.WanBaseModelLoader import load_text_encoder_only
-        self._remember_preview_prompts()
-        release_text_encoder(self.model, partial(load_text_encoder_only, self.config.model))
-
-    def _remember_preview_prompts(self) -> None:
-        """The previews' prompt embeddings, kept while the text encoder is still here (it is released next)."""
-        if not self.config.sampling.samples_file or self.model.variant.takes_driving_video:
-            return
-        from modules.modelSampler.TrainingSampler import TrainingSampler
-        TrainingSampler(self).remember_prompts()   # the file was read and judged by _check_samples
+        release_text_encoder(self)
 
     # ---- training ------------------------------------------------------------------------------------------
 
@@ -229,7 +205,7 @@ class GenericTrainer:
         if config.backup.continue_last_backup:  # which run continues is decided before any model loads
             self.resume_choice = choose_resume(self)
         self._load()
-        self._check_samples()
+        check_samples(self)
         if not self._cache(release_text=True):
             return []
         self.setup.setup_model()
