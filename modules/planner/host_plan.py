@@ -45,10 +45,12 @@ PROCESS = "process (interpreter, libraries)"
 
 @dataclass
 class HostPlan:
-    """phase -> part -> bytes, the process included in every phase."""
+    """phase -> part -> bytes, the process included in every phase. `mapped`: phase -> the parts there that are
+    pages of their files' memory mappings (mapped_parts.py): resident, in the total, but not anonymous memory."""
     phases: dict[str, dict[str, int]]
     cuda: bool
     notes: list[str] = field(default_factory=list)
+    mapped: dict[str, set[str]] = field(default_factory=dict)
 
     def total(self, phase: str) -> int:
         return sum(self.phases[phase].values())
@@ -56,6 +58,13 @@ class HostPlan:
     def growth(self, phase: str) -> int:
         """The phase's bytes above the process alone (what a measurement compares against RSS at start)."""
         return self.total(phase) - self.phases[phase].get(PROCESS, 0)
+
+    def mapped_bytes(self, phase: str) -> int:
+        return sum(self.phases[phase][name] for name in self.mapped.get(phase, ()))
+
+    def anonymous_growth(self, phase: str) -> int:
+        """The growth without the parts mapped from their files: what the process allocates (its RssAnon)."""
+        return self.growth(phase) - self.mapped_bytes(phase)
 
     @property
     def peak_phase(self) -> str:
@@ -90,13 +99,15 @@ class HostPlan:
             lines.append(f"  {phase:<32}{self.total(phase) / GIB:8.2f}{mark}")
             for name, size in sorted(parts.items(), key=lambda item: item[1], reverse=True):
                 if size:
-                    lines.append(f"    {name:<46}{size / GIB:8.2f}")
+                    shown = f"{name} (mapped from its file)" if name in self.mapped.get(phase, ()) else name
+                    lines.append(f"    {shown:<46}{size / GIB:8.2f}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"peak_gib": self.peak_gib, "peak_phase": self.peak_phase, "cuda": self.cuda,
-                "phases": {phase: dict(parts) for phase, parts in self.phases.items()}}
+                "phases": {phase: dict(parts) for phase, parts in self.phases.items()},
+                "mapped": {phase: sorted(names) for phase, names in self.mapped.items() if names}}
 
 
 def pinned_bytes(nbytes: int) -> int:
@@ -284,7 +295,30 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
     if config.training_method.value == "FINE_TUNE" and config.output.format.value == "DIFFUSERS":
         final["text encoder (read again for the folder)"] = parts["text encoder"]
     phases["final save"] = final
-    return HostPlan(phases, cuda, notes)
+    from modules.planner.mapped_parts import mapped_parts
+    from_files = mapped_parts(config.model)
+    fine_tune = config.training_method.value == "FINE_TUNE"
+    mapped = {phase: {name for name in held if _still_mapped(name, phase, from_files, cuda, fine_tune)}
+              for phase, held in phases.items()}
+    return HostPlan(phases, cuda, notes, mapped)
+
+
+def _still_mapped(name: str, phase: str, from_files: frozenset[str], cuda: bool, fine_tune: bool) -> bool:
+    """Whether part `name` in `phase` is still its file's mapping: read in the file's own dtype (`from_files`) and
+    not copied since. On CUDA every part goes to the device for its work and its host copy after is new (the
+    encoders moved back after their caching pass; a part read again is mapped again); on a CPU a full fine-tune's
+    optimizer writes the trained weights (private pages written become anonymous)."""
+    part = name.split(" (")[0]
+    if part not in from_files:
+        return False
+    if "read again" in name:
+        return True
+    if cuda:
+        moved_in = {"text encoder": "caching: text encoding", "VAE": "caching: VAE / image encoding",
+                    "image encoder": "caching: VAE / image encoding"}.get(part, "training step")
+        return PHASES.index(phase) < PHASES.index(moved_in)
+    return not (fine_tune and part.startswith("transformer") and "not trained" not in name
+                and PHASES.index(phase) >= PHASES.index("training step"))
 
 
 def _text_activation_bytes(config: TrainConfig) -> int:
