@@ -14,7 +14,8 @@ training step (its block swap weights and offloaded activations, `Prediction.hos
 
 Pinned host memory: block swap keeps its swapped blocks in one page-locked arena of their exact size (each tensor
 aligned to 64 bytes) and activation offload its block inputs in exact-size page-locked buffers reused every step
-and kept after (modules/util/pinned_arena.py), so both count their bytes. The page-locked batches still come from
+and kept after, but for a backup or the final save, which free them first (modules/util/pinned_arena.py), so both
+count their bytes. The page-locked batches still come from
 PyTorch's caching host allocator, which rounds every allocation up to a power of two (`pinned_bytes`). On a CPU
 device nothing is pinned and the training step's whole trace (weights, adapters, optimizer state, activations)
 lives in host memory.
@@ -264,7 +265,7 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
         exact, arena = _swapped_block_bytes(config, arch)
         step["swapped blocks (pinned)"] = arena
         if prediction is not None and _offloaded_inputs(config, arch):
-            # exact-size buffers, kept for the next step (and so through previews, backups and the save)
+            # exact-size buffers, kept for the next step (and so through previews; freed for backups and the save)
             step["offloaded block inputs (pinned, kept)"] = max(0, prediction.host_pinned_bytes - exact)
         step["batch (pinned)"] = _batch_bytes(config, arch, shape, pinned=True)
     else:
@@ -286,7 +287,10 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
             # its forward passes on the host: no more than the training step's (which keeps them for a backward)
             preview["preview forward pass"] = step.get("activations and transients", 0)
         phases["preview"] = preview
-    resting = {k: v for k, v in step.items() if "activations" not in k and "batch" not in k}
+    # a backup and the final save free activation offload's buffers first (release_host_buffers; the next step
+    # makes them again)
+    resting = {k: v for k, v in step.items()
+               if "activations" not in k and "batch" not in k and not k.startswith("offloaded block inputs")}
     # a backup copies the trainable weights and optimizer state to the host (on a CPU device they are there)
     phases["backup"] = {**resting, "backup copy of trainable + optimizer state": state if cuda else 0}
     trainable_bytes = (prediction.trainable_parameters if prediction is not None else 0) * \
