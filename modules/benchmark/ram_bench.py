@@ -1,6 +1,8 @@
 """`benchmark ram`: the host plan (modules/planner/host_plan.py) against the process's RSS, phase by phase, of a real
-run on the CPU: the real loader, caching (VAE pass, text pass), training steps, a preview, a backup and the final
-save, on a model folder built on the fly with random weights at the size asked.
+run on the CPU: the real loader, caching (text pass, VAE pass), training steps, a preview, a backup and the final
+save, on a model folder built on the fly with random weights at the size asked. What is compared is anonymous
+memory: the plan's parts mapped from their files (read in the file's own dtype: mapped_parts.py) are left out of
+the prediction, as their pages are out of RssAnon.
 
 RSS is sampled (psutil) every few milliseconds on a thread; each phase's measured value is its largest RSS above
 the RSS before the load (the interpreter and its libraries, which the plan's per-phase growth leaves out). glibc's
