@@ -175,3 +175,50 @@ def test_the_memory_plan_line_and_fit_to_my_card_show_the_host_peak(tiny_model):
     controller.wait(300)
     text = controller.poll()
     assert "(least memory)" in text and "; host RAM " in text and "GiB predicted (phase " in text, text
+
+
+def _file_backed_share(module) -> float:
+    """The share of `module`'s parameter bytes whose storage lies in a mapping of a file (/proc/self/maps)."""
+    ranges = []
+    with open("/proc/self/maps", encoding="ascii") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) > 5 and fields[5].startswith("/"):
+                begin, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((begin, end))
+    total = mapped = 0
+    for parameter in module.parameters():
+        size = parameter.numel() * parameter.element_size()
+        pointer = parameter.untyped_storage().data_ptr()
+        total += size
+        mapped += size if any(begin <= pointer < end for begin, end in ranges) else 0
+    return mapped / total
+
+
+def test_parts_read_in_their_files_dtype_are_planned_as_the_files_mapping(tiny_model):
+    """A part loaded in its file's own dtype stays a view of the file's memory mapping (file-backed pages, not
+    anonymous memory) and the plan says so; a part cast as read is a copy. The tiny folder's files are float32: the
+    transformer read in bfloat16 is cast, the VAE and text encoder read in float32 are mapped. The loader's real
+    weights decide, phase by phase as they stay: on a CPU every phase, on CUDA only until the part's device pass."""
+    from modules.modelLoader.wan.WanBaseModelLoader import WanBaseModelLoader
+    from modules.util.config.TrainConfig import TrainConfig
+    config = TrainConfig(model={"base_model_name": str(tiny_model("wan2.1-t2v")),
+                                "transformer": {"weight_dtype": "BFLOAT_16"}, "text_encoder": {"weight_dtype": "FLOAT_32"},
+                                "vae": {"weight_dtype": "FLOAT_32"}},
+                         device="cpu", data={"resolution": 32, "frame_buckets": [9]})
+    model = WanBaseModelLoader().load(config.model)
+    loaded = {"transformer": model.transformer, "text encoder": model.text_encoder, "VAE": model.vae}
+    really_mapped = {name for name, part in loaded.items() if _file_backed_share(part) > 0.5}
+    assert really_mapped == {"text encoder", "VAE"}, {n: _file_backed_share(p) for n, p in loaded.items()}
+    plan = plan_host(config, cuda=False)
+    for phase in ("load", "caching: VAE / image encoding", "training step", "final save"):
+        held = set(plan.phases[phase]) & set(loaded)
+        assert plan.mapped[phase] == held & really_mapped, (phase, plan.mapped[phase])
+    assert plan.anonymous_growth("load") == plan.growth("load") - plan.phases["load"]["VAE"] - \
+        plan.phases["load"]["text encoder"]
+    on_cuda = plan_host(config, cuda=True)
+    assert on_cuda.mapped["load"] == {"text encoder", "VAE"}
+    assert "VAE" not in on_cuda.mapped["training step"]   # moved to the device for the VAE pass and back: a copy
+    cast = config.model_copy(deep=True)
+    cast.model.vae.weight_dtype = cast.model.transformer.weight_dtype   # bfloat16 from a float32 file
+    assert plan_host(cast, cuda=False).mapped["load"] == {"text encoder"}

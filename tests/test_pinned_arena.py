@@ -151,3 +151,78 @@ def test_the_planner_counts_the_swapped_blocks_at_their_exact_size(name):
     exact, arena = _swapped_block_bytes(config, resolve_architecture(config))
     step = plan_host(config, cuda=True).phases["training step"]
     assert step["swapped blocks (pinned)"] == arena and exact <= arena < exact + 0.001 * GIB
+
+
+def test_the_pool_frees_its_buffers_on_release_and_the_next_step_is_the_same(monkeypatch):
+    """Before a backup or the final save the setup frees activation offload's buffers (unregistered on CUDA); the
+    next step makes them again and computes the same loss and gradients bit for bit."""
+    recorder = _Recorder()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: recorder)
+    pool = PinnedPool(pin=True)
+    buffers = [pool.take(4096), pool.take(4096)]
+    for buffer in buffers:
+        pool.give(buffer)
+    pointers = [buffer.bytes.data_ptr() for buffer in buffers]
+    pool.clear()
+    assert pool.free == [] and pool.held_bytes == 0
+    assert [call for call in recorder.calls if call[0] == "unregister"] == [("unregister", p) for p in pointers]
+
+    monkeypatch.setattr(performance_setup, "ActivationOffload", functools.partial(ActivationOffload, pooled=True))
+    result = one_step(performance={"activation_offload": True}, checkpointing=True)
+    setup, transformer = result[2], result[2].model.transformer
+    offload = setup.performance["transformer"].offload
+
+    def step():
+        generator = torch.Generator().manual_seed(2)
+        batch = {"latents": torch.randn(1, 16, 3, 4, 4, generator=generator),
+                 "text_embeds": torch.randn(1, 512, ARCH.text_dim, generator=generator)}
+        transformer.zero_grad(set_to_none=True)
+        loss = setup.calculate_loss(batch, setup.predict(batch, torch.Generator().manual_seed(1)))
+        loss.backward()
+        gc.collect()
+        return loss.detach(), {n: p.grad.clone() for n, p in transformer.named_parameters() if p.requires_grad}
+    kept = step()
+    assert offload.pool.held_bytes == 2 * 12 * 64 * 4
+    setup.release_host_buffers()
+    assert offload.pool.held_bytes == 0
+    again = step()
+    assert offload.pool.created == 4   # made again
+    assert_identical(again, kept)
+
+
+def test_a_backup_and_the_final_save_run_without_the_offload_buffers(tiny_model, tmp_path, monkeypatch):
+    """A real CPU run with activation offload from the pool: when the backup and the final save write, the pool
+    holds no buffer (its host memory is room for their copies, not kept beside them)."""
+    import modules.trainer.GenericTrainer as generic
+    from modules.trainer.prepare import prepare_config
+    from modules.util.config.config_io import load_config
+    from modules.util.demo_assets import make_t2v_dataset
+    monkeypatch.setattr(performance_setup, "ActivationOffload", functools.partial(ActivationOffload, pooled=True))
+    dataset = make_t2v_dataset(tmp_path / "clips")
+    config = load_config(overrides=[
+        f"model.base_model_name={tiny_model('wan2.1-t2v')}", f"workspace_dir={tmp_path / 'run'}",
+        f"cache_dir={tmp_path / 'cache'}", f"output.destination={tmp_path / 'out.safetensors'}", "device=cpu",
+        "gradient_checkpointing=true", "performance.activation_offload=true", "max_steps=2", "epochs=10",
+        "backup.every_n_steps=1", f'data.concepts=[{{"path": "{dataset}"}}]', "data.frame_buckets=[9]",
+        "data.resolution=32", "data.aspect_ratios=[1.0]", "data.dataloader_threads=0", "tensorboard=false"])
+    trainer = generic.GenericTrainer(config, e2v_datasets=prepare_config(config))
+    held = []
+
+    def pools():
+        return [s.offload.pool for s in trainer.setup.performance.values() if s.offload is not None]
+    from modules.modelSetup.WanLoRASetup import WanLoRASetup
+    write_backup, save_result = generic.write_backup, WanLoRASetup.save_result
+
+    def recording_backup(*args, **kwargs):
+        held.append(("backup", sum(pool.held_bytes for pool in pools()), sum(pool.created for pool in pools())))
+        return write_backup(*args, **kwargs)
+
+    def recording_save(setup, *args, **kwargs):
+        held.append(("save", sum(pool.held_bytes for pool in pools()), sum(pool.created for pool in pools())))
+        return save_result(setup, *args, **kwargs)
+    monkeypatch.setattr(generic, "write_backup", recording_backup)
+    monkeypatch.setattr(WanLoRASetup, "save_result", recording_save)
+    trainer.train()
+    assert [entry[0] for entry in held][:2] == ["backup", "backup"] and held[-1][0] == "save", held
+    assert all(entry[1] == 0 for entry in held), held        # nothing held while writing
+    assert held[1][2] > held[0][2] > 0, held                 # the second step made its buffers again

@@ -1,6 +1,8 @@
 """`benchmark ram`: the host plan (modules/planner/host_plan.py) against the process's RSS, phase by phase, of a real
-run on the CPU: the real loader, caching (VAE pass, text pass), training steps, a preview, a backup and the final
-save, on a model folder built on the fly with random weights at the size asked.
+run on the CPU: the real loader, caching (text pass, VAE pass), training steps, a preview, a backup and the final
+save, on a model folder built on the fly with random weights at the size asked. What is compared is anonymous
+memory: the plan's parts mapped from their files (read in the file's own dtype: mapped_parts.py) are left out of
+the prediction, as their pages are out of RssAnon.
 
 RSS is sampled (psutil) every few milliseconds on a thread; each phase's measured value is its largest RSS above
 the RSS before the load (the interpreter and its libraries, which the plan's per-phase growth leaves out). glibc's
@@ -201,26 +203,29 @@ def train_config(model: Path, dataset: Path, work: Path, size: str, steps: int =
 
 
 def compare(config, measured: dict[str, int], rss: dict[str, int]) -> list[dict]:
-    """Per phase: predicted growth (host plan with the step's device plan, CPU) against the measured anonymous
-    memory (and RSS, for reference)."""
+    """Per phase: the predicted anonymous growth (host plan with the step's device plan, CPU; the parts mapped from
+    their files left out) against the measured anonymous memory, and for reference the plan with its mapped parts
+    beside the RSS (which holds more mapped file pages: those of a file cast as read, while a tensor kept in the
+    file's dtype holds its mapping)."""
     from modules.planner.host_plan import plan_host
     from modules.planner.memory_plan import predict
     plan = plan_host(config, predict(config), cuda=False)
     rows = []
     for phase in plan.phases:
         if phase in measured:
-            rows.append({"phase": phase, "predicted": plan.growth(phase), "measured": measured[phase],
-                         "rss": rss.get(phase, 0)})
+            rows.append({"phase": phase, "predicted": plan.anonymous_growth(phase), "measured": measured[phase],
+                         "predicted_resident": plan.growth(phase), "rss": rss.get(phase, 0),
+                         "mapped_parts": sorted(plan.mapped.get(phase, ()))})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| phase | predicted MiB | measured MiB (anonymous RSS) | error | RSS MiB (with mapped files) |",
-             "|---|---|---|---|---|"]
+    lines = ["| phase | predicted MiB (anonymous) | measured MiB (anonymous RSS) | error | predicted MiB with mapped "
+             "parts | RSS MiB (with mapped files) |", "|---|---|---|---|---|---|"]
     for row in rows:
         error = (row["predicted"] - row["measured"]) / max(row["measured"], 1)
         lines.append(f"| {row['phase']} | {row['predicted'] / MIB:.0f} | {row['measured'] / MIB:.0f} | "
-                     f"{error:+.1%} | {row['rss'] / MIB:.0f} |")
+                     f"{error:+.1%} | {row['predicted_resident'] / MIB:.0f} | {row['rss'] / MIB:.0f} |")
     return "\n".join(lines)
 
 

@@ -93,6 +93,12 @@ class BaseWanSetup:
                 getattr(self.model, name), self.config.performance, self.config.gradient_checkpointing, self.device,
                 fine_tune=self.config.training_method.value == "FINE_TUNE").apply()
 
+    def release_host_buffers(self) -> None:
+        """Frees what the steps keep in host memory for the next step (activation offload's buffers), before a
+        backup or the final save copies weights to the host; the next step makes them again."""
+        for setup in getattr(self, "performance", {}).values():
+            setup.release_host_buffers()
+
     def move_experts_to_device(self) -> None:
         """Moves the trained experts to the device (swapped blocks stay on the host) in training mode."""
         for name in self.experts_in_training():

@@ -14,7 +14,8 @@ training step (its block swap weights and offloaded activations, `Prediction.hos
 
 Pinned host memory: block swap keeps its swapped blocks in one page-locked arena of their exact size (each tensor
 aligned to 64 bytes) and activation offload its block inputs in exact-size page-locked buffers reused every step
-and kept after (modules/util/pinned_arena.py), so both count their bytes. The page-locked batches still come from
+and kept after, but for a backup or the final save, which free them first (modules/util/pinned_arena.py), so both
+count their bytes. The page-locked batches still come from
 PyTorch's caching host allocator, which rounds every allocation up to a power of two (`pinned_bytes`). On a CPU
 device nothing is pinned and the training step's whole trace (weights, adapters, optimizer state, activations)
 lives in host memory.
@@ -45,10 +46,12 @@ PROCESS = "process (interpreter, libraries)"
 
 @dataclass
 class HostPlan:
-    """phase -> part -> bytes, the process included in every phase."""
+    """phase -> part -> bytes, the process included in every phase. `mapped`: phase -> the parts there that are
+    pages of their files' memory mappings (mapped_parts.py): resident, in the total, but not anonymous memory."""
     phases: dict[str, dict[str, int]]
     cuda: bool
     notes: list[str] = field(default_factory=list)
+    mapped: dict[str, set[str]] = field(default_factory=dict)
 
     def total(self, phase: str) -> int:
         return sum(self.phases[phase].values())
@@ -56,6 +59,13 @@ class HostPlan:
     def growth(self, phase: str) -> int:
         """The phase's bytes above the process alone (what a measurement compares against RSS at start)."""
         return self.total(phase) - self.phases[phase].get(PROCESS, 0)
+
+    def mapped_bytes(self, phase: str) -> int:
+        return sum(self.phases[phase][name] for name in self.mapped.get(phase, ()))
+
+    def anonymous_growth(self, phase: str) -> int:
+        """The growth without the parts mapped from their files: what the process allocates (its RssAnon)."""
+        return self.growth(phase) - self.mapped_bytes(phase)
 
     @property
     def peak_phase(self) -> str:
@@ -90,13 +100,15 @@ class HostPlan:
             lines.append(f"  {phase:<32}{self.total(phase) / GIB:8.2f}{mark}")
             for name, size in sorted(parts.items(), key=lambda item: item[1], reverse=True):
                 if size:
-                    lines.append(f"    {name:<46}{size / GIB:8.2f}")
+                    shown = f"{name} (mapped from its file)" if name in self.mapped.get(phase, ()) else name
+                    lines.append(f"    {shown:<46}{size / GIB:8.2f}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"peak_gib": self.peak_gib, "peak_phase": self.peak_phase, "cuda": self.cuda,
-                "phases": {phase: dict(parts) for phase, parts in self.phases.items()}}
+                "phases": {phase: dict(parts) for phase, parts in self.phases.items()},
+                "mapped": {phase: sorted(names) for phase, names in self.mapped.items() if names}}
 
 
 def pinned_bytes(nbytes: int) -> int:
@@ -253,7 +265,7 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
         exact, arena = _swapped_block_bytes(config, arch)
         step["swapped blocks (pinned)"] = arena
         if prediction is not None and _offloaded_inputs(config, arch):
-            # exact-size buffers, kept for the next step (and so through previews, backups and the save)
+            # exact-size buffers, kept for the next step (and so through previews; freed for backups and the save)
             step["offloaded block inputs (pinned, kept)"] = max(0, prediction.host_pinned_bytes - exact)
         step["batch (pinned)"] = _batch_bytes(config, arch, shape, pinned=True)
     else:
@@ -275,7 +287,10 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
             # its forward passes on the host: no more than the training step's (which keeps them for a backward)
             preview["preview forward pass"] = step.get("activations and transients", 0)
         phases["preview"] = preview
-    resting = {k: v for k, v in step.items() if "activations" not in k and "batch" not in k}
+    # a backup and the final save free activation offload's buffers first (release_host_buffers; the next step
+    # makes them again)
+    resting = {k: v for k, v in step.items()
+               if "activations" not in k and "batch" not in k and not k.startswith("offloaded block inputs")}
     # a backup copies the trainable weights and optimizer state to the host (on a CPU device they are there)
     phases["backup"] = {**resting, "backup copy of trainable + optimizer state": state if cuda else 0}
     trainable_bytes = (prediction.trainable_parameters if prediction is not None else 0) * \
@@ -284,7 +299,30 @@ def plan_host(config: TrainConfig, prediction=None, arch=None, shape=None, cuda:
     if config.training_method.value == "FINE_TUNE" and config.output.format.value == "DIFFUSERS":
         final["text encoder (read again for the folder)"] = parts["text encoder"]
     phases["final save"] = final
-    return HostPlan(phases, cuda, notes)
+    from modules.planner.mapped_parts import mapped_parts
+    from_files = mapped_parts(config.model)
+    fine_tune = config.training_method.value == "FINE_TUNE"
+    mapped = {phase: {name for name in held if _still_mapped(name, phase, from_files, cuda, fine_tune)}
+              for phase, held in phases.items()}
+    return HostPlan(phases, cuda, notes, mapped)
+
+
+def _still_mapped(name: str, phase: str, from_files: frozenset[str], cuda: bool, fine_tune: bool) -> bool:
+    """Whether part `name` in `phase` is still its file's mapping: read in the file's own dtype (`from_files`) and
+    not copied since. On CUDA every part goes to the device for its work and its host copy after is new (the
+    encoders moved back after their caching pass; a part read again is mapped again); on a CPU a full fine-tune's
+    optimizer writes the trained weights (private pages written become anonymous)."""
+    part = name.split(" (")[0]
+    if part not in from_files:
+        return False
+    if "read again" in name:
+        return True
+    if cuda:
+        moved_in = {"text encoder": "caching: text encoding", "VAE": "caching: VAE / image encoding",
+                    "image encoder": "caching: VAE / image encoding"}.get(part, "training step")
+        return PHASES.index(phase) < PHASES.index(moved_in)
+    return not (fine_tune and part.startswith("transformer") and "not trained" not in name
+                and PHASES.index(phase) >= PHASES.index("training step"))
 
 
 def _text_activation_bytes(config: TrainConfig) -> int:

@@ -437,6 +437,7 @@ class GenericTrainer:
         """A rolling backup (`step-N`, pruned to backup.rolling_count), or one into `folder` that is not pruned
         (validation.keep_best's `best`); `extra_json`: more files, name -> JSON value."""
         self.read_losses()  # never back up weights a non-finite loss has touched
+        self.setup.release_host_buffers()   # the offloaded inputs' buffers: room for the copies below
         rolling = folder is None
         folder = folder or self.backup_root / f"step-{self.progress.global_step:08d}"
         trainable, optimizer_state, rng, layout = gather_backup_state(self)  # every rank takes part
@@ -465,6 +466,7 @@ class GenericTrainer:
 
     def save_result(self, destination: str) -> list[Path]:
         self.read_losses()
+        self.setup.release_host_buffers()
         output = self.config.output
         written = []
         try:

@@ -136,6 +136,13 @@ class PinnedPool:
     def give(self, buffer: PinnedBuffer) -> None:
         self.free.append(buffer)
 
+    def clear(self) -> None:
+        """Unregisters and drops the free buffers (a buffer handed out stays its holder's): the next `take` makes
+        new ones. Between steps every buffer is free."""
+        for buffer in self.free:
+            buffer.release()
+        self.free.clear()
+
     @property
     def held_bytes(self) -> int:
         return sum(buffer.nbytes for buffer in self.free)

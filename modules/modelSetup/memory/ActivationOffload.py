@@ -43,6 +43,11 @@ class ActivationOffload:
         self.order: list[_Offloaded] = []   # this forward pass's offloaded inputs, in forward order
         self.bytes_offloaded = 0
 
+    def release_host_buffers(self) -> None:
+        """Frees the pool's buffers between steps (the next step makes them again, the same values either way)."""
+        if self.pool is not None:
+            self.pool.clear()
+
     @contextlib.contextmanager
     def saving(self, hidden_states: torch.Tensor):
         """Within this context, a saved tensor that is `hidden_states` (same memory and shape) goes to the host."""

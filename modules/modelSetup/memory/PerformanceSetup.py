@@ -102,6 +102,12 @@ class PerformanceSetup:
         else:
             self.transformer.to(self.device)
 
+    def release_host_buffers(self) -> None:
+        """Activation offload's host buffers freed (made again by the next step): they are the largest host
+        memory a step leaves, and a backup or the final save needs the room, not them."""
+        if self.offload is not None:
+            self.offload.release_host_buffers()
+
     def describe(self) -> str:
         parts = []
         if self.checkpointing is not None:
