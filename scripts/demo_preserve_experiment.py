@@ -6,7 +6,8 @@ strengths for the demo's 6 captions at seeds 0 to 3 and counts the clips that pa
   demo_preserve_experiment.py --work /tmp/preserve --seeds 42 1 --strength 2 --measure 4:2,2:2,1:2,4:1,1:1
 
 `--strength` is the accelerator's strength while `preserve` trains (the strength it is meant to be sampled at);
-`--measure` lists steps:strength pairs to sample at. A LoRA already trained in `--work` is measured again, not
+`--preserve-weight` sets `distill.preserve_weight` for the preserve runs; `--measure` lists steps:strength
+pairs to sample at. A LoRA already trained in `--work` is measured again, not
 trained again. One thread; a `base` run takes about a minute of CPU, a `preserve` run about two.
 """
 import argparse
@@ -23,7 +24,8 @@ MODEL = Path("workspace") / "demo" / "tiny-wan2.1-t2v"
 ACCELERATOR = Path("resources") / "demo" / "demo_accelerator.safetensors"
 
 
-def train_demo(work: Path, model_folder: Path, accelerator: Path, mode: str, seed: int, strength: float) -> Path:
+def train_demo(work: Path, model_folder: Path, accelerator: Path, mode: str, seed: int, strength: float,
+               preserve_weight: float | None = None) -> Path:
     """`train --preset-path "demo tiny CPU"` in `work` (previews off: they do not change training), in `mode`;
     the LoRA's path."""
     import train
@@ -37,6 +39,8 @@ def train_demo(work: Path, model_folder: Path, accelerator: Path, mode: str, see
     if mode == "preserve":
         values += ["distill.mode=preserve", f"sampling.accelerator.file={ACCELERATOR}",
                    f"sampling.accelerator.strength={strength}"]
+        if preserve_weight is not None:
+            values.append(f"distill.preserve_weight={preserve_weight}")
     arguments = ["--preset-path", "demo tiny CPU"]
     for value in values:
         arguments += ["--config-value", value]
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="a folder for the runs (kept, to measure again)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 1], help="the training config's seeds")
     parser.add_argument("--strength", type=float, default=2.0, help="the accelerator's strength in preserve")
+    parser.add_argument("--preserve-weight", type=float, default=None,
+                        help="distill.preserve_weight of the preserve runs (default: the config's, 0.5)")
     parser.add_argument("--measure", default="4:2,2:2,1:2", help="steps:strength pairs to sample at")
     parser.add_argument("--accelerator", type=Path, default=ACCELERATOR_FILE)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -75,11 +81,16 @@ def main(argv: list[str] | None = None) -> int:
                 (pair.split(":") for pair in args.measure.split(","))]
     for seed in args.seeds:
         for mode in ("base", "preserve"):
-            name = f"{mode}-{seed}" + (f"-strength-{args.strength:g}" if mode == "preserve" else "")
-            lora = train_demo(args.work.resolve() / name, model_folder, accelerator, mode, seed, args.strength)
+            name = f"{mode}-{seed}"
+            if mode == "preserve":
+                name += f"-strength-{args.strength:g}" + ("" if args.preserve_weight is None else
+                                                           f"-weight-{args.preserve_weight:g}")
+            lora = train_demo(args.work.resolve() / name, model_folder, accelerator, mode, seed, args.strength,
+                              args.preserve_weight)
             for steps, strength in settings:
                 passes = lora_passes(model_folder, lora, accelerator, steps, strength)
-                print(json.dumps({"seed": seed, "mode": mode, "trained_strength": args.strength, "steps": steps,
+                print(json.dumps({"seed": seed, "mode": mode, "trained_strength": args.strength,
+                                  "preserve_weight": args.preserve_weight, "steps": steps,
                                   "strength": strength, "passed": passed(passes),
                                   "per_caption": [sum(row) for row in passes.values()]}), flush=True)
     return 0
