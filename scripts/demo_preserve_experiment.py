@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                               args.preserve_weight)
             for steps, strength in settings:
                 passes = lora_passes(model_folder, lora, accelerator, steps, strength)
-                print(json.dumps({"seed": seed, "mode": mode, "trained_strength": args.strength,
-                                  "preserve_weight": args.preserve_weight, "steps": steps,
+                trained = ({"trained_strength": args.strength, "preserve_weight": args.preserve_weight}
+                           if mode == "preserve" else {})
+                print(json.dumps({"seed": seed, "mode": mode, **trained, "steps": steps,
                                   "strength": strength, "passed": passed(passes),
                                   "per_caption": [sum(row) for row in passes.values()]}), flush=True)
     return 0
