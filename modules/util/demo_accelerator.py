@@ -200,6 +200,34 @@ def square_passes(model, accelerator_path: str | Path | None, steps: int = 4, st
     return passes
 
 
+def lora_passes(model_folder: str | Path, lora_path: str | Path, accelerator_path: str | Path | None,
+                steps: int = 4, strength: float = 1.0, seeds=MEASURE_SEEDS) -> dict[str, list[bool]]:
+    """{caption: [passes `caption_square_problems` at each seed]} for the demo LoRA's 6 captions ("a red square
+    moving left"), the LoRA merged into the demo model and sampled with the accelerator at `steps` steps and
+    `strength` (without one: the ordinary sampler at `steps`), guidance 1."""
+    from modules.modelSampler.accelerator import load_accelerator
+    from modules.modelSampler.WanModelSampler import WanModelSampler
+    from modules.util.config.AcceleratorConfig import AcceleratorConfig
+    from modules.util.lora.apply import merge_lora
+    from modules.util.lora.formats import load_lora_file, match_to_model
+    from modules.util.square_check import caption_square_problems
+    model = load_folder(model_folder)
+    weights, _ = load_lora_file(lora_path)
+    merge_lora(model.transformer, match_to_model(weights, {name for name, _ in model.transformer.named_modules()}))
+    accelerator = None
+    if accelerator_path is not None:
+        accelerator = load_accelerator(model, AcceleratorConfig(file=str(accelerator_path), steps=steps,
+                                                                strength=strength))
+    sampler = WanModelSampler(model, device="cpu", accelerator=accelerator)
+    passes = {}
+    for colour in COLOURS:
+        for direction in ("left", "right"):
+            caption = f"a {colour} square moving {direction}"
+            passes[caption] = [not caption_square_problems(sampler.sample(demo_sample(caption, seed, steps))
+                                                           .frames_uint8(), colour, direction) for seed in seeds]
+    return passes
+
+
 def passed(passes: dict[str, list[bool]]) -> int:
     return sum(sum(row) for row in passes.values())
 
