@@ -156,8 +156,14 @@ Dead ends, measured, so that nobody repeats them:
   scored 0.93 at seed 1). Its training-seed-0 base (what `train_demo_base` would ship) with the linear_1 LoRA (config
   seed 42): green held out, 6 of 8 green previews at step 400 (green right seeds 2 and 4 fail) and the held-out loss
   0.476 to 0.095; all 12 clips, 17 of 24 trained captions and the demo's "a red square moving left" preview (seed 1)
-  fails at every step. Not shipped; the next thing to try is x16 with trained captions back to 22 of 24 (the LoRA's
-  steps, rank or learning rate on this base; more than one seed a config).
+  fails at every step (config seed 1: 18 of 24; lr 5e-3: 17 of 24, the same seeds failing). x16 with 4000 base steps:
+  45 of 48 (training seed 0). x16 with timesteps shifted by 10: 48, 32 and 47 of 48 (training seeds 0, 1, 2); its
+  seed-0 base with the linear_1 LoRA (config seed 42): green held out, 8 of 8 green previews at step 400 and the
+  held-out loss 0.591 to 0.116; all 12 clips, 20 of 24 trained captions (red right seeds 2 and 4, green left seed 3,
+  green right seed 1 fail) and both demo previews pass from step 100 on (57 s a run at load 3). None holds over
+  training seeds, so none is shipped: the encoder's final norm x16 is the step that made seeds 1 and 2 learn, and
+  what is still missing is a base at >= 44 of 48 on every training seed with trained captions >= 22 of 24 after the
+  LoRA.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
