@@ -139,6 +139,31 @@ Dead ends, measured, so that nobody repeats them:
   previews pass); with green held out (config seed 42) 6 of 8 green previews pass at step 400 and the held-out loss
   goes 0.268, 0.636 at step 100, 0.227 at step 400 (on the 3000-step base: 8 of 8, 0.233 to 0.086). A base that
   draws its own words over training seeds, not at one lucky seed, is still what is missing.
+  Whether a base reads its direction word shows before sampling: the x0 it predicts from pure noise (sigma 1, 16
+  noise draws a caption), projected on its own clip minus the other direction's (1 its own, 0.5 a blend of both
+  starts), averages 0.91 to 0.97 on the bases that draw 41 to 48 of 48, 0.67 and 0.70 on two that draw 28 and 22,
+  0.50 to 0.56 on those that draw 2 to 21 (near 0.5 for all 3000 steps, or climbing late). A per-clip failure also
+  needs little: a clip crosses exactly one 8-px cell and the check wants 8 px of travel, so a first frame a little
+  blended fails. Tried on the same loop (training seeds as above, own captions at seeds 0 to 7, about 5 to 8 minutes
+  a base at load 3 to 7): the cross-attention's `norm_q` / `norm_k` weights x1.5 at init (logits bounded by about
+  12.7 instead of 5.7): 12 and 10 of 48 (training seeds 1, 2; the weights hardly move in training); the direction
+  word said three times in the base's captions ("moving up up up"): 48 of 48 (seed 1) but 22 of 48 (seed 2), and read
+  with one word, as the demo's captions have it, the seed-1 base scores 0.72, and the linear_1 LoRA on it (green held
+  out, config seed 42) 0 of 8 green previews, the held-out loss rising 0.264 to 1.84; timesteps shifted by 10 instead
+  of 3: 2 of 48 (seed 1, stuck at 0.50) and 48 of 48 (seed 2). Closest: the per-token encoder's final norm
+  (`final_layer_norm.weight`) x16, so that a word's state outweighs the zero pads' in the text embedder and the
+  cross-attention values: 42, 44 and 47 of 48 (training seeds 0, 1, 2; x4: 28 of 48 at seed 1, x4 with shift 10
+  scored 0.93 at seed 1). Its training-seed-0 base (what `train_demo_base` would ship) with the linear_1 LoRA (config
+  seed 42): green held out, 6 of 8 green previews at step 400 (green right seeds 2 and 4 fail) and the held-out loss
+  0.476 to 0.095; all 12 clips, 17 of 24 trained captions and the demo's "a red square moving left" preview (seed 1)
+  fails at every step (config seed 1: 18 of 24; lr 5e-3: 17 of 24, the same seeds failing). x16 with 4000 base steps:
+  45 of 48 (training seed 0). x16 with timesteps shifted by 10: 48, 32 and 47 of 48 (training seeds 0, 1, 2); its
+  seed-0 base with the linear_1 LoRA (config seed 42): green held out, 8 of 8 green previews at step 400 and the
+  held-out loss 0.591 to 0.116; all 12 clips, 20 of 24 trained captions (red right seeds 2 and 4, green left seed 3,
+  green right seed 1 fail) and both demo previews pass from step 100 on (57 s a run at load 3). None holds over
+  training seeds, so none is shipped: the encoder's final norm x16 is the step that made seeds 1 and 2 learn, and
+  what is still missing is a base at >= 44 of 48 on every training seed with trained captions >= 22 of 24 after the
+  LoRA.
 
 Deterministic for a seed on one machine; the folder is written atomically, like every tiny model.
 """
