@@ -25,8 +25,10 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     fi
 fi
 # Tests run in parallel worker processes (pytest-xdist), one per core up to 4, each file's tests on one worker so
-# module fixtures are built once; each test process keeps torch to one thread (tests/conftest.py).
+# module fixtures are built once, the longest files first (tests/slow_files.txt; tests/conftest.py orders them and
+# --no-loadscope-reorder keeps that order); each test process keeps torch to one thread (tests/conftest.py).
+# --durations=20 lists the slowest tests at the end, to keep that list current.
 # WAN_TEST_WORKERS=0 runs them in this process; a -n in the arguments wins.
 workers="${WAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}"
 [ "$workers" -gt 4 ] && workers=4
-exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@"

@@ -22,6 +22,16 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (tests/slow_files.txt), each file's tests in their own order: run-tests.sh hands
+    whole files to the workers in this order (--dist loadfile --no-loadscope-reorder), so the long ones do not
+    start last and leave one worker running alone at the end."""
+    listed = [line.strip() for line in (ROOT / "tests" / "slow_files.txt").read_text(encoding="utf-8").splitlines()
+              if line.strip() and not line.startswith("#")]
+    rank = {path: index for index, path in enumerate(listed)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(listed)))   # stable: order kept within
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Callable[[str], Path]:
     """`get(variant) -> Path`: a tiny random diffusers folder for the variant (seed 0), built once per session.
