@@ -105,6 +105,8 @@ def _progress_bar(what: str, shown: bool):
         yield None
         return
     from tqdm import tqdm
+    # no monitor thread: with none the traces' workers fork from this process (trace_pool.py)
+    tqdm.monitor_interval = 0
     with tqdm(desc=what, unit="trace", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
         def progress(done: int, total: int, text: str) -> None:
             bar.total, bar.n = total, done

@@ -1,0 +1,68 @@
+"""The cut traces of one plan side by side, one process per available core (composed_trace.py).
+
+A trace is one Python thread dispatching fake tensors (nothing computes), so the traces of a plan are independent
+single-threaded work: on 2 cores two of them run at once. The workers are forked from the planning process, which
+has imported the planner already (a fresh interpreter would import torch and diffusers again, seconds each); where
+the planning process runs other threads (the GUI plans in a worker thread) they come from a fork server that
+imported the planner once, since forking a process with other threads running can copy a lock one of them holds.
+Each worker runs torch with one thread. Every job and result is pickled (configs, architectures, shapes, the
+numbers of a trace: small), and the results come back in the jobs' order, so a plan is the same with any number
+of workers (tests/test_composed_plan.py).
+
+`WAN_PLANNER_WORKERS`: the number of workers (default: the cores this process may run on; 1: every trace in this
+process, as before).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+_PRELOAD = ["modules.planner.step_trace", "modules.planner.composed_trace"]
+
+
+def workers() -> int:
+    """How many traces run at once."""
+    named = os.environ.get("WAN_PLANNER_WORKERS", "").strip()
+    if named:
+        try:
+            return max(1, int(named))
+        except ValueError:
+            raise ValueError(f"WAN_PLANNER_WORKERS: {named!r} is not a whole number of processes") from None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _one_thread() -> None:
+    import torch
+    torch.set_num_threads(1)
+
+
+def _context():
+    if threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    return context
+
+
+def run(work, jobs: list[tuple], done=None) -> list:
+    """[work(*job) for job in jobs], up to workers() at once in worker processes (`work`: a module-level
+    function); `done(index)` in this process as each job ends, in the order they end."""
+    count = min(workers(), len(jobs))
+    if count <= 1:
+        results = []
+        for index, job in enumerate(jobs):
+            results.append(work(*job))
+            if done is not None:
+                done(index)
+        return results
+    results = [None] * len(jobs)
+    with ProcessPoolExecutor(count, mp_context=_context(), initializer=_one_thread) as pool:
+        futures = {pool.submit(work, *job): index for index, job in enumerate(jobs)}
+        for future in as_completed(futures):
+            index = futures[future]
+            results[index] = future.result()
+            if done is not None:
+                done(index)
+    return results
