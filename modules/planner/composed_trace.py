@@ -135,6 +135,12 @@ def _traced(layout: Layout) -> int:
     return sum(layout.blocks(a, b) for a, b in layout.points())
 
 
+def traced_blocks(config: TrainConfig, arch) -> int:
+    """How many blocks a plan of the run traces (its first layout's cut transformers, else the whole one)."""
+    layouts, _why = layouts_of(config, arch)
+    return _traced(layouts[0]) if layouts else arch.transformer["num_layers"]
+
+
 def _cut(config: TrainConfig, arch, layout: Layout, a: int, b: int):
     """The run with its transformer cut to (a, b) periods: its config (block swap) and architecture."""
     blocks = layout.blocks(a, b)

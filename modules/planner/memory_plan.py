@@ -166,5 +166,8 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
             return None if host.fits(ram_gib) else (
                 f"its host RAM is {host.peak_gib:.1f} GiB predicted in phase {host.peak_phase} "
                 f"({host.largest_parts(host.peak_phase)})")
+    def trace_blocks(settings: Settings) -> int:
+        from modules.planner.composed_trace import traced_blocks
+        return layers if exact else traced_blocks(settings.apply(config), arch)
     return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings, host_fits,
-                        ram_gib, known=dict(cache))
+                        ram_gib, known=dict(cache), trace_blocks=trace_blocks)
