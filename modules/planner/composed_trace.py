@@ -198,7 +198,8 @@ def _trace_all(jobs: list[tuple], traced) -> list[dict]:
     def done(position: int) -> None:
         traced(missing[position])
 
-    for position, numbers in enumerate(trace_pool.run(_trace_numbers, [jobs[i] for i in missing], done)):
+    sizes = [jobs[i][1].transformer["num_layers"] for i in missing]
+    for position, numbers in enumerate(trace_pool.run(_trace_numbers, [jobs[i] for i in missing], done, sizes)):
         found[keys[missing[position]]] = numbers
     results = [found.get(key) or _traces[key] for key in keys]
     for key, numbers in found.items():
