@@ -24,8 +24,10 @@ swapped blocks still cheaper is left after that one trace. A setting whose step 
 weights, adapters and optimizer state: `floor_settings`, a trace of the setup alone) is passed over without
 tracing its step, and so is a setting where one with at least as much of every switch (`at_least`: at least its
 swapped and checkpointed blocks, its offload, its attention inputs in chunks) did not fit: each switch only takes
-memory off the device. Each trace of a real-size model takes seconds to minutes, so the traces saved are what a user
-waits for; the answer is the one a search of every swap count gives. The objective "least" (least memory) takes
+memory off the device. Those combinations are traced first where their plans trace fewer blocks
+(`rule_out_first`), so that one that does not fit leaves the others unpredicted. Each trace of a real-size model
+takes seconds to minutes, so the traces saved are what a user waits for; the answer is the one a search of every
+swap count gives. The objective "least" (least memory) takes
 every switch at its most instead, the smallest peak the switches can give.
 """
 from __future__ import annotations
