@@ -10,7 +10,7 @@ numbers of a trace: small), and the results come back in the jobs' order, so a p
 of workers (tests/test_composed_plan.py).
 
 `WAN_PLANNER_WORKERS`: the number of workers (default: the cores this process may run on; 1: every trace in this
-process, as before).
+process, as before, and so on a platform that cannot fork).
 """
 from __future__ import annotations
 
@@ -39,8 +39,12 @@ def _one_thread() -> None:
 
 
 def _context():
-    if threading.active_count() == 1:
+    """How workers start (None: no fork on this platform, e.g. Windows: every trace in this process)."""
+    methods = multiprocessing.get_all_start_methods()
+    if threading.active_count() == 1 and "fork" in methods:
         return multiprocessing.get_context("fork")
+    if "forkserver" not in methods:
+        return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
     return context
@@ -52,7 +56,8 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
     (the blocks it traces): the largest start first, so the workers end about together (3 traces of 2, 3 and 4
     blocks on 2 workers: 4 against 3 + 2, not 2 + 4 against 3)."""
     count = min(workers(), len(jobs))
-    if count <= 1:
+    context = _context() if count > 1 else None
+    if context is None:
         results = []
         for index, job in enumerate(jobs):
             results.append(work(*job))
@@ -60,12 +65,16 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
                 done(index)
         return results
     results = [None] * len(jobs)
-    with ProcessPoolExecutor(count, mp_context=_context(), initializer=_one_thread) as pool:
+    with ProcessPoolExecutor(count, mp_context=context, initializer=_one_thread) as pool:
         order = sorted(range(len(jobs)), key=lambda index: -sizes[index]) if sizes else range(len(jobs))
         futures = {pool.submit(work, *jobs[index]): index for index in order}
-        for future in as_completed(futures):
-            index = futures[future]
-            results[index] = future.result()
-            if done is not None:
-                done(index)
+        try:
+            for future in as_completed(futures):
+                index = futures[future]
+                results[index] = future.result()
+                if done is not None:
+                    done(index)
+        except BaseException:   # a trace failed (e.g. a PlanError): the traces not started yet are not needed
+            pool.shutdown(cancel_futures=True)
+            raise
     return results
