@@ -14,12 +14,29 @@ process, as before, and so on a platform that cannot fork).
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 _PRELOAD = ["modules.planner.step_trace", "modules.planner.composed_trace"]
+_kept = {"depth": 0, "pool": None, "how": None}   # the pool `kept()` holds between runs, and how it was made
+
+
+@contextlib.contextmanager
+def kept():
+    """Every run() inside uses one pool: its workers keep FakeTensor's dispatch cache (a trace with it cold takes
+    about 3 times the CPU time) from one plan to the next, as one process tracing them all would. A fit holds it
+    for its settings; it ends with the outermost `kept()`, so no worker stays after planning."""
+    _kept["depth"] += 1
+    try:
+        yield
+    finally:
+        _kept["depth"] -= 1
+        if _kept["depth"] == 0 and _kept["pool"] is not None:
+            pool, _kept["pool"], _kept["how"] = _kept["pool"], None, None
+            pool.shutdown()
 
 
 def workers() -> int:
@@ -65,7 +82,14 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
                 done(index)
         return results
     results = [None] * len(jobs)
-    with ProcessPoolExecutor(count, mp_context=context, initializer=_one_thread) as pool:
+    how = (workers(), context.get_start_method())
+    with kept():
+        if _kept["how"] != how:
+            if _kept["pool"] is not None:
+                _kept["pool"].shutdown()
+            _kept["pool"] = ProcessPoolExecutor(workers(), mp_context=context, initializer=_one_thread)
+            _kept["how"] = how
+        pool = _kept["pool"]
         order = sorted(range(len(jobs)), key=lambda index: -sizes[index]) if sizes else range(len(jobs))
         futures = {pool.submit(work, *jobs[index]): index for index in order}
         try:
@@ -75,6 +99,7 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
                 if done is not None:
                     done(index)
         except BaseException:   # a trace failed (e.g. a PlanError): the traces not started yet are not needed
-            pool.shutdown(cancel_futures=True)
+            for future in futures:
+                future.cancel()
             raise
     return results
