@@ -73,23 +73,16 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
     (the blocks it traces): the largest start first, so the workers end about together (3 traces of 2, 3 and 4
     blocks on 2 workers: 4 against 3 + 2, not 2 + 4 against 3)."""
     count = min(workers(), len(jobs))
-    context = _context() if count > 1 else None
-    if context is None:
-        results = []
-        for index, job in enumerate(jobs):
-            results.append(work(*job))
-            if done is not None:
-                done(index)
-        return results
-    results = [None] * len(jobs)
-    how = (workers(), context.get_start_method())
     with kept():
-        if _kept["how"] != how:
-            if _kept["pool"] is not None:
-                _kept["pool"].shutdown()
-            _kept["pool"] = ProcessPoolExecutor(workers(), mp_context=context, initializer=_one_thread)
-            _kept["how"] = how
-        pool = _kept["pool"]
+        pool = _pool() if count > 1 else None
+        if pool is None:
+            results = []
+            for index, job in enumerate(jobs):
+                results.append(work(*job))
+                if done is not None:
+                    done(index)
+            return results
+        results = [None] * len(jobs)
         order = sorted(range(len(jobs)), key=lambda index: -sizes[index]) if sizes else range(len(jobs))
         futures = {pool.submit(work, *jobs[index]): index for index in order}
         try:
@@ -103,3 +96,19 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
                 future.cancel()
             raise
     return results
+
+
+def _pool():
+    """The kept pool, made when there is none (None: this platform cannot fork). Once made it is used while kept,
+    whatever threads it runs itself."""
+    if _kept["pool"] is not None and _kept["how"] == workers():
+        return _kept["pool"]
+    if _kept["pool"] is not None:
+        _kept["pool"].shutdown()
+        _kept["pool"] = None
+    context = _context()
+    if context is None:
+        return None
+    _kept["pool"] = ProcessPoolExecutor(workers(), mp_context=context, initializer=_one_thread)
+    _kept["how"] = workers()
+    return _kept["pool"]
