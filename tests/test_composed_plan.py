@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from modules.planner.composed_trace import _trace_numbers as TRACE_NUMBERS
 from modules.planner.composed_trace import layouts_of
 from modules.planner.memory_plan import predict
 from modules.planner.plan_shapes import PlanShape, largest_shape, resolve_architecture
@@ -114,6 +115,38 @@ def test_settings_that_differ_in_swapped_blocks_share_their_cut_traces():
     prediction = predict(config, SHAPE, arch, progress=lambda *report: reports.append(report))
     assert len(composed_trace._traces) == kept and prediction.how.startswith("composed")
     assert reports and reports[-1][0] == reports[-1][1]
+
+
+def _trace_in_process(folder, *job):
+    """composed_trace._trace_numbers, leaving a file named after the process that ran it."""
+    (folder / str(os.getpid())).touch()
+    return TRACE_NUMBERS(*job)
+
+
+def test_cut_traces_run_side_by_side_in_worker_processes_and_give_the_same_plan(tmp_path, monkeypatch):
+    """The cut traces of one plan run in worker processes at once (trace_pool.py): the plan equals the one traced
+    in this process, every number, and the progress reports count every trace."""
+    import functools
+
+    from modules.planner import composed_trace
+    config, arch = cut(preset_config("wan 2.1 14B LoRA 24GB"), 30, 24)
+    plans, folders, reports = {}, {}, {}
+    for workers in ("1", "2"):
+        monkeypatch.setenv("WAN_PLANNER_WORKERS", workers)
+        folders[workers] = tmp_path / workers
+        folders[workers].mkdir()
+        monkeypatch.setattr(composed_trace, "_trace_numbers", functools.partial(_trace_in_process, folders[workers]))
+        monkeypatch.setattr(composed_trace, "_traces", composed_trace.OrderedDict())
+        reports[workers] = []
+        plans[workers] = predict(config, SHAPE, arch, progress=lambda *report: reports[workers].append(report))
+    assert plans["1"].how == plans["2"].how == "composed from 4 traces of 4, 5, 6 of 30 blocks"
+    for field in COMPARED:
+        assert getattr(plans["1"], field) == getattr(plans["2"], field), field
+    assert [p.name for p in folders["1"].iterdir()] == [str(os.getpid())]
+    ran_in = {p.name for p in folders["2"].iterdir()}
+    assert len(ran_in) == 2 and str(os.getpid()) not in ran_in
+    for workers in ("1", "2"):
+        assert [(done, total) for done, total, _text in reports[workers]] == [(n, 4) for n in range(1, 5)]
 
 
 @pytest.mark.skipif(not os.environ.get("WAN_PLANNER_FULL"),

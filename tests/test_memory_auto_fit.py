@@ -150,7 +150,8 @@ def test_settings_a_fit_leaves_unpredicted_are_ones_the_whole_grid_finds_not_fit
     """A fit does not predict a setting where one with at least as much of every switch did not fit
     (FitResult.dominated). On the 1.3B preset's transformer cut to 4 blocks of its real width, against every setting
     of the grid predicted: at card sizes between each two of the grid's peaks, the fit chooses what the whole grid's
-    cheapest fitting setting is, and none of the settings it left unpredicted fits."""
+    cheapest fitting setting is, and none of the settings it left unpredicted fits; also where the settings that
+    trace fewer blocks are predicted first (`trace_blocks`), which leaves more of the others unpredicted."""
     from modules.planner.auto_fit import Settings, block_weight_bytes, canonical, combinations, fit, step_cost
     from modules.planner.memory_plan import predict
     from modules.planner.plan_shapes import PlanShape
@@ -165,22 +166,30 @@ def test_settings_a_fit_leaves_unpredicted_are_ones_the_whole_grid_finds_not_fit
     cost = step_cost(arch, shape, block_weight_bytes(configured.parameters, layers, 2))
     key = lambda s: (cost.seconds(s), s.block_swap, s.activation_offload, s.attention_inputs)  # noqa: E731
     levels = sorted({p.peak_gib for p in plans.values()})
-    dominated = 0
+    # as a real fit's: checkpointing every block composes from fewer traced blocks than every 2nd or none
+    trace_blocks = lambda s: 9 if s.gradient_checkpointing and s.checkpoint_every == 1 else 18  # noqa: E731
+    dominated, first = 0, set()
     for vram in [(low + high) / 2 for low, high in zip(levels, levels[1:])]:
-        predicted = set()
+        for blocks in (None, trace_blocks):
+            predicted = set()
 
-        def predict_settings(settings: Settings):
-            predicted.add(canonical(settings, layers))
-            return plans[canonical(settings, layers)]
+            def predict_settings(settings: Settings):
+                predicted.add(canonical(settings, layers))
+                return plans[canonical(settings, layers)]
 
-        result = fit(config, vram, predict_settings, layers, cost, known={Settings(True, 1): configured})
-        cheapest = min((s for s in grid if plans[s].fits(vram)), key=key)
-        assert key(result.settings) == key(cheapest), (vram, result.settings, cheapest)
-        for settings, bound in result.dominated:
-            assert not plans[canonical(settings, layers)].fits(vram), (vram, settings, bound)
-            assert canonical(settings, layers) not in predicted, (vram, settings)
-        dominated += len(result.dominated)
+            result = fit(config, vram, predict_settings, layers, cost, known={Settings(True, 1): configured},
+                         trace_blocks=blocks)
+            cheapest = min((s for s in grid if plans[s].fits(vram)), key=key)
+            assert key(result.settings) == key(cheapest), (vram, result.settings, cheapest)
+            for settings, bound in result.dominated:
+                assert not plans[canonical(settings, layers)].fits(vram), (vram, settings, bound)
+                assert canonical(settings, layers) not in predicted, (vram, settings)
+            dominated += len(result.dominated)
+            if blocks is not None:
+                first |= {settings for settings, _bound in result.dominated}
     assert dominated
+    # the every-2nd-block settings at no swap left unpredicted where every block checkpointed did not fit
+    assert Settings(True, 2, 0, True) in first
 
 
 def test_a_floor_is_under_the_predicted_peak(tiny_model):

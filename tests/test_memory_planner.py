@@ -169,9 +169,10 @@ def test_every_sized_preset_fits_the_card_in_its_name(name, size_gb):
 
 
 def test_planning_a_14b_step_is_small_and_matches_the_stored_row(tmp_path):
-    """Under 2 GiB of RAM, in a process of its own (its peak RSS is the planner's, imports included). Its time is a
-    benchmark figure (`benchmark plan` prints "planned in N s"), not asserted here: a shared CI machine's load
-    decides it more than the planner does (the subprocess's timeout catches a planner that no longer ends)."""
+    """Under 2 GiB of RAM, in a process of its own and its trace workers (their peak RSS is the planner's, imports
+    included). Its time is a benchmark figure (`benchmark plan` prints "planned in N s"), not asserted here: a
+    shared CI machine's load decides it more than the planner does (the subprocess's timeout catches a planner
+    that no longer ends)."""
     import json
     import subprocess
     import sys
@@ -180,8 +181,10 @@ def test_planning_a_14b_step_is_small_and_matches_the_stored_row(tmp_path):
             "from modules.util.config.config_io import load_config;"
             "from modules.util.presets import resolve_preset;"
             "p = predict(load_config(preset_path=resolve_preset('wan 2.1 14B LoRA 24GB')));"
-            "print(json.dumps({'seconds': time.perf_counter() - t, 'peak_gib': p.peak_gib,"
-            "'rss_gib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))")
+            "from modules.planner.trace_pool import workers;"
+            "print(json.dumps({'seconds': time.perf_counter() - t, 'peak_gib': p.peak_gib, 'workers': workers(),"
+            "'rss_gib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,"
+            "'worker_rss_gib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20}))")
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300,
@@ -192,7 +195,9 @@ def test_planning_a_14b_step_is_small_and_matches_the_stored_row(tmp_path):
     from modules.planner import preset_guard   # the stored table is today's plan (the sized-preset test reads it)
     stored = {row["preset"]: row for row in preset_guard.load_stored()["full"]}["wan 2.1 14B LoRA 24GB"]
     assert numbers["peak_gib"] == pytest.approx(stored["predicted_gib"], rel=1e-6), (numbers, stored)
-    assert numbers["rss_gib"] < 2, numbers
+    # the cut traces run in worker processes side by side (trace_pool.py): this one and each worker at its
+    # largest (the pages they share counted in each)
+    assert numbers["rss_gib"] + numbers["workers"] * numbers["worker_rss_gib"] < 2, numbers
 
 
 def test_train_refuses_a_run_that_does_not_fit_before_anything_loads(monkeypatch, capsys, squares_dataset):

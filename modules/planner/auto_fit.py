@@ -24,8 +24,10 @@ swapped blocks still cheaper is left after that one trace. A setting whose step 
 weights, adapters and optimizer state: `floor_settings`, a trace of the setup alone) is passed over without
 tracing its step, and so is a setting where one with at least as much of every switch (`at_least`: at least its
 swapped and checkpointed blocks, its offload, its attention inputs in chunks) did not fit: each switch only takes
-memory off the device. Each trace of a real-size model takes seconds to minutes, so the traces saved are what a user
-waits for; the answer is the one a search of every swap count gives. The objective "least" (least memory) takes
+memory off the device. Those combinations are traced first where their plans trace fewer blocks
+(`rule_out_first`), so that one that does not fit leaves the others unpredicted. Each trace of a real-size model
+takes seconds to minutes, so the traces saved are what a user waits for; the answer is the one a search of every
+swap count gives. The objective "least" (least memory) takes
 every switch at its most instead, the smallest peak the switches can give.
 """
 from __future__ import annotations
@@ -252,7 +254,7 @@ def at_least(more: Settings, less: Settings, layers: int) -> bool:
 
 def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cost: StepCost,
         objective: str = "fastest", floor_settings=None, host_fits=None, ram_gib: float | None = None,
-        known: dict | None = None) -> FitResult:
+        known: dict | None = None, trace_blocks=None) -> FitResult:
     """`predict_settings(settings) -> Prediction` (memoised by the caller); see the module doc for the search.
     `objective`: "fastest" (the fastest settings that fit) or "least" (the least memory). `floor_settings(settings)
     -> bytes | None`: a floor under the setting's predicted peak (cheaper than its prediction; None: none known); a
@@ -260,7 +262,9 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
     -> None | why`: the host's bound (`ram_gib`): a setting that fits the card but not the host is passed over
     (FitResult.host_refused); more swapped blocks only add host memory, so a combination is judged at its fewest.
     `known`: Settings -> Prediction the caller made before. A setting is not predicted where a setting with
-    at least as much of every switch (`at_least`) did not fit (FitResult.dominated)."""
+    at least as much of every switch (`at_least`) did not fit (FitResult.dominated). `trace_blocks(settings) ->
+    int`: how many blocks its prediction traces; given, a combination's no-swap setting is predicted after the
+    combinations with more of every switch that trace fewer blocks (`rule_out_first`)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
     result = FitResult(vram_gib, None, None, None, cost=cost, objective=objective, ram_gib=ram_gib)
@@ -326,12 +330,25 @@ def fit(config: TrainConfig, vram_gib: float, predict_settings, layers: int, cos
     def key(settings: Settings):   # equal cost: fewer swapped blocks, then no offload, then no attention chunks
         return cost.seconds(settings), settings.block_swap, settings.activation_offload, settings.attention_inputs
 
+    def rule_out_first(base: Settings) -> None:
+        """Before `base` (no swap) is traced, the combinations with at least as much of every switch whose traces
+        are cheaper (`trace_blocks`), fewest switches first: one that does not fit leaves `base` unpredicted."""
+        if trace_blocks is None or canonical(base, layers) in traced or dominated(base):
+            return
+        for other in combinations():
+            if (other != base and canonical(other, layers) not in traced and at_least(other, base, layers)
+                    and trace_blocks(other) < trace_blocks(base)):
+                fits(other)
+                if dominated(base):
+                    return
+
     for base in sorted(combinations(), key=key):
         # only swap counts that cost less than the best found can change the answer (the key grows with the count)
         cap = max_swap if result.settings is None else \
             max((n for n in range(max_swap + 1) if key(_with_swap(base, n)) < key(result.settings)), default=-1)
         if cap < 0:
             continue
+        rule_out_first(base)
         prediction = fits(base)
         if prediction is None:
             high = _fewest_swapped(base, cap, vram_gib, traced, fits, layers)
@@ -372,9 +389,19 @@ def _fewest_swapped(base: Settings, cap: int, vram_gib: float, traced: dict, fit
     for _ in range(GUESSES):
         peak_low = traced[canonical(_with_swap(base, low), layers)][0]
         peak_high = traced[canonical(_with_swap(base, high), layers)][0]
-        if high - low <= 1 or not math.isfinite(peak_low) or peak_low <= peak_high:
+        if high - low <= 1:
             break
-        guess = low + math.ceil((peak_low - vram_gib) / (peak_low - peak_high) * (high - low) - 1e-9)
+        if math.isfinite(peak_low) and peak_low > peak_high:
+            guess = low + math.ceil((peak_low - vram_gib) / (peak_low - peak_high) * (high - low) - 1e-9)
+        else:
+            # no peak below (`base` left unpredicted, `dominated`, or not usable): the line through `high` and the
+            # count above it, when traced (each swapped block takes off about as much as the one before); else
+            # the count just below `high`, which ends the search when it does not fit
+            above = traced.get(canonical(_with_swap(base, high + 1), layers)) if high < layers else None
+            if above is not None and math.isfinite(above[0]) and above[0] < peak_high:
+                guess = high - math.floor((vram_gib - peak_high) / (peak_high - above[0]) + 1e-9)
+            else:
+                guess = high - 1
         guess = min(high - 1, max(low + 1, guess))
         probe(guess)
         neighbour = guess - 1 if high == guess else guess + 1   # a right guess ends the search

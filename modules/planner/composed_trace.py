@@ -135,6 +135,12 @@ def _traced(layout: Layout) -> int:
     return sum(layout.blocks(a, b) for a, b in layout.points())
 
 
+def traced_blocks(config: TrainConfig, arch) -> int:
+    """How many blocks a plan of the run traces (its first layout's cut transformers, else the whole one)."""
+    layouts, _why = layouts_of(config, arch)
+    return _traced(layouts[0]) if layouts else arch.transformer["num_layers"]
+
+
 def _cut(config: TrainConfig, arch, layout: Layout, a: int, b: int):
     """The run with its transformer cut to (a, b) periods: its config (block swap) and architecture."""
     blocks = layout.blocks(a, b)
@@ -166,17 +172,41 @@ def _numbers(counter, facts: dict, setup_only: bool) -> dict:
             "preview_shape": facts["preview"][0] if "preview" in facts else None}
 
 
-def _trace(config: TrainConfig, arch, shape: PlanShape, setup_only: bool, sections: list[str]) -> dict:
+def _key(config: TrainConfig, arch, shape: PlanShape, setup_only: bool, sections: list[str]) -> tuple:
+    return (config.model_dump_json(), repr(arch), shape, setup_only, tuple(sections))
+
+
+def _trace_numbers(config: TrainConfig, arch, shape: PlanShape, setup_only: bool, sections: list[str]) -> dict:
+    """One cut trace's numbers (run in a trace_pool worker, or here)."""
     from modules.planner.step_trace import trace_step
-    key = (config.model_dump_json(), repr(arch), shape, setup_only, tuple(sections))
-    if key in _traces:
-        _traces.move_to_end(key)
-        return _traces[key]
     counter, facts = trace_step(config, arch, shape, setup_only=setup_only, sections=sections)
-    _traces[key] = _numbers(counter, facts, setup_only)
-    if len(_traces) > CACHE_SIZE:
-        _traces.popitem(last=False)
-    return _traces[key]
+    return _numbers(counter, facts, setup_only)
+
+
+def _trace_all(jobs: list[tuple], traced) -> list[dict]:
+    """The numbers of each job (_trace_numbers' arguments), those not kept from before traced side by side
+    (trace_pool.py); `traced(index)` as each is known, a kept one at once."""
+    from modules.planner import trace_pool
+    keys = [_key(*job) for job in jobs]
+    missing = [index for index, key in enumerate(keys) if key not in _traces]
+    for index, key in enumerate(keys):
+        if key in _traces:
+            _traces.move_to_end(key)
+            traced(index)
+    found = {}
+
+    def done(position: int) -> None:
+        traced(missing[position])
+
+    sizes = [jobs[i][1].transformer["num_layers"] for i in missing]
+    for position, numbers in enumerate(trace_pool.run(_trace_numbers, [jobs[i] for i in missing], done, sizes)):
+        found[keys[missing[position]]] = numbers
+    results = [found.get(key) or _traces[key] for key in keys]
+    for key, numbers in found.items():
+        _traces[key] = numbers
+        if len(_traces) > CACHE_SIZE:
+            _traces.popitem(last=False)
+    return results
 
 
 @dataclasses.dataclass
@@ -212,11 +242,9 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
 
 def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_only: bool, traced):
     points = layout.points()
-    traces = {}
-    for a, b in points:
-        cut_config, cut_arch = _cut(config, arch, layout, a, b)
-        traces[(a, b)] = _trace(cut_config, cut_arch, shape, setup_only, layout.sections(a, b))
-        traced(f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks")
+    jobs = [(*_cut(config, arch, layout, a, b), shape, setup_only, layout.sections(a, b)) for a, b in points]
+    texts = [f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks" for a, b in points]
+    traces = dict(zip(points, _trace_all(jobs, lambda index: traced(texts[index]))))
     base = points[0]
     if len({t["features"] for t in traces.values()}) > 1:
         return None, "the memory features differ between the cut transformers"

@@ -152,19 +152,24 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
             log(f"  {settings.text()}: at least {floor / GIB:.1f} GiB before its step (the step not traced)")
         return floor
 
-    first = predict_settings(settings_of(config))
-    from modules.util.enum.DataType import DataType
-    weight = config.model.transformer.weight_dtype
-    bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
-    cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
-    host_fits = None
-    if ram_gib is not None:
-        from modules.planner.host_plan import plan_host
+    from modules.planner.trace_pool import kept
+    with kept():   # the trace workers stay for every setting: their dispatch caches stay warm
+        first = predict_settings(settings_of(config))
+        from modules.util.enum.DataType import DataType
+        weight = config.model.transformer.weight_dtype
+        bytes_per_weight = 1 if weight is DataType.FLOAT_8 else weight.torch_dtype().itemsize
+        cost = step_cost(arch, shape, block_weight_bytes(first.parameters, layers, bytes_per_weight))
+        host_fits = None
+        if ram_gib is not None:
+            from modules.planner.host_plan import plan_host
 
-        def host_fits(settings: Settings, prediction: Prediction) -> str | None:
-            host = plan_host(settings.apply(config), prediction, arch, shape)
-            return None if host.fits(ram_gib) else (
-                f"its host RAM is {host.peak_gib:.1f} GiB predicted in phase {host.peak_phase} "
-                f"({host.largest_parts(host.peak_phase)})")
-    return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings, host_fits,
-                        ram_gib, known=dict(cache))
+            def host_fits(settings: Settings, prediction: Prediction) -> str | None:
+                host = plan_host(settings.apply(config), prediction, arch, shape)
+                return None if host.fits(ram_gib) else (
+                    f"its host RAM is {host.peak_gib:.1f} GiB predicted in phase {host.peak_phase} "
+                    f"({host.largest_parts(host.peak_phase)})")
+        def trace_blocks(settings: Settings) -> int:
+            from modules.planner.composed_trace import traced_blocks
+            return layers if exact else traced_blocks(settings.apply(config), arch)
+        return fit_settings(config, vram_gib, predict_settings, layers, cost, objective, floor_settings, host_fits,
+                            ram_gib, known=dict(cache), trace_blocks=trace_blocks)

@@ -41,6 +41,13 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
     vram_gib = vram_gib if vram_gib is not None else (config.performance.auto_fit or None)   # 0: no size
     if gpus > 1:
         return _plan_per_gpu(config, gpus, vram_gib, json_path, out)
+    from modules.planner.trace_pool import kept
+    with kept():   # the prediction's trace workers trace the fit's too (trace_pool.py)
+        return _plan_and_print(config, vram_gib, json_path, out, caching, peak_detail, ram_gib, exact, bars)
+
+
+def _plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None, out, caching: bool,
+                    peak_detail: bool, ram_gib: float | None, exact: bool, bars: bool) -> int:
     try:
         with _progress_bar("planning", bars) as progress:
             prediction = predict(config, detail=peak_detail, exact=exact, progress=progress)
@@ -105,6 +112,8 @@ def _progress_bar(what: str, shown: bool):
         yield None
         return
     from tqdm import tqdm
+    # no monitor thread: with none the traces' workers fork from this process (trace_pool.py)
+    tqdm.monitor_interval = 0
     with tqdm(desc=what, unit="trace", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
         def progress(done: int, total: int, text: str) -> None:
             bar.total, bar.n = total, done
