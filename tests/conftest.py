@@ -22,6 +22,22 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _sigint_handler_kept(request):
+    """Every test starts with the SIGINT handler the worker started with (Python's own, as a fresh process has): a
+    test that leaves another behind is named in a warning and the handler is put back. In a full run a Ctrl-C drill
+    (`test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache`) once saw its SIGINT have no effect after other
+    files had run on its worker; alone and with its own file it passes every time."""
+    import signal
+    import warnings
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        warnings.warn(f"{request.node.nodeid} left SIGINT handled by {after!r}; the handler before it is put back")
+        signal.signal(signal.SIGINT, before)
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest files first (tests/slow_files.txt), each file's tests in their own order: run-tests.sh hands
     whole files to the workers in this order (--dist loadfile --no-loadscope-reorder), so the long ones do not

@@ -12,7 +12,9 @@ single-process path. Communication is torch.distributed's own: NCCL on NVIDIA, R
 import datetime
 import logging
 import os
+import signal
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -124,6 +126,11 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
     previous_pid, os.environ[LAUNCHER_PID] = os.environ.get(LAUNCHER_PID), str(os.getpid())
     from modules.util.out_of_memory import killed_rank_message, start_record
     memory_record = start_record()   # a rank SIGKILLed by the OOM killer is said as such
+    # the launcher installs its own handlers for these and leaves them: a caller that goes on (the tests, a
+    # queue) must get its Ctrl-C back
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    previous_handlers = ({sig: signal.getsignal(sig) for sig in handled}
+                         if threading.current_thread() is threading.main_thread() else {})
     try:
         elastic_launch(launch, entrypoint=sys.executable)(script, *argv)
     except ChildFailedError as error:
@@ -136,6 +143,9 @@ def relaunch(config: TrainConfig, script: str, argv: list[str]) -> int:
         print(f"train: stopped by {signal_received.sigval.name}", file=sys.stderr)
         return 1
     finally:
+        for sig, handler in previous_handlers.items():
+            if handler is not None:   # None: installed outside Python, cannot be put back from here
+                signal.signal(sig, handler)
         if previous_pid is None:
             os.environ.pop(LAUNCHER_PID, None)
         else:
