@@ -40,6 +40,7 @@ class CtkSamplingView:
         self._preview_files: tuple = ()
         self._last_scan = 0.0
         self._tick_job = None
+        self._shown: str | None = None   # _table_key() of what the table's widgets show (None: unknown)
         left = ctk.CTkFrame(frame, fg_color="transparent")
         left.grid(row=0, column=0, rowspan=2, sticky="nw")
         right = ctk.CTkFrame(frame)
@@ -68,8 +69,17 @@ class CtkSamplingView:
     # ---- the sample list ----------------------------------------------------------------------------------------
 
     def reload_samples(self) -> None:
+        """The samples file read again; the table is drawn again only where it would show something else (a run's
+        start reloads it, and drawing a row of CTk entries blocks the main loop for tens of ms)."""
+        from modules.ui.model_parts import detected_variant
         self.controller.load_samples()
-        self._render_table()
+        if self._shown != self._table_key(variant_editor_fields(detected_variant(self.state))):
+            self._render_table()
+
+    def _table_key(self, columns) -> str:
+        """What the table shows: the rows, their columns, the file and its problem."""
+        return json.dumps([self.controller.samples, list(columns), str(self.controller.samples_file()),
+                           self.controller.problem], sort_keys=True, default=str)
 
     def _render_table(self) -> None:
         from modules.ui.model_parts import detected_variant
@@ -77,6 +87,7 @@ class CtkSamplingView:
             child.destroy()
         # a VACE or Animate model's samples also take their conditions (control video, pose video, ...)
         self.columns = variant_editor_fields(detected_variant(self.state))
+        self._shown = self._table_key(self.columns)
         for column, name in enumerate(self.columns):
             ctk.CTkLabel(self.table, text=name.replace("_", " "), font=ctk.CTkFont(size=12, weight="bold"),
                          width=COLUMN_WIDTHS.get(name, 120), anchor="w").grid(row=0, column=column, padx=2)
@@ -130,6 +141,8 @@ class CtkSamplingView:
         elif name == "reference_images":   # VACE's references, in order: comma separated in the cell
             value = [part.strip() for part in text.split(",") if part.strip()]
         message = self.controller.set_field(index, name, value)
+        # the entry shows the edit: the table matches the list again, or (refused) shows what the list does not hold
+        self._shown = None if message else self._table_key(self.columns)
         if widget is not None:
             widget.configure(border_color=ERROR_COLOR if message else ctk.ThemeManager.theme["CTkEntry"]
                              ["border_color"])
