@@ -32,6 +32,9 @@ def _sigint_handler_kept(request):
     import warnings
     before = signal.getsignal(signal.SIGINT)
     yield
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        warnings.warn(f"{request.node.nodeid} left SIGINT blocked in the main thread; it is unblocked")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     after = signal.getsignal(signal.SIGINT)
     if after is not before:
         warnings.warn(f"{request.node.nodeid} left SIGINT handled by {after!r}; the handler before it is put back")
