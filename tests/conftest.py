@@ -24,10 +24,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(autouse=True)
 def _sigint_handler_kept(request):
-    """Every test starts with the SIGINT handler the worker started with (Python's own, as a fresh process has): a
-    test that leaves another behind is named in a warning and the handler is put back. In a full run a Ctrl-C drill
-    (`test_ctrl_c_while_caching_stops_cleanly_and_keeps_the_cache`) once saw its SIGINT have no effect after other
-    files had run on its worker; alone and with its own file it passes every time."""
+    """Every test starts with the SIGINT handler and signal mask the worker started with: a test that leaves
+    another handler behind, or SIGINT blocked, is named in a warning and the state is put back (the Ctrl-C drills
+    depend on it). A worker started by a background job of a non-interactive shell starts with SIGINT ignored; the
+    drills set what they need themselves."""
     import signal
     import warnings
     before = signal.getsignal(signal.SIGINT)

@@ -30,6 +30,7 @@ from modules.util.config.config_io import ConfigError, config_to_dict, save_conf
 from modules.util.config.TrainConfig import TrainConfig
 from modules.trainer.prepare import check_model_variant
 from modules.util.devices import resolve_device
+from modules.util.interrupts import interrupt_raises
 from modules.util.kill_points import kill_point, phase
 from modules.util.ranks import any_rank, barrier, broadcast_json
 from modules.util.registry import lookup
@@ -150,7 +151,7 @@ class GenericTrainer:
         early = release_text and released_before_vae_pass(self.config)
         after_text = self._release_text_encoder if early else None
         try:
-            with phase("caching"):
+            with phase("caching"), interrupt_raises():
                 # random windows / crops: every epoch
                 self.data.cache(epochs=self._plan().epochs, after_text=after_text)
         except CacheWriteError as error:
