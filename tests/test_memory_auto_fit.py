@@ -111,9 +111,11 @@ def test_auto_fit_search_against_the_whole_grid(vram):
 
 def test_auto_fit_predicts_only_what_can_change_its_answer():
     """Each prediction of a real-size fit is a trace of seconds to minutes. At 30 blocks and five card sizes the
-    search makes its choice (the grid's cheapest that fits) from 58 predictions: no setting whose floor (what its step
-    starts with) exceeds the card is predicted, nor a swap count that costs more than the best found. The search
-    before (every swap count bisected from an all-swap trace, no floors) made 113 for the same choices."""
+    search makes its choice (the grid's cheapest that fits) from 54 predictions: no setting whose floor (what its step
+    starts with) exceeds the card is predicted, nor a swap count that costs more than the best found, and a
+    combination whose count above the best's cost is known to fit starts its search there (56 when it traced that
+    cost's count first). The search before (every swap count bisected from an all-swap trace, no floors) made 113
+    for the same choices."""
     from types import SimpleNamespace
 
     from modules.planner.auto_fit import GIB, Settings, canonical, combinations, fit
@@ -143,7 +145,8 @@ def test_auto_fit_predicts_only_what_can_change_its_answer():
         assert not any(weights(s) > vram for s in predicted - {frugal}), vram
         assert all(weights(s) > vram for s, _gib in result.passed_over), vram
         predictions, passed_over = predictions + len(predicted), passed_over + len(result.passed_over)
-    assert predictions <= 58 and passed_over, (predictions, passed_over)
+    print("PREDICTIONS", predictions, passed_over)
+    assert predictions <= 54 and passed_over, (predictions, passed_over)
 
 
 def test_settings_a_fit_leaves_unpredicted_are_ones_the_whole_grid_finds_not_fitting():

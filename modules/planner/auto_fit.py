@@ -375,9 +375,15 @@ def _fewest_swapped(base: Settings, cap: int, vram_gib: float, traced: dict, fit
     everything = traced.get(canonical(_with_swap(base, layers), layers))
     if everything is not None and not everything[1]:
         return None   # not even every block swapped fits
-    if fits(_with_swap(base, cap)) is None:
-        return None
-    low, high = 0, cap   # low does not fit, high does
+    # a count above `cap` traced and fitting is the search's upper end: `cap` itself is then traced only where the
+    # line through the peaks guesses it (an answer above `cap` costs more than the best found: no answer)
+    high = next((count for count in range(cap, layers + 1)
+                 if traced.get(canonical(_with_swap(base, count), layers), (0, False))[1]), None)
+    if high is None:
+        if fits(_with_swap(base, cap)) is None:
+            return None
+        high = cap
+    low = 0   # low does not fit, high does
 
     def probe(count: int) -> None:
         nonlocal low, high
@@ -389,7 +395,7 @@ def _fewest_swapped(base: Settings, cap: int, vram_gib: float, traced: dict, fit
     for _ in range(GUESSES):
         peak_low = traced[canonical(_with_swap(base, low), layers)][0]
         peak_high = traced[canonical(_with_swap(base, high), layers)][0]
-        if high - low <= 1:
+        if high - low <= 1 or low >= cap:
             break
         if math.isfinite(peak_low) and peak_low > peak_high:
             guess = low + math.ceil((peak_low - vram_gib) / (peak_low - peak_high) * (high - low) - 1e-9)
@@ -402,14 +408,14 @@ def _fewest_swapped(base: Settings, cap: int, vram_gib: float, traced: dict, fit
                 guess = high - math.floor((vram_gib - peak_high) / (peak_high - above[0]) + 1e-9)
             else:
                 guess = high - 1
-        guess = min(high - 1, max(low + 1, guess))
+        guess = min(high - 1, max(low + 1, guess), cap)
         probe(guess)
         neighbour = guess - 1 if high == guess else guess + 1   # a right guess ends the search
-        if low < neighbour < high:
+        if low < neighbour < high and neighbour <= cap:
             probe(neighbour)
-    while high - low > 1:
-        probe((low + high) // 2)
-    return high
+    while high - low > 1 and low < cap:
+        probe(min((low + high) // 2, cap))
+    return high if high <= cap else None
 
 
 def _with_swap(settings: Settings, count: int) -> Settings:
