@@ -30,7 +30,7 @@ from modules.util.config.config_io import ConfigError, config_to_dict, save_conf
 from modules.util.config.TrainConfig import TrainConfig
 from modules.trainer.prepare import check_model_variant
 from modules.util.devices import resolve_device
-from modules.util.interrupts import interrupt_raises
+from modules.util.interrupts import install_sigint, interrupt_raises
 from modules.util.kill_points import kill_point, phase
 from modules.util.ranks import any_rank, barrier, broadcast_json
 from modules.util.registry import lookup
@@ -413,9 +413,8 @@ class GenericTrainer:
     # ---- SIGINT --------------------------------------------------------------------------------------------
 
     def _install_sigint(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None  # the GUI worker thread stops through request_stop()
-
+        """The training loop's handler (the previous one returned; None outside the main thread, where the GUI's
+        worker stops through request_stop())."""
         def handle(_signum, _frame):
             if self.stop_requested.is_set():
                 raise KeyboardInterrupt
@@ -425,7 +424,7 @@ class GenericTrainer:
                 print("\nstopping after this step and writing a backup (Ctrl-C again to abort)", flush=True)
             self.stop_requested.set()
 
-        return signal.signal(signal.SIGINT, handle)
+        return install_sigint(handle)
 
     # ---- backup, resume, save ------------------------------------------------------------------------------
 

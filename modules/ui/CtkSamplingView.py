@@ -73,20 +73,23 @@ class CtkSamplingView:
         start reloads it, and drawing a row of CTk entries blocks the main loop for tens of ms)."""
         from modules.ui.model_parts import detected_variant
         self.controller.load_samples()
-        if self._shown != self._table_key(variant_editor_fields(detected_variant(self.state))):
-            self._render_table()
+        columns = variant_editor_fields(detected_variant(self.state))
+        if self._shown != self._table_key(columns):
+            self._render_table(columns)
 
     def _table_key(self, columns) -> str:
         """What the table shows: the rows, their columns, the file and its problem."""
         return json.dumps([self.controller.samples, list(columns), str(self.controller.samples_file()),
                            self.controller.problem], sort_keys=True, default=str)
 
-    def _render_table(self) -> None:
+    def _render_table(self, columns: tuple[str, ...] | None = None) -> None:
+        """`columns`: the variant's editor fields when the caller has them (detecting the variant reads the model's
+        config)."""
         from modules.ui.model_parts import detected_variant
         for child in self.table.winfo_children():
             child.destroy()
         # a VACE or Animate model's samples also take their conditions (control video, pose video, ...)
-        self.columns = variant_editor_fields(detected_variant(self.state))
+        self.columns = columns if columns is not None else variant_editor_fields(detected_variant(self.state))
         self._shown = self._table_key(self.columns)
         for column, name in enumerate(self.columns):
             ctk.CTkLabel(self.table, text=name.replace("_", " "), font=ctk.CTkFont(size=12, weight="bold"),
@@ -106,8 +109,9 @@ class CtkSamplingView:
     def follow_model(self) -> None:
         """Another base model: the sample list gains or drops its condition columns."""
         from modules.ui.model_parts import detected_variant
-        if variant_editor_fields(detected_variant(self.state)) != getattr(self, "columns", None):
-            self._render_table()
+        columns = variant_editor_fields(detected_variant(self.state))
+        if columns != getattr(self, "columns", None):
+            self._render_table(columns)
         self._show_accelerator_fields()
 
     def _show_accelerator_fields(self) -> None:
