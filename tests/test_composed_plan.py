@@ -163,3 +163,56 @@ def test_the_real_size_plans_compose_exactly(name, overrides):
     arch = resolve_architecture(config)
     shape = largest_shape(config, arch)
     assert_same(predict(config, shape, arch), predict(config, shape, arch, exact=True))
+
+
+def test_a_fit_composes_its_candidates_from_two_traces_a_line_and_checks_its_answer(monkeypatch):
+    """A fit's candidate settings are composed without the traces that check their lines (two traces a line, not
+    three: the 1.3B fit to 5 GiB traced 40 % fewer blocks); the setting it answers with is composed again with
+    them: here the same numbers. Where that check fails (forced here: a real failure needs a transformer whose
+    blocks are not alike), the search runs again with every line checked, and answers with a checked
+    prediction (a checked plan equals the exact one: the tests above). One trace worker: with two, this answer's checking trace is traced with
+    it (the next test)."""
+    from modules.planner import memory_plan
+    from modules.planner.auto_fit import Settings, canonical
+    monkeypatch.setenv("WAN_PLANNER_WORKERS", "1")
+    config, arch = cut(preset_config("wan 2.1 1.3B LoRA 24GB"), 30, 0)
+    configured = predict(config, SHAPE, arch)
+    frugal = predict(Settings(True, 1, 30, True, True).apply(config), SHAPE, arch)
+    # a card where the answer swaps a few blocks with checkpointing every block: composed, its lines checked last
+    vram = frugal.peak_gib + 0.9 * (configured.peak_gib - frugal.peak_gib)
+    checks, lines = [], []
+    same = memory_plan._same_numbers
+
+    def check_fails_once(checked, candidate) -> bool:
+        checks.append((checked, candidate, same(checked, candidate)))
+        return len(checks) > 1 and same(checked, candidate)
+
+    monkeypatch.setattr(memory_plan, "_same_numbers", check_fails_once)
+    memo = {}
+    result = memory_plan.fit(config, vram, log=lines.append, known=configured, arch=arch, shape=SHAPE, traces=memo)
+    assert len(checks) == 1, checks
+    checked, candidate, equal = checks[0]
+    assert not candidate.checked and checked.checked and equal, (candidate.how, checked.how)
+    assert any("every setting is predicted again, checked" in line for line in lines), lines
+    assert result.settings.block_swap and result.prediction.checked, result.settings
+    assert memo[canonical(result.settings, 30)] is result.prediction
+    assert result.tried and all(memo[canonical(s, 30)].checked for s, _gib in result.tried), result.tried
+
+
+def test_checking_traces_are_added_where_the_workers_would_wait_anyway(monkeypatch):
+    """A candidate's checking traces are traced with it where they end its traces at most an eighth later (on 2
+    workers: 4, 5 and 5 blocks end at 9, with the check's 6 at 10); not where they would take most of a
+    candidate's time (2 and 3 blocks end at 3, with the check's 4 at 5), nor on one worker."""
+    from collections import OrderedDict
+
+    from modules.planner import composed_trace, trace_pool
+    monkeypatch.setenv("WAN_PLANNER_WORKERS", "2")
+    monkeypatch.setattr(composed_trace, "_traces", OrderedDict())
+    assert [trace_pool.makespan(sizes) for sizes in ([4, 5, 5], [4, 5, 5, 6], [2, 3], [2, 3, 4])] == [9, 10, 3, 5]
+    swapped = cut(preset_config("wan 2.1 14B LoRA 24GB"), 30, 24)
+    unswapped = cut(preset_config("wan 2.1 1.3B LoRA 24GB"), 18, 0)
+    spare = lambda config, arch: composed_trace._checks_are_spare(  # noqa: E731
+        config, arch, SHAPE, layouts_of(config, arch)[0][0], False)
+    assert spare(*swapped) and not spare(*unswapped)
+    monkeypatch.setenv("WAN_PLANNER_WORKERS", "1")
+    assert not spare(*swapped)

@@ -222,3 +222,49 @@ def test_parts_read_in_their_files_dtype_are_planned_as_the_files_mapping(tiny_m
     cast = config.model_copy(deep=True)
     cast.model.vae.weight_dtype = cast.model.transformer.weight_dtype   # bfloat16 from a float32 file
     assert plan_host(cast, cuda=False).mapped["load"] == {"text encoder"}
+
+
+def _caching_in_process(folder, config):
+    """caching_plan.plan_caching_of(config) (patched itself, so not called by name), leaving a file named after
+    the process that ran it."""
+    import os
+
+    from modules.planner.caching_plan import plan_caching
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+    (folder / str(os.getpid())).touch()
+    arch = resolve_architecture(config)
+    return plan_caching(config, arch, largest_shape(config, arch))
+
+
+def test_the_caching_plan_runs_beside_the_step_traces_and_prints_the_same(tiny_model, tmp_path, monkeypatch):
+    """`benchmark plan` plans the caching pass in a trace worker while the step is traced: what it prints is what
+    one process planning both prints, and the caching line is plan_caching's."""
+    import functools
+    import os
+    import re
+    from collections import OrderedDict
+
+    from modules.planner import caching_plan, composed_trace
+    from modules.planner.plan_command import plan_and_print
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+    from modules.planner.Prediction import GIB, allowance_bytes
+    from modules.util.config.TrainConfig import TrainConfig
+    config = TrainConfig(model={"base_model_name": str(tiny_model("wan2.1-t2v"))}, device="cpu",
+                         data={"resolution": 32, "frame_buckets": [9]})
+    printed = {}
+    for workers in ("1", "2"):
+        monkeypatch.setenv("WAN_PLANNER_WORKERS", workers)
+        monkeypatch.setattr(composed_trace, "_traces", OrderedDict())
+        folder = tmp_path / workers
+        folder.mkdir()
+        monkeypatch.setattr(caching_plan, "plan_caching_of", functools.partial(_caching_in_process, folder))
+        lines = []
+        assert plan_and_print(config, None, out=lines.append) == 0
+        printed[workers] = [re.sub(r"planned in +[\d.]+ s", "planned in", line) for line in lines]
+        ran_in = [p.name for p in folder.iterdir()]
+        assert len(ran_in) == 1 and (ran_in[0] == str(os.getpid())) == (workers == "1"), (workers, ran_in)
+    assert printed["1"] == printed["2"]
+    arch = resolve_architecture(config)
+    plan = caching_plan.plan_caching(config, arch, largest_shape(config, arch))
+    text = (plan.text_encoder_bytes + allowance_bytes(plan.text_encoder_bytes)) / GIB
+    assert [line for line in printed["2"] if line.startswith("caching (")][0].endswith(f"text encoder {text:.1f} GiB")

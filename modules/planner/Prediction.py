@@ -41,6 +41,7 @@ class Prediction:
     preview_bytes: int = 0              # live tensors during its forward pass, the training state included
     distill: str = ""                   # distill.mode preserve: what the step holds for it (the accelerator, teacher)
     how: str = ""                       # composed from cut traces, or traced whole (and why)
+    checked: bool = True                # False: composed without the traces that check its lines (a fit's candidate)
 
     @property
     def counted_bytes(self) -> int:

@@ -71,3 +71,10 @@ def plan_caching(config: TrainConfig, arch, shape) -> CachingPlan:
 
     text_bytes = _trace(lambda: UMT5EncoderModel(text_config), embed, text_dtype)
     return CachingPlan(vae_bytes, tiling, text_bytes)
+
+
+def plan_caching_of(config: TrainConfig) -> CachingPlan:
+    """plan_caching at the run's architecture and largest bucket (a trace_pool job: its arguments are pickled)."""
+    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+    arch = resolve_architecture(config)
+    return plan_caching(config, arch, largest_shape(config, arch))

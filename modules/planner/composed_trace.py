@@ -21,7 +21,9 @@ Checked, not assumed: the third trace before the swapped run must lie on the lin
 number, else the plan is traced exactly (the whole transformer) and says why; the swapped run's line (from two
 traces) and the whole method are checked by tests/test_composed_plan.py, which compares the composed plan with the
 exact one, peak and parts, for every shipped preset family (and at real size, WAN_PLANNER_FULL=1: the 14B LoRA 24GB
-preset equal in every number, 39 s of CPU time composed against 70 s exact on a loaded 2-core machine).
+preset equal in every number, 39 s of CPU time composed against 70 s exact on a loaded 2-core machine). A fit's
+candidate settings are composed without the checking traces (`checked` False: two traces a line, not three); the
+setting it answers with is composed again, checked (memory_plan.fit).
 """
 from __future__ import annotations
 
@@ -57,19 +59,20 @@ class Layout:
     def blocks(self, a: int, b: int) -> int:
         return self.period * a + self.rest + self.swapped_period * b + self.swapped_rest
 
-    def points(self) -> list[tuple[int, int]]:
+    def points(self, checked: bool = True) -> list[tuple[int, int]]:
         """The cut transformers traced: (a, b) of each; the first is the base (`start` periods in each run that
         varies: a run of `varies` periods or fewer before the swapped blocks, of `start` or fewer swapped, is traced
         as it is), then one and two more periods before the swapped blocks (the third checks the line), one more
-        swapped period (so every swap count of one checkpointing shares the same traces)."""
+        swapped period (so every swap count of one checkpointing shares the same traces). `checked` False: the
+        traces that check a line are left out (a fit's candidates: see memory_plan.fit)."""
         a0, b0 = self.base()
         points = [(a0, b0)]
         if self.periods > self.varies:
-            points += [(a0 + 1, b0), (a0 + 2, b0)]
+            points += [(a0 + 1, b0), (a0 + 2, b0)] if checked else [(a0 + 1, b0)]
         if self.swapped_periods > self.start:
             # its line is checked by a third trace only when the unswapped run is not extrapolated (the tests
             # compare the rest with the exact plan)
-            points += [(a0, b0 + 1)] if self.periods > self.varies else [(a0, b0 + 1), (a0, b0 + 2)]
+            points += [(a0, b0 + 1)] if self.periods > self.varies or not checked else [(a0, b0 + 1), (a0, b0 + 2)]
         return points
 
     def base(self) -> tuple[int, int]:
@@ -131,14 +134,14 @@ def layouts_of(config: TrainConfig, arch) -> tuple[list[Layout], str]:
     return layouts, ""
 
 
-def _traced(layout: Layout) -> int:
-    return sum(layout.blocks(a, b) for a, b in layout.points())
+def _traced(layout: Layout, checked: bool = True) -> int:
+    return sum(layout.blocks(a, b) for a, b in layout.points(checked))
 
 
-def traced_blocks(config: TrainConfig, arch) -> int:
+def traced_blocks(config: TrainConfig, arch, checked: bool = True) -> int:
     """How many blocks a plan of the run traces (its first layout's cut transformers, else the whole one)."""
     layouts, _why = layouts_of(config, arch)
-    return _traced(layouts[0]) if layouts else arch.transformer["num_layers"]
+    return _traced(layouts[0], checked) if layouts else arch.transformer["num_layers"]
 
 
 def _cut(config: TrainConfig, arch, layout: Layout, a: int, b: int):
@@ -216,14 +219,21 @@ class Composed:
     preview_shape: object
     how: str                 # for the report: what was traced
     order: list = dataclasses.field(default_factory=list)   # the phases (and sections) in the order they ran
+    checked: bool = True     # False: each line drawn through two traces, no third checked it
 
 
 def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = False,
-            progress=None) -> tuple[Composed | None, str]:
+            progress=None, checked: bool = True) -> tuple[Composed | None, str]:
     """(the composed numbers, "") or (None, why the whole transformer must be traced). `progress(done, total,
-    text)` after each cut trace (a trace kept from before counts at once)."""
+    text)` after each cut trace (a trace kept from before counts at once). `checked` False: without the traces
+    that check each line (Layout.points), so without the fallback to the next layout a failed check takes, unless
+    the checking traces cost next to nothing here (`_checks_are_spare`)."""
     layouts, why = layouts_of(config, arch)
-    total = sum(len(layout.points()) for layout in layouts)
+    if not checked and layouts:
+        checked = _checks_are_spare(config, arch, shape, layouts[0], setup_only)
+    if not checked:
+        layouts = layouts[:1]
+    total = sum(len(layout.points(checked)) for layout in layouts)
     done = [0]
 
     def traced(text: str) -> None:
@@ -232,7 +242,7 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
             progress(done[0], total, text)
 
     for layout in layouts:
-        composed, why = _compose(config, arch, shape, layout, setup_only, traced)
+        composed, why = _compose(config, arch, shape, layout, setup_only, traced, checked)
         if composed is not None:
             if progress is not None and done[0] < total:
                 progress(total, total, "composed")
@@ -240,9 +250,29 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
     return None, why
 
 
-def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_only: bool, traced):
-    points = layout.points()
-    jobs = [(*_cut(config, arch, layout, a, b), shape, setup_only, layout.sections(a, b)) for a, b in points]
+def _jobs(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_only: bool, points) -> list[tuple]:
+    """_trace_numbers' arguments for each cut transformer (a, b) of `points`."""
+    return [(*_cut(config, arch, layout, a, b), shape, setup_only, layout.sections(a, b)) for a, b in points]
+
+
+def _checks_are_spare(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_only: bool) -> bool:
+    """Whether the traces that check the lines end the traces no later than an eighth after those without them:
+    the workers would wait for the longest trace anyway (on 2 workers, cut traces of 4, 5 and 5 blocks end at 9,
+    with the check's 6 at 10), or the checking traces are kept from before. A fit then gets its candidate
+    checked at that price, not by a trace of its own once the candidate is its answer."""
+    from modules.planner import trace_pool
+
+    def sizes(checked: bool) -> list[int]:
+        jobs = _jobs(config, arch, shape, layout, setup_only, layout.points(checked))
+        return [job[1].transformer["num_layers"] for job in jobs if _key(*job) not in _traces]
+
+    return trace_pool.makespan(sizes(True)) * 8 <= trace_pool.makespan(sizes(False)) * 9
+
+
+def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_only: bool, traced,
+             checked: bool = True):
+    points = layout.points(checked)
+    jobs = _jobs(config, arch, shape, layout, setup_only, points)
     texts = [f"{layout.blocks(a, b)} of {arch.transformer['num_layers']} blocks" for a, b in points]
     traces = dict(zip(points, _trace_all(jobs, lambda index: traced(texts[index]))))
     base = points[0]
@@ -252,7 +282,8 @@ def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_
     value = lambda point, k: traces[point]["numbers"].get(k, 0)  # noqa: E731
     steps = []   # (the base's neighbour one period on, the real count's distance from the base)
     if layout.periods > layout.varies:
-        steps.append(((base[0] + 1, base[1]), (base[0] + 2, base[1]), layout.periods - base[0]))
+        two = (base[0] + 2, base[1])
+        steps.append(((base[0] + 1, base[1]), two if two in traces else None, layout.periods - base[0]))
     if layout.swapped_periods > layout.start:
         two = (base[0], base[1] + 2)
         steps.append(((base[0], base[1] + 1), two if two in traces else None, layout.swapped_periods - base[1]))
@@ -268,10 +299,10 @@ def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_
         numbers[k] = total
     blocks = sorted({layout.blocks(a, b) for a, b in points})
     how = (f"composed from {len(points)} traces of {', '.join(map(str, blocks))} of "
-           f"{arch.transformer['num_layers']} blocks")
+           f"{arch.transformer['num_layers']} blocks" + ("" if checked else " (no third trace checked the lines)"))
     first = traces[base]
     order = list(dict.fromkeys(k[1] for k in first["numbers"] if k[0] == "phase"))
-    return Composed(numbers, first["features"], first["preview_shape"], how, order), ""
+    return Composed(numbers, first["features"], first["preview_shape"], how, order, checked), ""
 
 
 def features_text(composed: Composed) -> str:

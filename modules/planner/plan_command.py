@@ -49,6 +49,10 @@ def plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str |
 def _plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str | None, out, caching: bool,
                     peak_detail: bool, ram_gib: float | None, exact: bool, bars: bool) -> int:
     try:
+        # the caching pass's plan runs in a trace worker beside the step's traces (they rarely keep both busy)
+        from modules.planner.caching_plan import plan_caching_of
+        from modules.planner.trace_pool import start
+        caching_job = start(plan_caching_of, config) if caching else None
         with _progress_bar("planning", bars) as progress:
             prediction = predict(config, detail=peak_detail, exact=exact, progress=progress)
         out(prediction.report())
@@ -58,7 +62,7 @@ def _plan_and_print(config: TrainConfig, vram_gib: float | None, json_path: str 
         if peak_detail:
             out(prediction.peak_detail())
             out(host.detail())
-        caching_plan = _print_caching(config, out) if caching else None
+        caching_plan = _print_caching(caching_job.result(), out) if caching else None
         result = host_result = None
         if vram_gib:
             out(f"\nfitting to {vram_gib:g} GiB" + (f" and {ram_gib:g} GiB of host RAM:" if ram_gib else ":"))
@@ -148,12 +152,8 @@ class RunDoesNotFit(PlanError):
     """The run is predicted not to fit: train refuses it (exit 2)."""
 
 
-def _print_caching(config: TrainConfig, out):
-    from modules.planner.caching_plan import plan_caching
-    from modules.planner.plan_shapes import largest_shape, resolve_architecture
+def _print_caching(plan, out):
     from modules.planner.Prediction import allowance_bytes
-    arch = resolve_architecture(config)
-    plan = plan_caching(config, arch, largest_shape(config, arch))
     out(f"caching (one encoder on the device at a time; allowance included): VAE encode "
         f"{(plan.vae_bytes + allowance_bytes(plan.vae_bytes)) / GIB:.1f} GiB (tiling "
         f"{'on' if plan.vae_tiling else 'off'}), text encoder "

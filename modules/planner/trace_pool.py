@@ -20,7 +20,10 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-_PRELOAD = ["modules.planner.step_trace", "modules.planner.composed_trace"]
+# what a trace imports (diffusers' transformers, peft through the setups): workers start with it, not each on its own
+_PRELOAD = ["modules.planner.step_trace", "modules.planner.composed_trace", "modules.model.transformer_classes",
+            "modules.modelSetup.WanLoRASetup", "modules.modelSetup.WanFineTuneSetup",
+            "modules.modelSetup.WanEmbeddingSetup"]
 _kept = {"depth": 0, "pool": None, "how": None}   # the pool `kept()` holds between runs, and how it was made
 
 
@@ -49,6 +52,15 @@ def workers() -> int:
         except ValueError:
             raise ValueError(f"WAN_PLANNER_WORKERS: {named!r} is not a whole number of processes") from None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def makespan(sizes: list[int]) -> int:
+    """When traces of these sizes end, in units of one block, as run() schedules them on workers(): the largest
+    first, each to the worker that is free first."""
+    loads = [0] * max(1, min(workers(), len(sizes)))
+    for size in sorted(sizes, reverse=True):
+        loads[loads.index(min(loads))] += size
+    return max(loads)
 
 
 def _one_thread() -> None:
@@ -99,6 +111,25 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
     return results
 
 
+class _Done:
+    """start()'s answer where no worker runs it: the result, computed at once."""
+
+    def __init__(self, work, args):
+        self._result = work(*args)
+
+    def result(self):
+        return self._result
+
+
+def start(work, *args):
+    """work(*args) in a worker of the kept pool, beside the traces that follow (`.result()` waits for it); where
+    there is one worker, or no pool can be made, it runs here at once. Call it inside `kept()`."""
+    if _kept["depth"] == 0:
+        raise RuntimeError("trace_pool.start outside kept(): the pool would end before the work")
+    pool = _pool() if workers() > 1 else None
+    return pool.submit(work, *args) if pool is not None else _Done(work, args)
+
+
 def _pool():
     """The kept pool, made when there is none (None: this platform cannot fork). Once made it is used while kept,
     whatever threads it runs itself."""
@@ -110,6 +141,10 @@ def _pool():
     context = _context()
     if context is None:
         return None
+    if context.get_start_method() == "fork":   # the workers start with the tracing code imported, once for all
+        import importlib
+        for name in _PRELOAD:
+            importlib.import_module(name)
     _kept["pool"] = ProcessPoolExecutor(workers(), mp_context=context, initializer=_one_thread)
     _kept["how"] = workers()
     return _kept["pool"]
