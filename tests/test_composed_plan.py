@@ -165,38 +165,64 @@ def test_the_real_size_plans_compose_exactly(name, overrides):
     assert_same(predict(config, shape, arch), predict(config, shape, arch, exact=True))
 
 
-def test_a_fit_composes_its_candidates_from_two_traces_a_line_and_checks_its_answer(monkeypatch):
-    """A fit's candidate settings are composed without the traces that check their lines (two traces a line, not
-    three: the 1.3B fit to 5 GiB traced 40 % fewer blocks); the setting it answers with is composed again with
-    them: here the same numbers. Where that check fails (forced here: a real failure needs a transformer whose
-    blocks are not alike), the search runs again with every line checked, and answers with a checked
-    prediction (a checked plan equals the exact one: the tests above). One trace worker: with two, this answer's checking trace is traced with
-    it (the next test)."""
+def test_a_plan_without_its_checking_traces_traces_fewer_blocks_and_the_same_numbers(monkeypatch):
+    """A fit's candidates are composed without the traces that check their lines (`checked` False: two traces a
+    line, not three): the same numbers where the lines hold, one trace fewer, and said so."""
+    monkeypatch.setenv("WAN_PLANNER_WORKERS", "1")   # on one worker no checking trace is spare (the next test)
+    config, arch = cut(preset_config("wan 2.1 14B LoRA 24GB"), 30, 24)
+    reports = {True: [], False: []}
+    plans = {checked: predict(config, SHAPE, arch, checked=checked, progress=lambda *r, c=checked: reports[c].append(r))
+             for checked in (False, True)}
+    assert plans[True].checked and plans[True].how == "composed from 4 traces of 4, 5, 6 of 30 blocks"
+    assert not plans[False].checked, plans[False].how
+    assert plans[False].how == "composed from 3 traces of 4, 5 of 30 blocks (no third trace checked the lines)"
+    assert [total for _done, total, _text in reports[False]] == [3, 3, 3]
+    for field in COMPARED:
+        assert getattr(plans[False], field) == getattr(plans[True], field), field
+
+
+def test_a_fit_answers_with_a_checked_plan_and_searches_again_where_a_check_fails(monkeypatch):
+    """memory_plan.fit over a memory model (the search itself: tests/test_memory_auto_fit.py; the traces: the test
+    above): the candidates are predicted unchecked and the answer again, checked. Where the checked plan of the
+    answer differs (a line that did not hold: here the unchecked plans of every-block checkpointing with swapped
+    blocks come out 1 GiB low), the search runs again on checked plans only, and answers what they say: the
+    answer of a fit whose plans are all right."""
     from modules.planner import memory_plan
-    from modules.planner.auto_fit import Settings, canonical
-    monkeypatch.setenv("WAN_PLANNER_WORKERS", "1")
-    config, arch = cut(preset_config("wan 2.1 1.3B LoRA 24GB"), 30, 0)
-    configured = predict(config, SHAPE, arch)
-    frugal = predict(Settings(True, 1, 30, True, True).apply(config), SHAPE, arch)
-    # a card where the answer swaps a few blocks with checkpointing every block: composed, its lines checked last
-    vram = frugal.peak_gib + 0.9 * (configured.peak_gib - frugal.peak_gib)
-    checks, lines = [], []
-    same = memory_plan._same_numbers
+    from modules.planner.auto_fit import canonical, settings_of
+    from modules.planner.Prediction import GIB, Prediction
+    from tests.test_memory_auto_fit import grid_model
+    config = preset_config("wan 2.1 1.3B LoRA 24GB")
+    arch = resolve_architecture(config)
+    layers = arch.transformer["num_layers"]
+    _cost, memory = grid_model(layers)
+    low = {"by": 0.0}
+    predicted = []
 
-    def check_fails_once(checked, candidate) -> bool:
-        checks.append((checked, candidate, same(checked, candidate)))
-        return len(checks) > 1 and same(checked, candidate)
+    def model_predict(config, shape=None, arch=None, exact=False, checked=True, **_):
+        settings = canonical(settings_of(config), layers)
+        wrong = (not checked and settings.gradient_checkpointing and settings.checkpoint_every == 1
+                 and 0 < settings.block_swap < layers)
+        predicted.append((settings, checked))
+        gib = memory(settings) - (low["by"] if wrong else 0.0)
+        return Prediction(model=arch.name, shape=shape.text(), settings=settings.config_values(),
+                          traced_bytes=int(gib * GIB), parts={"weights": int(gib * GIB)}, peak_phase="backward",
+                          host_pinned_bytes=0, parameters=1_400_000_000, trainable_parameters=40_000_000,
+                          features="", seconds=0.0, checked=checked)
 
-    monkeypatch.setattr(memory_plan, "_same_numbers", check_fails_once)
-    memo = {}
-    result = memory_plan.fit(config, vram, log=lines.append, known=configured, arch=arch, shape=SHAPE, traces=memo)
-    assert len(checks) == 1, checks
-    checked, candidate, equal = checks[0]
-    assert not candidate.checked and checked.checked and equal, (candidate.how, checked.how)
-    assert any("every setting is predicted again, checked" in line for line in lines), lines
-    assert result.settings.block_swap and result.prediction.checked, result.settings
-    assert memo[canonical(result.settings, 30)] is result.prediction
-    assert result.tried and all(memo[canonical(s, 30)].checked for s, _gib in result.tried), result.tried
+    monkeypatch.setattr(memory_plan, "predict", model_predict)
+    monkeypatch.setattr(memory_plan, "floor_bytes", lambda *_args, **_kw: 0)
+    refits = 0
+    for vram in (12.0, 16.0, 20.0, 24.0, 28.0):
+        low["by"], predicted[:] = 0.0, []
+        right = memory_plan.fit(config, vram, arch=arch, shape=SHAPE)
+        unchecked = [settings for settings, checked in predicted if not checked]
+        assert unchecked and right.prediction.checked, (vram, predicted)
+        assert [checked for _s, checked in predicted].count(True) <= 1, (vram, predicted)
+        low["by"], lines = 1.0, []
+        answer = memory_plan.fit(config, vram, log=lines.append, arch=arch, shape=SHAPE)
+        assert answer.settings == right.settings and answer.prediction.checked, (vram, answer.settings)
+        refits += any("every setting is predicted again, checked" in line for line in lines)
+    assert refits, "no card size made a check fail"
 
 
 def test_checking_traces_are_added_where_the_workers_would_wait_anyway(monkeypatch):
