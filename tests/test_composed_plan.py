@@ -168,7 +168,12 @@ def test_the_real_size_plans_compose_exactly(name, overrides):
 def test_a_plan_without_its_checking_traces_traces_fewer_blocks_and_the_same_numbers(monkeypatch):
     """A fit's candidates are composed without the traces that check their lines (`checked` False: two traces a
     line, not three): the same numbers where the lines hold, one trace fewer, and said so."""
+    from collections import OrderedDict
+
+    from modules.planner import composed_trace
     monkeypatch.setenv("WAN_PLANNER_WORKERS", "1")   # on one worker no checking trace is spare (the next test)
+    # a checking trace kept from another test is spare (it costs nothing): none is kept here
+    monkeypatch.setattr(composed_trace, "_traces", OrderedDict())
     config, arch = cut(preset_config("wan 2.1 14B LoRA 24GB"), 30, 24)
     reports = {True: [], False: []}
     plans = {checked: predict(config, SHAPE, arch, checked=checked, progress=lambda *r, c=checked: reports[c].append(r))
