@@ -150,6 +150,8 @@ def fit(config: TrainConfig, vram_gib: float, log=lambda _text: None, known: Pre
             return True
         key = canonical(result.settings, layers)
         candidate = cache[key]
+        if cancel is not None and cancel():
+            raise PlanCancelled("cancelled")
         prediction = predict(key.apply(config), shape, arch)
         if progress is not None:
             progress(traced[0] + 1, at_most, f"{key.text()}: checked")
