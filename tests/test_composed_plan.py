@@ -184,6 +184,14 @@ def test_a_plan_without_its_checking_traces_traces_fewer_blocks_and_the_same_num
     assert [total for _done, total, _text in reports[False]] == [3, 3, 3]
     for field in COMPARED:
         assert getattr(plans[False], field) == getattr(plans[True], field), field
+    # 3 periods before the swapped blocks: a checked plan traces them as they are (5, 6, 7 blocks); without its
+    # checking traces the run is extrapolated from 2 and 3 periods, the traces every swap count shares
+    config.performance.block_swap = 27
+    short = {checked: predict(config, SHAPE, arch, checked=checked) for checked in (False, True)}
+    assert short[True].how == "composed from 3 traces of 5, 6, 7 of 30 blocks", short[True].how
+    assert short[False].how.startswith("composed from 3 traces of 4, 5 of 30 blocks"), short[False].how
+    for field in COMPARED:
+        assert getattr(short[False], field) == getattr(short[True], field), field
 
 
 def test_a_fit_answers_with_a_checked_plan_and_searches_again_where_a_check_fails(monkeypatch):

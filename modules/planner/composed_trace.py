@@ -64,19 +64,24 @@ class Layout:
         varies: a run of `varies` periods or fewer before the swapped blocks, of `start` or fewer swapped, is traced
         as it is), then one and two more periods before the swapped blocks (the third checks the line), one more
         swapped period (so every swap count of one checkpointing shares the same traces). `checked` False: the
-        traces that check a line are left out (a fit's candidates: see memory_plan.fit)."""
-        a0, b0 = self.base()
+        traces that check a line are left out, and a run before the swapped blocks longer than `start` periods is
+        extrapolated too (a fit's candidates: see memory_plan.fit): every swap count of one checkpointing then
+        shares the same traces, also where few blocks precede the swapped ones."""
+        a0, b0 = self.base(checked)
         points = [(a0, b0)]
-        if self.periods > self.varies:
-            points += [(a0 + 1, b0), (a0 + 2, b0)] if checked else [(a0 + 1, b0)]
+        if not checked and self.periods > a0:
+            points += [(a0 + 1, b0)]
+        elif self.periods > self.varies:
+            points += [(a0 + 1, b0), (a0 + 2, b0)]
         if self.swapped_periods > self.start:
             # its line is checked by a third trace only when the unswapped run is not extrapolated (the tests
             # compare the rest with the exact plan)
             points += [(a0, b0 + 1)] if self.periods > self.varies or not checked else [(a0, b0 + 1), (a0, b0 + 2)]
         return points
 
-    def base(self) -> tuple[int, int]:
-        return (self.periods if self.periods <= self.varies else self.start,
+    def base(self, checked: bool = True) -> tuple[int, int]:
+        before = self.varies if checked else self.start
+        return (self.periods if self.periods <= before else self.start,
                 self.swapped_periods if self.swapped_periods <= self.start else self.start)
 
     def sections(self, a: int, b: int) -> list[str]:
@@ -99,8 +104,9 @@ class Layout:
         return names
 
 
-def layouts_of(config: TrainConfig, arch) -> tuple[list[Layout], str]:
-    """The layouts to compose from, cheapest first ([] and why, when the run is traced whole)."""
+def layouts_of(config: TrainConfig, arch, checked: bool = True) -> tuple[list[Layout], str]:
+    """The layouts to compose from, cheapest first ([] and why, when the run is traced whole); `checked` False: by
+    the traces of a plan without its checking traces (Layout.points)."""
     c = arch.transformer
     layers = c["num_layers"]
     if arch.variant.takes_driving_video:
@@ -126,9 +132,10 @@ def layouts_of(config: TrainConfig, arch) -> tuple[list[Layout], str]:
     layouts = [Layout(period, swapped_period, unswapped // period, unswapped % period, swap // swapped_period,
                       swap % swapped_period, vace_every, start) for start in (2, 3)]
     every = f"its {layers} blocks repeat every {period} block{'s' if period > 1 else ''}"
-    if len(layouts[0].points()) == 1:
+    if len(layouts[0].points(checked)) == 1:
         return [], f"{every}: too few periods to compose"
-    layouts = [layout for layout in layouts if len(layout.points()) > 1 and _traced(layout) * 3 <= layers * 2]
+    layouts = [layout for layout in layouts
+               if len(layout.points(checked)) > 1 and _traced(layout, checked) * 3 <= layers * 2]
     if not layouts:
         return [], f"{every}: composing would trace two thirds of them or more"
     return layouts, ""
@@ -140,7 +147,7 @@ def _traced(layout: Layout, checked: bool = True) -> int:
 
 def traced_blocks(config: TrainConfig, arch, checked: bool = True) -> int:
     """How many blocks a plan of the run traces (its first layout's cut transformers, else the whole one)."""
-    layouts, _why = layouts_of(config, arch)
+    layouts, _why = layouts_of(config, arch, checked)
     return _traced(layouts[0], checked) if layouts else arch.transformer["num_layers"]
 
 
@@ -228,9 +235,11 @@ def compose(config: TrainConfig, arch, shape: PlanShape, setup_only: bool = Fals
     text)` after each cut trace (a trace kept from before counts at once). `checked` False: without the traces
     that check each line (Layout.points), so without the fallback to the next layout a failed check takes, unless
     the checking traces cost next to nothing here (`_checks_are_spare`)."""
-    layouts, why = layouts_of(config, arch)
+    layouts, why = layouts_of(config, arch, checked)
     if not checked and layouts:
-        checked = _checks_are_spare(config, arch, shape, layouts[0], setup_only)
+        strict, _why = layouts_of(config, arch)
+        if strict and _checks_are_spare(config, arch, shape, strict[0], setup_only):
+            checked, layouts = True, strict
     if not checked:
         layouts = layouts[:1]
     total = sum(len(layout.points(checked)) for layout in layouts)
@@ -281,10 +290,10 @@ def _compose(config: TrainConfig, arch, shape: PlanShape, layout: Layout, setup_
     keys = set().union(*(t["numbers"] for t in traces.values()))
     value = lambda point, k: traces[point]["numbers"].get(k, 0)  # noqa: E731
     steps = []   # (the base's neighbour one period on, the real count's distance from the base)
-    if layout.periods > layout.varies:
+    if layout.periods > base[0]:
         two = (base[0] + 2, base[1])
         steps.append(((base[0] + 1, base[1]), two if two in traces else None, layout.periods - base[0]))
-    if layout.swapped_periods > layout.start:
+    if layout.swapped_periods > base[1]:
         two = (base[0], base[1] + 2)
         steps.append(((base[0], base[1] + 1), two if two in traces else None, layout.swapped_periods - base[1]))
     numbers = {}
