@@ -69,14 +69,12 @@ class Layout:
         shares the same traces, also where few blocks precede the swapped ones."""
         a0, b0 = self.base(checked)
         points = [(a0, b0)]
-        if not checked and self.periods > a0:
-            points += [(a0 + 1, b0)]
-        elif self.periods > self.varies:
-            points += [(a0 + 1, b0), (a0 + 2, b0)]
-        if self.swapped_periods > self.start:
+        if self.periods > a0:   # extrapolated
+            points += [(a0 + 1, b0)] + ([(a0 + 2, b0)] if checked else [])
+        if self.swapped_periods > b0:
             # its line is checked by a third trace only when the unswapped run is not extrapolated (the tests
             # compare the rest with the exact plan)
-            points += [(a0, b0 + 1)] if self.periods > self.varies or not checked else [(a0, b0 + 1), (a0, b0 + 2)]
+            points += [(a0, b0 + 1)] + ([(a0, b0 + 2)] if checked and self.periods == a0 else [])
         return points
 
     def base(self, checked: bool = True) -> tuple[int, int]:

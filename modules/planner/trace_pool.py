@@ -18,7 +18,7 @@ import contextlib
 import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 
 # what a trace imports (diffusers' transformers, peft through the setups): workers start with it, not each on its own
 _PRELOAD = ["modules.planner.step_trace", "modules.planner.composed_trace", "modules.model.transformer_classes",
@@ -111,23 +111,17 @@ def run(work, jobs: list[tuple], done=None, sizes: list[int] | None = None) -> l
     return results
 
 
-class _Done:
-    """start()'s answer where no worker runs it: the result, computed at once."""
-
-    def __init__(self, work, args):
-        self._result = work(*args)
-
-    def result(self):
-        return self._result
-
-
 def start(work, *args):
     """work(*args) in a worker of the kept pool, beside the traces that follow (`.result()` waits for it); where
     there is one worker, or no pool can be made, it runs here at once. Call it inside `kept()`."""
     if _kept["depth"] == 0:
         raise RuntimeError("trace_pool.start outside kept(): the pool would end before the work")
     pool = _pool() if workers() > 1 else None
-    return pool.submit(work, *args) if pool is not None else _Done(work, args)
+    if pool is not None:
+        return pool.submit(work, *args)
+    done = Future()
+    done.set_result(work(*args))
+    return done
 
 
 def _pool():
