@@ -25,6 +25,7 @@ TRAIN = str(ROOT / "scripts" / "train.py")
 STEP_BAR = re.compile(r"steps:\s+\d+%\|")
 # the bound the ranks of a killed launcher must stop within
 ORPHAN_LIMIT_S = 30
+ENDLESS = 1_000_000   # max_steps of the jobs these tests kill
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
 
@@ -91,7 +92,9 @@ def kill_all(pids) -> None:
 @pytest.mark.parametrize("launcher", ["multi_gpu", "torchrun"])
 def test_ranks_die_with_their_sigkilled_launcher_and_a_rerun_meanwhile_is_refused(launcher, setup, tmp_path):
     base, dataset, cache = setup
-    argv = cli_arguments(base, dataset, tmp_path, cache, ["max_steps=1000", "batch_size=1", "device=cpu"])
+    # steps enough never to end within the test (it is killed): a job that ends before the rerun starts frees its
+    # workspace, and the rerun then resumes from its last backup (seen once on 2 cores shared by 4 test workers)
+    argv = cli_arguments(base, dataset, tmp_path, cache, [f"max_steps={ENDLESS}", "batch_size=1", "device=cpu"])
     if launcher == "multi_gpu":
         command = [sys.executable, TRAIN, *argv, "--config-value", "multi_gpu=true",
                    "--config-value", "distributed.processes=2"]
@@ -129,7 +132,7 @@ def test_ranks_die_with_their_sigkilled_launcher_and_a_rerun_meanwhile_is_refuse
 
 def test_a_second_job_on_a_workspace_a_live_job_holds_is_refused_naming_it(setup, tmp_path, capsys):
     base, dataset, cache = setup
-    argv = cli_arguments(base, dataset, tmp_path, cache, ["max_steps=1000", "batch_size=4", "device=cpu",
+    argv = cli_arguments(base, dataset, tmp_path, cache, [f"max_steps={ENDLESS}", "batch_size=4", "device=cpu",
                                                           "backup.every_n_steps=1"])
     log = tmp_path / "first.log"
     first = start([sys.executable, TRAIN, *argv], log)
