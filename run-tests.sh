@@ -30,7 +30,8 @@ fi
 # --durations=20 lists the slowest tests at the end, to keep that list current.
 # WAN_TEST_WORKERS=0 runs them in this process; a -n in the arguments wins.
 # A sixth of a worker's time is spent waiting (child processes starting, sockets, the GUI's event loop), so a worker
-# beyond the cores keeps them busy: on 2 cores the suite took 24.9 min with 3 workers, 27.1 min with 2.
+# beyond the cores keeps them busy: on 2 cores the suite took 24.9 to 25.9 min with 3 workers (three runs), 27.1
+# with 2, 24.9 with 4 (no faster, and a test's timing race showed).
 workers="${WAN_TEST_WORKERS:-$(( $(nproc 2>/dev/null || echo 2) + 1 ))}"
 [ "$workers" -gt 4 ] && workers=4
 exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@"
